@@ -1,0 +1,109 @@
+"""loopctl: a synchronous, thread-based runtime for LLM agents.
+
+The brain (``loopctl.machine``) decides; the hands (``BareLoop``) do the IO;
+the wire (``loopctl.providers``) talks to models. Cancel and steer a run
+from any thread.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable, Optional
+
+from loopctl.config import ParallelDispatch, RunConfig, SessionConfig
+from loopctl.driver.handle import RunHandle
+from loopctl.driver.loop import BareLoop
+from loopctl.driver.signals import CancelSignal, Steering
+from loopctl.errors import (
+    Cancelled,
+    ConfigError,
+    ContextExceeded,
+    FallbackExhausted,
+    LoopBusy,
+    LoopDetected,
+    LoopError,
+    MaxTurnsExceeded,
+    ModelError,
+    RateLimitEscalation,
+    ToolRecoveryExhausted,
+    UserInputRequired,
+)
+from loopctl.messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    RequestOptions,
+    Role,
+    StopReason,
+    TextPart,
+    ThinkingPart,
+    ToolCallPart,
+    ToolResultPart,
+    Usage,
+)
+from loopctl.machine import MachineState
+from loopctl.observers import Observer
+from loopctl.records import Run, Session, Turn
+from loopctl.tools import Tool, ToolContext, ToolError, ToolOutput, ToolRegistry
+
+__version__ = "0.1.0.dev0"
+
+
+@runtime_checkable
+class Loop(Protocol):
+    """The engine contract any loop provides (``BareLoop`` satisfies it)."""
+
+    def run(self, input: str, config: Optional[RunConfig] = None) -> Run: ...
+
+    def should_continue(self) -> bool: ...
+
+    def finalize(self, error: Optional[LoopError] = None) -> Run: ...
+
+    def state(self) -> MachineState: ...
+
+    def cancel(self) -> None: ...
+
+    def stop_reason(self) -> Optional[LoopError]: ...
+
+
+__all__ = [
+    "BareLoop",
+    "CancelSignal",
+    "Cancelled",
+    "ConfigError",
+    "ContextExceeded",
+    "FallbackExhausted",
+    "Loop",
+    "LoopBusy",
+    "LoopDetected",
+    "LoopError",
+    "MaxTurnsExceeded",
+    "Message",
+    "ModelError",
+    "ModelRequest",
+    "ModelResponse",
+    "Observer",
+    "ParallelDispatch",
+    "RateLimitEscalation",
+    "RequestOptions",
+    "Role",
+    "Run",
+    "RunConfig",
+    "RunHandle",
+    "Session",
+    "SessionConfig",
+    "Steering",
+    "StopReason",
+    "TextPart",
+    "ThinkingPart",
+    "Tool",
+    "ToolCallPart",
+    "ToolContext",
+    "ToolError",
+    "ToolOutput",
+    "ToolRegistry",
+    "ToolResultPart",
+    "Turn",
+    "Usage",
+    "UserInputRequired",
+    "ToolRecoveryExhausted",
+]

@@ -1,0 +1,137 @@
+"""Session and run configuration: frozen, validated, never clamped.
+
+A value out of range raises ``ConfigError`` naming the field and the value
+(we differ from the original on purpose: nothing is silently clamped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import attrs
+
+from loopctl.errors import ConfigError
+
+_DISPATCH_MODES = ("parallel", "sequential")
+
+
+def _int_range(lo: int, hi: Optional[int] = None) -> Any:
+    def check(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        name = f"{type(inst).__name__}.{attribute.name}"
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name} must be an int, got {value!r}")
+        if value < lo or (hi is not None and value > hi):
+            bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+            raise ConfigError(f"{name} must be {bound}, got {value!r}")
+
+    return check
+
+
+def _bool(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{type(inst).__name__}.{attribute.name} must be a bool, got {value!r}")
+
+
+def _optional_str(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(
+            f"{type(inst).__name__}.{attribute.name} must be a str or None, got {value!r:.80}"
+        )
+
+
+def _mode(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value not in _DISPATCH_MODES:
+        raise ConfigError(
+            f"ParallelDispatch.mode must be 'parallel' or 'sequential', got {value!r}"
+        )
+
+
+@attrs.frozen
+class ParallelDispatch:
+    """How one turn's tool calls are dispatched.
+
+    Args:
+        mode: ``"parallel"`` (concurrency-safe calls overlap; unsafe ones run
+            alone) or ``"sequential"`` (one by one).
+        max_concurrency: the most calls running at once (>= 1).
+    """
+
+    mode: str = attrs.field(default="parallel", validator=_mode)
+    max_concurrency: int = attrs.field(default=8, validator=_int_range(1))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict."""
+        return {"mode": self.mode, "max_concurrency": self.max_concurrency}
+
+
+def _to_dispatch(value: Any) -> ParallelDispatch:
+    if isinstance(value, ParallelDispatch):
+        return value
+    if isinstance(value, str):
+        return ParallelDispatch(mode=value)
+    if isinstance(value, Mapping):
+        return ParallelDispatch(**value)
+    raise ConfigError(f"RunConfig.parallel must be a ParallelDispatch, got {value!r}")
+
+
+@attrs.frozen
+class SessionConfig:
+    """Settings that hold for every run of a loop.
+
+    Args:
+        system_prompt: sent with every request.
+        context_window: the model's window in tokens; 0 disables all window policy.
+        compact_threshold: percent (0-100) of the window above which the loop
+            compacts; 0 disables the threshold trigger only.
+        auto_compact: False turns off the threshold trigger (the 95% emergency
+            line still fires).
+    """
+
+    system_prompt: Optional[str] = attrs.field(default=None, validator=_optional_str)
+    context_window: int = attrs.field(default=200_000, validator=_int_range(0))
+    compact_threshold: int = attrs.field(default=80, validator=_int_range(0, 100))
+    auto_compact: bool = attrs.field(default=True, validator=_bool)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict."""
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SessionConfig:
+        """Rebuild from ``to_dict`` output (validated)."""
+        return cls(**{k: v for k, v in data.items() if k != "version"})
+
+
+@attrs.frozen
+class RunConfig:
+    """Settings for one run.
+
+    Args:
+        max_turns: the most model calls the run may make (>= 0).
+        parallel: tool dispatch policy.
+        memory_top_k: memory entries retrieved per turn (0 disables).
+        reset_managers: reset breaker and detectors at the start of the run.
+    """
+
+    max_turns: int = attrs.field(default=200, validator=_int_range(0))
+    parallel: ParallelDispatch = attrs.field(factory=ParallelDispatch, converter=_to_dispatch)
+    memory_top_k: int = attrs.field(default=3, validator=_int_range(0))
+    reset_managers: bool = attrs.field(default=False, validator=_bool)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict."""
+        return {
+            "max_turns": self.max_turns,
+            "parallel": self.parallel.to_dict(),
+            "memory_top_k": self.memory_top_k,
+            "reset_managers": self.reset_managers,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
+        """Rebuild from ``to_dict`` output (validated)."""
+        return cls(**{k: v for k, v in data.items() if k != "version"})
+
+
+__all__ = ["ParallelDispatch", "RunConfig", "SessionConfig"]

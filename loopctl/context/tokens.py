@@ -1,0 +1,174 @@
+"""Token counting: one pluggable counter, per-message caching, calibration.
+
+Measuring the conversation each turn costs O(new messages): the meter keeps
+a running sum per list and counts only what was appended since the last
+measure (a list replaced wholesale, as after compaction, is recounted once).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional, Protocol, runtime_checkable
+
+from loopctl.messages import Message, TextPart, ThinkingPart, ToolCallPart, ToolResultPart
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """Counts tokens; the loop uses one counter everywhere."""
+
+    def count_text(self, text: str) -> int: ...
+
+    def count_message(self, message: Message) -> int: ...
+
+
+class HeuristicTokenCounter:
+    """About ``chars_per_token`` characters a token, plus a per-message overhead.
+
+    Args:
+        chars_per_token: characters per token (finite, > 0).
+        per_message: tokens added for each message's framing.
+    """
+
+    def __init__(self, chars_per_token: float = 4.0, per_message: int = 4) -> None:
+        if not (isinstance(chars_per_token, (int, float)) and math.isfinite(chars_per_token) and chars_per_token > 0):
+            raise ValueError(f"chars_per_token must be a finite number > 0, got {chars_per_token!r}")
+        if per_message < 0:
+            raise ValueError(f"per_message must be >= 0, got {per_message!r}")
+        self.chars_per_token = float(chars_per_token)
+        self.per_message = per_message
+
+    @classmethod
+    def openai(cls) -> HeuristicTokenCounter:
+        """Preset for OpenAI-family tokenizers."""
+        return cls(4.3, 4)
+
+    @classmethod
+    def anthropic(cls) -> HeuristicTokenCounter:
+        """Preset for Anthropic tokenizers."""
+        return cls(3.6, 5)
+
+    @classmethod
+    def local_default(cls) -> HeuristicTokenCounter:
+        """Preset for local open-weight models."""
+        return cls(3.8, 4)
+
+    def count_text(self, text: str) -> int:
+        """Tokens in ``text`` (ceil of chars / ratio)."""
+        if not text:
+            return 0
+        return math.ceil(len(text) / self.chars_per_token)
+
+    def count_message(self, message: Message) -> int:
+        """Tokens in one message, framing included."""
+        n = 0
+        for p in message.parts:
+            t = type(p)
+            if t is TextPart or t is ThinkingPart:
+                n += len(p.text)  # type: ignore[union-attr]
+            elif t is ToolResultPart:
+                n += len(p.output) + len(p.tool_name)  # type: ignore[union-attr]
+            elif t is ToolCallPart:
+                n += len(p.name) + len(_dump(p.input))  # type: ignore[union-attr]
+        return self.per_message + (math.ceil(n / self.chars_per_token) if n else 0)
+
+
+def _dump(value: Any) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def count_messages(counter: TokenCounter, messages: Iterable[Message]) -> int:
+    """Tokens in every message of ``messages``."""
+    return sum(counter.count_message(m) for m in messages)
+
+
+class _ListTally:
+    __slots__ = ("ref", "count", "tokens")
+
+    def __init__(self) -> None:
+        self.ref: Optional[Any] = None
+        self.count = 0
+        self.tokens = 0
+
+    def measure(self, counter: TokenCounter, items: Sequence[Message], ref: Any) -> int:
+        n = len(items)
+        if ref is not self.ref or n < self.count:
+            self.ref, self.count, self.tokens = ref, 0, 0
+        if n > self.count:
+            cm = counter.count_message
+            self.tokens += sum(cm(items[i]) for i in range(self.count, n))
+            self.count = n
+        return self.tokens
+
+
+class ConversationMeter:
+    """Measures history + pending in O(new messages) per call.
+
+    ``identity`` arguments name the underlying list objects: when one changes
+    (a compaction replaced history, a new run replaced pending) that list is
+    recounted once.
+    """
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter
+        self._history = _ListTally()
+        self._pending = _ListTally()
+
+    def measure(
+        self,
+        history: Sequence[Message],
+        pending: Sequence[Message],
+        history_id: Any = None,
+        pending_id: Any = None,
+    ) -> int:
+        """Tokens in history plus pending."""
+        return self._history.measure(self.counter, history, history_id) + self._pending.measure(
+            self.counter, pending, pending_id
+        )
+
+    def reset(self) -> None:
+        """Forget the cached sums (after swapping the counter, say)."""
+        self._history = _ListTally()
+        self._pending = _ListTally()
+
+
+class UsageCalibration:
+    """Moves estimates toward what the provider reports.
+
+    The ratio (reported / predicted) is clamped to 0.25-4.0; the first report
+    sets it, later ones move it halfway toward each new sample; zero reports
+    are ignored.
+    """
+
+    def __init__(self) -> None:
+        self.ratio: Optional[float] = None
+        self._prediction = 0
+
+    def note_prediction(self, raw_tokens: int) -> None:
+        """Remember the raw estimate of the request about to be sent."""
+        self._prediction = raw_tokens
+
+    def observe(self, reported_input_tokens: int) -> None:
+        """Fold in the provider's input-token report for that request."""
+        if reported_input_tokens <= 0 or self._prediction <= 0:
+            return
+        sample = min(4.0, max(0.25, reported_input_tokens / self._prediction))
+        self.ratio = sample if self.ratio is None else (self.ratio + sample) / 2
+
+    def scale(self, raw_tokens: int) -> int:
+        """The calibrated figure for a raw estimate."""
+        return raw_tokens if self.ratio is None else int(raw_tokens * self.ratio)
+
+
+__all__ = [
+    "ConversationMeter",
+    "HeuristicTokenCounter",
+    "TokenCounter",
+    "UsageCalibration",
+    "count_messages",
+]

@@ -1,0 +1,139 @@
+"""A run's fence, its wake-up, and ``RunHandle``.
+
+The run's body holds ``RunContext.lock`` for everything it does except the
+blocking work (a model call, a stream read, a tool batch, a backoff). On
+cancel the waiter (the caller of ``run()``, or a short-lived cancel thread
+for ``start()``) takes the lock, which is free exactly when the body is
+blocked, marks the run abandoned, and finalizes it itself. The body, when
+its blocking call returns, re-takes the lock, sees it was abandoned, and
+leaves without touching state or emitting anything (the generation fence).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Optional
+
+from loopctl.errors import LoopError
+from loopctl.records import Run
+
+
+class Abandoned(BaseException):
+    """Raised inside an abandoned body to unwind it silently."""
+
+
+class RunContext:
+    """One run's shared state between its body and its waiter."""
+
+    __slots__ = (
+        "lock",
+        "abandoned",
+        "finished",
+        "done",
+        "wake",
+        "run",
+        "error",
+        "cancel",
+        "waiter",
+        "listener",
+        "tap",
+        "thread",
+    )
+
+    def __init__(self, run: Run, cancel: Any, waiter: bool, tap: Any = None) -> None:
+        self.lock = threading.Lock()
+        self.abandoned = False
+        self.finished = False
+        self.done = threading.Event()
+        self.wake = threading.Event()
+        self.run = run
+        self.error: Optional[LoopError] = None
+        self.cancel = cancel  # the run's view of the loop's CancelSignal
+        self.waiter = waiter
+        self.listener: Optional[Callable[[], None]] = None
+        self.tap = tap
+        self.thread: Optional[threading.Thread] = None
+
+    def unfenced(self) -> Unfenced:
+        """A context manager that releases the fence around blocking work."""
+        return Unfenced(self)
+
+    def check(self) -> None:
+        """Raise ``Abandoned`` if the waiter took the run over."""
+        if self.abandoned:
+            self.lock.release()
+            raise Abandoned
+
+
+class Unfenced:
+    """``with rc.unfenced(): blocking()`` — the waiter may take over meanwhile."""
+
+    __slots__ = ("rc",)
+
+    def __init__(self, rc: RunContext) -> None:
+        self.rc = rc
+
+    def __enter__(self) -> None:
+        self.rc.lock.release()
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        rc = self.rc
+        rc.lock.acquire()
+        if rc.abandoned:
+            rc.lock.release()
+            raise Abandoned
+        return False
+
+
+class RunHandle:
+    """A run on its worker thread (from ``BareLoop.start``).
+
+    ``result()`` gives the ``Run`` or raises the run's ``LoopError``.
+    """
+
+    def __init__(self, rc: RunContext, cancel: Callable[[Optional[str]], None]) -> None:
+        self._rc = rc
+        self._cancel = cancel
+
+    @property
+    def run_id(self) -> str:
+        """The run's id (its ``Run.id``)."""
+        return self._rc.run.id
+
+    @property
+    def record(self) -> Run:
+        """The run's audit record (live while the run is in flight)."""
+        return self._rc.run
+
+    def done(self) -> bool:
+        """True once the run has finished (finalize done)."""
+        return self._rc.done.is_set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the run finishes or ``timeout`` passes; True if finished."""
+        return self._rc.done.wait(timeout)
+
+    def result(self, timeout: Optional[float] = None) -> Run:
+        """The finished ``Run``.
+
+        Raises:
+            LoopError: the run's error (with ``.run`` set).
+            TimeoutError: the run did not finish within ``timeout`` seconds.
+        """
+        if not self._rc.done.wait(timeout):
+            raise TimeoutError(f"run {self.run_id} not finished after {timeout}s")
+        if self._rc.error is not None:
+            raise self._rc.error
+        return self._rc.run
+
+    def cancel(self, reason: Optional[str] = None) -> None:
+        """Cancel this run (no effect once it has finished)."""
+        if not self._rc.finished:
+            self._cancel(reason)
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "running"
+        return f"<RunHandle {self.run_id} {state}>"
+
+
+__all__ = ["Abandoned", "RunContext", "RunHandle", "Unfenced"]

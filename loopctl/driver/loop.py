@@ -1,0 +1,770 @@
+"""BareLoop: the blocking driver (the hands) over the sans-IO machine (the brain).
+
+``run()`` follows the seed exactly: audit entry -> ``on_run_start`` ->
+``accept_input`` -> open the steering slot -> loop over ``next_step`` ->
+``finalize``. The run's body always executes on its own named thread;
+``run()`` waits on it (with the caller's contextvars copied in) and
+``start()`` returns a ``RunHandle``. On cancel, whoever waits takes the run
+over at once (see ``handle.py``), so ``run()`` returns within the cancel
+bound even while a tool or a model call is stuck. Every exit goes through
+``finalize()``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from loopctl.config import RunConfig, SessionConfig
+from loopctl.context.tokens import (
+    ConversationMeter,
+    HeuristicTokenCounter,
+    TokenCounter,
+    UsageCalibration,
+    count_messages,
+)
+from loopctl.driver.builder import BuilderMixin
+from loopctl.driver.compaction import run_compaction
+from loopctl.driver.dispatch import Dispatcher
+from loopctl.driver.emission import Emitter
+from loopctl.driver.handle import Abandoned, RunContext, RunHandle
+from loopctl.driver.llm_turn import build_request, call_model, gather_transients, turn_query
+from loopctl.driver.signals import CancelSignal, Steering
+from loopctl.errors import (
+    Cancelled,
+    ConfigError,
+    LoopBusy,
+    LoopDetected,
+    LoopError,
+    MaxTurnsExceeded,
+    ModelError,
+    RateLimitEscalation,
+    UserInputRequired,
+)
+from loopctl.hooks import HookExecutor
+from loopctl.machine import (
+    CallLLM,
+    CallTools,
+    CancelledOutcome,
+    Compact,
+    Completed,
+    Failed,
+    LoopMachine,
+    MachinePolicy,
+    MachineState,
+    MaxTurnsReached,
+    Outcome,
+)
+from loopctl.messages import Message, RequestOptions, StopReason
+from loopctl.providers.stream_handler import StreamHandler
+from loopctl.records import Run, Session, Turn
+from loopctl.tools.base import Tool
+from loopctl.tools.registry import ToolRegistry
+
+log = logging.getLogger("loopctl")
+
+
+def _shutdown_executor(box: list[Optional[ThreadPoolExecutor]]) -> None:
+    pool = box[0]
+    box[0] = None
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _remove_dir(path: Optional[Path]) -> None:
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class BareLoop(BuilderMixin):
+    """Runs an agent: asks the machine what is next, does it, reports back.
+
+    Args:
+        client: a model client (``complete``/``stream``; see ``ModelClient``).
+        tools: a ``ToolRegistry`` or an iterable of tools.
+        config: the session configuration.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        tools: Union[ToolRegistry, Iterable[Tool]] = (),
+        config: SessionConfig = SessionConfig(),
+        *,
+        history: Iterable[Message] = (),
+    ) -> None:
+        if not isinstance(config, SessionConfig):
+            raise ConfigError(f"config must be a SessionConfig, got {type(config).__name__}")
+        self._client = client
+        self._tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        self._session_config = config
+        self._machine = LoopMachine(history)
+        self.session = Session(uuid.uuid4().hex)
+        self._emitter = Emitter(self.session.id)
+        self._cancel = CancelSignal()
+        self._steering = Steering()
+        self._dispatcher = Dispatcher(self)
+        self.tool_extras: dict[str, Any] = {}
+
+        self._turn_mode = "streaming"
+        self._request_options = RequestOptions()
+        self._counter: TokenCounter = HeuristicTokenCounter()
+        self._meter = ConversationMeter(self._counter)
+        self._calibration = UsageCalibration()
+        self._memory: Any = None
+        self._context_manager: Any = _default_context_manager(config, self._counter)
+        self._custom_context_manager = False
+        self._stream_handler: Any = StreamHandler()
+        self._hooks: Optional[HookExecutor] = None
+        self._health: Any = None
+        self._reflector: Any = None
+        self._recovery: Any = None
+        self._pipeline: Any = None
+        self._text_streamer: Optional[Callable[[str], None]] = None
+        self._contributors: list[Any] = []
+        self._fallback: Any = None  # loopctl.fallback.FallbackManager
+        self._routed_model: Optional[str] = None
+        self._loop_detector: Any = _default_loop_detector()
+        self._convergence: Any = _default_convergence_detector()
+
+        self._busy = threading.Lock()
+        self._active: Optional[RunContext] = None
+        self._started = False
+        self._closed = False
+        self._last_config: Optional[RunConfig] = None
+
+        # Run-scoped working state (valid while a run is in flight).
+        self._run_input = ""
+        self._run_config_now = RunConfig()
+        self._deferred_transient_tokens = 0
+        self._overhead = 0
+        self._tool_names: frozenset[str] = frozenset()
+        self._llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
+        self._overflow_retried: set[int] = set()
+
+        self._temp_base: Optional[Path] = Path(tempfile.gettempdir())
+        self._temp_dir: Optional[Path] = None
+        self._temp_made = False
+        self._pool_box: list[Optional[ThreadPoolExecutor]] = [None]
+        self._pool_finalizer = weakref.finalize(self, _shutdown_executor, self._pool_box)
+        self._temp_finalizer: Optional[weakref.finalize] = None
+
+    @classmethod
+    def from_history(
+        cls,
+        client: Any,
+        tools: Union[ToolRegistry, Iterable[Tool]] = (),
+        config: SessionConfig = SessionConfig(),
+        history: Iterable[Message] = (),
+    ) -> BareLoop:
+        """A loop that resumes a conversation from stored messages."""
+        return cls(client, tools, config, history=history)
+
+    # -- running ---------------------------------------------------------------
+
+    def run(self, input: str, config: Optional[RunConfig] = None, run_id: Optional[str] = None) -> Run:
+        """Run the agent on ``input`` and block until it ends.
+
+        Returns:
+            The finished ``Run`` record.
+
+        Raises:
+            LoopBusy: a run is already in flight on this loop.
+            LoopError: the run failed or was cancelled (``.run`` holds the record).
+        """
+        rc = self._launch(input, config, run_id, waiter=True)
+        try:
+            rc.wake.wait()
+            if not rc.done.is_set():
+                self._takeover(rc)  # only a cancel wakes us before the body is done
+            rc.done.wait()
+        except KeyboardInterrupt:
+            self._cancel_run(rc, "interrupted")
+            self._takeover(rc)
+            rc.done.wait()
+            raise
+        if rc.error is not None:
+            raise rc.error
+        return rc.run
+
+    def start(
+        self,
+        input: str,
+        config: Optional[RunConfig] = None,
+        run_id: Optional[str] = None,
+        *,
+        tap: Optional[Callable[[Any], None]] = None,
+    ) -> RunHandle:
+        """Start the run on a named worker thread and return its handle.
+
+        Args:
+            tap: receives every event of this run (used by ``RunRegistry``).
+
+        Raises:
+            LoopBusy: a run is already in flight on this loop.
+        """
+        rc = self._launch(input, config, run_id, waiter=False, tap=tap)
+        return RunHandle(rc, lambda reason: self._cancel_run(rc, reason))
+
+    def _launch(
+        self,
+        input: str,
+        config: Optional[RunConfig],
+        run_id: Optional[str],
+        waiter: bool,
+        tap: Optional[Callable[[Any], None]] = None,
+    ) -> RunContext:
+        if not isinstance(input, str):
+            raise TypeError(f"run input must be a str, got {type(input).__name__}")
+        if config is None:
+            config = RunConfig()
+        elif not isinstance(config, RunConfig):
+            raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
+        rid = run_id if run_id is not None else uuid.uuid4().hex
+        run = Run(id=rid, input=input, config=config)
+        with self._busy:
+            if self._closed:
+                raise LoopError("this loop is closed")
+            if self._active is not None:
+                raise LoopBusy(f"a run ({self._active.run.id}) is already in flight on this loop")
+            rc = RunContext(run, self._cancel.view(), waiter, tap)
+            self._active = rc
+            self._started = True
+            self._last_config = config
+        rc.lock.acquire()  # the body's fence: released only while it blocks
+
+        def on_cancel() -> None:
+            rc.wake.set()
+            if not rc.waiter and not rc.finished:
+                threading.Thread(
+                    target=self._takeover, args=(rc,), name=f"loopctl-run-{rid[:12]}-cancel", daemon=True
+                ).start()
+
+        rc.listener = on_cancel
+        ctx = contextvars.copy_context()
+        thread = threading.Thread(
+            target=ctx.run, args=(self._body, rc), name=f"loopctl-run-{rid[:12]}", daemon=True
+        )
+        rc.thread = thread
+        try:
+            thread.start()
+        except BaseException:
+            rc.lock.release()
+            with self._busy:
+                self._active = None
+            raise
+        self._cancel.add_listener(on_cancel)
+        return rc
+
+    def _body(self, rc: RunContext) -> None:
+        held = True
+        try:
+            error: Optional[LoopError] = None
+            try:
+                self._steps(rc)
+            except Abandoned:
+                held = False
+                return
+            except LoopError as exc:
+                error = exc
+            except BaseException as exc:  # a bug, or a user callback's escape
+                error = LoopError(f"internal error: {type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+                log.exception("run %s failed inside the driver", rc.run.id)
+            if error is not None:
+                self._set_error_state(error)
+            self._finalize(rc, error)
+        finally:
+            if held:
+                rc.lock.release()
+            rc.done.set()
+            rc.wake.set()
+
+    def _takeover(self, rc: RunContext) -> None:
+        """On cancel: wait for the body to block (or end), then finish the run here."""
+        rc.lock.acquire()
+        try:
+            if rc.finished:
+                return
+            rc.abandoned = True
+            err = Cancelled(self._cancel.reason)
+            self._set_error_state(err)
+            self._finalize(rc, err)
+        finally:
+            rc.lock.release()
+        rc.done.set()
+        rc.wake.set()
+
+    def _steps(self, rc: RunContext) -> None:
+        run = rc.run
+        m = self._machine
+        self.session.runs.append(run)
+        em = self._emitter
+        em.run_id = run.id
+        em.tap = rc.tap
+        self._begin_run(run)
+        em.run_start(run.input)
+        m.accept_input(run.input)
+        self._steering._open_slot()
+        policy = self._policy()
+        cancel = rc.cancel
+        while True:
+            if cancel.is_cancelled():
+                m.cancel()
+            step = m.next_step(policy)
+            t = type(step)
+            if t is CallLLM:
+                self._handle_call_llm(rc, step.turn, policy)  # type: ignore[union-attr]
+            elif t is CallTools:
+                self._handle_call_tools(rc, step)  # type: ignore[arg-type]
+            elif t is Compact:
+                run_compaction(self, rc, step.reason)  # type: ignore[union-attr]
+            else:
+                outcome = step.outcome  # type: ignore[union-attr]
+                if type(outcome) is Completed:
+                    run.output = outcome.final_text
+                    return
+                raise self._error_for(outcome)
+
+    def _begin_run(self, run: Run) -> None:
+        self._run_input = run.input
+        self._run_config_now = run.config
+        self._deferred_transient_tokens = 0
+        self._overflow_retried = set()
+        self._tool_names = self._tools.name_set()
+        sysp = self._session_config.system_prompt
+        self._overhead = (self._counter.count_message(Message.system(sysp)) if sysp else 0) + sum(
+            self._counter.count_text(repr(s.to_dict())) for s in self._tools.schemas()
+        )
+        self._machine.set_context_tokens(self._measure_figure())
+
+    def _policy(self) -> MachinePolicy:
+        sc = self._session_config
+        return MachinePolicy(
+            self._run_config_now.max_turns, sc.context_window, sc.compact_threshold, sc.auto_compact
+        )
+
+    def _error_for(self, outcome: Outcome) -> LoopError:
+        if type(outcome) is MaxTurnsReached:
+            return MaxTurnsExceeded(self._run_config_now.max_turns)
+        if type(outcome) is CancelledOutcome:
+            return Cancelled(self._cancel.reason)
+        if type(outcome) is Failed:
+            return outcome.error
+        return LoopError(f"unmapped terminal outcome: {outcome!r}")
+
+    def _set_error_state(self, error: LoopError) -> None:
+        m = self._machine
+        if isinstance(error, Cancelled):
+            m.cancel()
+            m.next_step(self._policy())
+        else:
+            m.fail(error)
+
+    # -- handler 1: the model call ---------------------------------------------
+
+    def _handle_call_llm(self, rc: RunContext, turn: int, policy: MachinePolicy) -> None:
+        m = self._machine
+        em = self._emitter
+        counter = self._counter
+        conv_last = m.pending if len(m.pending) else m.history
+        query = turn_query(self._run_input, turn, conv_last)
+        steering = self._steering
+        gather = bool(self._contributors) or (self._memory is not None and self._run_config_now.memory_top_k > 0)
+        while True:
+            self._drain_steering(turn)
+            arrived = steering._arrived
+            transients = gather_transients(self, turn, query) if gather else []
+            if steering._arrived == arrived:
+                break
+        raw_conv = self._measure_raw()
+        extra = count_messages(counter, transients) if transients else 0
+        raw = raw_conv + extra
+        figure = self._calibration.scale(raw)
+        m.set_context_tokens(figure)
+        if type(m.next_step(policy)) is not CallLLM:
+            # Deferral: compact first, with room reserved for these extras.
+            self._deferred_transient_tokens = extra
+            return
+        self._calibration.note_prediction(raw)
+        self._route_model()
+        em.turn_start(turn, query)
+        t0 = time.perf_counter()
+        request = build_request(self, transients)
+        try:
+            response = call_model(self, rc, turn, request)
+        except Cancelled:
+            raise
+        except LoopError as exc:
+            if self._fallback is not None:
+                tripped = self._fallback.record_failure(isinstance(exc, RateLimitEscalation))
+                if tripped is not None:
+                    em.fallback(*tripped)
+            em.stream_failure(turn, self._model_name(), str(exc))
+            em.turn_end(turn, "llm", False, str(exc), _ms(t0), 0, 0, None, figure, self._window())
+            if self._is_overflow(exc) and turn not in self._overflow_retried:
+                # One compact-and-retry per turn: force the emergency line.
+                self._overflow_retried.add(turn)
+                m.set_context_tokens(max(self._session_config.context_window, figure) + 1)
+                return
+            raise
+        usage = response.usage
+        if usage is not None and usage.input_tokens:
+            self._calibration.observe(usage.input_tokens)
+        if self._fallback is not None:
+            self._fallback.record_success()
+        em.stream_success(turn, response.model or self._model_name(), usage)
+        message = response.message
+        if not message.tool_calls and self._convergence is not None:
+            self._check_convergence(message.text)
+        em.response(turn, message.text, usage)
+        figure_after = self._calibration.scale(raw_conv + counter.count_message(message))
+        m.model_response(response, figure_after, self._tool_names)
+        in_tok = usage.input_tokens if usage else 0
+        out_tok = usage.output_tokens if usage else 0
+        rc.run.turns.append(
+            Turn(turn, query, message.text, tuple(message.tool_calls), in_tok, out_tok, response.stop_reason)
+        )
+        self._llm_phase = (in_tok, out_tok, response.stop_reason)
+        em.turn_end(turn, "llm", True, None, _ms(t0), in_tok, out_tok, response.stop_reason, figure_after, self._window())
+
+    def _route_model(self) -> None:
+        fb = self._fallback
+        if fb is None:
+            return
+        model = fb.before_request()  # raises FallbackExhausted when every model is down
+        previous = self._routed_model or self._model_name()
+        self._routed_model = model
+        if model != previous:
+            self._emitter.model_switched(previous, model)
+
+    def _check_convergence(self, text: str) -> None:
+        found = self._convergence.record(text)
+        if found is None:
+            return
+        similarity, count = found
+        action = self._convergence.action
+        self._emitter.convergence_detected(action, similarity, count)
+        if action == "stop":
+            raise LoopDetected("agent stopped: convergence detected")
+        if action == "ask_user":
+            raise UserInputRequired("convergence detected, user input needed")
+
+    def _drain_steering(self, turn: int) -> None:
+        msgs = self._steering._drain()
+        if not msgs:
+            return
+        for msg in msgs:
+            self._machine.inject(msg)
+        self._emitter.steering(turn, msgs)
+
+    def _is_overflow(self, exc: LoopError) -> bool:
+        if not isinstance(exc, ModelError) or self._session_config.context_window <= 0:
+            return False
+        text = str(exc).lower()
+        return any(
+            p in text
+            for p in (
+                "context length",
+                "context_length_exceeded",
+                "maximum context",
+                "context window",
+                "prompt is too long",
+                "too many tokens",
+            )
+        )
+
+    # -- handler 2: tools --------------------------------------------------------
+
+    def _handle_call_tools(self, rc: RunContext, step: CallTools) -> None:
+        turn = step.turn
+        em = self._emitter
+        for p in step.calls:
+            em.tool_call_received(turn, p.call.id, p.call.name, p.call.input)
+        t0 = time.perf_counter()
+        results = [p.preresolved for p in step.calls]
+        todo = [i for i, p in enumerate(step.calls) if p.preresolved is None]
+        in_tok, out_tok, stop = self._llm_phase
+        try:
+            outs = self._dispatcher.dispatch(rc, turn, [step.calls[i].call for i in todo])
+        except Cancelled:
+            raise
+        except LoopError as exc:
+            em.turn_end(turn, "tools", False, str(exc), _ms(t0), in_tok, out_tok, stop,
+                        self._machine.context_tokens, self._window())
+            raise
+        for i, r in zip(todo, outs):
+            results[i] = r
+        ms = _ms(t0)
+        m = self._machine
+        m.tool_results([Message.from_tool_results(results)])  # type: ignore[arg-type]
+        figure = self._measure_figure()
+        m.set_context_tokens(figure)
+        em.turn_end(turn, "tools", True, None, ms, in_tok, out_tok, stop, figure, self._window())
+
+    # -- finalize: the single exit door -----------------------------------------
+
+    def finalize(self, error: Optional[LoopError] = None) -> Run:
+        """The ``Loop`` protocol's exit door; ``run()`` calls it for every run.
+
+        Called by hand it only reports: it returns the last finished ``Run``.
+
+        Raises:
+            LoopBusy: a run is in flight (its own thread finalizes it).
+            LoopError: no run has happened yet.
+        """
+        if self._active is not None:
+            raise LoopBusy("finalize() is called by the run itself")
+        last = self.session.current_run
+        if last is None:
+            raise LoopError("no run to finalize")
+        return last
+
+    def _finalize(self, rc: RunContext, error: Optional[LoopError]) -> None:
+        self._steering._close_and_seal()
+        run = rc.run
+        run.end = time.time()
+        run.stop_reason = error
+        m = self._machine
+        if error is None:
+            m.commit_pending()
+            if self._memory is not None:
+                try:
+                    self._memory.consolidate()
+                except Exception:
+                    log.exception("memory consolidate failed after run %s", run.id)
+        else:
+            m.discard_pending()
+            error.run = run
+        if self._loop_detector is not None:
+            self._loop_detector.consume_pending_stop()
+        self._emitter.run_end(
+            run.input,
+            error is None,
+            None if error is None else str(error),
+            run.turn_count,
+            (run.end - run.start) * 1000.0,
+        )
+        if rc.listener is not None:
+            self._cancel.remove_listener(rc.listener)
+        rc.error = error
+        with self._busy:
+            self._cancel.reset()  # last: one cancel = one cancelled run
+            self._active = None
+            rc.finished = True
+        self._emitter.tap = None
+
+    # -- measuring ----------------------------------------------------------------
+
+    def _measure_raw(self) -> int:
+        m = self._machine
+        return (
+            self._meter.measure(m.history, m.pending, m.history_epoch, m.pending_epoch)
+            + self._overhead
+        )
+
+    def _measure_figure(self) -> int:
+        return self._calibration.scale(self._measure_raw())
+
+    def _figure_for(self, messages: Iterable[Message]) -> int:
+        return self._calibration.scale(count_messages(self._counter, messages) + self._overhead)
+
+    def _overhead_tokens(self) -> int:
+        return self._overhead
+
+    def _window(self) -> Optional[int]:
+        w = self._session_config.context_window
+        return w if w > 0 else None
+
+    def _model_name(self) -> str:
+        return str(getattr(self._client, "model", "") or "")
+
+    def _effective_options(self) -> Optional[RequestOptions]:
+        opts = self._request_options
+        routed = self._routed_model
+        if routed is not None and routed != self._model_name():
+            # Routing beats a host override; the shared client is never mutated.
+            opts = opts.with_model(routed)
+        return None if opts.is_empty() else opts
+
+    def _summarize(self, request: Any) -> Any:
+        return self._client.complete(request)
+
+    # -- cancellation and steering (any thread) --------------------------------
+
+    def cancel(self, reason: Optional[str] = None) -> None:
+        """Cancel the run in flight, or the next run if none is (any thread)."""
+        self._cancel.cancel(reason)
+
+    def _cancel_run(self, rc: RunContext, reason: Optional[str]) -> None:
+        with self._busy:
+            if self._active is rc and not rc.finished:
+                self._cancel.cancel(reason)
+
+    def is_cancelled(self) -> bool:
+        """True while the cancel signal is fired (any thread)."""
+        return self._cancel.is_cancelled()
+
+    def cancel_signal(self) -> CancelSignal:
+        """The loop's shared ``CancelSignal`` (any thread)."""
+        return self._cancel
+
+    def steering(self) -> Steering:
+        """The loop's one shared ``Steering`` (any thread)."""
+        return self._steering
+
+    # -- accessors -----------------------------------------------------------------
+
+    @property
+    def machine(self) -> LoopMachine:
+        """The brain (read-only use)."""
+        return self._machine
+
+    @property
+    def client(self) -> Any:
+        """The model client."""
+        return self._client
+
+    @property
+    def tools(self) -> ToolRegistry:
+        """The tool registry."""
+        return self._tools
+
+    @property
+    def session_config(self) -> SessionConfig:
+        """The session configuration."""
+        return self._session_config
+
+    @property
+    def is_running(self) -> bool:
+        """True while a run is in flight."""
+        return self._active is not None
+
+    def conversation(self) -> list[Message]:
+        """History plus pending (a new list)."""
+        return self._machine.full_history()
+
+    def run_config(self) -> Optional[RunConfig]:
+        """The in-flight run's config, or the last run's; None before the first."""
+        return self._last_config
+
+    def state(self) -> MachineState:
+        """The machine's state."""
+        return self._machine.state
+
+    def should_continue(self) -> bool:
+        """True while the machine is not terminal."""
+        return not self._machine.is_terminal
+
+    def stop_reason(self) -> Optional[LoopError]:
+        """Why the last run ended: ``Cancelled`` while the signal is fired, else its error."""
+        if self._cancel.is_cancelled():
+            return Cancelled(self._cancel.reason)
+        outcome = self._machine.outcome
+        if outcome is None or type(outcome) is Completed:
+            return None
+        return self._error_for(outcome)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def _ensure_temp_dir(self) -> Optional[Path]:
+        if self._temp_base is None:
+            return None
+        if not self._temp_made:
+            path = self._temp_base / f"loopctl-{self.session.id}"
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                self._temp_dir = path
+                self._temp_finalizer = weakref.finalize(self, _remove_dir, path)
+            except OSError:
+                log.warning("cannot create temp dir %s; tools get the system temp dir", path)
+                self._temp_dir = Path(tempfile.gettempdir())
+            self._temp_made = True
+        return self._temp_dir
+
+    @property
+    def temp_dir(self) -> Optional[Path]:
+        """The managed temp dir's path (None when disabled); made on first tool use."""
+        if self._temp_base is None:
+            return None
+        return self._temp_dir or self._temp_base / f"loopctl-{self.session.id}"
+
+    def _executor(self) -> ThreadPoolExecutor:
+        pool = self._pool_box[0]
+        if pool is None:
+            pool = ThreadPoolExecutor(
+                max_workers=max(2, self._run_config_now.parallel.max_concurrency),
+                thread_name_prefix=f"loopctl-tools-{self.session.id[:8]}",
+            )
+            self._pool_box[0] = pool
+        return pool
+
+    def close(self) -> None:
+        """Cancel a run in flight, shut the tool executor, remove the temp dir.
+
+        Idempotent; returns promptly even if a tool is stuck.
+        """
+        with self._busy:
+            self._closed = True
+            active = self._active
+        if active is not None:
+            self._cancel_run(active, "loop closed")
+            active.done.wait(5.0)
+        _shutdown_executor(self._pool_box)
+        if self._temp_finalizer is not None:
+            self._temp_finalizer()
+
+    def __enter__(self) -> BareLoop:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<BareLoop session={self.session.id[:8]} model={self._model_name()!r}>"
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1000.0
+
+
+def _default_loop_detector() -> Any:
+    try:
+        from loopctl.detection import LoopDetector
+    except ImportError:  # pragma: no cover - the detection module lands separately
+        return None
+    return LoopDetector()
+
+
+def _default_convergence_detector() -> Any:
+    try:
+        from loopctl.detection import ConvergenceDetector
+    except ImportError:  # pragma: no cover - the detection module lands separately
+        return None
+    return ConvergenceDetector()
+
+
+def _default_context_manager(config: SessionConfig, counter: TokenCounter) -> Any:
+    try:
+        from loopctl.context.manager import ContextManager, TruncatingCompactor
+    except ImportError:  # pragma: no cover - the context package lands separately
+        return None
+    return ContextManager(
+        TruncatingCompactor(),
+        context_window=config.context_window,
+        compact_threshold=config.compact_threshold,
+        counter=counter,
+    )
+
+
+__all__ = ["BareLoop"]

@@ -1,0 +1,153 @@
+"""The one error tree: every failure a caller sees is a ``LoopError``.
+
+Each error carries structured fields and a message that names the bad
+value. Foreign exceptions (``requests``, ``json``, user code) are translated
+at a boundary and chained with ``raise ... from exc``. The driver attaches
+the finished ``Run`` record to ``.run`` before a run's error reaches the
+caller. Messages never contain credentials.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+class LoopError(Exception):
+    """Base of every loopctl error.
+
+    Attributes:
+        run: the finished ``Run`` record when the error ended a run, else None.
+    """
+
+    run: Any = None
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> Any:
+        # Keep pickling (Celery, multiprocessing) working for subclasses
+        # whose constructors take structured fields.
+        return (_rebuild_error, (type(self), self.__dict__.copy()))
+
+
+def _rebuild_error(cls: type, state: dict[str, Any]) -> LoopError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, state.get("message", ""))
+    err.__dict__.update(state)
+    return err  # type: ignore[no-any-return]
+
+
+class Cancelled(LoopError):
+    """The run was cancelled through its ``CancelSignal``."""
+
+    def __init__(self, reason: Optional[str] = None) -> None:
+        self.reason = reason
+        super().__init__("run cancelled" + (f": {reason}" if reason else ""))
+
+
+class MaxTurnsExceeded(LoopError):
+    """The run reached ``RunConfig.max_turns`` without a final answer."""
+
+    def __init__(self, max_turns: int) -> None:
+        self.max_turns = max_turns
+        super().__init__(f"max turns exceeded: the run used all {max_turns} turns")
+
+
+class FallbackExhausted(LoopError):
+    """Every model of the fallback chain is unavailable."""
+
+    def __init__(self, models: tuple[str, ...] = ()) -> None:
+        self.models = tuple(models)
+        names = ", ".join(self.models) if self.models else "no fallback models"
+        super().__init__(f"fallback exhausted: every model is down ({names})")
+
+
+class ContextExceeded(LoopError):
+    """The conversation does not fit the context window."""
+
+    def __init__(self, used: int, limit: int) -> None:
+        self.used = used
+        self.limit = limit
+        super().__init__(f"context exceeded: {used} tokens used, limit {limit}")
+
+
+class LoopDetected(LoopError):
+    """A repeating tool pattern or converging answers stopped the run."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"loop detected: {message}")
+        self.detail = message
+
+
+class UserInputRequired(LoopError):
+    """The run needs a person's input before it can go on."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"user input required: {message}")
+        self.detail = message
+
+
+class ToolRecoveryExhausted(LoopError):
+    """A tool kept failing after the maximum number of recovery retries."""
+
+    def __init__(self, tool: str, attempts: int) -> None:
+        self.tool = tool
+        self.attempts = attempts
+        super().__init__(f"tool {tool!r} failed after {attempts} attempts")
+
+
+class ModelError(LoopError):
+    """The model call failed.
+
+    Attributes:
+        status: the HTTP status when the provider answered with one.
+        retryable: whether a retry of the same request may succeed.
+    """
+
+    def __init__(
+        self, message: str, status: Optional[int] = None, retryable: bool = False
+    ) -> None:
+        self.status = status
+        self.retryable = retryable
+        super().__init__(message)
+
+
+class RateLimitEscalation(LoopError):
+    """The provider kept rate-limiting after every allowed retry."""
+
+    def __init__(self, attempts: int, retry_after: Optional[float] = None) -> None:
+        self.attempts = attempts
+        self.retry_after = retry_after
+        after = f"; last Retry-After {retry_after:g}s" if retry_after is not None else ""
+        super().__init__(f"rate limited after {attempts} attempts{after}")
+
+
+class ConfigError(LoopError, ValueError):
+    """A configuration value is invalid, or a setter was called too late."""
+
+
+class LoopBusy(LoopError, RuntimeError):
+    """A run is already in flight (or a concurrency limit was reached)."""
+
+    def __init__(self, message: str = "a run is already in flight on this loop") -> None:
+        super().__init__(message)
+
+
+__all__ = [
+    "Cancelled",
+    "ConfigError",
+    "ContextExceeded",
+    "FallbackExhausted",
+    "LoopBusy",
+    "LoopDetected",
+    "LoopError",
+    "MaxTurnsExceeded",
+    "ModelError",
+    "RateLimitEscalation",
+    "ToolRecoveryExhausted",
+    "UserInputRequired",
+]

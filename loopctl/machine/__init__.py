@@ -1,0 +1,41 @@
+"""The brain: a sans-IO state machine that makes every loop decision.
+
+Imports only the leaves (errors, messages): no threads, clock, IO or logging.
+"""
+
+from __future__ import annotations
+
+from loopctl.machine.machine import LoopMachine, MessagesView
+from loopctl.machine.steps import (
+    CallLLM,
+    CallTools,
+    CancelledOutcome,
+    Compact,
+    Completed,
+    Done,
+    Failed,
+    MachinePolicy,
+    MachineState,
+    MaxTurnsReached,
+    Outcome,
+    PendingToolCall,
+    Step,
+)
+
+__all__ = [
+    "CallLLM",
+    "CallTools",
+    "CancelledOutcome",
+    "Compact",
+    "Completed",
+    "Done",
+    "Failed",
+    "LoopMachine",
+    "MachinePolicy",
+    "MachineState",
+    "MaxTurnsReached",
+    "MessagesView",
+    "Outcome",
+    "PendingToolCall",
+    "Step",
+]

@@ -1,0 +1,388 @@
+"""Observer events and the ``Observer`` base class.
+
+Every event is a frozen attrs class carrying ``session_id`` and ``run_id``
+first, then its own fields (SPEC §4.1). ``to_dict()`` gives a JSON-safe dict
+with a ``type`` field (``"turn_start"``, ``"text_delta"``, ...). ``Observer``
+has a documented no-op ``on_*`` method per event; override the ones you
+want. Observers are called only from ``loopctl.driver.emission``: one that
+raises is logged and skipped, and never changes the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar, Optional
+
+import attrs
+
+from loopctl.messages import Message, StopReason, Usage
+
+
+def _json_safe(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, (Usage, Message)):
+        return value.to_dict()
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return str(value)
+
+
+@attrs.frozen
+class Event:
+    """Base of every observer event."""
+
+    TYPE: ClassVar[str] = "event"
+
+    session_id: str
+    run_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict with a ``type`` field naming the event."""
+        out: dict[str, Any] = {"type": self.TYPE}
+        for f in attrs.fields(type(self)):
+            out[f.name] = _json_safe(getattr(self, f.name))
+        return out
+
+
+@attrs.frozen
+class RunStart(Event):
+    """A run began."""
+
+    TYPE: ClassVar[str] = "run_start"
+    input: str
+
+
+@attrs.frozen
+class RunEnd(Event):
+    """A run ended: always the run's last event."""
+
+    TYPE: ClassVar[str] = "run_end"
+    success: bool
+    error: Optional[str]
+    total_turns: int
+    duration_ms: float
+
+
+@attrs.frozen
+class TurnStart(Event):
+    """A model call is about to be made (never for a deferred turn)."""
+
+    TYPE: ClassVar[str] = "turn_start"
+    turn: int
+    query: str
+
+
+@attrs.frozen
+class TextDelta(Event):
+    """A streamed fragment of reply text (also from attempts that later fail)."""
+
+    TYPE: ClassVar[str] = "text_delta"
+    turn: int
+    delta: str
+
+
+@attrs.frozen
+class ThinkingDelta(Event):
+    """A streamed fragment of reasoning."""
+
+    TYPE: ClassVar[str] = "thinking_delta"
+    turn: int
+    delta: str
+
+
+@attrs.frozen
+class ToolInputDelta(Event):
+    """A streamed fragment of a tool call's JSON arguments."""
+
+    TYPE: ClassVar[str] = "tool_input_delta"
+    turn: int
+    call_id: str
+    tool: str
+    delta: str
+
+
+@attrs.frozen
+class AttemptReset(Event):
+    """A stream attempt failed; drop what was buffered for it."""
+
+    TYPE: ClassVar[str] = "attempt_reset"
+    turn: int
+    attempt: int
+
+
+@attrs.frozen
+class Response(Event):
+    """The assembled reply of a served turn (text only, no tool calls)."""
+
+    TYPE: ClassVar[str] = "response"
+    turn: int
+    text: str
+    usage: Optional[Usage]
+
+
+@attrs.frozen
+class StreamSuccess(Event):
+    """A model call succeeded; ``model`` is the model that served it."""
+
+    TYPE: ClassVar[str] = "stream_success"
+    turn: int
+    model: str
+    usage: Optional[Usage]
+
+
+@attrs.frozen
+class StreamFailure(Event):
+    """A model call failed (never fired for a cancel)."""
+
+    TYPE: ClassVar[str] = "stream_failure"
+    turn: int
+    model: str
+    error: str
+
+
+@attrs.frozen
+class TurnEnd(Event):
+    """A phase of a turn ended: ``phase`` is ``"llm"`` or ``"tools"``."""
+
+    TYPE: ClassVar[str] = "turn_end"
+    turn: int
+    phase: str
+    success: bool
+    error: Optional[str]
+    duration_ms: float
+    input_tokens: int
+    output_tokens: int
+    stop_reason: Optional[StopReason]
+    context_tokens: int
+    context_window: Optional[int]
+
+
+@attrs.frozen
+class ToolCallReceived(Event):
+    """The model asked for a call (once per call, before any dispatch)."""
+
+    TYPE: ClassVar[str] = "tool_call_received"
+    turn: int
+    call_id: str
+    tool: str
+    input: Mapping[str, Any]
+
+
+@attrs.frozen
+class ToolPre(Event):
+    """One attempt of a tool call is about to run."""
+
+    TYPE: ClassVar[str] = "tool_pre"
+    turn: int
+    call_id: str
+    tool: str
+    attempt: int
+
+
+@attrs.frozen
+class ToolPost(Event):
+    """One attempt of a tool call finished."""
+
+    TYPE: ClassVar[str] = "tool_post"
+    turn: int
+    call_id: str
+    tool: str
+    attempt: int
+    is_error: bool
+    duration_ms: float
+    output: str
+    result_hash: str
+
+
+@attrs.frozen
+class Compaction(Event):
+    """The conversation was really compacted."""
+
+    TYPE: ClassVar[str] = "compaction"
+    reason: str
+    tokens_before: int
+    tokens_after: int
+
+
+@attrs.frozen
+class Fallback(Event):
+    """The model breaker tripped to a fallback model."""
+
+    TYPE: ClassVar[str] = "fallback"
+    from_model: str
+    to_model: str
+
+
+@attrs.frozen
+class ModelSwitched(Event):
+    """The model serving requests changed."""
+
+    TYPE: ClassVar[str] = "model_switched"
+    from_model: str
+    to_model: str
+
+
+@attrs.frozen
+class LoopDetectedEvent(Event):
+    """A repeating tool pattern was seen."""
+
+    TYPE: ClassVar[str] = "loop_detected"
+    pattern: str
+    repetitions: int
+
+
+@attrs.frozen
+class ConvergenceDetected(Event):
+    """Final answers converged."""
+
+    TYPE: ClassVar[str] = "convergence_detected"
+    action: str
+    similarity: float
+    count: int
+
+
+@attrs.frozen
+class SteeringDelivered(Event):
+    """Pushed guidance was drained into the conversation."""
+
+    TYPE: ClassVar[str] = "steering"
+    turn: int
+    messages: tuple[Message, ...]
+
+
+#: Observer method name for each event class.
+EVENT_METHODS: dict[type[Event], str] = {
+    RunStart: "on_run_start",
+    RunEnd: "on_run_end",
+    TurnStart: "on_turn_start",
+    TextDelta: "on_text_delta",
+    ThinkingDelta: "on_thinking_delta",
+    ToolInputDelta: "on_tool_input_delta",
+    AttemptReset: "on_attempt_reset",
+    Response: "on_response",
+    StreamSuccess: "on_stream_success",
+    StreamFailure: "on_stream_failure",
+    TurnEnd: "on_turn_end",
+    ToolCallReceived: "on_tool_call_received",
+    ToolPre: "on_tool_pre",
+    ToolPost: "on_tool_post",
+    Compaction: "on_compaction",
+    Fallback: "on_fallback",
+    ModelSwitched: "on_model_switched",
+    LoopDetectedEvent: "on_loop_detected",
+    ConvergenceDetected: "on_convergence_detected",
+    SteeringDelivered: "on_steering",
+}
+
+EVENT_TYPES: dict[str, type[Event]] = {cls.TYPE: cls for cls in EVENT_METHODS}
+
+
+class Observer:
+    """Watches a loop. Every method is a no-op; override what you need.
+
+    Methods run on the run's thread, in registration order. One that raises
+    is logged with its name and skipped; it never changes the run.
+    """
+
+    def on_run_start(self, event: RunStart) -> None:
+        """A run began (before its first turn)."""
+
+    def on_run_end(self, event: RunEnd) -> None:
+        """A run ended, success or failure (its last event)."""
+
+    def on_turn_start(self, event: TurnStart) -> None:
+        """A model call is about to be made."""
+
+    def on_text_delta(self, event: TextDelta) -> None:
+        """A fragment of streamed reply text arrived."""
+
+    def on_thinking_delta(self, event: ThinkingDelta) -> None:
+        """A fragment of streamed reasoning arrived."""
+
+    def on_tool_input_delta(self, event: ToolInputDelta) -> None:
+        """A fragment of a tool call's arguments arrived."""
+
+    def on_attempt_reset(self, event: AttemptReset) -> None:
+        """A stream attempt failed and a new one starts: drop its buffered text."""
+
+    def on_response(self, event: Response) -> None:
+        """A served turn's reply was assembled."""
+
+    def on_stream_success(self, event: StreamSuccess) -> None:
+        """A model call succeeded."""
+
+    def on_stream_failure(self, event: StreamFailure) -> None:
+        """A model call failed (not on cancel)."""
+
+    def on_turn_end(self, event: TurnEnd) -> None:
+        """A turn phase ended (``phase`` "llm" or "tools")."""
+
+    def on_tool_call_received(self, event: ToolCallReceived) -> None:
+        """The model asked for a tool call."""
+
+    def on_tool_pre(self, event: ToolPre) -> None:
+        """A tool call attempt is about to run."""
+
+    def on_tool_post(self, event: ToolPost) -> None:
+        """A tool call attempt finished."""
+
+    def on_compaction(self, event: Compaction) -> None:
+        """The conversation was compacted."""
+
+    def on_fallback(self, event: Fallback) -> None:
+        """Requests moved to a fallback model."""
+
+    def on_model_switched(self, event: ModelSwitched) -> None:
+        """The serving model changed."""
+
+    def on_loop_detected(self, event: LoopDetectedEvent) -> None:
+        """A repeating tool pattern was detected."""
+
+    def on_convergence_detected(self, event: ConvergenceDetected) -> None:
+        """The final answers converged."""
+
+    def on_steering(self, event: SteeringDelivered) -> None:
+        """Pushed guidance landed in the conversation."""
+
+
+class CallbackObserver(Observer):
+    """An observer that hands every event to one callable (``fn(event)``)."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+        for method in EVENT_METHODS.values():
+            setattr(self, method, fn)
+
+
+__all__ = [
+    "EVENT_METHODS",
+    "EVENT_TYPES",
+    "AttemptReset",
+    "CallbackObserver",
+    "Compaction",
+    "ConvergenceDetected",
+    "Event",
+    "Fallback",
+    "LoopDetectedEvent",
+    "ModelSwitched",
+    "Observer",
+    "Response",
+    "RunEnd",
+    "RunStart",
+    "SteeringDelivered",
+    "StreamFailure",
+    "StreamSuccess",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallReceived",
+    "ToolInputDelta",
+    "ToolPost",
+    "ToolPre",
+    "TurnEnd",
+    "TurnStart",
+]

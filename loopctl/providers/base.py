@@ -1,0 +1,328 @@
+"""The model-client contract, the stream events, and the stream accumulator.
+
+Knows messages, never the loop. A client's ``stream()`` yields the events
+below in this order: ``MessageStart``, then per part ``PartStart`` ->
+``PartDelta``* -> ``PartStop``, then ``MessageDelta`` and ``MessageStop``;
+``Ping`` may come anywhere. A stream that ends without ``MessageStop`` was
+truncated and is never taken as a complete reply. The stream handler adds
+``StreamAttemptReset`` (a new attempt starts) and ``StreamRescue`` (a
+complete reply from the non-streaming rescue).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, Optional, Protocol, Union, runtime_checkable
+
+import attrs
+
+from loopctl.errors import ModelError
+from loopctl.messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    Part,
+    Role,
+    StopReason,
+    TextPart,
+    ThinkingPart,
+    ToolCallPart,
+    Usage,
+)
+
+# Part kinds of ``PartStart``; delta kinds add "tool_input" and "signature".
+TEXT = "text"
+THINKING = "thinking"
+TOOL_CALL = "tool_call"
+TOOL_INPUT = "tool_input"
+SIGNATURE = "signature"
+
+
+@attrs.frozen
+class MessageStart:
+    """A reply begins; ``model`` is the model that serves it when known."""
+
+    model: Optional[str] = None
+    usage: Optional[Usage] = None
+
+
+@attrs.frozen
+class PartStart:
+    """A part opens at ``index``; ``kind`` is "text", "thinking" or "tool_call"."""
+
+    index: int
+    kind: str
+    call_id: Optional[str] = None
+    name: Optional[str] = None
+
+
+@attrs.frozen
+class PartDelta:
+    """A fragment for the part at ``index``.
+
+    ``kind`` is "text", "thinking", "tool_input" (raw JSON text of the
+    arguments) or "signature" (a thinking block's replay signature).
+    """
+
+    index: int
+    kind: str
+    text: str
+
+
+@attrs.frozen
+class PartStop:
+    """The part at ``index`` closed (None: the oldest open part)."""
+
+    index: Optional[int] = None
+
+
+@attrs.frozen
+class MessageDelta:
+    """Stop reason and/or usage for the reply."""
+
+    stop_reason: Optional[StopReason] = None
+    usage: Optional[Usage] = None
+
+
+@attrs.frozen
+class MessageStop:
+    """The reply is complete."""
+
+
+@attrs.frozen
+class Ping:
+    """Keep-alive; carries nothing."""
+
+
+@attrs.frozen
+class StreamAttemptReset:
+    """The stream handler starts attempt ``attempt`` (>= 1): drop partial output."""
+
+    attempt: int
+
+
+@attrs.frozen
+class StreamRescue:
+    """A complete reply obtained by the non-streaming rescue."""
+
+    response: ModelResponse
+
+
+StreamEvent = Union[MessageStart, PartStart, PartDelta, PartStop, MessageDelta, MessageStop, Ping]
+HandlerEvent = Union[StreamEvent, StreamAttemptReset, StreamRescue]
+
+
+@runtime_checkable
+class ModelStream(Protocol):
+    """An iterable of stream events that can be closed from any thread."""
+
+    def __iter__(self) -> Iterator[StreamEvent]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class ModelClient(Protocol):
+    """What the loop needs from a model client.
+
+    ``set_model(name) -> bool`` is optional; clients without it cannot be
+    switched.
+    """
+
+    @property
+    def model(self) -> str: ...
+
+    def complete(self, request: ModelRequest) -> ModelResponse: ...
+
+    def stream(self, request: ModelRequest) -> ModelStream: ...
+
+
+class IteratorStream:
+    """A ``ModelStream`` over any iterator of events (close stops it)."""
+
+    def __init__(self, events: Iterator[StreamEvent], on_close: Any = None) -> None:
+        self._events = events
+        self._closed = False
+        self._on_close = on_close
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        for ev in self._events:
+            if self._closed:
+                return
+            yield ev
+
+    def close(self) -> None:
+        self._closed = True
+        if self._on_close is not None:
+            self._on_close()
+
+
+def response_events(response: ModelResponse, chunk: int = 8) -> Iterator[StreamEvent]:
+    """The stream events that carry ``response`` (text split into small deltas)."""
+    yield MessageStart(model=response.model)
+    for i, part in enumerate(response.message.parts):
+        if isinstance(part, TextPart):
+            yield PartStart(i, TEXT)
+            t = part.text
+            for k in range(0, len(t), chunk):
+                yield PartDelta(i, TEXT, t[k : k + chunk])
+        elif isinstance(part, ThinkingPart):
+            yield PartStart(i, THINKING)
+            t = part.text
+            for k in range(0, len(t), chunk):
+                yield PartDelta(i, THINKING, t[k : k + chunk])
+            if part.signature:
+                yield PartDelta(i, SIGNATURE, part.signature)
+        elif isinstance(part, ToolCallPart):
+            yield PartStart(i, TOOL_CALL, call_id=part.id, name=part.name)
+            yield PartDelta(i, TOOL_INPUT, json.dumps(dict(part.input)))
+        else:
+            continue
+        yield PartStop(i)
+    yield MessageDelta(stop_reason=response.stop_reason, usage=response.usage)
+    yield MessageStop()
+
+
+@attrs.define
+class _Slot:
+    kind: str
+    call_id: Optional[str] = None
+    name: Optional[str] = None
+    chunks: list[str] = attrs.field(factory=list)
+    signature: Optional[str] = None
+    part: Optional[Part] = None
+    closed: bool = False
+
+
+class StreamAccumulator:
+    """Assembles stream events into a ``ModelResponse``.
+
+    Slots are fixed at ``PartStart`` and routed by (kind, index); tool JSON is
+    parsed once when its part closes (empty -> ``{}``; invalid -> ``ModelError``
+    naming the tool). Thinking stays out of the assembled text.
+    """
+
+    def __init__(self) -> None:
+        self._slots: list[_Slot] = []
+        self._by_index: dict[int, _Slot] = {}
+        self.stop_reason: Optional[StopReason] = None
+        self.usage: Optional[Usage] = None
+        self.model: Optional[str] = None
+        self.finished = False
+
+    def feed(self, event: StreamEvent) -> None:
+        """Take one event (mutates)."""
+        t = type(event)
+        if t is PartDelta:
+            slot = self._by_index.get(event.index)  # type: ignore[union-attr]
+            if slot is None or slot.closed:
+                # A delta without a start opens an implicit part of its kind.
+                kind = TOOL_CALL if event.kind == TOOL_INPUT else event.kind  # type: ignore[union-attr]
+                if kind == SIGNATURE:
+                    return
+                slot = self._open(event.index, kind)  # type: ignore[union-attr]
+            if event.kind == SIGNATURE:  # type: ignore[union-attr]
+                slot.signature = (slot.signature or "") + event.text  # type: ignore[union-attr]
+            else:
+                slot.chunks.append(event.text)  # type: ignore[union-attr]
+        elif t is PartStart:
+            slot = self._open(event.index, event.kind)  # type: ignore[union-attr]
+            slot.call_id = event.call_id  # type: ignore[union-attr]
+            slot.name = event.name  # type: ignore[union-attr]
+        elif t is PartStop:
+            idx = event.index  # type: ignore[union-attr]
+            slot = self._by_index.get(idx) if idx is not None else next(
+                (s for s in self._slots if not s.closed), None
+            )
+            if slot is not None and not slot.closed:
+                self._close(slot)
+        elif t is MessageDelta:
+            if event.stop_reason is not None:  # type: ignore[union-attr]
+                self.stop_reason = event.stop_reason  # type: ignore[union-attr]
+            if event.usage is not None:  # type: ignore[union-attr]
+                self.usage = _merge_usage(self.usage, event.usage)  # type: ignore[union-attr]
+        elif t is MessageStart:
+            if event.model:  # type: ignore[union-attr]
+                self.model = event.model  # type: ignore[union-attr]
+            if event.usage is not None:  # type: ignore[union-attr]
+                self.usage = _merge_usage(self.usage, event.usage)  # type: ignore[union-attr]
+        elif t is MessageStop:
+            self.finished = True
+
+    def _open(self, index: int, kind: str) -> _Slot:
+        slot = _Slot(kind)
+        self._slots.append(slot)
+        self._by_index[index] = slot
+        return slot
+
+    def _close(self, slot: _Slot) -> None:
+        slot.closed = True
+        text = "".join(slot.chunks)
+        if slot.kind == TOOL_CALL:
+            name = slot.name or ""
+            if not name:
+                return
+            if text.strip():
+                try:
+                    data = json.loads(text)
+                except ValueError as exc:
+                    raise ModelError(
+                        f"invalid JSON arguments for tool {name!r}: {text[:200]!r}"
+                    ) from exc
+                if not isinstance(data, dict):
+                    raise ModelError(f"arguments for tool {name!r} are not a JSON object: {text[:200]!r}")
+            else:
+                data = {}
+            slot.part = ToolCallPart(slot.call_id or f"call_{id(slot):x}", name, data)
+        elif slot.kind == THINKING:
+            slot.part = ThinkingPart(text, slot.signature)
+        elif text:
+            slot.part = TextPart(text)
+
+    def build(self) -> ModelResponse:
+        """The assembled reply.
+
+        Raises:
+            ModelError: (retryable) when the stream ended without ``MessageStop``.
+        """
+        if not self.finished:
+            raise ModelError("stream truncated: it ended without its terminal event", retryable=True)
+        for slot in self._slots:
+            if not slot.closed:
+                self._close(slot)
+        parts = tuple(s.part for s in self._slots if s.part is not None)
+        msg = Message(Role.ASSISTANT, parts)
+        stop = self.stop_reason or StopReason.END_TURN
+        if stop is StopReason.END_TURN and msg.tool_calls:
+            stop = StopReason.TOOL_CALL
+        return ModelResponse(msg, stop, self.usage, self.model)
+
+
+def _merge_usage(old: Optional[Usage], new: Usage) -> Optional[Usage]:
+    if old is None:
+        merged = new
+    else:
+        merged = Usage(
+            new.input_tokens or old.input_tokens, new.output_tokens or old.output_tokens
+        )
+    return None if merged.input_tokens == 0 and merged.output_tokens == 0 else merged
+
+
+__all__ = [
+    "IteratorStream",
+    "MessageDelta",
+    "MessageStart",
+    "MessageStop",
+    "ModelClient",
+    "ModelStream",
+    "PartDelta",
+    "PartStart",
+    "PartStop",
+    "Ping",
+    "StreamAccumulator",
+    "StreamAttemptReset",
+    "StreamEvent",
+    "StreamRescue",
+    "response_events",
+]

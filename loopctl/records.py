@@ -1,0 +1,174 @@
+"""The audit trail: ``Session`` holds a ``Run`` per run, a run holds its ``Turn``s.
+
+Records are what happened, never what the model sees: compaction does not
+touch them. Totals are derived from the turns, never stored twice. Every
+run gets its entry, success or failure.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import attrs
+
+from loopctl.config import RunConfig
+from loopctl.errors import LoopError
+from loopctl.messages import StopReason, ToolCallPart, part_from_dict, part_to_dict
+
+
+@attrs.frozen
+class Turn:
+    """One model call of a run and what it asked for.
+
+    ``turn`` counts from 0 within the run; ``input`` is the display text of
+    what the turn answered (the run input on turn 0).
+    """
+
+    turn: int
+    input: str
+    output: str
+    tool_calls: tuple[ToolCallPart, ...] = ()
+    input_tokens: int = 0
+    output_tokens: int = 0
+    stop_reason: StopReason = StopReason.END_TURN
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict."""
+        return {
+            "turn": self.turn,
+            "input": self.input,
+            "output": self.output,
+            "tool_calls": [part_to_dict(c) for c in self.tool_calls],
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "stop_reason": self.stop_reason.value,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Turn:
+        """Rebuild from ``to_dict`` output."""
+        calls = tuple(part_from_dict(c) for c in data.get("tool_calls", ()))
+        return cls(
+            turn=int(data["turn"]),
+            input=data.get("input", ""),
+            output=data.get("output", ""),
+            tool_calls=calls,  # type: ignore[arg-type]
+            input_tokens=int(data.get("input_tokens", 0)),
+            output_tokens=int(data.get("output_tokens", 0)),
+            stop_reason=StopReason(data.get("stop_reason", "end_turn")),
+        )
+
+
+@attrs.define(eq=False)
+class Run:
+    """One call of ``run()``: its input, output, turns and how it ended.
+
+    ``stop_reason`` is None on success and the ``LoopError`` on failure;
+    ``start``/``end`` are wall-clock timestamps (``time.time()``).
+    """
+
+    id: str
+    input: str
+    output: Optional[str] = None
+    turns: list[Turn] = attrs.field(factory=list)
+    config: RunConfig = attrs.field(factory=RunConfig)
+    start: float = attrs.field(factory=time.time)
+    end: Optional[float] = None
+    stop_reason: Optional[LoopError] = None
+
+    @property
+    def turn_count(self) -> int:
+        """How many model calls the run made."""
+        return len(self.turns)
+
+    @property
+    def input_tokens(self) -> int:
+        """Input tokens summed over the turns."""
+        return sum(t.input_tokens for t in self.turns)
+
+    @property
+    def output_tokens(self) -> int:
+        """Output tokens summed over the turns."""
+        return sum(t.output_tokens for t in self.turns)
+
+    @property
+    def total_tokens(self) -> int:
+        """Input plus output tokens."""
+        return self.input_tokens + self.output_tokens
+
+    @property
+    def tool_call_count(self) -> int:
+        """Tool calls the model asked for, summed over the turns."""
+        return sum(len(t.tool_calls) for t in self.turns)
+
+    @property
+    def duration(self) -> float:
+        """Seconds from start to end (to now while the run is in flight)."""
+        return (self.end if self.end is not None else time.time()) - self.start
+
+    @property
+    def succeeded(self) -> bool:
+        """True when the run ended without an error."""
+        return self.end is not None and self.stop_reason is None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict; the error travels as its type name and message."""
+        err = self.stop_reason
+        return {
+            "id": self.id,
+            "input": self.input,
+            "output": self.output,
+            "turns": [t.to_dict() for t in self.turns],
+            "config": self.config.to_dict(),
+            "start": self.start,
+            "end": self.end,
+            "stop_reason": None if err is None else {"type": type(err).__name__, "message": str(err)},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Run:
+        """Rebuild from ``to_dict`` output; the error becomes its loopctl type."""
+        from loopctl import errors as _errors
+
+        err: Optional[LoopError] = None
+        raw = data.get("stop_reason")
+        if raw:
+            cls_ = getattr(_errors, str(raw.get("type")), LoopError)
+            if not (isinstance(cls_, type) and issubclass(cls_, LoopError)):
+                cls_ = LoopError
+            err = cls_.__new__(cls_)
+            Exception.__init__(err, raw.get("message", ""))
+            err.message = raw.get("message", "")
+        return cls(
+            id=data["id"],
+            input=data.get("input", ""),
+            output=data.get("output"),
+            turns=[Turn.from_dict(t) for t in data.get("turns", ())],
+            config=RunConfig.from_dict(data.get("config") or {}),
+            start=float(data.get("start") or 0.0),
+            end=data.get("end"),
+            stop_reason=err,
+        )
+
+
+@attrs.define(eq=False)
+class Session:
+    """A loop's audit trail: its id and every run, in order."""
+
+    id: str
+    runs: list[Run] = attrs.field(factory=list)
+
+    @property
+    def current_run(self) -> Optional[Run]:
+        """The newest run, or None before the first."""
+        return self.runs[-1] if self.runs else None
+
+    @property
+    def total_turns(self) -> int:
+        """Turns over every run."""
+        return sum(r.turn_count for r in self.runs)
+
+
+__all__ = ["Run", "Session", "Turn"]

@@ -1,0 +1,129 @@
+"""Tool value types and the ``Tool`` base class.
+
+A tool's failure is a *soft* error: a ``ToolOutput`` with ``is_error=True``
+that the model reads, and the run continues. ``invoke`` is the one entry
+the dispatcher uses: it validates input, calls, converts the return value
+and turns any exception into such a soft error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import attrs
+
+from loopctl.messages import ToolSchema
+
+
+class ToolError(Exception):
+    """Raise from a tool to report a soft error (the model sees the message)."""
+
+
+@attrs.frozen
+class ToolOutput:
+    """What a tool returns: text, and whether it is a (soft) error."""
+
+    text: str
+    is_error: bool = False
+
+    @classmethod
+    def error(cls, text: str) -> ToolOutput:
+        """A soft error result."""
+        return cls(text, True)
+
+
+@attrs.define(eq=False)
+class ToolContext:
+    """What a tool call knows about where it runs.
+
+    ``cancel`` is the run's cancel signal: long tools poll
+    ``cancel.is_cancelled()`` or wait on ``cancel.wait(t)`` to stop early.
+    ``extras`` is a dict the host fills (``BareLoop.tool_extras``).
+    """
+
+    session_id: str
+    run_id: str
+    turn: int
+    call_id: str
+    temp_dir: Optional[Path]
+    cancel: Any
+    extras: dict[str, Any] = attrs.field(factory=dict)
+
+
+def to_output(value: Any) -> ToolOutput:
+    """Convert a tool's return value: str as is, ToolOutput as given, else JSON."""
+    if isinstance(value, ToolOutput):
+        return value
+    if isinstance(value, str):
+        return ToolOutput(value)
+    try:
+        return ToolOutput(json.dumps(_jsonable(value), ensure_ascii=False))
+    except (TypeError, ValueError):
+        return ToolOutput(str(value))
+
+
+def _jsonable(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return attrs.asdict(value)
+    if hasattr(value, "value") and type(value).__module__ != "builtins" and hasattr(type(value), "__members__"):
+        return value.value
+    return value
+
+
+class Tool:
+    """Base class for tools that need state; most tools use ``@tool`` instead.
+
+    Subclasses set ``name`` and ``description``, override ``input_schema()``
+    (a JSON Schema object) and ``call(input, ctx)``.
+    """
+
+    name: str = ""
+    description: str = ""
+    concurrency_safe: bool = False
+    read_only: bool = False
+    timeout: Optional[float] = None
+
+    def input_schema(self) -> Mapping[str, Any]:
+        """The JSON Schema of the input (an object schema)."""
+        return {"type": "object", "properties": {}, "required": []}
+
+    def schema(self) -> ToolSchema:
+        """What the model is told about this tool."""
+        return ToolSchema(self.name, self.description, self.input_schema())
+
+    def resource_key(self, input: Mapping[str, Any]) -> Optional[str]:
+        """Calls sharing a key never run in the same parallel wave."""
+        return None
+
+    def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
+        """Whether this call may overlap other calls (defaults to the flag)."""
+        return self.concurrency_safe
+
+    def validate(self, input: Mapping[str, Any]) -> Optional[str]:
+        """A message naming the bad field, or None when ``input`` is valid."""
+        return None
+
+    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """Run the tool; return str, ``ToolOutput`` or any JSON-able value."""
+        raise NotImplementedError(f"tool {self.name!r} does not implement call()")
+
+    def invoke(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        """Validate, call and convert; every exception becomes a soft error."""
+        problem = self.validate(input)
+        if problem is not None:
+            return ToolOutput.error(f"Invalid input for tool '{self.name}': {problem}")
+        try:
+            return to_output(self.call(input, ctx))
+        except ToolError as exc:
+            return ToolOutput.error(f"Tool '{self.name}' failed: {exc}")
+        except Exception as exc:
+            return ToolOutput.error(f"Tool '{self.name}' raised {type(exc).__name__}: {exc}")
+
+    def __repr__(self) -> str:
+        return f"<Tool {self.name!r}>"
+
+
+__all__ = ["Tool", "ToolContext", "ToolError", "ToolOutput", "to_output"]

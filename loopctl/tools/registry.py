@@ -1,0 +1,64 @@
+"""ToolRegistry: tools by name, in registration order."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Optional
+
+from loopctl.messages import ToolSchema
+from loopctl.tools.base import Tool
+
+log = logging.getLogger("loopctl")
+
+
+class ToolRegistry:
+    """Tools by name. ``register`` replaces a same-named tool in place."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._schemas: Optional[tuple[ToolSchema, ...]] = None
+        for t in tools:
+            self.register(t)
+
+    def register(self, tool: Tool) -> Tool:
+        """Add ``tool``; a tool of the same name is replaced, keeping its position."""
+        if not isinstance(tool, Tool):
+            raise TypeError(f"register() takes a Tool, got {type(tool).__name__} {tool!r:.60}")
+        if not tool.name:
+            raise ValueError(f"tool {tool!r} has an empty name")
+        if tool.name in self._tools:
+            log.warning("tool %r replaced in registry", tool.name)
+        self._tools[tool.name] = tool
+        self._schemas = None
+        return tool
+
+    def get(self, name: str) -> Optional[Tool]:
+        """The tool named ``name``, or None."""
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        """Tool names, sorted."""
+        return sorted(self._tools)
+
+    def name_set(self) -> frozenset[str]:
+        """Tool names as a set (cheap membership tests)."""
+        return frozenset(self._tools)
+
+    def schemas(self) -> tuple[ToolSchema, ...]:
+        """Every tool's schema, in registration order (cached)."""
+        if self._schemas is None:
+            self._schemas = tuple(t.schema() for t in self._tools.values())
+        return self._schemas
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[Tool]:
+        return iter(list(self._tools.values()))
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+
+__all__ = ["ToolRegistry"]
