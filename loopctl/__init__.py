@@ -7,7 +7,7 @@ from any thread.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable, Optional
+from typing import Optional, Protocol, runtime_checkable
 
 from loopctl.config import ParallelDispatch, RunConfig, SessionConfig
 from loopctl.driver.handle import RunHandle
@@ -27,6 +27,7 @@ from loopctl.errors import (
     ToolRecoveryExhausted,
     UserInputRequired,
 )
+from loopctl.machine import MachineState
 from loopctl.messages import (
     Message,
     ModelRequest,
@@ -40,7 +41,6 @@ from loopctl.messages import (
     ToolResultPart,
     Usage,
 )
-from loopctl.machine import MachineState
 from loopctl.observers import Observer
 from loopctl.records import Run, Session, Turn
 from loopctl.tools import Tool, ToolContext, ToolError, ToolOutput, ToolRegistry

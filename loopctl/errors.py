@@ -34,11 +34,11 @@ class LoopError(Exception):
         return (_rebuild_error, (type(self), self.__dict__.copy()))
 
 
-def _rebuild_error(cls: type, state: dict[str, Any]) -> LoopError:
+def _rebuild_error(cls: type[LoopError], state: dict[str, Any]) -> LoopError:
     err = cls.__new__(cls)
     Exception.__init__(err, state.get("message", ""))
     err.__dict__.update(state)
-    return err  # type: ignore[no-any-return]
+    return err
 
 
 class Cancelled(LoopError):

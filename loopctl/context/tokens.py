@@ -7,7 +7,6 @@ measure (a list replaced wholesale, as after compaction, is recounted once).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional, Protocol, runtime_checkable
@@ -71,15 +70,8 @@ class HeuristicTokenCounter:
             elif t is ToolResultPart:
                 n += len(p.output) + len(p.tool_name)  # type: ignore[union-attr]
             elif t is ToolCallPart:
-                n += len(p.name) + len(_dump(p.input))  # type: ignore[union-attr]
+                n += len(p.name) + len(repr(p.input))  # type: ignore[union-attr]
         return self.per_message + (math.ceil(n / self.chars_per_token) if n else 0)
-
-
-def _dump(value: Any) -> str:
-    try:
-        return json.dumps(value, separators=(",", ":"), default=str)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 def count_messages(counter: TokenCounter, messages: Iterable[Message]) -> int:

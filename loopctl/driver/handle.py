@@ -12,7 +12,7 @@ leaves without touching state or emitting anything (the generation fence).
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 from loopctl.errors import LoopError
 from loopctl.records import Run
@@ -58,12 +58,6 @@ class RunContext:
         """A context manager that releases the fence around blocking work."""
         return Unfenced(self)
 
-    def check(self) -> None:
-        """Raise ``Abandoned`` if the waiter took the run over."""
-        if self.abandoned:
-            self.lock.release()
-            raise Abandoned
-
 
 class Unfenced:
     """``with rc.unfenced(): blocking()`` — the waiter may take over meanwhile."""
@@ -76,7 +70,7 @@ class Unfenced:
     def __enter__(self) -> None:
         self.rc.lock.release()
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
         rc = self.rc
         rc.lock.acquire()
         if rc.abandoned:

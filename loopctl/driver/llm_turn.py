@@ -77,8 +77,7 @@ def gather_transients(loop: BareLoop, turn: int, query: str) -> list[Message]:
 
 def build_request(loop: BareLoop, transients: Sequence[Message]) -> ModelRequest:
     """The request for this turn (one copy of the conversation)."""
-    m = loop._machine
-    messages = (*transients, *m.history, *m.pending)
+    messages = loop._machine.snapshot_conversation(transients)
     schemas = loop._tools.schemas()
     options = loop._effective_options()
     return ModelRequest(messages, loop._session_config.system_prompt, schemas, options)
@@ -98,7 +97,7 @@ def call_model(loop: BareLoop, rc: RunContext, turn: int, request: ModelRequest)
     if loop._turn_mode == "non_streaming":
         try:
             with rc.unfenced():
-                response = client.complete(request)
+                response: ModelResponse = client.complete(request)
         except LoopError:
             raise
         except Exception as exc:
@@ -135,35 +134,34 @@ def _stream_turn(loop: BareLoop, rc: RunContext, turn: int, request: ModelReques
                 raise ModelError(f"stream failed: {type(exc).__name__}: {exc}") from exc
             if ev is None:
                 break
-            t = type(ev)
-            if t is PartDelta:
-                kind = ev.kind  # type: ignore[union-attr]
+            if isinstance(ev, PartDelta):
+                kind = ev.kind
                 if kind == "text":
                     if want_text:
                         if streamer is not None:
                             try:
-                                streamer(ev.text)  # type: ignore[union-attr]
+                                streamer(ev.text)
                             except Exception:
                                 log.exception("text streamer raised; ignored")
-                        em.text_delta(turn, ev.text)  # type: ignore[union-attr]
+                        em.text_delta(turn, ev.text)
                 elif kind == "thinking":
-                    em.thinking_delta(turn, ev.text)  # type: ignore[union-attr]
+                    em.thinking_delta(turn, ev.text)
                 elif kind == "tool_input":
-                    cid, name = tool_slots.get(ev.index, ("", ""))  # type: ignore[union-attr]
-                    em.tool_input_delta(turn, cid, name, ev.text)  # type: ignore[union-attr]
-                acc.feed(ev)  # type: ignore[arg-type]
-            elif t is PartStart:
-                if ev.kind == "tool_call":  # type: ignore[union-attr]
-                    tool_slots[ev.index] = (ev.call_id or "", ev.name or "")  # type: ignore[union-attr]
-                acc.feed(ev)  # type: ignore[arg-type]
-            elif t is StreamAttemptReset:
+                    cid, name = tool_slots.get(ev.index, ("", ""))
+                    em.tool_input_delta(turn, cid, name, ev.text)
+                acc.feed(ev)
+            elif isinstance(ev, PartStart):
+                if ev.kind == "tool_call":
+                    tool_slots[ev.index] = (ev.call_id or "", ev.name or "")
+                acc.feed(ev)
+            elif isinstance(ev, StreamAttemptReset):
                 acc = StreamAccumulator()
                 tool_slots.clear()
-                em.attempt_reset(turn, ev.attempt)  # type: ignore[union-attr]
-            elif t is StreamRescue:
-                rescued = ev.response  # type: ignore[union-attr]
+                em.attempt_reset(turn, ev.attempt)
+            elif isinstance(ev, StreamRescue):
+                rescued = ev.response
             else:
-                acc.feed(ev)  # type: ignore[arg-type]
+                acc.feed(ev)
     finally:
         rc.cancel.remove_listener(close)
     if rc.cancel.is_cancelled():

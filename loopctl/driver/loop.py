@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import shutil
-import tempfile
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,18 +35,15 @@ from loopctl.driver.compaction import run_compaction
 from loopctl.driver.dispatch import Dispatcher
 from loopctl.driver.emission import Emitter
 from loopctl.driver.handle import Abandoned, RunContext, RunHandle
-from loopctl.driver.llm_turn import build_request, call_model, gather_transients, turn_query
+from loopctl.driver.resources import LoopResources
 from loopctl.driver.signals import CancelSignal, Steering
+from loopctl.driver.turns import handle_call_llm, handle_call_tools
 from loopctl.errors import (
     Cancelled,
     ConfigError,
     LoopBusy,
-    LoopDetected,
     LoopError,
     MaxTurnsExceeded,
-    ModelError,
-    RateLimitEscalation,
-    UserInputRequired,
 )
 from loopctl.hooks import HookExecutor
 from loopctl.machine import (
@@ -67,23 +61,11 @@ from loopctl.machine import (
 )
 from loopctl.messages import Message, RequestOptions, StopReason
 from loopctl.providers.stream_handler import StreamHandler
-from loopctl.records import Run, Session, Turn
+from loopctl.records import Run, Session
 from loopctl.tools.base import Tool
 from loopctl.tools.registry import ToolRegistry
 
 log = logging.getLogger("loopctl")
-
-
-def _shutdown_executor(box: list[Optional[ThreadPoolExecutor]]) -> None:
-    pool = box[0]
-    box[0] = None
-    if pool is not None:
-        pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _remove_dir(path: Optional[Path]) -> None:
-    if path is not None:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 class BareLoop(BuilderMixin):
@@ -152,12 +134,7 @@ class BareLoop(BuilderMixin):
         self._llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
         self._overflow_retried: set[int] = set()
 
-        self._temp_base: Optional[Path] = Path(tempfile.gettempdir())
-        self._temp_dir: Optional[Path] = None
-        self._temp_made = False
-        self._pool_box: list[Optional[ThreadPoolExecutor]] = [None]
-        self._pool_finalizer = weakref.finalize(self, _shutdown_executor, self._pool_box)
-        self._temp_finalizer: Optional[weakref.finalize] = None
+        self._resources = LoopResources(self, self.session.id)
 
     @classmethod
     def from_history(
@@ -324,9 +301,9 @@ class BareLoop(BuilderMixin):
             step = m.next_step(policy)
             t = type(step)
             if t is CallLLM:
-                self._handle_call_llm(rc, step.turn, policy)  # type: ignore[union-attr]
+                handle_call_llm(self, rc, step.turn, policy)  # type: ignore[union-attr]
             elif t is CallTools:
-                self._handle_call_tools(rc, step)  # type: ignore[arg-type]
+                handle_call_tools(self, rc, step)  # type: ignore[arg-type]
             elif t is Compact:
                 run_compaction(self, rc, step.reason)  # type: ignore[union-attr]
             else:
@@ -370,147 +347,6 @@ class BareLoop(BuilderMixin):
             m.next_step(self._policy())
         else:
             m.fail(error)
-
-    # -- handler 1: the model call ---------------------------------------------
-
-    def _handle_call_llm(self, rc: RunContext, turn: int, policy: MachinePolicy) -> None:
-        m = self._machine
-        em = self._emitter
-        counter = self._counter
-        conv_last = m.pending if len(m.pending) else m.history
-        query = turn_query(self._run_input, turn, conv_last)
-        steering = self._steering
-        gather = bool(self._contributors) or (self._memory is not None and self._run_config_now.memory_top_k > 0)
-        while True:
-            self._drain_steering(turn)
-            arrived = steering._arrived
-            transients = gather_transients(self, turn, query) if gather else []
-            if steering._arrived == arrived:
-                break
-        raw_conv = self._measure_raw()
-        extra = count_messages(counter, transients) if transients else 0
-        raw = raw_conv + extra
-        figure = self._calibration.scale(raw)
-        m.set_context_tokens(figure)
-        if type(m.next_step(policy)) is not CallLLM:
-            # Deferral: compact first, with room reserved for these extras.
-            self._deferred_transient_tokens = extra
-            return
-        self._calibration.note_prediction(raw)
-        self._route_model()
-        em.turn_start(turn, query)
-        t0 = time.perf_counter()
-        request = build_request(self, transients)
-        try:
-            response = call_model(self, rc, turn, request)
-        except Cancelled:
-            raise
-        except LoopError as exc:
-            if self._fallback is not None:
-                tripped = self._fallback.record_failure(isinstance(exc, RateLimitEscalation))
-                if tripped is not None:
-                    em.fallback(*tripped)
-            em.stream_failure(turn, self._model_name(), str(exc))
-            em.turn_end(turn, "llm", False, str(exc), _ms(t0), 0, 0, None, figure, self._window())
-            if self._is_overflow(exc) and turn not in self._overflow_retried:
-                # One compact-and-retry per turn: force the emergency line.
-                self._overflow_retried.add(turn)
-                m.set_context_tokens(max(self._session_config.context_window, figure) + 1)
-                return
-            raise
-        usage = response.usage
-        if usage is not None and usage.input_tokens:
-            self._calibration.observe(usage.input_tokens)
-        if self._fallback is not None:
-            self._fallback.record_success()
-        em.stream_success(turn, response.model or self._model_name(), usage)
-        message = response.message
-        if not message.tool_calls and self._convergence is not None:
-            self._check_convergence(message.text)
-        em.response(turn, message.text, usage)
-        figure_after = self._calibration.scale(raw_conv + counter.count_message(message))
-        m.model_response(response, figure_after, self._tool_names)
-        in_tok = usage.input_tokens if usage else 0
-        out_tok = usage.output_tokens if usage else 0
-        rc.run.turns.append(
-            Turn(turn, query, message.text, tuple(message.tool_calls), in_tok, out_tok, response.stop_reason)
-        )
-        self._llm_phase = (in_tok, out_tok, response.stop_reason)
-        em.turn_end(turn, "llm", True, None, _ms(t0), in_tok, out_tok, response.stop_reason, figure_after, self._window())
-
-    def _route_model(self) -> None:
-        fb = self._fallback
-        if fb is None:
-            return
-        model = fb.before_request()  # raises FallbackExhausted when every model is down
-        previous = self._routed_model or self._model_name()
-        self._routed_model = model
-        if model != previous:
-            self._emitter.model_switched(previous, model)
-
-    def _check_convergence(self, text: str) -> None:
-        found = self._convergence.record(text)
-        if found is None:
-            return
-        similarity, count = found
-        action = self._convergence.action
-        self._emitter.convergence_detected(action, similarity, count)
-        if action == "stop":
-            raise LoopDetected("agent stopped: convergence detected")
-        if action == "ask_user":
-            raise UserInputRequired("convergence detected, user input needed")
-
-    def _drain_steering(self, turn: int) -> None:
-        msgs = self._steering._drain()
-        if not msgs:
-            return
-        for msg in msgs:
-            self._machine.inject(msg)
-        self._emitter.steering(turn, msgs)
-
-    def _is_overflow(self, exc: LoopError) -> bool:
-        if not isinstance(exc, ModelError) or self._session_config.context_window <= 0:
-            return False
-        text = str(exc).lower()
-        return any(
-            p in text
-            for p in (
-                "context length",
-                "context_length_exceeded",
-                "maximum context",
-                "context window",
-                "prompt is too long",
-                "too many tokens",
-            )
-        )
-
-    # -- handler 2: tools --------------------------------------------------------
-
-    def _handle_call_tools(self, rc: RunContext, step: CallTools) -> None:
-        turn = step.turn
-        em = self._emitter
-        for p in step.calls:
-            em.tool_call_received(turn, p.call.id, p.call.name, p.call.input)
-        t0 = time.perf_counter()
-        results = [p.preresolved for p in step.calls]
-        todo = [i for i, p in enumerate(step.calls) if p.preresolved is None]
-        in_tok, out_tok, stop = self._llm_phase
-        try:
-            outs = self._dispatcher.dispatch(rc, turn, [step.calls[i].call for i in todo])
-        except Cancelled:
-            raise
-        except LoopError as exc:
-            em.turn_end(turn, "tools", False, str(exc), _ms(t0), in_tok, out_tok, stop,
-                        self._machine.context_tokens, self._window())
-            raise
-        for i, r in zip(todo, outs):
-            results[i] = r
-        ms = _ms(t0)
-        m = self._machine
-        m.tool_results([Message.from_tool_results(results)])  # type: ignore[arg-type]
-        figure = self._measure_figure()
-        m.set_context_tokens(figure)
-        em.turn_end(turn, "tools", True, None, ms, in_tok, out_tok, stop, figure, self._window())
 
     # -- finalize: the single exit door -----------------------------------------
 
@@ -678,36 +514,15 @@ class BareLoop(BuilderMixin):
     # -- lifecycle -------------------------------------------------------------------
 
     def _ensure_temp_dir(self) -> Optional[Path]:
-        if self._temp_base is None:
-            return None
-        if not self._temp_made:
-            path = self._temp_base / f"loopctl-{self.session.id}"
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-                self._temp_dir = path
-                self._temp_finalizer = weakref.finalize(self, _remove_dir, path)
-            except OSError:
-                log.warning("cannot create temp dir %s; tools get the system temp dir", path)
-                self._temp_dir = Path(tempfile.gettempdir())
-            self._temp_made = True
-        return self._temp_dir
+        return self._resources.ensure_temp_dir()
 
     @property
     def temp_dir(self) -> Optional[Path]:
         """The managed temp dir's path (None when disabled); made on first tool use."""
-        if self._temp_base is None:
-            return None
-        return self._temp_dir or self._temp_base / f"loopctl-{self.session.id}"
+        return self._resources.temp_path
 
     def _executor(self) -> ThreadPoolExecutor:
-        pool = self._pool_box[0]
-        if pool is None:
-            pool = ThreadPoolExecutor(
-                max_workers=max(2, self._run_config_now.parallel.max_concurrency),
-                thread_name_prefix=f"loopctl-tools-{self.session.id[:8]}",
-            )
-            self._pool_box[0] = pool
-        return pool
+        return self._resources.executor(self._run_config_now.parallel.max_concurrency)
 
     def close(self) -> None:
         """Cancel a run in flight, shut the tool executor, remove the temp dir.
@@ -720,9 +535,7 @@ class BareLoop(BuilderMixin):
         if active is not None:
             self._cancel_run(active, "loop closed")
             active.done.wait(5.0)
-        _shutdown_executor(self._pool_box)
-        if self._temp_finalizer is not None:
-            self._temp_finalizer()
+        self._resources.close()
 
     def __enter__(self) -> BareLoop:
         return self
@@ -732,10 +545,6 @@ class BareLoop(BuilderMixin):
 
     def __repr__(self) -> str:
         return f"<BareLoop session={self.session.id[:8]} model={self._model_name()!r}>"
-
-
-def _ms(t0: float) -> float:
-    return (time.perf_counter() - t0) * 1000.0
 
 
 def _default_loop_detector() -> Any:

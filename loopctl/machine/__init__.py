@@ -5,7 +5,7 @@ Imports only the leaves (errors, messages): no threads, clock, IO or logging.
 
 from __future__ import annotations
 
-from loopctl.machine.machine import LoopMachine, MessagesView
+from loopctl.machine.machine import ConversationSnapshot, LoopMachine, MessagesView
 from loopctl.machine.steps import (
     CallLLM,
     CallTools,
@@ -27,6 +27,7 @@ __all__ = [
     "CallTools",
     "CancelledOutcome",
     "Compact",
+    "ConversationSnapshot",
     "Completed",
     "Done",
     "Failed",

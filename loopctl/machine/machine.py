@@ -72,6 +72,59 @@ class MessagesView(Sequence[Message]):
         return f"MessagesView({self._items!r})"
 
 
+class ConversationSnapshot(Sequence[Message]):
+    """A stable, read-only snapshot of ``prefix + history + pending``, made in O(1).
+
+    It stays valid because the machine only ever appends to its lists or
+    replaces them wholesale; the snapshot keeps each list and its length.
+    """
+
+    __slots__ = ("_segments", "_len")
+
+    def __init__(self, segments: Sequence[tuple[Sequence[Message], int]]) -> None:
+        self._segments = tuple(segments)
+        self._len = sum(n for _, n in self._segments)
+
+    def __len__(self) -> int:
+        return self._len
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Message]: ...
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[Message, list[Message]]:
+        if isinstance(index, slice):
+            return list(self)[index]
+        i = index + self._len if index < 0 else index
+        if not 0 <= i < self._len:
+            raise IndexError("conversation index out of range")
+        for items, n in self._segments:
+            if i < n:
+                return items[i]
+            i -= n
+        raise IndexError("conversation index out of range")  # pragma: no cover
+
+    def __iter__(self) -> Iterator[Message]:
+        for items, n in self._segments:
+            if n == len(items):
+                yield from items
+            else:
+                for k in range(n):
+                    yield items[k]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple, ConversationSnapshot)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"ConversationSnapshot({list(self)!r})"
+
+
 class LoopMachine:
     """The run's state machine: history, pending, turns, limits, termination."""
 
@@ -151,6 +204,15 @@ class LoopMachine:
         """History then pending: what the next request sends (a new list)."""
         return self._history + self._pending
 
+    def snapshot_conversation(self, prefix: Sequence[Message] = ()) -> ConversationSnapshot:
+        """``prefix + history + pending`` as an O(1) snapshot (no copy of the lists)."""
+        segs: list[tuple[Sequence[Message], int]] = []
+        if prefix:
+            segs.append((tuple(prefix), len(prefix)))
+        segs.append((self._history, len(self._history)))
+        segs.append((self._pending, len(self._pending)))
+        return ConversationSnapshot(segs)
+
     # -- the decision ----------------------------------------------------------
 
     def next_step(self, policy: MachinePolicy) -> Step:
@@ -224,12 +286,14 @@ class LoopMachine:
         tool not in ``available_tools`` gets a soft pre-answer in its slot.
 
         Raises:
-            RuntimeError: when tool results are still awaited.
+            RuntimeError: when tool results or a compaction are still awaited.
         """
         if self._state is MachineState.TERMINAL:
             return
         if self._state is MachineState.AWAITING_TOOLS:
             raise RuntimeError("model_response fed while tool results are awaited")
+        if self._state is MachineState.AWAITING_COMPACTION:
+            raise RuntimeError("model_response fed while a compaction is awaited")
         message = response.message
         self._pending.append(message)
         self._context_tokens = context_tokens
@@ -258,12 +322,23 @@ class LoopMachine:
 
         Raises:
             RuntimeError: when no tool calls are awaited.
+            ValueError: when a result answers no awaited call (it would
+                precede, or lack, its call in the conversation).
         """
         if self._state is MachineState.TERMINAL:
             return
         if self._state is not MachineState.AWAITING_TOOLS:
             raise RuntimeError("tool_results fed while no tool calls are awaited")
-        self._pending.extend(messages)
+        fed = list(messages)
+        awaited = {p.call.id for p in self._pending_tools}
+        for message in fed:
+            for result in message.tool_results:
+                if result.tool_call_id not in awaited:
+                    raise ValueError(
+                        f"tool result for call id {result.tool_call_id!r} "
+                        f"(tool {result.tool_name!r}) answers no awaited call"
+                    )
+        self._pending.extend(fed)
         if self._held:
             self._pending.extend(self._held)
             self._held = []
@@ -295,9 +370,14 @@ class LoopMachine:
         """Adopt a compacted conversation as history; clears pending (a commit point).
 
         ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``.
+
+        Raises:
+            RuntimeError: when tool results are awaited (clearing pending
+                would orphan the awaited calls).
         """
         if self._state is MachineState.TERMINAL:
             return
+        self._check_not_awaiting_tools("compaction_result")
         if self._no_progress(tokens_before, tokens_after):
             return
         self._history = list(messages)
@@ -312,14 +392,22 @@ class LoopMachine:
         """A pass that changed nothing; history and pending stay as they are.
 
         ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``.
+
+        Raises:
+            RuntimeError: when tool results are awaited.
         """
         if self._state is MachineState.TERMINAL:
             return
+        self._check_not_awaiting_tools("compaction_noop")
         if self._no_progress(tokens_before, tokens_after):
             return
         self._context_tokens = tokens_after
         self._compact_reason = None
         self._state = MachineState.START
+
+    def _check_not_awaiting_tools(self, feed: str) -> None:
+        if self._state is MachineState.AWAITING_TOOLS:
+            raise RuntimeError(f"{feed} fed while tool results are awaited")
 
     def _no_progress(self, before: int, after: int) -> bool:
         if after >= before:
@@ -328,8 +416,12 @@ class LoopMachine:
         return False
 
     def cancel(self) -> None:
-        """Set the cancel flag; the next decision ends the run as cancelled."""
-        self._cancelled = True
+        """Set the cancel flag; the next decision ends the run as cancelled.
+
+        A no-op when terminal: a finished run keeps its outcome.
+        """
+        if self._state is not MachineState.TERMINAL:
+            self._cancelled = True
 
     def fail(self, error: LoopError) -> None:
         """End the run as ``Failed(error)`` at once; no-op when already terminal."""
@@ -355,4 +447,4 @@ class LoopMachine:
         return {"history": [m.to_dict() for m in self._history]}
 
 
-__all__ = ["LoopMachine", "MessagesView"]
+__all__ = ["ConversationSnapshot", "LoopMachine", "MessagesView"]

@@ -1,0 +1,90 @@
+"""What a loop owns outside the run: the managed temp dir and the tool pool.
+
+The temp dir ``{base}/loopctl-{session_id}/`` is made on first use and
+removed by ``close()`` or when the loop is garbage-collected; if it cannot
+be made, tools get the system temp dir. The ``ThreadPoolExecutor`` for
+parallel tool waves is made on first use (threads ``loopctl-tools-...``)
+and shut down without waiting, so a stuck tool never blocks ``close()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Optional
+
+log = logging.getLogger("loopctl")
+
+
+def _shutdown(box: list[Optional[ThreadPoolExecutor]]) -> None:
+    pool = box[0]
+    box[0] = None
+    if pool is not None:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _remove_dir(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class LoopResources:
+    """The temp dir and the tool executor of one loop."""
+
+    def __init__(self, owner: Any, session_id: str) -> None:
+        self.session_id = session_id
+        self.temp_base: Optional[Path] = Path(tempfile.gettempdir())
+        self._temp_dir: Optional[Path] = None
+        self._temp_made = False
+        self._temp_finalizer: Optional[weakref.finalize[..., None]] = None
+        self._owner = weakref.ref(owner)
+        self._pool_box: list[Optional[ThreadPoolExecutor]] = [None]
+        self._pool_finalizer = weakref.finalize(owner, _shutdown, self._pool_box)
+
+    @property
+    def temp_path(self) -> Optional[Path]:
+        """Where the temp dir is (or will be); None when disabled."""
+        if self.temp_base is None:
+            return None
+        return self._temp_dir or self.temp_base / f"loopctl-{self.session_id}"
+
+    def ensure_temp_dir(self) -> Optional[Path]:
+        """Make the temp dir on first use; the system temp dir if that fails."""
+        if self.temp_base is None:
+            return None
+        if not self._temp_made:
+            path = self.temp_base / f"loopctl-{self.session_id}"
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+                self._temp_dir = path
+                owner = self._owner()
+                if owner is not None:
+                    self._temp_finalizer = weakref.finalize(owner, _remove_dir, path)
+            except OSError:
+                log.warning("cannot create temp dir %s; tools get the system temp dir", path)
+                self._temp_dir = Path(tempfile.gettempdir())
+            self._temp_made = True
+        return self._temp_dir
+
+    def executor(self, workers: int) -> ThreadPoolExecutor:
+        """The tool pool, made on first use."""
+        pool = self._pool_box[0]
+        if pool is None:
+            pool = ThreadPoolExecutor(
+                max_workers=max(2, workers),
+                thread_name_prefix=f"loopctl-tools-{self.session_id[:8]}",
+            )
+            self._pool_box[0] = pool
+        return pool
+
+    def close(self) -> None:
+        """Shut the pool (without waiting) and remove the temp dir; idempotent."""
+        _shutdown(self._pool_box)
+        if self._temp_finalizer is not None:
+            self._temp_finalizer()
+
+
+__all__ = ["LoopResources"]
