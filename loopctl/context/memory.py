@@ -1,0 +1,253 @@
+"""Memory: what a loop remembers across turns and runs.
+
+This module owns the ``Memory`` protocol, the ``MemoryEntry`` value type and
+the process-local ``InMemoryStore``. Rules it keeps:
+
+- Every store method is safe to call from any thread.
+- Retrieval is keyword scoring (case-insensitive word overlap with the
+  query plus tag match); an entry that shares no word with the query and
+  whose tags do not match is never returned.
+- Memories reach the model only as reference material (the driver puts them
+  under ``MEMORY_PREFIX``); nothing here builds prompts.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional, Protocol, runtime_checkable
+
+import attrs
+
+from loopctl.errors import ConfigError
+
+CATEGORIES = ("trajectory", "insight", "error_pattern", "strategy", "fact", "working")
+"""The entry categories the loop knows (any string is accepted; these are conventional)."""
+
+TRAJECTORY_FIELD_LIMIT = 500
+"""Characters kept of a tool call's input and of its result in a trajectory entry."""
+
+PRUNE_BELOW = 0.05
+"""``consolidate()`` drops entries whose relevance is below this."""
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def words(text: str) -> frozenset[str]:
+    """The case-folded words of ``text`` (punctuation ignored)."""
+    return frozenset(w.casefold() for w in _WORD.findall(text))
+
+
+def _to_tags(value: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        raise TypeError(f"tags must be an iterable of str, got the str {value!r:.60}")
+    tags = tuple(value)
+    for t in tags:
+        if not isinstance(t, str):
+            raise TypeError(f"each tag must be a str, got {type(t).__name__} {t!r:.60}")
+    return tags
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@attrs.frozen
+class MemoryEntry:
+    """One remembered item.
+
+    Args:
+        text: what is remembered.
+        tags: labels used in scoring (a tag equal to a query word counts).
+        category: ``"fact"`` by default; see ``CATEGORIES``.
+        relevance: 0..1 weight in scoring; consolidation prunes near-zero ones.
+        id: a unique id (a fresh uuid by default).
+        created_at: epoch seconds.
+    """
+
+    text: str
+    tags: tuple[str, ...] = attrs.field(default=(), converter=_to_tags)
+    category: str = "fact"
+    relevance: float = 1.0
+    id: str = attrs.field(factory=_new_id)
+    created_at: float = attrs.field(factory=time.time)
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            raise TypeError(f"MemoryEntry.text must be a str, got {type(self.text).__name__} {self.text!r:.60}")
+        if not isinstance(self.category, str) or not self.category:
+            raise ConfigError(f"MemoryEntry.category must be a non-empty str, got {self.category!r}")
+        r = self.relevance
+        if not isinstance(r, (int, float)) or isinstance(r, bool) or not (0.0 <= r <= 1.0):
+            raise ConfigError(f"MemoryEntry.relevance must be a number in [0, 1], got {r!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict."""
+        return {
+            "id": self.id,
+            "text": self.text,
+            "tags": list(self.tags),
+            "category": self.category,
+            "relevance": self.relevance,
+            "created_at": self.created_at,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> MemoryEntry:
+        """Rebuild from ``to_dict`` output."""
+        return cls(
+            data["text"],
+            tuple(data.get("tags", ())),
+            data.get("category", "fact"),
+            float(data.get("relevance", 1.0)),
+            data.get("id") or _new_id(),
+            float(data.get("created_at", time.time())),
+        )
+
+
+@runtime_checkable
+class Memory(Protocol):
+    """A store the loop reads before each turn and writes after each tool call.
+
+    Implementations must be thread-safe.
+    """
+
+    def store(self, entry: MemoryEntry) -> None:
+        """Remember ``entry`` (an entry with an existing id replaces it)."""
+        ...
+
+    def retrieve(self, query: str, limit: int) -> list[MemoryEntry]:
+        """Up to ``limit`` entries relevant to ``query``, best first."""
+        ...
+
+    def consolidate(self) -> None:
+        """Tidy the store (the loop calls it after a successful run)."""
+        ...
+
+
+def trajectory_entry(tool: str, input: Any, result: str) -> MemoryEntry:
+    """The entry the loop stores after a successful tool call.
+
+    The input (rendered) and the result are each cut to 500 characters.
+    """
+    rendered = input if isinstance(input, str) else _render(input)
+    text = (
+        f"tool={tool}; input={rendered[:TRAJECTORY_FIELD_LIMIT]}; "
+        f"result={result[:TRAJECTORY_FIELD_LIMIT]}"
+    )
+    return MemoryEntry(text, (tool,), "trajectory")
+
+
+def _render(value: Any) -> str:
+    import json
+
+    try:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def score(entry: MemoryEntry, query_words: frozenset[str], query_text: str) -> float:
+    """Keyword score of ``entry`` for a query; 0.0 means "not relevant".
+
+    ``0.5·relevance + 0.4·(fraction of query words in the entry's words)
+    + 0.3·(a tag equals a query word or the whole query) + 0.1``, and 0.0 when
+    neither a word nor a tag matches.
+    """
+    if not query_words:
+        return 0.0
+    entry_words = words(entry.text)
+    overlap = len(query_words & entry_words) / len(query_words)
+    q = query_text.casefold().strip()
+    tag_hit = any(t.casefold() in query_words or (q and t.casefold() == q) for t in entry.tags)
+    if overlap == 0.0 and not tag_hit:
+        return 0.0
+    return 0.5 * entry.relevance + 0.4 * overlap + (0.3 if tag_hit else 0.0) + 0.1
+
+
+def rank(entries: Iterable[MemoryEntry], query: str, limit: int) -> list[MemoryEntry]:
+    """The top ``limit`` entries by ``score`` (ties: newer first)."""
+    if limit <= 0:
+        return []
+    qw = words(query)
+    scored = [(s, e) for e in entries if (s := score(e, qw, query)) > 0.0]
+    scored.sort(key=lambda se: (se[0], se[1].created_at), reverse=True)
+    return [e for _, e in scored[:limit]]
+
+
+def check_limit(limit: Any) -> int:
+    """Validate a retrieve ``limit`` (an int >= 0)."""
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+        raise ConfigError(f"retrieve limit must be an int >= 0, got {limit!r}")
+    return limit
+
+
+class InMemoryStore:
+    """A thread-safe, process-local store (no capacity limit).
+
+    Args:
+        entries: entries to start with.
+    """
+
+    def __init__(self, entries: Iterable[MemoryEntry] = ()) -> None:
+        self._lock = threading.Lock()
+        self._entries: dict[str, MemoryEntry] = {}
+        for e in entries:
+            self.store(e)
+
+    def store(self, entry: MemoryEntry) -> None:
+        """Remember ``entry`` (replacing an entry with the same id)."""
+        if not isinstance(entry, MemoryEntry):
+            raise TypeError(f"store() takes a MemoryEntry, got {type(entry).__name__}")
+        with self._lock:
+            self._entries[entry.id] = entry
+
+    def retrieve(self, query: str, limit: int = 5) -> list[MemoryEntry]:
+        """Up to ``limit`` entries sharing a word (or a tag) with ``query``, best first."""
+        check_limit(limit)
+        with self._lock:
+            snapshot = list(self._entries.values())
+        return rank(snapshot, query, limit)
+
+    def consolidate(self) -> None:
+        """Drop entries whose relevance is below ``PRUNE_BELOW``."""
+        with self._lock:
+            self._entries = {k: e for k, e in self._entries.items() if e.relevance >= PRUNE_BELOW}
+
+    def entries(self) -> list[MemoryEntry]:
+        """Every entry, oldest first (a copy)."""
+        with self._lock:
+            return sorted(self._entries.values(), key=lambda e: e.created_at)
+
+    def delete(self, entry_id: str) -> bool:
+        """Forget one entry; True when it existed."""
+        with self._lock:
+            return self._entries.pop(entry_id, None) is not None
+
+    def clear(self) -> None:
+        """Forget everything."""
+        with self._lock:
+            self._entries.clear()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"<InMemoryStore entries={len(self)}>"
+
+
+__all__ = [
+    "CATEGORIES",
+    "InMemoryStore",
+    "Memory",
+    "MemoryEntry",
+    "check_limit",
+    "rank",
+    "score",
+    "trajectory_entry",
+    "words",
+]

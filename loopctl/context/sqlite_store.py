@@ -1,0 +1,321 @@
+"""A durable memory store on stdlib ``sqlite3``.
+
+``SqliteMemoryStore(path)`` keeps entries in one SQLite file. Rules it keeps:
+
+- Durable: WAL journal, ``synchronous=FULL``, one transaction per write; an
+  entry whose ``store`` returned survives the process being killed.
+- Concurrent: one connection per store guarded by a lock (any thread may
+  call any method); several stores (several loops, threads or processes) on
+  one file coordinate through SQLite's own locking with a busy timeout.
+- Search: FTS5 when the SQLite build has it (candidates by bm25), else a
+  scan; either way candidates are re-scored exactly like ``InMemoryStore``
+  (case-insensitive word overlap plus tag match), so both stores agree.
+- A path that cannot be opened as a database raises ``ConfigError`` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import threading
+import weakref
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, Optional, Union
+
+from loopctl.context.memory import PRUNE_BELOW, MemoryEntry, check_limit, rank, words
+from loopctl.errors import ConfigError, LoopError
+
+log = logging.getLogger("loopctl")
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS loopctl_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS memories (
+    id TEXT PRIMARY KEY,
+    text TEXT NOT NULL,
+    tags TEXT NOT NULL,
+    category TEXT NOT NULL,
+    relevance REAL NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS memories_created ON memories(created_at);
+"""
+
+_FTS = """
+CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
+    text, tags, content='memories', content_rowid='rowid'
+);
+CREATE TRIGGER IF NOT EXISTS memories_ai AFTER INSERT ON memories BEGIN
+    INSERT INTO memories_fts(rowid, text, tags) VALUES (new.rowid, new.text, new.tags);
+END;
+CREATE TRIGGER IF NOT EXISTS memories_ad AFTER DELETE ON memories BEGIN
+    INSERT INTO memories_fts(memories_fts, rowid, text, tags) VALUES ('delete', old.rowid, old.text, old.tags);
+END;
+CREATE TRIGGER IF NOT EXISTS memories_au AFTER UPDATE ON memories BEGIN
+    INSERT INTO memories_fts(memories_fts, rowid, text, tags) VALUES ('delete', old.rowid, old.text, old.tags);
+    INSERT INTO memories_fts(rowid, text, tags) VALUES (new.rowid, new.text, new.tags);
+END;
+"""
+
+_COLUMNS = "id, text, tags, category, relevance, created_at"
+
+
+def _row_entry(row: tuple[Any, ...]) -> MemoryEntry:
+    return MemoryEntry(row[1], tuple(json.loads(row[2])), row[3], float(row[4]), row[0], float(row[5]))
+
+
+def fts5_available() -> bool:
+    """True when this Python's SQLite build has FTS5."""
+    try:
+        con = sqlite3.connect(":memory:")
+        try:
+            con.execute("CREATE VIRTUAL TABLE t USING fts5(a)")
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return False
+    return True
+
+
+class SqliteMemoryStore:
+    """Memory in a SQLite file; safe from any thread, durable across restarts.
+
+    Args:
+        path: the database file (created with its tables when missing; its
+            directory must exist).
+        use_fts: False forces the scan search even when FTS5 exists.
+        timeout: seconds to wait for another writer's lock.
+
+    Raises:
+        ConfigError: ``path`` is not a usable database (the message names it).
+    """
+
+    def __init__(self, path: Union[str, os.PathLike[str]], *, use_fts: bool = True, timeout: float = 30.0) -> None:
+        if not isinstance(path, (str, os.PathLike)) or not str(path) or "\x00" in str(path):
+            raise ConfigError(f"SqliteMemoryStore path must be a file path, got {path!r}")
+        if str(path) == ":memory:":
+            raise ConfigError("SqliteMemoryStore path ':memory:' is not supported; use InMemoryStore")
+        self.path = Path(path)
+        if self.path.is_dir():
+            raise ConfigError(f"SqliteMemoryStore path {str(self.path)!r} is a directory, not a database file")
+        if not self.path.parent.is_dir():
+            raise ConfigError(
+                f"SqliteMemoryStore path {str(self.path)!r}: directory {str(self.path.parent)!r} does not exist"
+            )
+        self._lock = threading.RLock()
+        try:
+            con = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise ConfigError(f"cannot open memory database {str(self.path)!r}: {exc}") from exc
+        self._con: Optional[sqlite3.Connection] = con
+        self._finalizer = weakref.finalize(self, con.close)
+        try:
+            self._fts = self._setup(con, use_fts)
+        except sqlite3.Error as exc:
+            self.close()
+            raise ConfigError(f"cannot use {str(self.path)!r} as a memory database: {exc}") from exc
+
+    # -- setup -------------------------------------------------------------------
+
+    def _setup(self, con: sqlite3.Connection, use_fts: bool) -> bool:
+        con.execute("PRAGMA busy_timeout = 30000")
+        mode = con.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode is None or str(mode[0]).lower() != "wal":
+            log.warning("memory database %s is not in WAL mode (%s)", self.path, mode and mode[0])
+        con.execute("PRAGMA synchronous = FULL")
+        with self._write(con):
+            for stmt in _split(_SCHEMA):
+                con.execute(stmt)
+            row = con.execute("SELECT value FROM loopctl_meta WHERE key = 'schema_version'").fetchone()
+            if row is None:
+                con.execute("INSERT INTO loopctl_meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise sqlite3.DatabaseError(f"schema version {row[0]} is newer than this loopctl ({SCHEMA_VERSION})")
+        fts = False
+        if use_fts:
+            fts = self._setup_fts(con)
+        return fts
+
+    def _setup_fts(self, con: sqlite3.Connection) -> bool:
+        try:
+            with self._write(con):
+                existed = con.execute(
+                    "SELECT 1 FROM sqlite_master WHERE name = 'memories_fts'"
+                ).fetchone() is not None
+                for stmt in _split(_FTS, triggers=True):
+                    con.execute(stmt)
+                if not existed:  # index rows written before the index existed
+                    con.execute("INSERT INTO memories_fts(memories_fts) VALUES ('rebuild')")
+            con.execute("SELECT rowid FROM memories_fts LIMIT 0")
+        except sqlite3.OperationalError as exc:
+            log.info("FTS5 unavailable for %s (%s); using scan search", self.path, exc)
+            return False
+        return True
+
+    class _Tx:
+        def __init__(self, con: sqlite3.Connection) -> None:
+            self.con = con
+
+        def __enter__(self) -> sqlite3.Connection:
+            self.con.execute("BEGIN IMMEDIATE")
+            return self.con
+
+        def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+            if et is None:
+                self.con.execute("COMMIT")
+            else:
+                try:
+                    self.con.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+
+    def _write(self, con: sqlite3.Connection) -> SqliteMemoryStore._Tx:
+        return SqliteMemoryStore._Tx(con)
+
+    def _conn(self) -> sqlite3.Connection:
+        con = self._con
+        if con is None:
+            raise LoopError(f"memory database {str(self.path)!r} is closed")
+        return con
+
+    # -- the Memory protocol -------------------------------------------------------
+
+    @property
+    def uses_fts(self) -> bool:
+        """True when searches go through FTS5."""
+        return self._fts
+
+    def store(self, entry: MemoryEntry) -> None:
+        """Remember ``entry`` durably (an entry with the same id is replaced)."""
+        if not isinstance(entry, MemoryEntry):
+            raise TypeError(f"store() takes a MemoryEntry, got {type(entry).__name__}")
+        self.store_many((entry,))
+
+    def store_many(self, entries: Iterable[MemoryEntry]) -> None:
+        """Remember several entries in one transaction."""
+        rows = [
+            (e.id, e.text, json.dumps(list(e.tags)), e.category, float(e.relevance), float(e.created_at))
+            for e in entries
+        ]
+        if not rows:
+            return
+        with self._lock:
+            con = self._conn()
+            try:
+                with self._write(con):
+                    con.executemany("DELETE FROM memories WHERE id = ?", [(r[0],) for r in rows])
+                    con.executemany(f"INSERT INTO memories ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", rows)
+            except sqlite3.Error as exc:
+                raise LoopError(f"memory database {str(self.path)!r}: store failed: {exc}") from exc
+
+    def retrieve(self, query: str, limit: int = 5) -> list[MemoryEntry]:
+        """Up to ``limit`` entries sharing a word (or a tag) with ``query``, best first."""
+        check_limit(limit)
+        qw = words(query)
+        if limit == 0 or not qw:
+            return []
+        with self._lock:
+            con = self._conn()
+            try:
+                if self._fts:
+                    match = " OR ".join('"' + w.replace('"', '""') + '"' for w in sorted(qw))
+                    rows = con.execute(
+                        f"SELECT m.id, m.text, m.tags, m.category, m.relevance, m.created_at "
+                        f"FROM memories_fts f JOIN memories m ON m.rowid = f.rowid "
+                        f"WHERE memories_fts MATCH ? ORDER BY bm25(memories_fts) LIMIT ?",
+                        (match, max(100, limit * 20)),
+                    ).fetchall()
+                    candidates: Iterable[MemoryEntry] = [_row_entry(r) for r in rows]
+                else:
+                    candidates = list(self._scan(con, qw))
+            except sqlite3.Error as exc:
+                raise LoopError(f"memory database {str(self.path)!r}: retrieve failed: {exc}") from exc
+        return rank(candidates, query, limit)
+
+    def _scan(self, con: sqlite3.Connection, qw: frozenset[str]) -> Iterator[MemoryEntry]:
+        if all(w.isascii() for w in qw):
+            cond = " OR ".join(["text LIKE ? ESCAPE '\\' OR tags LIKE ? ESCAPE '\\'"] * len(qw))
+            args: list[str] = []
+            for w in sorted(qw):
+                pat = "%" + w.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+                args += [pat, pat]
+            cur = con.execute(f"SELECT {_COLUMNS} FROM memories WHERE {cond}", args)
+        else:
+            cur = con.execute(f"SELECT {_COLUMNS} FROM memories")
+        for row in cur:
+            yield _row_entry(row)
+
+    def consolidate(self) -> None:
+        """Drop entries whose relevance is below 0.05 and checkpoint the journal."""
+        with self._lock:
+            con = self._conn()
+            try:
+                with self._write(con):
+                    con.execute("DELETE FROM memories WHERE relevance < ?", (PRUNE_BELOW,))
+                con.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error as exc:
+                raise LoopError(f"memory database {str(self.path)!r}: consolidate failed: {exc}") from exc
+
+    # -- extras --------------------------------------------------------------------
+
+    def get(self, entry_id: str) -> Optional[MemoryEntry]:
+        """One entry by id, or None."""
+        with self._lock:
+            row = self._conn().execute(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (entry_id,)).fetchone()
+        return None if row is None else _row_entry(row)
+
+    def entries(self) -> list[MemoryEntry]:
+        """Every entry, oldest first."""
+        with self._lock:
+            rows = self._conn().execute(f"SELECT {_COLUMNS} FROM memories ORDER BY created_at, rowid").fetchall()
+        return [_row_entry(r) for r in rows]
+
+    def delete(self, entry_id: str) -> bool:
+        """Forget one entry; True when it existed."""
+        with self._lock:
+            con = self._conn()
+            with self._write(con):
+                n = con.execute("DELETE FROM memories WHERE id = ?", (entry_id,)).rowcount
+        return n > 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._conn().execute("SELECT COUNT(*) FROM memories").fetchone()[0])
+
+    def close(self) -> None:
+        """Close the connection (idempotent); later calls raise ``LoopError``."""
+        with self._lock:
+            self._con = None
+            self._finalizer()
+
+    def __enter__(self) -> SqliteMemoryStore:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SqliteMemoryStore path={str(self.path)!r} fts={self._fts}>"
+
+
+def _split(script: str, triggers: bool = False) -> list[str]:
+    """Statements of a script (trigger bodies kept whole)."""
+    if not triggers:
+        return [s.strip() for s in script.split(";") if s.strip()]
+    out: list[str] = []
+    buf = ""
+    for piece in script.split(";"):
+        buf += piece + ";"
+        if "TRIGGER" in buf.upper() and "END;" not in buf.upper().replace(" ", "").replace("\n", ""):
+            continue
+        if buf.strip(" \n;"):
+            out.append(buf.strip())
+        buf = ""
+    return out
+
+
+__all__ = ["SqliteMemoryStore", "fts5_available"]

@@ -1,0 +1,236 @@
+"""Loop and convergence detection.
+
+``LoopDetector`` watches tool operations: an operation is (tool, input,
+result). The same operation seen ``warn_at`` times in the last ``window``
+operations warns once per pattern; at ``stop_at`` it arms a stop that the
+NEXT dispatch's ``pre_check`` turns into ``LoopDetected``. A result that
+differs for the same (tool, input) forgets the pattern, so polling a
+changing resource, paging (different inputs) and retrying after an error
+(different result) never count.
+
+``ConvergenceDetector`` watches terminal answers only: word-set Jaccard
+similarity (case-folded, punctuation ignored) with the previous answer at or
+above ``threshold`` for ``count`` answers in a row means converged.
+
+Both are thread-safe (a lock each) and never raise from ``record``; bad
+thresholds raise ``ConfigError`` naming the value at construction.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from loopctl.context.memory import words
+from loopctl.errors import ConfigError, LoopDetected
+
+_ACTIONS = ("warn", "stop", "ask_user")
+
+
+def _int_at_least(name: str, value: Any, low: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
+    return value
+
+
+def _canonical(input: Any) -> str:
+    try:
+        return json.dumps(input, sort_keys=True, separators=(",", ":"), default=str)
+    except (TypeError, ValueError):
+        return repr(input)
+
+
+def _describe(tool: str, canon: str) -> str:
+    shown = canon if len(canon) <= 80 else canon[:77] + "..."
+    return f"{tool}({shown})"
+
+
+class LoopDetector:
+    """Counts identical (tool, input, result) operations.
+
+    Args:
+        warn_at: repetitions that fire one warning per pattern (>= 2).
+        stop_at: repetitions that arm a stop (0 disables stops; else >= warn_at).
+        window: how many recent operations are remembered (>= warn_at, >= stop_at).
+
+    Raises:
+        ConfigError: a threshold is out of range (the message names it).
+    """
+
+    def __init__(self, warn_at: int = 3, stop_at: int = 10, window: int = 50) -> None:
+        self.warn_at = _int_at_least("LoopDetector warn_at", warn_at, 2)
+        self.stop_at = _int_at_least("LoopDetector stop_at", stop_at, 0)
+        if stop_at and stop_at < warn_at:
+            raise ConfigError(f"LoopDetector stop_at must be 0 or >= warn_at ({warn_at}), got {stop_at!r}")
+        self.window = _int_at_least("LoopDetector window", window, 1)
+        if window < max(warn_at, stop_at):
+            raise ConfigError(
+                f"LoopDetector window must be >= warn_at and stop_at ({max(warn_at, stop_at)}), got {window!r}"
+            )
+        self._lock = threading.Lock()
+        self._ops: deque[tuple[tuple[str, str], int, int]] = deque()  # (sig, result hash, epoch)
+        self._current: dict[tuple[str, str], tuple[int, int, int]] = {}  # sig -> (hash, count, epoch)
+        self._epoch = 0
+        self._warned: set[tuple[tuple[str, str], int]] = set()
+        self._pending: Optional[tuple[str, int]] = None
+
+    def pre_check(self) -> Optional[LoopDetected]:
+        """Before a dispatch: the armed stop as ``LoopDetected`` (window cleared), else None."""
+        with self._lock:
+            pending = self._pending
+            if pending is None:
+                return None
+            self._clear()
+        pattern, n = pending
+        return LoopDetected(f"{pattern} repeated {n} times")
+
+    def record(self, tool: str, input: Mapping[str, Any], output: str, is_error: bool = False) -> Optional[tuple[str, int]]:
+        """Note one finished operation.
+
+        Returns:
+            ``(pattern, repetitions)`` when this operation fires the warning
+            for its pattern (once per pattern), else None.
+        """
+        sig = (tool, _canonical(input))
+        rhash = hash((bool(is_error), output or ""))
+        with self._lock:
+            self._epoch += 1
+            cur = self._current.get(sig)
+            if cur is not None and cur[0] == rhash:
+                count, epoch = cur[1] + 1, cur[2]
+            else:
+                if cur is not None:
+                    self._warned.discard((sig, cur[0]))  # a differing result forgets the pattern
+                count, epoch = 1, self._epoch
+            self._current[sig] = (rhash, count, epoch)
+            self._ops.append((sig, rhash, epoch))
+            if len(self._ops) > self.window:
+                self._evict(self._ops.popleft())
+            # The eviction may have lowered this very pattern's count.
+            cur = self._current.get(sig)
+            count = cur[1] if cur is not None else 0
+            pattern = _describe(tool, sig[1])
+            if self.stop_at and count >= self.stop_at:
+                self._pending = (pattern, count)
+            if count >= self.warn_at and (sig, rhash) not in self._warned:
+                self._warned.add((sig, rhash))
+                return (pattern, count)
+        return None
+
+    def _evict(self, old: tuple[tuple[str, str], int, int]) -> None:
+        sig, rhash, epoch = old
+        cur = self._current.get(sig)
+        if cur is None or cur[0] != rhash or cur[2] != epoch:
+            return  # that occurrence belonged to a forgotten pattern
+        if cur[1] <= 1:
+            del self._current[sig]
+            self._warned.discard((sig, rhash))
+        else:
+            self._current[sig] = (rhash, cur[1] - 1, epoch)
+
+    def consume_pending_stop(self) -> Optional[LoopDetected]:
+        """Drop an armed stop (the run ended first); the window is cleared with it."""
+        return self.pre_check()
+
+    @property
+    def has_pending_stop(self) -> bool:
+        """True while a stop is armed."""
+        return self._pending is not None
+
+    def max_repetitions(self) -> int:
+        """The highest repetition count of any live pattern."""
+        with self._lock:
+            return max((c for _, c, _ in self._current.values()), default=0)
+
+    def reset(self) -> None:
+        """Forget everything, armed stop included."""
+        with self._lock:
+            self._clear()
+
+    def _clear(self) -> None:
+        self._ops.clear()
+        self._current.clear()
+        self._warned.clear()
+        self._pending = None
+
+    def __repr__(self) -> str:
+        return f"<LoopDetector warn_at={self.warn_at} stop_at={self.stop_at} window={self.window}>"
+
+
+def jaccard(a: frozenset[str], b: frozenset[str]) -> float:
+    """|a ∩ b| / |a ∪ b| (1.0 for two empty sets)."""
+    if not a and not b:
+        return 1.0
+    return len(a & b) / len(a | b)
+
+
+class ConvergenceDetector:
+    """Spots the agent giving the same final answer again and again.
+
+    Args:
+        threshold: Jaccard similarity in [0, 1] at which two answers match.
+        count: answers in a row that must match (>= 2).
+        action: ``"warn"`` (default), ``"stop"`` (``LoopDetected``) or
+            ``"ask_user"`` (``UserInputRequired``); the driver acts on it.
+
+    Raises:
+        ConfigError: a value is out of range (the message names it).
+    """
+
+    def __init__(self, threshold: float = 0.95, count: int = 3, action: str = "warn") -> None:
+        if (
+            not isinstance(threshold, (int, float))
+            or isinstance(threshold, bool)
+            or not (0.0 <= threshold <= 1.0)
+        ):
+            raise ConfigError(f"ConvergenceDetector threshold must be a number in [0, 1], got {threshold!r}")
+        self.threshold = float(threshold)
+        self.count = _int_at_least("ConvergenceDetector count", count, 2)
+        if action not in _ACTIONS:
+            raise ConfigError(f"ConvergenceDetector action must be one of {_ACTIONS}, got {action!r}")
+        self.action = action
+        self._lock = threading.Lock()
+        self._previous: Optional[frozenset[str]] = None
+        self._streak = 0
+
+    def record(self, text: str) -> Optional[tuple[float, int]]:
+        """Note one terminal answer.
+
+        Returns:
+            ``(similarity, consecutive_count)`` when the last ``count`` answers
+            matched (and on every further matching answer), else None.
+        """
+        ws = words(text or "")
+        with self._lock:
+            if not ws:
+                self._previous, self._streak = None, 0
+                return None
+            prev = self._previous
+            self._previous = ws
+            if prev is None:
+                self._streak = 1
+                return None
+            similarity = jaccard(prev, ws)
+            self._streak = self._streak + 1 if similarity >= self.threshold else 1
+            if self._streak >= self.count:
+                return (similarity, self._streak)
+        return None
+
+    @property
+    def streak(self) -> int:
+        """Answers in the current run of matches."""
+        return self._streak
+
+    def reset(self) -> None:
+        """Forget the answers seen."""
+        with self._lock:
+            self._previous, self._streak = None, 0
+
+    def __repr__(self) -> str:
+        return f"<ConvergenceDetector threshold={self.threshold} count={self.count} action={self.action!r}>"
+
+
+__all__ = ["ConvergenceDetector", "LoopDetector", "jaccard"]
