@@ -64,6 +64,23 @@ class ParallelDispatch:
         """A JSON-safe dict."""
         return {"mode": self.mode, "max_concurrency": self.max_concurrency}
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ParallelDispatch:
+        """Rebuild from ``to_dict`` output (validated)."""
+        return cls(**_known_fields(cls, data))
+
+
+def _known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` minus ``version``; an unknown key is a ``ConfigError`` naming it."""
+    names = {f.name for f in attrs.fields(cls)}
+    unknown = sorted(str(k) for k in data if k not in names and k != "version")
+    if unknown:
+        raise ConfigError(
+            f"{cls.__name__} has no field {', '.join(map(repr, unknown))}; "
+            f"expected some of {', '.join(sorted(names))}"
+        )
+    return {k: v for k, v in data.items() if k != "version"}
+
 
 def _to_dispatch(value: Any) -> ParallelDispatch:
     if isinstance(value, ParallelDispatch):
@@ -71,8 +88,8 @@ def _to_dispatch(value: Any) -> ParallelDispatch:
     if isinstance(value, str):
         return ParallelDispatch(mode=value)
     if isinstance(value, Mapping):
-        return ParallelDispatch(**value)
-    raise ConfigError(f"RunConfig.parallel must be a ParallelDispatch, got {value!r}")
+        return ParallelDispatch.from_dict(value)
+    raise ConfigError(f"RunConfig.parallel must be a ParallelDispatch, got {value!r:.80}")
 
 
 @attrs.frozen
@@ -100,7 +117,7 @@ class SessionConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SessionConfig:
         """Rebuild from ``to_dict`` output (validated)."""
-        return cls(**{k: v for k, v in data.items() if k != "version"})
+        return cls(**_known_fields(cls, data))
 
 
 @attrs.frozen
@@ -131,7 +148,7 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
         """Rebuild from ``to_dict`` output (validated)."""
-        return cls(**{k: v for k, v in data.items() if k != "version"})
+        return cls(**_known_fields(cls, data))
 
 
 __all__ = ["ParallelDispatch", "RunConfig", "SessionConfig"]

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import attrs
 
+from loopctl import errors as _errors
 from loopctl.config import RunConfig
 from loopctl.errors import LoopError
 from loopctl.messages import StopReason, ToolCallPart, part_from_dict, part_to_dict
@@ -29,10 +30,10 @@ class Turn:
     turn: int
     input: str
     output: str
-    tool_calls: tuple[ToolCallPart, ...] = ()
+    tool_calls: tuple[ToolCallPart, ...] = attrs.field(default=(), converter=tuple)
     input_tokens: int = 0
     output_tokens: int = 0
-    stop_reason: StopReason = StopReason.END_TURN
+    stop_reason: StopReason = attrs.field(default=StopReason.END_TURN, converter=StopReason)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict."""
@@ -114,7 +115,7 @@ class Run:
         return self.end is not None and self.stop_reason is None
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict; the error travels as its type name and message."""
+        """A JSON-safe dict; the error travels as its type name, message and fields."""
         err = self.stop_reason
         return {
             "id": self.id,
@@ -124,23 +125,14 @@ class Run:
             "config": self.config.to_dict(),
             "start": self.start,
             "end": self.end,
-            "stop_reason": None if err is None else {"type": type(err).__name__, "message": str(err)},
+            "stop_reason": None if err is None else _error_to_dict(err),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Run:
         """Rebuild from ``to_dict`` output; the error becomes its loopctl type."""
-        from loopctl import errors as _errors
-
-        err: Optional[LoopError] = None
         raw = data.get("stop_reason")
-        if raw:
-            cls_ = getattr(_errors, str(raw.get("type")), LoopError)
-            if not (isinstance(cls_, type) and issubclass(cls_, LoopError)):
-                cls_ = LoopError
-            err = cls_.__new__(cls_)
-            Exception.__init__(err, raw.get("message", ""))
-            err.message = raw.get("message", "")
+        err = _error_from_dict(raw) if raw else None
         return cls(
             id=data["id"],
             input=data.get("input", ""),
@@ -151,6 +143,36 @@ class Run:
             end=data.get("end"),
             stop_reason=err,
         )
+
+
+def _error_to_dict(err: LoopError) -> dict[str, Any]:
+    # Structured fields travel when JSON-safe (scalars, tuples/lists of them);
+    # the attached ``run`` never does (it is the record being serialized).
+    fields: dict[str, Any] = {}
+    for key, value in vars(err).items():
+        if key in ("run", "message") or key.startswith("_"):
+            continue
+        if isinstance(value, _SCALARS):
+            fields[key] = value
+        elif isinstance(value, (tuple, list)) and all(isinstance(v, _SCALARS) for v in value):
+            fields[key] = list(value)
+    return {"type": type(err).__name__, "message": str(err), "fields": fields}
+
+
+def _error_from_dict(raw: Mapping[str, Any]) -> LoopError:
+    cls_ = getattr(_errors, str(raw.get("type")), None)
+    if not (isinstance(cls_, type) and issubclass(cls_, LoopError)):
+        cls_ = LoopError
+    message = str(raw.get("message", ""))
+    err = cls_.__new__(cls_)
+    Exception.__init__(err, message)
+    err.message = message
+    for key, value in (raw.get("fields") or {}).items():
+        setattr(err, key, tuple(value) if isinstance(value, list) else value)
+    return err
+
+
+_SCALARS = (str, int, float, bool, type(None))
 
 
 @attrs.define(eq=False)
