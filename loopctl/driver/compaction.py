@@ -1,21 +1,36 @@
 """One compaction pass (handler 3): measure, ask hooks, compact, report.
 
-The brain already decided that a pass is due; this module does the IO. A
-hook veto or a manager with nothing to do is a no-op, which the machine's
-no-progress guard turns into ``ContextExceeded`` when the pass was needed.
-``on_compaction`` and post-compact hooks fire only for a real compaction.
+The brain already decided that a pass is due; this module does the IO:
+
+1. read ``full_history()`` and measure it (calibrated, overhead included);
+2. take the deferred-extras reservation (one-shot) plus the request overhead;
+3. offer the pre-compact hooks a veto, instructions and extra context;
+4. run the context manager UNFENCED (a summarizing compactor makes a model
+   call), so a cancel takes the run over at once; the uncompacted history
+   then survives and the run ends ``Cancelled``;
+5. feed ``compaction_result`` (a commit point: pending moves to history) or
+   ``compaction_noop``; ``on_compaction`` and post-compact hooks fire only
+   for a real compaction.
+
+A hook veto or a manager with nothing to do is a no-op, which the machine's
+no-progress guard turns into ``ContextExceeded``: the pass was needed. A
+manager that fails with a foreign exception is reported as ``ContextExceeded``
+chained to it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+import logging
+from typing import TYPE_CHECKING, Any, Optional
 
-from loopctl.errors import Cancelled
+from loopctl.errors import Cancelled, ContextExceeded, LoopError
 from loopctl.hooks import CompactHookContext
 
 if TYPE_CHECKING:
     from loopctl.driver.handle import RunContext
     from loopctl.driver.loop import BareLoop
+
+log = logging.getLogger("loopctl")
 
 
 def run_compaction(loop: BareLoop, rc: RunContext, reason: str) -> None:
@@ -23,16 +38,18 @@ def run_compaction(loop: BareLoop, rc: RunContext, reason: str) -> None:
     m = loop._machine
     messages = m.full_history()
     before = loop._measure_figure()
-    reserved = loop._deferred_transient_tokens
+    reserved = loop._deferred_transient_tokens + loop._overhead_tokens()
     loop._deferred_transient_tokens = 0
     manager = loop._context_manager
     instructions: Optional[str] = None
     extra: Optional[str] = None
     hooks = loop._hooks
+    has_hooks = hooks is not None and bool(hooks.hooks)
     hook_ctx = CompactHookContext(loop.session.id, rc.run.id, reason, tuple(messages), before)
-    if hooks is not None and hooks.hooks:
-        decision = hooks.pre_compact(hook_ctx)
+    if has_hooks:
+        decision = hooks.pre_compact(hook_ctx)  # type: ignore[union-attr]
         if decision.abort:
+            log.info("compaction (%s) vetoed by a pre-compact hook", reason)
             m.compaction_noop(before, before)
             return
         instructions, extra = decision.instructions, decision.extra_context
@@ -41,15 +58,26 @@ def run_compaction(loop: BareLoop, rc: RunContext, reason: str) -> None:
         return
     if rc.cancel.is_cancelled():
         raise Cancelled(loop._cancel.reason)
+    kwargs: dict[str, Any] = {
+        "reason": reason,
+        "reserved": reserved,
+        "instructions": instructions,
+        "extra_context": extra,
+        "summarize": loop._summarize,
+    }
+    if _takes_scale(manager):
+        kwargs["scale"] = loop._calibration.scale
     with rc.unfenced():
-        compacted = manager.compact(
-            messages,
-            reason=reason,
-            reserved=reserved + loop._overhead_tokens(),
-            instructions=instructions,
-            extra_context=extra,
-            summarize=loop._summarize,
-        )
+        try:
+            compacted = manager.compact(messages, **kwargs)
+            failure: Optional[BaseException] = None
+        except LoopError:
+            raise
+        except Exception as exc:  # a custom manager's bug: the pass failed
+            compacted, failure = None, exc
+    if failure is not None:
+        window = loop._session_config.context_window
+        raise ContextExceeded(before, window) from failure
     if rc.cancel.is_cancelled():
         raise Cancelled(loop._cancel.reason)
     if compacted is None:
@@ -60,8 +88,14 @@ def run_compaction(loop: BareLoop, rc: RunContext, reason: str) -> None:
     if m.is_terminal:
         return
     loop._emitter.compaction(reason, before, after)
-    if hooks is not None and hooks.hooks:
-        hooks.post_compact(hook_ctx, after)
+    if has_hooks:
+        hooks.post_compact(hook_ctx, after)  # type: ignore[union-attr]
+
+
+def _takes_scale(manager: Any) -> bool:
+    from loopctl.context.manager import ContextManager
+
+    return isinstance(manager, ContextManager)
 
 
 __all__ = ["run_compaction"]
