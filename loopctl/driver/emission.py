@@ -46,6 +46,14 @@ log = logging.getLogger("loopctl")
 Listener = Callable[[Any], None]
 
 
+def _label(observer: Observer, fn: Listener) -> str:
+    """The observer's class name, plus the callable's name when it is not a method of it."""
+    name = type(observer).__name__
+    if getattr(fn, "__self__", None) is observer:
+        return name
+    return f"{name}({getattr(fn, '__qualname__', None) or type(fn).__name__})"
+
+
 class Emitter:
     """Fans events out to observers, the run's tap, and run hooks."""
 
@@ -56,6 +64,7 @@ class Emitter:
         self.hooks: Optional[HookExecutor] = None
         self.tap: Optional[Callable[[Event], None]] = None
         self._table: dict[type[Event], tuple[Listener, ...]] = {cls: () for cls in EVENT_METHODS}
+        self._labels: dict[int, str] = {}  # id(listener) -> the name logged when it raises
 
     def add_observer(self, observer: Observer) -> None:
         """Register ``observer`` (duplicates are called twice)."""
@@ -68,6 +77,7 @@ class Emitter:
             if getattr(fn, "__func__", None) is base:
                 continue  # the no-op default: skip it entirely
             self._table[cls] = self._table[cls] + (fn,)
+            self._labels[id(fn)] = _label(observer, fn)
 
     def wants(self, cls: type[Event]) -> bool:
         """True when an event of ``cls`` would reach anyone."""
@@ -85,10 +95,9 @@ class Emitter:
             try:
                 fn(event)
             except Exception:
-                owner = getattr(fn, "__self__", fn)
                 log.exception(
                     "observer %s raised in %s; skipped",
-                    type(owner).__name__,
+                    self._labels.get(id(fn), repr(fn)),
                     EVENT_METHODS[type(event)],
                 )
 
