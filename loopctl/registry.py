@@ -1,0 +1,514 @@
+"""RunRegistry: many runs in one process, steered, cancelled and watched by id.
+
+In a web app the request that starts a run is not the one that steers it,
+cancels it or streams its progress. The registry owns the table of runs
+keyed by ``Run.id`` and keeps these rules:
+
+- A run is known before its body can emit anything: its entry (with the
+  event buffer the run's tap writes into) exists before ``loop.start`` and
+  the id is published, under the registry lock, before ``start`` returns.
+  Every other call takes that lock to look an id up, so nobody sees a
+  half-registered run and no event is ever missed.
+- The tap runs on the run's thread and only appends to a bounded deque and
+  notifies a ``Condition``: a slow or absent consumer never slows the run.
+  Events are turned into dicts by the consumer, not by the run.
+- Steering is per loop, so the registry takes the sealed leftovers in the
+  tap on ``run_end`` (after the slot sealed them, before the loop can start
+  another run) and keeps them with the run. ``steer`` checks "still
+  running" and pushes under the registry lock, and a new run on a loop is
+  started only under that lock, so an accepted steer always belongs to the
+  run it named: it is delivered, or it is that run's leftover.
+- No thread of its own: finished runs are pruned on access.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from collections.abc import Hashable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
+
+import attrs
+
+from loopctl.config import RunConfig
+from loopctl.errors import Cancelled, ConfigError, LoopBusy, LoopError
+from loopctl.messages import Message
+from loopctl.observers import Event, RunEnd
+from loopctl.records import Run
+
+if TYPE_CHECKING:
+    from loopctl.driver.handle import RunHandle
+    from loopctl.driver.loop import BareLoop
+
+RUN_STATES = ("running", "completed", "cancelled", "failed")
+
+
+@attrs.frozen
+class RunStatus:
+    """A snapshot of one registered run.
+
+    Attributes:
+        run_id: the run's id (its ``Run.id``).
+        state: ``"running"``, ``"completed"``, ``"cancelled"`` or ``"failed"``.
+        output: the final answer (None unless completed).
+        error: the error text of a cancelled or failed run, else None.
+        turns: model calls made so far.
+        tool_calls: tool calls the model asked for so far.
+        input_tokens: input tokens reported so far.
+        output_tokens: output tokens reported so far.
+        started_at: wall-clock start (``time.time()``).
+        ended_at: wall-clock end, None while running.
+    """
+
+    run_id: str
+    state: str
+    output: Optional[str]
+    error: Optional[str]
+    turns: int
+    tool_calls: int
+    input_tokens: int
+    output_tokens: int
+    started_at: float
+    ended_at: Optional[float]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-safe dict of the fields."""
+        return attrs.asdict(self)
+
+
+class _Entry:
+    """One registered run: its handle, event buffer and leftovers."""
+
+    __slots__ = (
+        "run_id",
+        "loop",
+        "handle",
+        "cond",
+        "buf",
+        "seq",
+        "ended",
+        "leftovers",
+        "_finished",
+        "_clock",
+    )
+
+    def __init__(
+        self,
+        run_id: str,
+        loop: BareLoop,
+        size: int,
+        finished: deque[Tuple[float, str]],
+        clock: Callable[[], float],
+    ) -> None:
+        self.run_id = run_id
+        self.loop = loop
+        self.handle: Optional[RunHandle] = None
+        self.cond = threading.Condition(threading.Lock())
+        self.buf: deque[Tuple[int, Event]] = deque(maxlen=size)
+        self.seq = 0
+        self.ended = False
+        self.leftovers: List[Message] = []
+        self._finished = finished
+        self._clock = clock
+
+    def tap(self, event: Event) -> None:
+        """The run's tap (on the run's thread): append, notify, nothing else."""
+        cond = self.cond
+        with cond:
+            if self.ended:  # run_end is the last event; a stray later one is dropped
+                return
+            self.seq += 1
+            self.buf.append((self.seq, event))
+            if type(event) is RunEnd:
+                # The slot was sealed just before run_end and no new run can
+                # open it until this one has left finalize: these are ours.
+                self.leftovers = self.loop.steering().take_leftovers()
+                self.ended = True
+                self._finished.append((self._clock(), self.run_id))
+            cond.notify_all()
+
+    def gap(self, seq: int, dropped: int) -> Tuple[int, Dict[str, Any]]:
+        return seq, {
+            "type": "gap",
+            "session_id": self.loop.session.id,
+            "run_id": self.run_id,
+            "dropped": dropped,
+        }
+
+
+class _LoopSlot:
+    """A conversation's loop, created once by whoever asked first."""
+
+    __slots__ = ("ready", "loop")
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.loop: Optional[BareLoop] = None
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"RunRegistry {name} must be an int >= 1, got {value!r}")
+    return value
+
+
+class RunRegistry:
+    """Runs started in one process, addressed by id from any thread.
+
+    Args:
+        max_active: runs allowed in flight at once; ``start`` past it raises
+            ``LoopBusy``.
+        keep_finished_s: seconds a finished run stays queryable (pruned on
+            the next access after that).
+        event_buffer: events kept per run; a consumer that falls further
+            behind gets one ``gap`` event and continues.
+        clock: monotonic seconds, for pruning (injectable for tests).
+
+    Raises:
+        ConfigError: a bad argument (the message names it and its value).
+    """
+
+    def __init__(
+        self,
+        max_active: int = 64,
+        keep_finished_s: float = 600,
+        event_buffer: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._max_active = _positive_int("max_active", max_active)
+        self._event_buffer = _positive_int("event_buffer", event_buffer)
+        if (
+            isinstance(keep_finished_s, bool)
+            or not isinstance(keep_finished_s, (int, float))
+            or math.isnan(keep_finished_s)
+            or keep_finished_s < 0
+        ):
+            raise ConfigError(f"RunRegistry keep_finished_s must be a number >= 0, got {keep_finished_s!r}")
+        if not callable(clock):
+            raise ConfigError(f"RunRegistry clock must be callable, got {clock!r}")
+        self._keep = float(keep_finished_s)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: Dict[str, _Entry] = {}
+        self._live: Dict[str, _Entry] = {}
+        self._finished: deque[Tuple[float, str]] = deque()
+        self._last_on_loop: weakref.WeakKeyDictionary[Any, _Entry] = weakref.WeakKeyDictionary()
+        self._loops: Dict[Hashable, _LoopSlot] = {}
+        self._closed = False
+
+    # -- starting ----------------------------------------------------------------
+
+    def start(
+        self,
+        loop: BareLoop,
+        input: str,
+        config: Optional[RunConfig] = None,
+        run_id: Optional[str] = None,
+    ) -> str:
+        """Start a run of ``loop`` on its worker thread and register it.
+
+        Args:
+            loop: the loop to run (one run at a time per loop).
+            input: the user's input.
+            config: the run's configuration.
+            run_id: the id to use (default: a fresh uuid hex).
+
+        Returns:
+            The run's id (its ``Run.id``).
+
+        Raises:
+            LoopBusy: ``max_active`` runs are in flight, or ``loop`` is busy.
+            LoopError: the registry is closed, or ``run_id`` is already registered.
+        """
+        rid = uuid.uuid4().hex if run_id is None else run_id
+        if not isinstance(rid, str) or not rid:
+            raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
+        with self._lock:
+            self._prune_locked()
+            if self._closed:
+                raise LoopError("this RunRegistry is closed; no new runs")
+            if rid in self._entries:
+                raise LoopError(f"run id {rid!r} is already registered")
+            if len(self._live) >= self._max_active:
+                self._live = {k: e for k, e in self._live.items() if not e.ended}
+                if len(self._live) >= self._max_active:
+                    raise LoopBusy(
+                        f"RunRegistry max_active={self._max_active} runs are already in flight; "
+                        "run not started"
+                    )
+            prev = self._last_on_loop.get(loop)
+            if (
+                prev is not None
+                and prev.handle is not None
+                and not prev.handle.done()
+                and (prev.ended or not loop.is_running)
+            ):
+                # The previous run emitted run_end and is in finalize's tail:
+                # let it finish, so a follow-up started by a client that saw
+                # run_end is not refused, and its cleanup cannot touch this run.
+                prev.handle.wait()
+            entry = _Entry(rid, loop, self._event_buffer, self._finished, self._clock)
+            entry.handle = loop.start(input, config, rid, tap=entry.tap)
+            self._entries[rid] = entry
+            self._live[rid] = entry
+            self._last_on_loop[loop] = entry
+        return rid
+
+    def loop_for(self, key: Hashable, factory: Callable[[], BareLoop]) -> BareLoop:
+        """The conversation's loop: ``factory()`` makes it on first use, once.
+
+        Follow-up messages of a conversation go to the same loop, so they
+        continue its history; ``start`` on it while its run is in flight
+        raises ``LoopBusy`` (a web handler's 409). Loops made here are
+        closed by ``close()``.
+
+        Raises:
+            LoopError: the registry is closed.
+        """
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise LoopError("this RunRegistry is closed; no new conversations")
+                slot = self._loops.get(key)
+                creator = slot is None
+                if slot is None:
+                    slot = self._loops[key] = _LoopSlot()
+            if creator:
+                try:
+                    loop = factory()
+                except BaseException:
+                    with self._lock:
+                        del self._loops[key]
+                    slot.ready.set()  # waiters retry (one becomes the creator)
+                    raise
+                with self._lock:
+                    closed = self._closed
+                    slot.loop = loop
+                slot.ready.set()
+                if closed:  # close() ran meanwhile and could not see this loop
+                    loop.close()
+                    raise LoopError("this RunRegistry is closed; no new conversations")
+                return loop
+            slot.ready.wait()
+            if slot.loop is not None:
+                return slot.loop
+
+    # -- driving a run -------------------------------------------------------------
+
+    def steer(self, run_id: str, message: Union[Message, str]) -> bool:
+        """Offer guidance to the run; False once it has ended.
+
+        An accepted message is delivered at the run's next turn boundary or,
+        if the run ends first, returned by ``leftovers(run_id)``.
+
+        Raises:
+            KeyError: unknown ``run_id``.
+        """
+        with self._lock:
+            entry = self._get_locked(run_id)
+            if entry.ended:
+                return False
+            # Under the lock no new run can start on this loop, so the open
+            # slot (if any) is this run's.
+            return entry.loop.steering().push(message)
+
+    def cancel(self, run_id: str, reason: Optional[str] = None) -> bool:
+        """Cancel the run (only that run); False if it has already ended.
+
+        Raises:
+            KeyError: unknown ``run_id``.
+        """
+        entry = self._get(run_id)
+        handle = entry.handle
+        assert handle is not None
+        if entry.ended or handle.done():
+            return False
+        handle.cancel(reason)
+        return True
+
+    # -- looking at runs -------------------------------------------------------------
+
+    def status(self, run_id: str) -> RunStatus:
+        """A snapshot of the run.
+
+        Raises:
+            KeyError: unknown ``run_id``.
+        """
+        return _status(self._get(run_id))
+
+    def result(self, run_id: str, timeout: Optional[float] = None) -> Run:
+        """The finished ``Run`` (as ``RunHandle.result``).
+
+        Raises:
+            KeyError: unknown ``run_id``.
+            LoopError: the run's error (``Cancelled`` for a cancelled run).
+            TimeoutError: not finished within ``timeout`` seconds.
+        """
+        handle = self._get(run_id).handle
+        assert handle is not None
+        return handle.result(timeout)
+
+    def leftovers(self, run_id: str) -> List[Message]:
+        """The run's guidance that was accepted but never delivered (a copy).
+
+        Empty while the run is in flight; sealed, in push order, once it ended.
+
+        Raises:
+            KeyError: unknown ``run_id``.
+        """
+        return list(self._get(run_id).leftovers)
+
+    def list(self) -> List[RunStatus]:
+        """Status of every known run, oldest first."""
+        with self._lock:
+            self._prune_locked()
+            entries = [*self._entries.values()]
+        return [_status(e) for e in entries]
+
+    def events(
+        self, run_id: str, after: int = 0, timeout: Optional[float] = None
+    ) -> Iterator[Tuple[int, Dict[str, Any]]]:
+        """Follow the run's events: ``(seq, event_dict)`` with ``seq > after``.
+
+        Sequence numbers start at 1. The iterator waits for new events and
+        ends once ``run_end`` has been yielded. A consumer that fell behind
+        the buffer first gets ``(first_kept - 1, {"type": "gap", "dropped": n,
+        ...})``. ``timeout`` bounds the wait for each next event; when it
+        passes the iterator ends, and the caller may resume with ``after=``.
+
+        Raises:
+            KeyError: unknown ``run_id`` (at once, not on first ``next``).
+        """
+        return self._follow(self._get(run_id), max(0, int(after)), timeout)
+
+    @staticmethod
+    def _follow(
+        entry: _Entry, after: int, timeout: Optional[float]
+    ) -> Iterator[Tuple[int, Dict[str, Any]]]:
+        pos = after
+        cond = entry.cond
+        while True:
+            with cond:
+                if not cond.wait_for(lambda: entry.seq > pos or entry.ended, timeout):
+                    return
+                last = entry.seq
+                if last <= pos:
+                    return  # ended, and everything was yielded
+                buf = entry.buf
+                first = buf[0][0]
+                begin = max(pos + 1, first)
+                batch = [*itertools.islice(reversed(buf), last - begin + 1)]
+            if begin > pos + 1:
+                yield entry.gap(begin - 1, begin - pos - 1)
+            for seq, event in reversed(batch):
+                yield seq, event.to_dict()
+            pos = last
+
+    # -- housekeeping ----------------------------------------------------------------
+
+    def close(self, timeout: Optional[float] = 10.0) -> None:
+        """Cancel every running run, wait for them, close ``loop_for`` loops.
+
+        Waits up to ``timeout`` seconds in all (None: no bound) for the runs
+        to finish and their threads to exit; a thread stuck in a tool that
+        ignores its cancel signal is left behind. Idempotent; ``start`` and
+        ``loop_for`` raise afterwards, queries keep working.
+        """
+        with self._lock:
+            self._closed = True
+            entries = [*self._entries.values()]
+            loops = [s.loop for s in self._loops.values() if s.loop is not None]
+        for e in entries:
+            if e.handle is not None and not e.handle.done():
+                e.handle.cancel("registry closed")
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> Optional[float]:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        for e in entries:
+            if e.handle is not None:
+                e.handle.wait(left())
+        for loop in loops:
+            loop.close()
+        # Join each run's threads: its body and a cancel's takeover thread,
+        # named loopctl-run-<id[:12]>[-cancel] by the driver.
+        names = {f"loopctl-run-{e.run_id[:12]}" for e in entries}
+        me = threading.current_thread()
+        for t in threading.enumerate():
+            if t is not me and t.name.removesuffix("-cancel") in names:
+                t.join(left())
+
+    def __enter__(self) -> RunRegistry:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._prune_locked()
+            return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"<RunRegistry runs={len(self._entries)} max_active={self._max_active}>"
+
+    def _get(self, run_id: str) -> _Entry:
+        with self._lock:
+            return self._get_locked(run_id)
+
+    def _get_locked(self, run_id: str) -> _Entry:
+        self._prune_locked()
+        entry = self._entries.get(run_id)
+        if entry is None:
+            raise KeyError(f"unknown run id {run_id!r}")
+        return entry
+
+    def _prune_locked(self) -> None:
+        q = self._finished
+        if not q:
+            return
+        horizon = self._clock() - self._keep
+        while q and q[0][0] <= horizon:
+            _, rid = q.popleft()
+            entry = self._entries.get(rid)
+            if entry is not None and entry.ended:
+                del self._entries[rid]
+                self._live.pop(rid, None)
+
+
+def _status(entry: _Entry) -> RunStatus:
+    handle = entry.handle
+    assert handle is not None
+    run = handle.record
+    turns = [*run.turns]
+    state, error, output = "running", None, None
+    # run_end is emitted after finalize recorded the end and the error, so a
+    # client that saw run_end already gets the final state.
+    if entry.ended or handle.done():
+        err = run.stop_reason
+        if err is None:
+            state, output = "completed", run.output
+        else:
+            state = "cancelled" if isinstance(err, Cancelled) else "failed"
+            error = str(err)
+    return RunStatus(
+        run_id=entry.run_id,
+        state=state,
+        output=output,
+        error=error,
+        turns=len(turns),
+        tool_calls=sum(len(t.tool_calls) for t in turns),
+        input_tokens=sum(t.input_tokens for t in turns),
+        output_tokens=sum(t.output_tokens for t in turns),
+        started_at=run.start,
+        ended_at=run.end if state != "running" else None,
+    )
+
+
+__all__ = ["RUN_STATES", "RunRegistry", "RunStatus"]
