@@ -7,8 +7,13 @@ signals that it has entered, the test pushes, then releases it. No sleeps.
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
@@ -800,3 +805,50 @@ def test_run_config_is_unaffected_by_steering(make_loop: Callable[..., BareLoop]
         handle.result(WAIT)
     assert len(client.requests) == 1
     assert loop.steering().take_leftovers() == [user("keep going")]
+
+
+# -- the example and the docs ------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_steering_demo_runs_and_shows_boundary_leftover_and_refusal() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "steering_demo.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=str(ROOT),
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines == [
+        "[agent] turn 0: calling edit_file",
+        "[ui] pushed 'src/generated.py is generated. Do not edit it.': accepted=True",
+        "[agent] turn 1: guidance arrived: 'src/generated.py is generated. Do not edit it.'",
+        "[agent] turn 1: calling edit_file",
+        "[ui] pushed 'Also run the tests.': accepted=True",
+        "[agent] output: Done: fixed src/app.py; fixed src/util.py. Left src/generated.py alone.",
+        "[ui] pushed 'Thanks!' after the run: accepted=False",
+        "[ui] leftovers: ['Also run the tests.']",
+        "[agent] output: Ran the tests: 12 passed.",
+    ]
+
+
+def test_the_docs_snippet_runs_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    text = (ROOT / "docs" / "steering.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 1
+    exec(compile(blocks[0], "docs/steering.md", "exec"), {"__name__": "docs_steering"})
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "idle push: False",
+        "accepted: True",
+        "output: Built; generated files untouched.",
+        "delivered after: ['<tool result>', 'src/generated.py is generated. Do not edit it.']",
+        "in history: True",
+        "after the run: False",
+        "leftovers: []",
+    ]
