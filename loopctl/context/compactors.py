@@ -283,7 +283,7 @@ class SummarizingCompactor:
         if len(messages) <= self.min_messages:
             return messages
         split = safe_split(messages, self.preserve_recent)
-        if split <= 1:
+        if split <= 2:  # fewer than two older messages: a summary would not shrink anything
             return messages
         summary = self._ask(messages[1:split], request)
         if summary is None:
