@@ -77,9 +77,13 @@ def test_contributors_in_order_before_memory_and_conversation_never_persisted() 
         if turn == 0:  # the query is the input: it shares "goal" with the entry
             assert texts[2] == MEMORY_PREFIX + "\nremember the goal"
             assert texts[3] == "the goal"
-        else:  # the query is the tool output "ok": nothing matches, no memory message
-            assert texts[2] == "the goal"
-            assert not any(t.startswith(MEMORY_PREFIX) for t in texts)
+        else:  # the query is the tool output "ok": "remember the goal" does not match it
+            rest = texts[2:]
+            if rest[0].startswith(MEMORY_PREFIX):  # e.g. a stored trajectory of the noop call
+                assert "remember the goal" not in rest[0]
+                rest = rest[1:]
+            assert rest[0] == "the goal"
+            assert not any(t.startswith(MEMORY_PREFIX) or t.startswith("contrib") for t in rest)
     convo = [m.text for m in loop.conversation()]
     assert not any(t.startswith("contrib") or t.startswith(MEMORY_PREFIX) for t in convo)
     assert all(not t.input.startswith("contrib") for t in loop.session.current_run.turns)

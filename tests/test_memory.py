@@ -111,7 +111,8 @@ def test_concurrent_store_and_retrieve_lose_nothing() -> None:
         barrier.wait()
         for i in range(per):
             s.store(MemoryEntry(f"worker{k} item{i} shared"))
-            s.retrieve("shared", 3)
+            if i % 10 == 0:
+                assert len(s.retrieve("shared", 3)) == 3 or i == 0
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(n_threads)]
     for t in threads:
