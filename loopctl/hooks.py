@@ -4,14 +4,17 @@ A ``Hook`` overrides the methods it needs; ``HookExecutor`` runs them in
 registration order. For a pre-tool decision the first block wins (an
 explicit allow does not stop later hooks); ``ask`` counts as a block when
 the executor is headless. A hook that raises is logged and treated as
-allowing, so a broken hook cannot kill a run.
+allowing, so a broken hook cannot kill a run. Tool hooks run on the run's
+thread, once per attempt of a call; a blocked call is a soft error with
+the reason (``Tool 'x' blocked: <reason>``), is never run, and gets no
+``on_tool_post``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import attrs
 
@@ -59,7 +62,7 @@ class PreCompactDecision:
 
 @attrs.frozen
 class ToolHookContext:
-    """What a tool hook sees about one call."""
+    """What a tool hook sees about one attempt of a call (``attempt`` 0 first)."""
 
     session_id: str
     run_id: str
@@ -67,6 +70,7 @@ class ToolHookContext:
     call_id: str
     tool: str
     input: Mapping[str, Any]
+    attempt: int = 0
 
 
 @attrs.frozen
@@ -111,6 +115,59 @@ class Hook:
 
     def on_run_end(self, ctx: RunHookContext, success: bool, error: Optional[str]) -> None:
         """A run ended."""
+
+
+class BlocklistHook(Hook):
+    """Block tools by exact name: ``deny(names)`` or ``allow_only(names)``.
+
+    A denied name always blocks; with an allow list, names outside it block;
+    an empty allow list allows everything.
+    """
+
+    def __init__(self, deny: Iterable[str] = (), allow: Iterable[str] = ()) -> None:
+        self.denied = frozenset(deny)
+        self.allowed = frozenset(allow)
+
+    @classmethod
+    def deny(cls, names: Iterable[str]) -> BlocklistHook:
+        """Block these names."""
+        return cls(deny=names)
+
+    @classmethod
+    def allow_only(cls, names: Iterable[str]) -> BlocklistHook:
+        """Block every name not listed (an empty list allows everything)."""
+        return cls(allow=names)
+
+    def on_pre_tool_use(self, ctx: ToolHookContext) -> Optional[HookDecision]:
+        """Block denied names, and names outside a non-empty allow list."""
+        if ctx.tool in self.denied:
+            return HookDecision.block(f"tool '{ctx.tool}' is on the blocklist")
+        if self.allowed and ctx.tool not in self.allowed:
+            return HookDecision.block(f"tool '{ctx.tool}' is not on the allow list")
+        return None
+
+
+class ConfirmationHook(Hook):
+    """Ask ``confirm(ctx) -> bool`` before the listed tools run (all when empty).
+
+    ``confirm`` runs on the run's thread and may block; a False answer (or
+    an exception) blocks with ``User denied permission``.
+    """
+
+    def __init__(self, confirm: Callable[[ToolHookContext], bool], tools: Iterable[str] = ()) -> None:
+        self.confirm = confirm
+        self.tools = frozenset(tools)
+
+    def on_pre_tool_use(self, ctx: ToolHookContext) -> Optional[HookDecision]:
+        """Ask; block unless the answer is yes."""
+        if self.tools and ctx.tool not in self.tools:
+            return None
+        try:
+            ok = bool(self.confirm(ctx))
+        except Exception:
+            log.exception("confirmation for tool %r raised; treated as denied", ctx.tool)
+            ok = False
+        return None if ok else HookDecision.block("User denied permission")
 
 
 class HookExecutor:
@@ -188,7 +245,9 @@ class HookExecutor:
 
 
 __all__ = [
+    "BlocklistHook",
     "CompactHookContext",
+    "ConfirmationHook",
     "Hook",
     "HookDecision",
     "HookExecutor",

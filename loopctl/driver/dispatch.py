@@ -1,29 +1,64 @@
 """Tool dispatch: sequential or parallel waves, results in request order.
 
-Events stay on the run's thread: in a parallel wave every ``on_tool_pre``
-fires, the calls run on the loop's ``ThreadPoolExecutor``, then every
-``on_tool_post`` fires in request order. A lone call runs inline (no
-hand-off). Blocking work runs unfenced; cancel is checked before each
-call, between calls and waves, and while a wave is awaited. A hard error
-(cancel, loop stop, recovery exhausted) ends the batch and the run.
+Every attempt of a call goes through one pipeline (reference §5.5), split
+in three phases so that events and state stay on the run's thread:
+
+- begin (run thread, fenced): cancel check, ``on_tool_pre``, pre-tool hooks
+  (a block is a soft error with no ``on_tool_post``), the loop detector's
+  pre-check (a pending stop is a hard ``LoopDetected``), the health gate
+  (keyed on the requested name; an open breaker is a soft refusal);
+- execute (unfenced; inline for a lone call, on the loop's pool for a
+  parallel wave): through ``loop._pipeline`` when set, else the registry;
+- finish (run thread, fenced): detector record, ``on_tool_post``, post-tool
+  hooks, health record (under the resolved name), memory trajectory
+  (successful calls only), then recovery: a ``Retry`` waits (cancel-aware,
+  unfenced), applies the correction and runs the whole pipeline again with
+  ``attempt + 1``; more than five retries is ``ToolRecoveryExhausted``.
+
+A wave fires every ``on_tool_pre`` (in request order), runs its calls
+together, then fires every ``on_tool_post`` in request order; retries of a
+wave's calls then run one by one. A hard error (cancel, loop stop, recovery
+exhausted) ends the batch and the run; finished siblings are discarded.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 import zlib
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Optional
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from loopctl.errors import Cancelled
+import attrs
+
+from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
 from loopctl.tools.base import ToolContext, ToolOutput
+from loopctl.tools.pipeline import DispatchContext, invoke_tool, not_found_text
+from loopctl.tools.recovery import (
+    MAX_RETRIES,
+    CorrectionKind,
+    ExponentialBackoffRecovery,
+    Fail,
+    FailureAnalysis,
+    NoopReflector,
+    RecoveryAction,
+    ReflectionContext,
+    Retry,
+)
 
 if TYPE_CHECKING:
     from loopctl.driver.handle import RunContext
     from loopctl.driver.loop import BareLoop
+
+log = logging.getLogger("loopctl")
+
+_RUN, _BLOCKED, _GATED = 0, 1, 2
+_TRAJECTORY_CHARS = 500
+_memory_entry: Any = None  # loopctl.context.memory.MemoryEntry, imported on first use
 
 
 def result_hash(text: str) -> str:
@@ -31,60 +66,41 @@ def result_hash(text: str) -> str:
     return format(zlib.crc32(text.encode("utf-8", "surrogatepass")), "08x") if text else ""
 
 
+def _cancel_wait(cancel: Any, delay: float) -> bool:
+    return bool(cancel.wait(delay))
+
+
+class _Call:
+    """One call's state across its attempts."""
+
+    __slots__ = ("original", "call", "attempt", "ctx", "out", "ms", "resolved", "correction")
+
+    def __init__(self, call: ToolCallPart) -> None:
+        self.original = call
+        self.call = call
+        self.attempt = 0
+        self.ctx: Optional[ToolContext] = None
+        self.out = ToolOutput("")
+        self.ms = 0.0
+        self.resolved = call.name
+        self.correction: Any = None
+
+    def result(self) -> ToolResultPart:
+        o = self.original
+        return ToolResultPart(o.id, o.name, self.out.text, self.out.is_error)
+
+
 class Dispatcher:
-    """Runs one turn's tool calls for a loop."""
+    """Runs one turn's tool calls for a loop.
+
+    Attributes:
+        sleep: ``sleep(cancel, seconds) -> bool`` waits between recovery
+            retries (True if cancelled meanwhile); tests inject a fake.
+    """
 
     def __init__(self, loop: BareLoop) -> None:
         self.loop = loop
-
-    # -- one call's stages (run on the run's thread unless noted) -------------
-
-    def _context(self, rc: RunContext, turn: int, call: ToolCallPart) -> ToolContext:
-        loop = self.loop
-        return ToolContext(
-            loop.session.id,
-            rc.run.id,
-            turn,
-            call.id,
-            loop._ensure_temp_dir(),
-            rc.cancel,
-            loop.tool_extras,
-        )
-
-    def _blocked(self, rc: RunContext, turn: int, call: ToolCallPart) -> Optional[ToolResultPart]:
-        hooks = self.loop._hooks
-        if hooks is None or not hooks.hooks:
-            return None
-        ctx = ToolHookContext(self.loop.session.id, rc.run.id, turn, call.id, call.name, call.input)
-        decision = hooks.pre_tool_use(ctx)
-        if not decision.blocks:
-            return None
-        reason = decision.reason or "blocked by hook"
-        return ToolResultPart(call.id, call.name, f"Tool '{call.name}' blocked: {reason}", True)
-
-    def _execute(self, call: ToolCallPart, ctx: ToolContext) -> ToolOutput:
-        """Run the tool (any thread): registry lookup, invoke, never raises."""
-        tool = self.loop._tools.get(call.name)
-        if tool is None:
-            names = ", ".join(self.loop._tools.names()[:10])
-            return ToolOutput.error(f"Tool not found: {call.name}. Available: {names}")
-        try:
-            return tool.invoke(call.input, ctx)
-        except Exception as exc:  # invoke converts; this guards custom overrides
-            return ToolOutput.error(f"Tool '{call.name}' raised {type(exc).__name__}: {exc}")
-
-    def _post(
-        self, rc: RunContext, turn: int, call: ToolCallPart, out: ToolOutput, attempt: int, ms: float
-    ) -> ToolResultPart:
-        loop = self.loop
-        loop._emitter.tool_post(
-            turn, call.id, call.name, attempt, out.is_error, ms, out.text, result_hash(out.text)
-        )
-        hooks = loop._hooks
-        if hooks is not None and hooks.hooks:
-            ctx = ToolHookContext(loop.session.id, rc.run.id, turn, call.id, call.name, call.input)
-            hooks.post_tool_use(ctx, out.text, out.is_error)
-        return ToolResultPart(call.id, call.name, out.text, out.is_error)
+        self.sleep: Callable[[Any, float], bool] = _cancel_wait
 
     # -- batches ---------------------------------------------------------------
 
@@ -95,39 +111,44 @@ class Dispatcher:
 
         Raises:
             Cancelled: the signal fired before a call, between calls or waves,
-                or while a wave was running.
+                while a wave was running, or during a retry's backoff.
+            LoopDetected: the loop detector's stop was pending.
+            ToolRecoveryExhausted: a call needed more than five retries.
         """
         if not calls:
             return []
         parallel = self.loop._run_config_now.parallel
         if parallel.mode == "sequential" or parallel.max_concurrency == 1 or len(calls) == 1:
-            return [self._run_one(rc, turn, c) for c in calls]
+            return [self._run_one(rc, turn, _Call(c)) for c in calls]
         results: list[Optional[ToolResultPart]] = [None] * len(calls)
         for wave in self._plan_waves(calls, parallel.max_concurrency):
-            if rc.cancel.is_cancelled():
-                raise Cancelled(self.loop._cancel.reason)
+            self._check_cancel(rc)
             if len(wave) == 1:
                 i = wave[0]
-                results[i] = self._run_one(rc, turn, calls[i])
+                results[i] = self._run_one(rc, turn, _Call(calls[i]))
             else:
                 for i, r in zip(wave, self._run_wave(rc, turn, [calls[i] for i in wave])):
                     results[i] = r
         return results  # type: ignore[return-value]
 
-    def _run_one(self, rc: RunContext, turn: int, call: ToolCallPart) -> ToolResultPart:
+    def _check_cancel(self, rc: RunContext) -> None:
         if rc.cancel.is_cancelled():
             raise Cancelled(self.loop._cancel.reason)
-        self.loop._emitter.tool_pre(turn, call.id, call.name, 0)
-        blocked = self._blocked(rc, turn, call)
-        if blocked is not None:
-            return blocked
-        ctx = self._context(rc, turn, call)
-        t0 = time.perf_counter()
-        with rc.unfenced():
-            out = self._execute(call, ctx)
-        if rc.cancel.is_cancelled():
-            raise Cancelled(self.loop._cancel.reason)
-        return self._post(rc, turn, call, out, 0, (time.perf_counter() - t0) * 1000.0)
+
+    def _run_one(self, rc: RunContext, turn: int, st: _Call) -> ToolResultPart:
+        """The whole per-call pipeline, inline on the run's thread, retries included."""
+        while True:
+            kind = self._begin(rc, turn, st)
+            if kind == _BLOCKED:
+                return st.result()
+            if kind == _RUN:
+                with rc.unfenced():
+                    self._execute(turn, st)
+                self._check_cancel(rc)
+            retry = self._finish(rc, turn, st, kind == _GATED)
+            if retry is None:
+                return st.result()
+            self._prepare_retry(rc, st, retry)
 
     def _plan_waves(self, calls: Sequence[ToolCallPart], limit: int) -> list[list[int]]:
         """Group call indices into waves, keeping request order across waves.
@@ -142,13 +163,13 @@ class Dispatcher:
         for i, call in enumerate(calls):
             tool = registry.get(call.name)
             safe = tool is not None and tool.is_concurrency_safe(call.input)
-            key = tool.resource_key(call.input) if tool is not None else None
             if not safe:
                 if current:
                     waves.append(current)
                 waves.append([i])
                 current, keys = [], set()
                 continue
+            key = tool.resource_key(call.input)  # type: ignore[union-attr]
             if len(current) >= limit or (key is not None and key in keys):
                 waves.append(current)
                 current, keys = [], set()
@@ -162,49 +183,235 @@ class Dispatcher:
     def _run_wave(
         self, rc: RunContext, turn: int, calls: Sequence[ToolCallPart]
     ) -> list[ToolResultPart]:
-        em = self.loop._emitter
-        for c in calls:
-            em.tool_pre(turn, c.id, c.name, 0)
-        slots: list[Optional[ToolResultPart]] = [None] * len(calls)
-        runnable: list[int] = []
-        for k, c in enumerate(calls):
-            blocked = self._blocked(rc, turn, c)
-            if blocked is not None:
-                slots[k] = blocked
+        states = [_Call(c) for c in calls]
+        kinds = [self._begin(rc, turn, st) for st in states]
+        runnable = [st for st, k in zip(states, kinds) if k == _RUN]
+        if runnable:
+            self._execute_together(rc, turn, runnable)
+        self._check_cancel(rc)
+        slots: list[Optional[ToolResultPart]] = [None] * len(states)
+        retries: list[tuple[int, Retry]] = []
+        for k, (st, kind) in enumerate(zip(states, kinds)):
+            if kind == _BLOCKED:
+                slots[k] = st.result()
+                continue
+            retry = self._finish(rc, turn, st, kind == _GATED)
+            if retry is None:
+                slots[k] = st.result()
             else:
-                runnable.append(k)
-        contexts = {k: self._context(rc, turn, calls[k]) for k in runnable}
-        outs: dict[int, tuple[ToolOutput, float]] = {}
+                retries.append((k, retry))
+        for k, retry in retries:
+            st = states[k]
+            self._prepare_retry(rc, st, retry)
+            slots[k] = self._run_one(rc, turn, st)
+        return slots  # type: ignore[return-value]
+
+    def _execute_together(self, rc: RunContext, turn: int, states: list[_Call]) -> None:
         lock = threading.Lock()
         all_done = threading.Event()
-        remaining = [len(runnable)]
+        remaining = [len(states)]
 
-        def work(k: int) -> None:
-            t0 = time.perf_counter()
-            out = self._execute(calls[k], contexts[k])
-            with lock:
-                outs[k] = (out, (time.perf_counter() - t0) * 1000.0)
-                remaining[0] -= 1
-                if remaining[0] == 0:
-                    all_done.set()
-
-        if runnable:
-            pool = self.loop._executor()
-            wake = all_done.set
-            rc.cancel.add_listener(wake)
+        def work(st: _Call) -> None:
             try:
-                with rc.unfenced():
-                    for k in runnable:
-                        pool.submit(work, k)
-                    all_done.wait()
+                self._execute(turn, st)
             finally:
-                rc.cancel.remove_listener(wake)
-        if rc.cancel.is_cancelled():
-            raise Cancelled(self.loop._cancel.reason)
-        for k in runnable:
-            out, ms = outs[k]
-            slots[k] = self._post(rc, turn, calls[k], out, 0, ms)
-        return slots  # type: ignore[return-value]
+                with lock:
+                    remaining[0] -= 1
+                    if remaining[0] == 0:
+                        all_done.set()
+
+        pool = self.loop._executor()
+        wake = all_done.set
+        rc.cancel.add_listener(wake)
+        try:
+            with rc.unfenced():
+                for st in states:
+                    pool.submit(work, st)
+                all_done.wait()
+        finally:
+            rc.cancel.remove_listener(wake)
+
+    # -- one attempt's phases ------------------------------------------------------
+
+    def _hook_ctx(self, rc: RunContext, turn: int, st: _Call) -> ToolHookContext:
+        c = st.call
+        return ToolHookContext(self.loop.session.id, rc.run.id, turn, c.id, c.name, c.input, st.attempt)
+
+    def _begin(self, rc: RunContext, turn: int, st: _Call) -> int:
+        """Run thread: cancel check, pre event, hooks, detector pre-check, health gate."""
+        self._check_cancel(rc)
+        loop = self.loop
+        call = st.call
+        loop._emitter.tool_pre(turn, call.id, call.name, st.attempt)
+        hooks = loop._hooks
+        if hooks is not None and hooks.hooks:
+            decision = hooks.pre_tool_use(self._hook_ctx(rc, turn, st))
+            if decision.blocks:
+                st.out = ToolOutput.error(f"Tool '{call.name}' blocked: {decision.reason or 'blocked by hook'}")
+                return _BLOCKED
+        detector = loop._loop_detector
+        if detector is not None:
+            stop = detector.pre_check()
+            if stop is not None:
+                raise stop
+        health = loop._health
+        if health is not None:
+            refusal = health.check(call.name)
+            if refusal is not None:
+                st.out, st.ms, st.resolved = ToolOutput.error(refusal), 0.0, call.name
+                return _GATED
+        st.ctx = ToolContext(
+            loop.session.id, rc.run.id, turn, call.id, loop._ensure_temp_dir(), rc.cancel, loop.tool_extras
+        )
+        return _RUN
+
+    def _execute(self, turn: int, st: _Call) -> None:
+        """Any thread, unfenced: run the attempt; never raises."""
+        loop = self.loop
+        call = st.call
+        t0 = time.perf_counter()
+        pipeline = loop._pipeline
+        try:
+            if pipeline is None:
+                tool = loop._tools.get(call.name)
+                if tool is None:
+                    out = ToolOutput.error(not_found_text(call.name, loop._tools))
+                else:
+                    out = invoke_tool(tool, call.input, st.ctx)
+                st.resolved = call.name
+            else:
+                d = DispatchContext(call.name, call.input, call.name, call.id, turn, st.attempt, st.ctx, loop._tools)
+                out = pipeline.dispatch(d)
+                st.resolved = d.tool_name
+        except Exception as exc:  # a custom pipeline that raises; never kill the run
+            out = ToolOutput.error(f"Tool '{call.name}' raised {type(exc).__name__}: {exc}")
+        st.out = out
+        st.ms = (time.perf_counter() - t0) * 1000.0
+
+    def _finish(self, rc: RunContext, turn: int, st: _Call, gated: bool) -> Optional[Retry]:
+        """Run thread: record, post event, hooks, health, memory, recovery.
+
+        Returns a ``Retry`` when the call should run again, else None.
+        """
+        loop = self.loop
+        call, out = st.call, st.out
+        detector = loop._loop_detector
+        if detector is not None and not gated:
+            found = detector.record(call.name, call.input, out.text, out.is_error)
+            if found is not None:
+                loop._emitter.loop_detected(found[0], found[1])
+        loop._emitter.tool_post(
+            turn, call.id, call.name, st.attempt, out.is_error, st.ms, out.text, result_hash(out.text)
+        )
+        hooks = loop._hooks
+        if hooks is not None and hooks.hooks:
+            hooks.post_tool_use(self._hook_ctx(rc, turn, st), out.text, out.is_error)
+        if gated:
+            return None  # it never ran: nothing to record, nothing to retry
+        health = loop._health
+        if health is not None:
+            health.record(st.resolved, not out.is_error)
+        if not out.is_error:
+            if loop._memory is not None:
+                self._remember(st)
+            return None
+        if loop._reflector is None and loop._recovery is None:
+            return None
+        return self._recover(rc, turn, st)
+
+    def _remember(self, st: _Call) -> None:
+        global _memory_entry
+        try:
+            if _memory_entry is None:
+                from loopctl.context.memory import MemoryEntry
+
+                _memory_entry = MemoryEntry
+            try:
+                shown = json.dumps(st.call.input, ensure_ascii=False, default=str)
+            except (TypeError, ValueError):
+                shown = repr(st.call.input)
+            text = (
+                f"tool={st.resolved}; input={shown[:_TRAJECTORY_CHARS]}; "
+                f"result={st.out.text[:_TRAJECTORY_CHARS]}"
+            )
+            self.loop._memory.store(_memory_entry(text, tags=("trajectory",)))
+        except Exception:
+            log.exception("memory store of a tool trajectory failed (tool %r)", st.resolved)
+
+    # -- recovery ------------------------------------------------------------------
+
+    def _recover(self, rc: RunContext, turn: int, st: _Call) -> Optional[Retry]:
+        loop = self.loop
+        reflector = loop._reflector if loop._reflector is not None else NoopReflector()
+        strategy = loop._recovery if loop._recovery is not None else ExponentialBackoffRecovery()
+        limit = getattr(strategy, "max_attempts", MAX_RETRIES)
+        max_attempts = limit if isinstance(limit, int) else MAX_RETRIES
+        tool = loop._tools.get(st.call.name)
+        schema = tool.schema() if tool is not None else None
+        rctx = ReflectionContext(st.attempt, max_attempts, loop._run_input, turn, st.call.id)
+        call, text = st.call, st.out.text
+        with rc.unfenced():  # a reflector may ask a model: blocking work
+            analysis, action = _decide(reflector, strategy, text, call, schema, rctx, st.attempt, max_attempts)
+        if type(action) is not Retry:
+            return None
+        st.correction = analysis.correction
+        return action  # type: ignore[return-value]
+
+    def _prepare_retry(self, rc: RunContext, st: _Call, retry: Retry) -> None:
+        """Ceiling check, cancel-aware backoff, correction; then ``attempt + 1``."""
+        if st.attempt + 1 > MAX_RETRIES:
+            raise ToolRecoveryExhausted(st.original.name, MAX_RETRIES + 1)
+        delay = retry.delay if retry.delay > 0 else 0.0
+        if delay > 0:
+            with rc.unfenced():
+                self.sleep(rc.cancel, delay)
+        self._check_cancel(rc)
+        st.call = _corrected(st.call, st.correction)
+        st.correction = None
+        st.attempt += 1
+
+
+def _decide(
+    reflector: Any,
+    strategy: Any,
+    error: str,
+    call: ToolCallPart,
+    schema: Any,
+    rctx: ReflectionContext,
+    attempt: int,
+    max_attempts: int,
+) -> tuple[FailureAnalysis, RecoveryAction]:
+    try:
+        analysis = reflector.analyze(error, call.name, call.input, schema, rctx)
+        if not isinstance(analysis, FailureAnalysis):
+            raise TypeError(f"analyze() returned {type(analysis).__name__}, not FailureAnalysis")
+    except Exception as exc:
+        log.exception("reflector failed on tool %r; treated as not recoverable", call.name)
+        return FailureAnalysis(False, f"reflector failed: {exc}"), Fail("reflector failed")
+    try:
+        action = strategy.decide(analysis, attempt, max_attempts)
+    except Exception as exc:
+        log.exception("recovery strategy failed on tool %r; giving up", call.name)
+        return analysis, Fail(f"strategy failed: {exc}")
+    return analysis, action
+
+
+def _corrected(call: ToolCallPart, correction: Any) -> ToolCallPart:
+    """Apply an input fix or a tool change; anything else (or a bad fix) is skipped."""
+    if correction is None:
+        return call
+    kind = getattr(correction, "kind", None)
+    if kind == CorrectionKind.INPUT_FIX:
+        new = getattr(correction, "modified_input", None)
+        if isinstance(new, Mapping):
+            return attrs.evolve(call, input=dict(new))
+        log.warning("input fix for tool %r is not an object (%r); retrying uncorrected", call.name, new)
+    elif kind == CorrectionKind.TOOL_CHANGE:
+        name = getattr(correction, "alternative_tool", None)
+        if isinstance(name, str) and name:
+            return attrs.evolve(call, name=name)
+        log.warning("tool change for %r names no tool; retrying uncorrected", call.name)
+    return call
 
 
 __all__ = ["Dispatcher", "result_hash"]

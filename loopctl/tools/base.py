@@ -8,14 +8,16 @@ and turns any exception into such a soft error.
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Optional
 
 import attrs
 
 from loopctl.messages import ToolSchema
+from loopctl.tools.validation import check
 
 
 class ToolError(Exception):
@@ -54,30 +56,44 @@ class ToolContext:
 
 
 def to_output(value: Any) -> ToolOutput:
-    """Convert a tool's return value: str as is, ToolOutput as given, else JSON."""
+    """Convert a tool's return value: str as is, ToolOutput as given, else JSON.
+
+    attrs instances become objects, Enum members their values, sets sorted
+    lists, paths strings; a value JSON cannot hold falls back to ``str()``.
+    """
     if isinstance(value, ToolOutput):
         return value
     if isinstance(value, str):
         return ToolOutput(value)
     try:
-        return ToolOutput(json.dumps(_jsonable(value), ensure_ascii=False))
+        return ToolOutput(json.dumps(value, ensure_ascii=False, default=_json_default))
     except (TypeError, ValueError):
         return ToolOutput(str(value))
 
 
-def _jsonable(value: Any) -> Any:
+def _json_default(value: Any) -> Any:
     if attrs.has(type(value)):
-        return attrs.asdict(value)
-    if hasattr(value, "value") and type(value).__module__ != "builtins" and hasattr(type(value), "__members__"):
+        return {f.name: getattr(value, f.name) for f in attrs.fields(type(value))}
+    if isinstance(value, enum.Enum):
         return value.value
-    return value
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if isinstance(value, PurePath):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 class Tool:
     """Base class for tools that need state; most tools use ``@tool`` instead.
 
     Subclasses set ``name`` and ``description``, override ``input_schema()``
-    (a JSON Schema object) and ``call(input, ctx)``.
+    (a JSON Schema object) and ``call(input, ctx)``. Optional knobs:
+    ``concurrency_safe`` (may overlap other calls in a parallel wave),
+    ``read_only`` (informational; permission policies may use it),
+    ``timeout`` (seconds; enforced by the dispatcher, see
+    ``loopctl.tools.timeout``), and the per-call ``is_concurrency_safe`` /
+    ``resource_key`` overrides. ``call`` runs on a worker thread when calls
+    overlap, so shared state needs its own lock.
     """
 
     name: str = ""
@@ -103,8 +119,13 @@ class Tool:
         return self.concurrency_safe
 
     def validate(self, input: Mapping[str, Any]) -> Optional[str]:
-        """A message naming the bad field, or None when ``input`` is valid."""
-        return None
+        """A message naming the bad field(s), or None when ``input`` is valid.
+
+        The default checks ``input`` against ``input_schema()`` (see
+        ``loopctl.tools.validation``): types, required fields, enum values,
+        and unknown fields when the schema sets ``additionalProperties: false``.
+        """
+        return check(self.input_schema(), input)
 
     def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
         """Run the tool; return str, ``ToolOutput`` or any JSON-able value."""

@@ -1,0 +1,285 @@
+"""``@tool``: a typed, documented function becomes a ``Tool``.
+
+Everything is decided at decoration time: the name (the function's, or
+``name=``), the description (the docstring before its sections, or
+``description=``), the input schema (from the type hints, see
+``loopctl.tools.schema``) and the per-parameter descriptions (the
+docstring's ``Args:`` section). A mistake there raises ``ConfigError`` at
+once. At call time the input is validated against that schema, converted
+to the declared types, and passed as keyword arguments; a parameter
+annotated ``ToolContext`` receives the call's context and is not
+advertised. ``**kwargs`` lets the schema accept extra fields.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import typing
+from collections.abc import Mapping
+from typing import Any, Callable, Optional, TypeVar, Union, overload
+
+from loopctl.errors import ConfigError
+from loopctl.tools.base import Tool, ToolContext, ToolError, ToolOutput, to_output
+from loopctl.tools.docstrings import description as doc_description
+from loopctl.tools.docstrings import parse_args_section
+from loopctl.tools.schema import NO_DEFAULT, Converter, compile_annotation, json_default, resolve_hints
+from loopctl.tools.validation import check
+
+ResourceKey = Union[str, Callable[[Mapping[str, Any]], Optional[str]]]
+F = TypeVar("F", bound=Callable[..., Any])
+
+def _is_context(hint: Any) -> bool:
+    if hint is ToolContext:
+        return True
+    if typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return len(args) == 1 and args[0] is ToolContext
+    return False
+
+
+class FunctionTool(Tool):
+    """A ``Tool`` made by ``@tool`` from a function (see the module docstring).
+
+    Calling the object calls the function directly (handy in tests).
+    """
+
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        *,
+        name: Optional[str] = None,
+        description: Optional[str] = None,
+        concurrency_safe: bool = False,
+        read_only: bool = False,
+        resource_key: Optional[ResourceKey] = None,
+        timeout: Optional[float] = None,
+        localns: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        if not callable(func):
+            raise ConfigError(f"@tool needs a function, got {func!r:.80}")
+        fname = getattr(func, "__name__", type(func).__name__)
+        self.name = name if name is not None else fname
+        where = f"tool {self.name!r}"
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ConfigError(f"@tool on {fname}: the tool name must be a non-empty str, got {self.name!r}")
+        if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
+            raise ConfigError(f"{where}: tool functions must be synchronous (loopctl is thread-based)")
+        doc = inspect.getdoc(func)
+        text = description if description is not None else doc_description(doc)
+        if not isinstance(text, str) or not text.strip():
+            raise ConfigError(f"{where}: a tool needs a description: add a docstring or pass description=")
+        self.description = text.strip()
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+            raise ConfigError(f"{where}: timeout must be a positive number of seconds, got {timeout!r}")
+        if resource_key is not None and not (isinstance(resource_key, str) or callable(resource_key)):
+            raise ConfigError(f"{where}: resource_key must be a str or a callable(input), got {resource_key!r:.80}")
+        self.concurrency_safe = bool(concurrency_safe)
+        self.read_only = bool(read_only)
+        self.timeout = float(timeout) if timeout is not None else None
+        self._resource_key = resource_key
+        self.func = func
+        self.__wrapped__ = func
+        self.__doc__ = func.__doc__
+        self._build(func, doc, where, localns)
+
+    def _build(
+        self, func: Callable[..., Any], doc: Optional[str], where: str, localns: Optional[Mapping[str, Any]]
+    ) -> None:
+        try:
+            sig = inspect.signature(func)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: cannot read the signature: {exc}") from exc
+        hints = resolve_hints(func, where, localns)
+        docs = parse_args_section(doc)
+        props: dict[str, Any] = {}
+        required: list[str] = []
+        convs: list[tuple[str, Optional[Converter]]] = []
+        self._context_param: Optional[str] = None
+        extra: Any = False
+        extra_conv: Optional[Converter] = None
+        for pname, p in sig.parameters.items():
+            pwhere = f"{where}, parameter {pname!r}"
+            if p.kind is p.VAR_POSITIONAL or p.kind is p.POSITIONAL_ONLY:
+                raise ConfigError(f"{pwhere}: tools take keyword arguments only (no *args or positional-only)")
+            hint = hints.get(pname, inspect.Parameter.empty)
+            if p.kind is p.VAR_KEYWORD:
+                if hint is inspect.Parameter.empty or hint is Any:
+                    extra = True
+                else:
+                    c = compile_annotation(hint, pwhere, localns=localns)
+                    extra, extra_conv = c.schema, c.convert
+                continue
+            if hint is inspect.Parameter.empty:
+                more = " (for a method or state, subclass Tool instead)" if pname in ("self", "cls") else ""
+                raise ConfigError(f"{pwhere}: has no type annotation{more}")
+            if _is_context(hint):
+                if self._context_param is not None:
+                    raise ConfigError(f"{pwhere}: only one parameter may take the ToolContext")
+                self._context_param = pname
+                continue
+            if p.default is None:
+                hint = Optional[hint]  # ``x: int = None`` means Optional on every Python
+            c = compile_annotation(hint, pwhere, localns=localns)
+            prop = dict(c.schema)
+            if pname in docs and docs[pname]:
+                prop["description"] = docs[pname]
+            if p.default is p.empty:
+                required.append(pname)
+            else:
+                d = json_default(p.default)
+                if d is not NO_DEFAULT:
+                    prop["default"] = d
+            props[pname] = prop
+            convs.append((pname, c.convert))
+        self._schema: dict[str, Any] = {
+            "type": "object",
+            "properties": props,
+            "required": required,
+            "additionalProperties": extra,
+        }
+        self._convs = [(n, c) for n, c in convs if c is not None]
+        self._params = frozenset(props)
+        self._extra_conv = extra_conv
+        self._takes_extra = extra is not False
+
+    # -- the Tool protocol -------------------------------------------------------
+
+    def input_schema(self) -> Mapping[str, Any]:
+        """The JSON Schema built from the type hints (a fresh copy of the top level)."""
+        return dict(self._schema)
+
+    def validate(self, input: Mapping[str, Any]) -> Optional[str]:
+        """Check ``input`` against the schema; a message naming the bad field(s), or None."""
+        return check(self._schema, input)
+
+    def resource_key(self, input: Mapping[str, Any]) -> Optional[str]:
+        """The ``resource_key`` option: a fixed str, or the callable's answer for ``input``."""
+        key = self._resource_key
+        if key is None or isinstance(key, str):
+            return key
+        try:
+            return key(input)
+        except Exception:  # a bad input fails validation later; plan it alone-ish
+            return f"\x00unkeyable:{self.name}"
+
+    def convert(self, input: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments for the function (``input`` must be valid)."""
+        kwargs = dict(input)
+        for pname, conv in self._convs:
+            if pname in kwargs:
+                kwargs[pname] = conv(kwargs[pname])
+        if self._extra_conv is not None:
+            for k in kwargs:
+                if k not in self._params:
+                    kwargs[k] = self._extra_conv(kwargs[k])
+        return kwargs
+
+    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """Convert ``input`` and call the function (the context injected if asked for)."""
+        kwargs = self.convert(input)
+        if self._context_param is not None:
+            kwargs[self._context_param] = ctx
+        return self.func(**kwargs)
+
+    def invoke(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+        """Validate, convert, call, convert the result; never raises."""
+        problem = check(self._schema, input)
+        if problem is not None:
+            return ToolOutput.error(f"Invalid input for tool '{self.name}': {problem}")
+        try:
+            kwargs = self.convert(input)
+        except Exception as exc:  # e.g. an attrs validator on a nested class
+            return ToolOutput.error(f"Invalid input for tool '{self.name}': {type(exc).__name__}: {exc}")
+        if self._context_param is not None:
+            kwargs[self._context_param] = ctx
+        try:
+            return to_output(self.func(**kwargs))
+        except ToolError as exc:
+            return ToolOutput.error(f"Tool '{self.name}' failed: {exc}")
+        except Exception as exc:
+            return ToolOutput.error(f"Tool '{self.name}' raised {type(exc).__name__}: {exc}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.func(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<FunctionTool {self.name!r}>"
+
+
+def _caller_locals() -> Optional[dict[str, Any]]:
+    """The locals of the scope applying the decorator (two frames up).
+
+    Lets string hints (``from __future__ import annotations``) name classes
+    defined in the same function as the tool.
+    """
+    try:
+        frame = sys._getframe(2)
+    except (AttributeError, ValueError):  # pragma: no cover - other Pythons
+        return None
+    return dict(frame.f_locals) if frame.f_code.co_name != "<module>" else None
+
+
+@overload
+def tool(func: F) -> FunctionTool: ...
+
+
+@overload
+def tool(
+    func: None = None,
+    *,
+    name: Optional[str] = None,
+    description: Optional[str] = None,
+    concurrency_safe: bool = False,
+    read_only: bool = False,
+    resource_key: Optional[ResourceKey] = None,
+    timeout: Optional[float] = None,
+) -> Callable[[F], FunctionTool]: ...
+
+
+def tool(
+    func: Optional[Callable[..., Any]] = None,
+    *,
+    name: Optional[str] = None,
+    description: Optional[str] = None,
+    concurrency_safe: bool = False,
+    read_only: bool = False,
+    resource_key: Optional[ResourceKey] = None,
+    timeout: Optional[float] = None,
+) -> Any:
+    """Turn a typed, documented function into a ``Tool``.
+
+    Use bare (``@tool``) or with options (``@tool(name="search", concurrency_safe=True)``).
+
+    Args:
+        name: the tool's name (default: the function's name).
+        description: the tool's description (default: the docstring's text
+            before its ``Args:``/``Returns:`` sections).
+        concurrency_safe: calls may overlap other safe calls in a parallel wave.
+        read_only: the tool changes nothing (informational; policies may use it).
+        resource_key: calls sharing this key never run in the same wave; a
+            str, or a callable ``(input) -> Optional[str]``.
+        timeout: seconds after which a call gives up with a soft timeout error.
+
+    Raises:
+        ConfigError: an unsupported or missing annotation, no description,
+            a bad option value.
+    """
+    options = dict(
+        name=name,
+        description=description,
+        concurrency_safe=concurrency_safe,
+        read_only=read_only,
+        resource_key=resource_key,
+        timeout=timeout,
+    )
+    if func is not None:
+        return FunctionTool(func, localns=_caller_locals(), **options)  # type: ignore[arg-type]
+
+    def decorate(f: Callable[..., Any]) -> FunctionTool:
+        return FunctionTool(f, localns=_caller_locals(), **options)  # type: ignore[arg-type]
+
+    return decorate
+
+
+__all__ = ["FunctionTool", "ResourceKey", "tool"]
