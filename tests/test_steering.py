@@ -662,6 +662,24 @@ def test_slot_closes_even_when_an_exception_escapes_before_finalize(
     assert s.take_leftovers() == [user("undrained")]
 
 
+def test_a_new_run_seals_guidance_left_live_by_a_run_that_never_closed_the_slot(
+    make_loop: Callable[..., BareLoop], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Defence in depth: even if a run ended without closing the slot, the next run
+    # opens it by sealing what is still live, never by delivering it.
+    client = ScriptedClient([reply("one"), reply("two")])
+    loop = make_loop(client)
+    s = loop.steering()
+    monkeypatch.setattr(s, "_close_and_seal", lambda: None)  # a run that forgets to close
+    loop.run("first")
+    assert s.push("stale") is True  # the dead run's slot is still open
+    monkeypatch.undo()
+    loop.run("second")
+    assert "stale" not in texts(client.requests[1].messages)
+    assert "stale" not in texts(loop.conversation())
+    assert s.take_leftovers() == [user("stale")]
+
+
 # -- events ------------------------------------------------------------------------------
 
 

@@ -150,9 +150,14 @@ class Steering:
         Returns:
             True if accepted; False (nothing stored) when no run is in flight.
         """
-        msg = Message.user(message) if isinstance(message, str) else message
-        if not isinstance(msg, Message):
-            raise TypeError(f"steering push takes a Message or str, got {type(message).__name__}")
+        if isinstance(message, Message):
+            msg = message
+        elif isinstance(message, str):
+            msg = Message.user(message)
+        else:
+            raise TypeError(
+                f"steering push takes a Message or str, got {type(message).__name__}: {message!r:.60}"
+            )
         with self._lock:
             if not self._open:
                 return False
@@ -186,10 +191,19 @@ class Steering:
     # -- the loop's side -------------------------------------------------------
 
     def _open_slot(self) -> None:
+        """Accept guidance for the run that starts now (called after ``accept_input``).
+
+        Anything still live belongs to an earlier run that ended without
+        closing the slot: seal it, so this run never delivers it.
+        """
         with self._lock:
+            if self._live:
+                self._sealed.extend(self._live)
+                self._live = []
             self._open = True
 
     def _drain(self) -> list[Message]:
+        """Take the live guidance, in push order (the run's thread, at a boundary)."""
         if not self._live:  # racy fast path; a push that misses it lands next time
             return []
         with self._lock:
@@ -197,6 +211,7 @@ class Steering:
             return out
 
     def _close_and_seal(self) -> None:
+        """Refuse further pushes and seal what was never drained (idempotent)."""
         with self._lock:
             self._open = False
             if self._live:
