@@ -571,11 +571,6 @@ def test_contextvars_of_start_caller_visible_in_the_run() -> None:
     assert seen == ["started"]
 
 
-@pytest.mark.xfail(
-    reason="driver bug: parallel waves submit tools to the pool without the run's contextvars "
-    "(dispatch.py _run_wave: pool.submit(work, k))",
-    strict=True,
-)
 def test_contextvars_visible_in_parallel_wave_tools() -> None:
     seen: list[str] = []
     echo = Echo(lambda i, c: seen.append(REQUEST_ID.get()))
