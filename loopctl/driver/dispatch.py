@@ -16,13 +16,14 @@ in three phases so that events and state stay on the run's thread:
   ``attempt + 1``; more than five retries is ``ToolRecoveryExhausted``.
 
 A wave fires every ``on_tool_pre`` (in request order), runs its calls
-together, then fires every ``on_tool_post`` in request order; retries of a
+together (each in a copy of the run's contextvars), then fires every ``on_tool_post`` in request order; retries of a
 wave's calls then run one by one. A hard error (cancel, loop stop, recovery
 exhausted) ends the batch and the run; finished siblings are discarded.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import threading
@@ -226,7 +227,8 @@ class Dispatcher:
         try:
             with rc.unfenced():
                 for st in states:
-                    pool.submit(work, st)
+                    # each task runs in its own copy of the run's contextvars
+                    pool.submit(contextvars.copy_context().run, work, st)
                 all_done.wait()
         finally:
             rc.cancel.remove_listener(wake)

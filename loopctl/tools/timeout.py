@@ -13,6 +13,7 @@ not either).
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import re
 import threading
@@ -140,7 +141,7 @@ def call_with_timeout(
     wake = done.set
     child.add_listener(wake)
     thread = threading.Thread(
-        target=target, name=f"loopctl-tool-timeout-{_UNSAFE.sub('_', tool)[:40]}-{next(_seq)}", daemon=True
+        target=contextvars.copy_context().run, args=(target,), name=f"loopctl-tool-timeout-{_UNSAFE.sub('_', tool)[:40]}-{next(_seq)}", daemon=True
     )
     thread.start()
     finished = done.wait(seconds)
