@@ -1,0 +1,408 @@
+"""Anthropic messages API: the native wire format and its event stream.
+
+Owns the messages format: the system prompt in the native ``system`` field,
+followed (in order) by any system-role messages of the request;
+``tool_use``/``tool_result`` blocks (``is_error`` on failed results);
+thinking blocks replayed with their signature; consecutive messages of one
+role merged. And the stream: ``message_start``,
+``content_block_start/delta/stop`` (``text_delta``, ``input_json_delta``,
+``thinking_delta``, ``signature_delta``), ``message_delta`` (stop reason and
+usage), ``message_stop`` (the terminal event), ``ping`` and mid-stream
+``error`` events. A body that ends before ``message_stop`` was truncated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
+
+import requests
+
+from loopctl.errors import ConfigError, ModelError
+from loopctl.messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    Role,
+    StopReason,
+    TextPart,
+    ThinkingPart,
+    ToolCallPart,
+    ToolResultPart,
+    Usage,
+)
+from loopctl.providers.base import (
+    SIGNATURE,
+    TEXT,
+    THINKING,
+    TOOL_CALL,
+    TOOL_INPUT,
+    MessageDelta,
+    MessageStart,
+    MessageStop,
+    PartDelta,
+    PartStart,
+    PartStop,
+    Ping,
+    StreamEvent,
+)
+from loopctl.providers.client import HTTPClientBase
+from loopctl.providers.http import (
+    DEFAULT_TIMEOUT,
+    PROTOCOL,
+    RATE_LIMIT,
+    STATUS,
+    TRANSPORT,
+    Timeout,
+    model_error,
+)
+from loopctl.providers.sse import SSEEvent
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+
+STOP_REASONS = {
+    "end_turn": StopReason.END_TURN,
+    "tool_use": StopReason.TOOL_CALL,
+    "max_tokens": StopReason.MAX_TOKENS,
+    "stop_sequence": StopReason.STOP_SEQUENCE,
+    "pause_turn": StopReason.END_TURN,
+    "refusal": StopReason.END_TURN,
+}
+
+# Mid-stream error types -> (status it stands for, retryable, kind).
+_ERROR_TYPES = {
+    "overloaded_error": (529, True, RATE_LIMIT),
+    "rate_limit_error": (429, True, RATE_LIMIT),
+    "api_error": (500, True, STATUS),
+    "timeout_error": (504, True, STATUS),
+    "invalid_request_error": (400, False, STATUS),
+    "authentication_error": (401, False, STATUS),
+    "permission_error": (403, False, STATUS),
+    "not_found_error": (404, False, STATUS),
+    "request_too_large": (413, False, STATUS),
+}
+
+
+def _usage(data: Any) -> Optional[Usage]:
+    if not isinstance(data, Mapping):
+        return None
+    # Cached prompt tokens are part of what the request put in the window.
+    inp = sum(
+        int(data.get(k) or 0)
+        for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    )
+    out = int(data.get("output_tokens") or 0)
+    return None if inp == 0 and out == 0 else Usage(inp, out)
+
+
+def _error_event(payload: Any, label: str) -> ModelError:
+    err = payload.get("error") if isinstance(payload, Mapping) else None
+    if not isinstance(err, Mapping):
+        err = {}
+    etype = str(err.get("type") or "error")
+    msg = str(err.get("message") or etype)[:1000]
+    status, retryable, kind = _ERROR_TYPES.get(etype, (None, False, STATUS))
+    return model_error(f"{label}: {etype} mid-stream: {msg}", status, retryable, kind=kind)
+
+
+class AnthropicStreamParser:
+    """Maps Anthropic stream events to loopctl stream events (mutates)."""
+
+    def __init__(self, label: str = "anthropic") -> None:
+        self.done = False
+        self._label = label
+        self._skip: set[int] = set()
+
+    def feed(self, event: SSEEvent) -> list[StreamEvent]:
+        """Stream events for one SSE event."""
+        try:
+            data = json.loads(event.data)
+        except ValueError as exc:
+            raise model_error(
+                f"{self._label}: malformed JSON in stream event: {event.data[:200]!r}", kind=PROTOCOL
+            ) from exc
+        if not isinstance(data, dict):
+            raise model_error(f"{self._label}: stream event is not a JSON object: {event.data[:200]!r}", kind=PROTOCOL)
+        etype = data.get("type") or event.event
+        if etype == "content_block_delta":
+            idx = data.get("index", 0)
+            if idx in self._skip:
+                return []
+            delta = data.get("delta") or {}
+            dtype = delta.get("type")
+            if dtype == "text_delta":
+                return [PartDelta(idx, TEXT, delta.get("text", ""))]
+            if dtype == "input_json_delta":
+                return [PartDelta(idx, TOOL_INPUT, delta.get("partial_json", ""))]
+            if dtype == "thinking_delta":
+                return [PartDelta(idx, THINKING, delta.get("thinking", ""))]
+            if dtype == "signature_delta":
+                return [PartDelta(idx, SIGNATURE, delta.get("signature", ""))]
+            return []  # unknown deltas are ignored
+        if etype == "content_block_start":
+            return self._block_start(data.get("index", 0), data.get("content_block") or {})
+        if etype == "content_block_stop":
+            idx = data.get("index")
+            if idx in self._skip:
+                return []
+            return [PartStop(idx)]
+        if etype == "message_delta":
+            delta = data.get("delta") or {}
+            reason = delta.get("stop_reason")
+            return [MessageDelta(STOP_REASONS.get(reason) if reason else None, _usage(data.get("usage")))]
+        if etype == "message_start":
+            msg = data.get("message") or {}
+            return [MessageStart(msg.get("model"), _usage(msg.get("usage")))]
+        if etype == "message_stop":
+            self.done = True
+            return [MessageStop()]
+        if etype == "ping":
+            return [Ping()]
+        if etype == "error":
+            raise _error_event(data, self._label)
+        return []
+
+    def _block_start(self, idx: int, block: Mapping[str, Any]) -> list[StreamEvent]:
+        btype = block.get("type")
+        if btype == "text":
+            out: list[StreamEvent] = [PartStart(idx, TEXT)]
+            if block.get("text"):
+                out.append(PartDelta(idx, TEXT, block["text"]))
+            return out
+        if btype == "tool_use" or btype == "server_tool_use":
+            out = [PartStart(idx, TOOL_CALL, block.get("id"), block.get("name") or "")]
+            if block.get("input"):
+                out.append(PartDelta(idx, TOOL_INPUT, json.dumps(block["input"])))
+            return out
+        if btype == "thinking":
+            out = [PartStart(idx, THINKING)]
+            if block.get("thinking"):
+                out.append(PartDelta(idx, THINKING, block["thinking"]))
+            if block.get("signature"):
+                out.append(PartDelta(idx, SIGNATURE, block["signature"]))
+            return out
+        self._skip.add(idx)  # redacted thinking and block types we do not model
+        return []
+
+    def finish(self) -> list[StreamEvent]:
+        """The body ended before ``message_stop``: always a truncation.
+
+        Raises:
+            ModelError: (retryable, kind "transport").
+        """
+        raise model_error(
+            f"{self._label}: stream truncated: the body ended before message_stop",
+            retryable=True,
+            kind=TRANSPORT,
+        )
+
+
+# -- request building -----------------------------------------------------------
+
+
+def _blocks(msg: Message) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for p in msg.parts:
+        t = type(p)
+        if t is TextPart:
+            if p.text:  # type: ignore[union-attr]
+                out.append({"type": "text", "text": p.text})  # type: ignore[union-attr]
+        elif t is ToolResultPart:
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": p.tool_call_id,  # type: ignore[union-attr]
+                "content": p.output,  # type: ignore[union-attr]
+            }
+            if p.is_error:  # type: ignore[union-attr]
+                block["is_error"] = True
+            out.append(block)
+        elif t is ToolCallPart:
+            out.append({"type": "tool_use", "id": p.id, "name": p.name, "input": dict(p.input)})  # type: ignore[union-attr]
+        elif t is ThinkingPart:
+            # Only a signed block can be replayed; an unsigned one is dropped.
+            if p.signature:  # type: ignore[union-attr]
+                out.append({"type": "thinking", "thinking": p.text, "signature": p.signature})  # type: ignore[union-attr]
+    return out
+
+
+def messages_to_anthropic(
+    messages: Sequence[Message], system: Optional[str]
+) -> tuple[Optional[str], list[dict[str, Any]]]:
+    """The native ``system`` text and ``messages`` list for a conversation.
+
+    System-role messages are folded into ``system`` after the system prompt,
+    in order; consecutive messages of one role are merged (tool results
+    first within a user message, as the API requires).
+    """
+    system_parts = [system] if system else []
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        if msg.role is Role.SYSTEM:
+            if msg.text:
+                system_parts.append(msg.text)
+            continue
+        blocks = _blocks(msg)
+        if not blocks:
+            continue
+        role = msg.role.value
+        if out and out[-1]["role"] == role:
+            prev = out[-1]["content"]
+            if role == "user" and any(b["type"] == "tool_result" for b in blocks):
+                # Tool results must lead the user turn that answers tool_use.
+                results = [b for b in blocks if b["type"] == "tool_result"]
+                others = [b for b in blocks if b["type"] != "tool_result"]
+                lead = [b for b in prev if b["type"] == "tool_result"]
+                rest = [b for b in prev if b["type"] != "tool_result"]
+                out[-1]["content"] = lead + results + rest + others
+            else:
+                prev.extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+    return ("\n\n".join(system_parts) if system_parts else None), out
+
+
+class AnthropicClient(HTTPClientBase):
+    """A client for the Anthropic messages API.
+
+    Args:
+        model: the model name (e.g. ``"claude-sonnet-4-5"``).
+        api_key: the key; defaults to ``ANTHROPIC_API_KEY``.
+        base_url: the host root; defaults to ``ANTHROPIC_BASE_URL`` or
+            ``https://api.anthropic.com``. Requests go to ``{base_url}/v1/messages``.
+        session: a ``requests.Session`` to use (one is made per client otherwise).
+        timeout: seconds, or ``(connect, read)``; read is the idle bound.
+        extra_headers: added to every request (e.g. ``anthropic-beta``).
+        max_tokens: the reply cap sent when the request sets none (the API
+            requires one).
+        version: the ``anthropic-version`` header.
+    """
+
+    provider = "anthropic"
+
+    def __init__(
+        self,
+        model: str,
+        api_key: Optional[str] = None,
+        base_url: Optional[str] = None,
+        session: Optional[requests.Session] = None,
+        timeout: Timeout = DEFAULT_TIMEOUT,
+        extra_headers: Optional[Mapping[str, str]] = None,
+        max_tokens: int = 4096,
+        version: str = API_VERSION,
+    ) -> None:
+        if api_key is None:
+            api_key = os.environ.get("ANTHROPIC_API_KEY")
+        if base_url is None:
+            base_url = os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ConfigError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        super().__init__(model, api_key, base_url, session, timeout, extra_headers)
+        self._max_tokens = max_tokens
+        self._version = version
+
+    def _url(self) -> str:
+        return self._base_url + "/v1/messages"
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"content-type": "application/json", "anthropic-version": self._version}
+        key = self._secret.reveal()
+        if key:
+            headers["x-api-key"] = key
+        return headers
+
+    def _parser(self) -> AnthropicStreamParser:
+        return AnthropicStreamParser(self.provider)
+
+    def _body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
+        opts = request.options
+        model = (opts.model if opts is not None and opts.model else None) or self._model
+        system, messages = messages_to_anthropic(tuple(request.messages), request.system)
+        body: dict[str, Any] = {"model": model, "max_tokens": self._max_tokens}
+        if system:
+            body["system"] = system
+        body["messages"] = messages
+        tools = list(request.tools)
+        if tools:
+            body["tools"] = [
+                {"name": t.name, "description": t.description, "input_schema": dict(t.input_schema)}
+                for t in tools
+            ]
+        if stream:
+            body["stream"] = True
+        if opts is not None:
+            self._apply_options(body, opts, {t.name for t in tools})
+        return body
+
+    def _apply_options(self, body: dict[str, Any], opts: Any, tool_names: set[str]) -> None:
+        if opts.max_tokens is not None:
+            if isinstance(opts.max_tokens, bool) or not isinstance(opts.max_tokens, int) or opts.max_tokens < 1:
+                raise ConfigError(f"RequestOptions.max_tokens must be an int >= 1, got {opts.max_tokens!r}")
+            body["max_tokens"] = opts.max_tokens
+        if opts.temperature is not None:
+            if isinstance(opts.temperature, bool) or not isinstance(opts.temperature, (int, float)):
+                raise ConfigError(f"RequestOptions.temperature must be a number, got {opts.temperature!r}")
+            body["temperature"] = opts.temperature
+        choice = opts.tool_choice
+        if choice is not None:
+            if not isinstance(choice, str) or not choice:
+                raise ConfigError(f"RequestOptions.tool_choice must be a non-empty str, got {choice!r}")
+            if choice == "auto":
+                body["tool_choice"] = {"type": "auto"}
+            elif choice == "none":
+                body["tool_choice"] = {"type": "none"}
+            elif choice == "required":
+                if not tool_names:
+                    raise ConfigError("RequestOptions.tool_choice 'required' needs at least one tool")
+                body["tool_choice"] = {"type": "any"}
+            elif choice in tool_names:
+                body["tool_choice"] = {"type": "tool", "name": choice}
+            else:
+                raise ConfigError(
+                    f"RequestOptions.tool_choice {choice!r} is neither auto/none/required "
+                    "nor the name of a tool in this request"
+                )
+        fmt = opts.response_format
+        if fmt is not None:
+            if not isinstance(fmt, Mapping):
+                raise ConfigError(f"RequestOptions.response_format must be a JSON Schema dict, got {fmt!r:.80}")
+            body["output_config"] = {"format": {"type": "json_schema", "schema": dict(fmt)}}
+        if opts.extra_body is not None:
+            if not isinstance(opts.extra_body, Mapping):
+                raise ConfigError(f"RequestOptions.extra_body must be a dict, got {opts.extra_body!r:.80}")
+            body.update(opts.extra_body)
+
+    def _response_from_json(self, data: Any) -> ModelResponse:
+        label = f"{self.provider} ({self._model})"
+        if not isinstance(data, Mapping):
+            raise model_error(f"{label}: response is not a JSON object", kind=PROTOCOL)
+        if data.get("type") == "error":
+            raise _error_event(data, label)
+        content = data.get("content")
+        if not isinstance(content, list):
+            raise model_error(f"{label}: response has no content list: {json.dumps(data)[:200]}", kind=PROTOCOL)
+        parts: list[Any] = []
+        for block in content:
+            btype = block.get("type") if isinstance(block, Mapping) else None
+            if btype == "text":
+                if block.get("text"):
+                    parts.append(TextPart(block["text"]))
+            elif btype == "tool_use":
+                inp = block.get("input")
+                if inp is None:
+                    inp = {}
+                if not isinstance(inp, dict):
+                    raise ModelError(f"input for tool {block.get('name')!r} is not a JSON object: {inp!r:.200}")
+                parts.append(ToolCallPart(block.get("id") or "", block.get("name") or "", inp))
+            elif btype == "thinking":
+                parts.append(ThinkingPart(block.get("thinking") or "", block.get("signature") or None))
+        message = Message(Role.ASSISTANT, tuple(parts))
+        stop = STOP_REASONS.get(data.get("stop_reason") or "", StopReason.END_TURN)
+        if stop is StopReason.END_TURN and message.tool_calls:
+            stop = StopReason.TOOL_CALL
+        return ModelResponse(message, stop, _usage(data.get("usage")), data.get("model"))
+
+
+__all__ = ["AnthropicClient", "AnthropicStreamParser", "messages_to_anthropic"]

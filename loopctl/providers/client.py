@@ -1,0 +1,358 @@
+"""The client machinery over ``http.py``: the streamed body and the client base.
+
+``SSEStream`` is the ``ModelStream`` of both HTTP clients: the POST happens
+on the first ``next()`` (so the handler's deadline and ``close()`` cover the
+wait for headers too), the body is read with ``read1`` (one system call per
+read, never waiting to fill a buffer) and decoded as the bytes arrive.
+``close()`` works from any thread: it shuts the socket down, and whichever
+side is not blocked releases the connection exactly once. A body read to its
+end returns its connection to the pool; any other ends it.
+``HTTPClientBase`` holds what both clients share.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, Optional, Protocol
+
+import requests
+
+from loopctl.errors import Cancelled, ConfigError, ModelError
+from loopctl.messages import ModelRequest, ModelResponse
+from loopctl.providers.base import StreamEvent, response_events
+from loopctl.providers.http import (
+    READ_SIZE,
+    CallScope,
+    Secret,
+    Timeout,
+    current_scope,
+    make_session,
+    post,
+    read_json,
+    status_error,
+    transport_error,
+)
+from loopctl.providers.sse import SSEDecoder, SSEEvent
+
+log = logging.getLogger("loopctl")
+
+
+# -- streamed bodies -------------------------------------------------------------
+
+
+class StreamParser(Protocol):
+    """Maps SSE events of one provider to stream events."""
+
+    done: bool
+
+    def feed(self, event: SSEEvent) -> list[StreamEvent]:
+        """Stream events for one SSE event (may raise ``ModelError``)."""
+        ...
+
+    def finish(self) -> list[StreamEvent]:
+        """At end of body: closing events, or raise the truncation error."""
+        ...
+
+
+class SSEStream:
+    """A ``ModelStream`` over a streamed HTTP response, decoded as it arrives.
+
+    The POST happens on the first ``next()``, so ``close()`` and
+    ``set_deadline()`` cover the wait for the response headers too.
+    ``close()`` is safe from any thread: it shuts the socket down so a
+    blocked read returns, and the connection is released (by the reader,
+    or right here when no read is in progress).
+    """
+
+    def __init__(
+        self,
+        open_response: Callable[[CallScope], requests.Response],
+        parser: StreamParser,
+        label: str,
+        on_json: Optional[Callable[[Any], Iterator[StreamEvent]]] = None,
+        idle_timeout: Optional[float] = None,
+    ) -> None:
+        self._open_response = open_response
+        self._idle = idle_timeout
+        self._parser = parser
+        self._label = label
+        self._on_json = on_json
+        self._scope = CallScope()
+        self._lock = threading.Lock()
+        self._resp: Optional[requests.Response] = None
+        self._closed = False
+        self._reading = False
+        self._released = False
+
+    @property
+    def closed(self) -> bool:
+        """True once ``close()`` was called."""
+        return self._closed
+
+    def set_deadline(self, deadline: Optional[float]) -> None:
+        """Bound the wait for the next event: a ``time.monotonic()`` value or None."""
+        self._scope.deadline = deadline
+
+    def close(self) -> None:
+        """Stop the stream from any thread; a blocked read returns promptly."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._released:
+                return  # the connection may already serve another call
+            reading = self._reading
+            resp = self._resp
+            self._scope.close()  # under the lock: no read starts after this
+        if not reading and resp is not None:
+            self._release(resp, complete=False)
+
+    def _release(self, resp: requests.Response, complete: bool) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            if complete:
+                self._scope.detach()
+        try:
+            if complete:
+                resp.raw.release_conn()  # fully read: the connection can be reused
+            else:
+                resp.close()
+        except Exception:  # closing a socket that a shutdown already broke
+            log.debug("%s: error while releasing the connection", self._label, exc_info=True)
+
+    def _read(self, read1: Callable[[int], bytes]) -> Optional[bytes]:
+        scope = self._scope
+        with self._lock:
+            if self._closed:
+                return None
+            self._reading = True
+        t = self._idle
+        try:
+            deadline = scope.deadline
+            if deadline is not None:
+                left = max(deadline - time.monotonic(), 0.001)
+                t = left if t is None else min(t, left)
+            sock = scope.sock
+            if sock is not None:
+                sock.settimeout(t)
+            return read1(READ_SIZE)
+        except Exception as exc:
+            if self._closed:
+                return None
+            raise transport_error(self._label, exc, t) from exc
+        finally:
+            with self._lock:
+                self._reading = False
+
+    def __iter__(self) -> Iterator[StreamEvent]:
+        scope = self._scope
+        if self._closed:
+            return
+        try:
+            resp = self._open_response(scope)
+        except Cancelled:
+            return
+        complete = False
+        with self._lock:
+            self._resp = resp
+            closed = self._closed
+        try:
+            if closed:
+                return
+            ctype = resp.headers.get("content-type", "")
+            if self._on_json is not None and ctype.startswith("application/json"):
+                # A server that ignored "stream": true answered with one JSON body.
+                data = read_json(resp, scope, self._label)
+                complete = True
+                yield from self._on_json(data)
+                return
+            raw: Any = resp.raw
+            read1 = getattr(raw, "read1", None)
+            if read1 is None:  # urllib3 < 2: read the http.client response directly
+                read1 = raw._fp.read1
+            decoder = SSEDecoder()
+            parser = self._parser
+            while True:
+                chunk = self._read(read1)
+                if chunk is None:
+                    return  # closed
+                if not chunk:
+                    complete = True
+                    break
+                for sse in decoder.feed(chunk):
+                    evs = parser.feed(sse)
+                    if evs:
+                        yield from evs
+                    if parser.done:
+                        break
+                if parser.done:
+                    complete = self._drain(read1)
+                    return
+            if self._closed:
+                return
+            for sse in decoder.flush():
+                yield from parser.feed(sse)
+                if parser.done:
+                    return
+            yield from parser.finish()
+        finally:
+            self._release(resp, complete)
+
+    def _drain(self, read1: Callable[[int], bytes]) -> bool:
+        # After the terminal event the body should end at once; read that end
+        # (briefly) so the connection can go back to the pool.
+        scope = self._scope
+        saved = scope.deadline
+        scope.deadline = time.monotonic() + 0.25
+        try:
+            for _ in range(4):
+                chunk = self._read(read1)
+                if chunk is None:
+                    return False
+                if not chunk:
+                    return True
+            return False
+        except ModelError:
+            return False
+        finally:
+            scope.deadline = saved
+
+
+# -- the client base ------------------------------------------------------------
+
+
+class HTTPClientBase:
+    """What both HTTP clients share: session, credential, timeouts, the calls.
+
+    Subclasses build the body (``_body``), the headers (``_headers``), the
+    URL (``_url``), a stream parser (``_parser``) and a reply from a JSON
+    body (``_response_from_json``).
+    """
+
+    provider = "http"
+
+    def __init__(
+        self,
+        model: str,
+        api_key: Optional[str],
+        base_url: str,
+        session: Optional[requests.Session],
+        timeout: Timeout,
+        extra_headers: Optional[Mapping[str, str]],
+    ) -> None:
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigError(f"model must be a non-empty str, got {model!r}")
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if isinstance(timeout, tuple):
+            ok = len(timeout) == 2 and all(isinstance(t, (int, float)) and t > 0 for t in timeout)
+        else:
+            ok = isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0
+        if not ok:
+            raise ConfigError(f"timeout must be seconds > 0 or a (connect, read) pair, got {timeout!r}")
+        self._model = model
+        self._secret = Secret(api_key)
+        self._base_url = base_url.rstrip("/")
+        self._owns_session = session is None
+        self._session = session if session is not None else make_session()
+        self._timeout: Timeout = timeout
+        self._extra_headers = dict(extra_headers or {})
+
+    @property
+    def model(self) -> str:
+        """The model requests go to unless a request overrides it."""
+        return self._model
+
+    @property
+    def base_url(self) -> str:
+        """The base URL requests are sent under."""
+        return self._base_url
+
+    def set_model(self, name: str) -> bool:
+        """Switch the model for later requests; True (always accepted)."""
+        if not isinstance(name, str) or not name.strip():
+            raise ConfigError(f"model must be a non-empty str, got {name!r}")
+        self._model = name
+        return True
+
+    def close(self) -> None:
+        """Close the client's own ``requests.Session`` (not one passed in)."""
+        if self._owns_session:
+            self._session.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model={self._model!r}, base_url={self._base_url!r})"
+
+    # -- subclass hooks
+    def _url(self) -> str:
+        raise NotImplementedError
+
+    def _headers(self) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _body(self, request: ModelRequest, stream: bool) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _parser(self) -> StreamParser:
+        raise NotImplementedError
+
+    def _response_from_json(self, data: Any) -> ModelResponse:
+        raise NotImplementedError
+
+    # -- the calls
+    def _label(self, body: Mapping[str, Any]) -> str:
+        return f"{self.provider} ({body.get('model', self._model)})"
+
+    def _post(self, body: dict[str, Any], scope: CallScope, stream: bool) -> requests.Response:
+        headers = self._headers()
+        headers.update(self._extra_headers)
+        if stream:
+            headers["accept"] = "text/event-stream"
+            headers["accept-encoding"] = "identity"  # no compression holding deltas back
+        label = self._label(body)
+        log.debug("POST %s (%s, stream=%s)", self._url(), label, stream)
+        resp = post(self._session, self._url(), headers, body, timeout=self._timeout, scope=scope, label=label)
+        if resp.status_code >= 400:
+            raise status_error(resp, label, self._secret)
+        return resp
+
+    def stream(self, request: ModelRequest) -> SSEStream:
+        """The reply as a stream of events (the POST happens on first ``next()``).
+
+        Raises:
+            ConfigError: an option this client cannot honour.
+        """
+        body = self._body(request, True)
+
+        def open_response(scope: CallScope) -> requests.Response:
+            return self._post(body, scope, True)
+
+        def on_json(data: Any) -> Iterator[StreamEvent]:
+            return response_events(self._response_from_json(data))
+
+        read = self._timeout[1] if isinstance(self._timeout, tuple) else float(self._timeout)
+        return SSEStream(open_response, self._parser(), self._label(body), on_json, read)
+
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """The whole reply from one non-streaming call.
+
+        Cancellable: closing the ``CallScope`` bound on this thread (if any)
+        makes the call return at once with ``Cancelled``.
+
+        Raises:
+            ConfigError: an option this client cannot honour.
+            ModelError: the call failed (``.status`` for HTTP errors).
+            Cancelled: the bound scope was closed.
+        """
+        body = self._body(request, False)
+        scope = current_scope() or CallScope()
+        resp = self._post(body, scope, False)
+        return self._response_from_json(read_json(resp, scope, self._label(body)))
+
+
+__all__ = ["HTTPClientBase", "SSEStream", "StreamParser"]
