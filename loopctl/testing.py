@@ -104,14 +104,20 @@ class ScriptedClient:
                 )
             item = self._script[self._next]
             self._next += 1
+            index = self._next
         if isinstance(item, BaseException):
             raise item
         if isinstance(item, ModelResponse):
             resp = item
         elif callable(item):
             resp = item(request)
+            if not isinstance(resp, ModelResponse):
+                raise ModelError(
+                    f"script item {index} (a callable) returned {type(resp).__name__}, "
+                    f"not a ModelResponse: {resp!r:.80}"
+                )
         else:
-            raise ModelError(f"script item {n} is not a reply, exception or callable: {item!r:.80}")
+            raise ModelError(f"script item {index} is not a reply, exception or callable: {item!r:.80}")
         if resp.model is None:
             resp = ModelResponse(resp.message, resp.stop_reason, resp.usage, self._model)
         return resp
