@@ -265,6 +265,7 @@ class Dispatcher:
         st.ctx = ToolContext(
             loop.session.id, rc.run.id, turn, call.id, loop._ensure_temp_dir(), rc.cancel, loop.tool_extras
         )
+        self._check_cancel(rc)  # biased: a cancel from on_tool_pre or a hook means it never starts
         return _RUN
 
     def _execute(self, turn: int, st: _Call) -> None:
