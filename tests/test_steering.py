@@ -411,7 +411,6 @@ class GatedContributor:
 def test_push_in_the_preparation_window_contributor_is_in_the_first_request(
     make_loop: Callable[..., BareLoop],
 ) -> None:
-    pytest.importorskip("loopctl.context.contributors", reason="contributors land with issue 7")
     gate = Gate()
     client = ScriptedClient([reply("done")])
     loop = make_loop(client)
