@@ -32,7 +32,6 @@ from loopctl.errors import Cancelled, ConfigError, LoopError
 from loopctl.observers import (
     AttemptReset,
     CallbackObserver,
-    Event,
     LoopDetectedEvent,
     Observer,
     Response,
@@ -342,6 +341,8 @@ class Command:
         self.prompts: queue.Queue[Optional[str]] = queue.Queue()
         self._lock = threading.Lock()
         self._running: Optional[LiveView] = None
+        # Piped input to ``chat`` is a script of prompts; typed lines steer.
+        self.steer_from_stdin = args.command == "run" or _isatty(stdin)
 
     def _make_loop(self, env: Mapping[str, str], tty: bool) -> BareLoop:
         a = self.args
@@ -369,7 +370,7 @@ class Command:
     def on_line(self, line: Optional[str]) -> None:
         """A typed line: guidance for the run in flight, else the next prompt."""
         with self._lock:
-            view = self._running
+            view = self._running if self.steer_from_stdin else None
         if line is None or view is None:
             self.prompts.put(line)
             return
@@ -386,20 +387,21 @@ class Command:
         self.view.started.clear()
         with self._lock:
             self._running = self.view  # lines typed from now on are guidance
-        try:
-            handle = self.loop.start(text, self.config)
-        except BaseException:
-            with self._lock:
-                self._running = None
-            self.view.started.set()
-            raise
         error: Optional[LoopError] = None
-        run = handle.record
+        run: Any = None
         try:
-            try:
-                run = _wait(handle)
-            except LoopError as exc:
-                error = exc
+            with Interrupts() as interrupts:
+                handle = self.loop.start(text, self.config)
+                run = handle.record
+                interrupts.attach(handle)
+                try:
+                    # Bounded waits: a signal handler only runs when the main
+                    # thread wakes, and some platforms deliver it elsewhere.
+                    while not handle.wait(0.2):
+                        pass
+                    run = handle.result()
+                except LoopError as exc:
+                    error = exc
         finally:
             with self._lock:
                 self._running = None
@@ -435,26 +437,42 @@ class _Started(Observer):
         self._started.set()
 
 
-def _wait(handle: Any) -> Any:
-    """Wait for the run; Ctrl-C cancels it, a second Ctrl-C exits at once."""
-    try:
-        while not handle.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        handle.cancel("interrupted (Ctrl-C)")
-        previous = None
+class Interrupts:
+    """SIGINT while a run is in flight: the first cancels it, a second exits at once.
+
+    The handler never raises, so no ``KeyboardInterrupt`` can land inside
+    ``start()`` or a lock; a Ctrl-C that comes before the handle exists is
+    applied as soon as it does. Off the main thread it installs nothing.
+    """
+
+    def __init__(self) -> None:
+        self._handle: Any = None
+        self.count = 0
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> Interrupts:
         if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGINT, _exit_now)
-        try:
-            handle.wait()
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
-    return handle.result()
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+            self._installed = True
+        return self
 
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        if self.count > 1:
+            os._exit(EXIT_CANCELLED)
+        if self._handle is not None:
+            self._handle.cancel("interrupted (Ctrl-C)")
 
-def _exit_now(signum: int, frame: Any) -> None:
-    os._exit(EXIT_CANCELLED)
+    def attach(self, handle: Any) -> None:
+        """The run to cancel on Ctrl-C (cancelled now if Ctrl-C came first)."""
+        self._handle = handle
+        if self.count:
+            handle.cancel("interrupted (Ctrl-C)")
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
 
 
 def _summary(run: Any) -> str:
@@ -563,4 +581,4 @@ def _next_prompt(prompts: queue.Queue[Optional[str]]) -> Optional[str]:
             continue
 
 
-__all__ = ["Console", "LiveView", "StdinLines", "build_parser", "main", "make_client"]
+__all__ = ["Command", "Console", "Interrupts", "LiveView", "StdinLines", "build_parser", "main", "make_client"]

@@ -154,7 +154,7 @@ class Parser:
     _FILLER = re.compile(
         r"\b(?:what|is|are|the|value|result|of|please|compute|calculate|evaluate|work|out|"
         r"tell|me|how|much|does|do|equal|equals|make|makes|give|find|can|could|would|you|"
-        r"answer|get|i|need|to|know|now|instead|then|us|and|also|so|ok|okay)\b"
+        r"answer|get|i|need|to|know|now|instead|then|us|and|also|so|ok|okay|actually|rather|no|wait|hmm)\b"
     )
 
     def __init__(self, names: Sequence[str] = ()) -> None:
@@ -594,9 +594,10 @@ class OfflineModel:
             for ev in response_events(response, self.chunk):
                 if stop.is_set():
                     return
+                yield ev
+                # The pause follows each text delta, so the first one is immediate.
                 if delay > 0 and type(ev) is PartDelta and ev.kind == TEXT and stop.wait(delay):
                     return
-                yield ev
 
         return IteratorStream(events(), on_close=stop.set)
 

@@ -1,0 +1,251 @@
+"""The ``loopctl`` command, driven in-process through ``main()``.
+
+Output streams are in-memory; stdin is a real pipe (the POSIX reader path)
+or a ``StringIO`` (the plain readline path). Tests that need something to
+happen mid-run hook the output: when a given text is written, the hook acts
+(types a line into stdin, raises SIGINT, opens a gate). No sleeps.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+import pytest
+
+from loopctl.cli import Command, StdinLines, build_parser, main
+from loopctl.demo_tools import AddTool
+from loopctl.tools.base import ToolContext
+
+ANSI = re.compile(r"\x1b\[")
+
+
+class Out(io.StringIO):
+    """A text stream that can pose as a terminal and fire hooks on what it shows."""
+
+    def __init__(self, tty: bool = False) -> None:
+        super().__init__()
+        self._tty = tty
+        self._hooks: list[tuple[Any, Callable[[], None]]] = []
+        self._lock = threading.Lock()
+
+    def isatty(self) -> bool:
+        return self._tty
+
+    def when(self, pattern: str, action: Callable[[], None]) -> Out:
+        """Run ``action`` once, the first time ``pattern`` (a regex) appears."""
+        self._hooks.append((re.compile(pattern), action))
+        return self
+
+    def write(self, s: str) -> int:
+        n = super().write(s)
+        with self._lock:
+            text = self.getvalue()
+            due = [h for h in self._hooks if h[0].search(text)]
+            for h in due:
+                self._hooks.remove(h)
+        for _, action in due:
+            action()
+        return n
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[io.TextIOWrapper, int]]:
+    r, w = os.pipe()
+    reader = os.fdopen(r, "r")
+    yield reader, w
+    reader.close()
+    try:
+        os.close(w)
+    except OSError:
+        pass
+
+
+def _main(argv: list[str], stdin: Any = None, out: Optional[Out] = None,
+          env: Optional[dict[str, str]] = None) -> tuple[int, str, str]:
+    out = out if out is not None else Out()
+    err = Out()
+    code = main(argv, stdin=stdin if stdin is not None else io.StringIO(""), stdout=out,
+                stderr=err, env=env if env is not None else {})
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_run_streams_the_answer_shows_the_tool_and_a_summary() -> None:
+    code, out, err = _main(["run", "What is 12 + 30?"])
+    assert code == 0, err
+    assert "  > add(a=12, b=30)\n" in out
+    assert re.search(r"  < add: 42 \(\d+ ms\)\n", out)
+    assert "12 + 30 = 42." in out
+    assert re.search(r"-- 2 turns, 1 tool call, \d+ tokens, \d+\.\d\ds\n$", out)
+    assert not ANSI.search(out), "no colours when stdout is not a terminal"
+
+
+def test_run_with_stdin_at_eof_or_missing_does_not_hang() -> None:
+    for stdin in (io.StringIO(""), None):
+        code, out, _ = _main(["run", "multiply 6 by 7"], stdin=stdin)
+        assert code == 0 and "6 * 7 = 42." in out
+
+
+def test_piped_guidance_is_pushed_and_shown_as_queued(pipe: Any) -> None:
+    rfile, w = pipe
+    out = Out().when(r"> add\(", lambda: os.write(w, b"be brief\n"))
+    code, text, _ = _main(["run", "What is 12 + 30?", "--tool-delay", "60"], stdin=rfile,
+                          out=out.when(r"guidance queued: be brief", lambda: os.kill(os.getpid(), signal.SIGINT)))
+    assert code == 130
+    assert "[guidance queued: be brief]" in text
+
+
+def test_ctrl_c_cancels_prints_cancelled_and_leftovers_exit_130(pipe: Any) -> None:
+    rfile, w = pipe
+    out = Out()
+    out.when(r"> add\(a=12", lambda: os.write(w, b"second thought\n"))
+    out.when(r"guidance queued: second thought", lambda: os.kill(os.getpid(), signal.SIGINT))
+    code, text, _ = _main(["run", "What is 12 + 30?", "--tool-delay", "60"], stdin=rfile, out=out)
+    assert code == 130
+    assert "\ncancelled\n" in text
+    assert "guidance not delivered:\n  - second thought\n" in text
+    assert "= 42" not in text, "the cancelled run never answered"
+
+
+def test_typed_guidance_is_delivered_at_the_next_turn(pipe: Any) -> None:
+    rfile, w = pipe
+    out, err = Out(), Out()
+    args = build_parser().parse_args(["run", "(2+3)*4"])
+    cmd = Command(args, rfile, out, err, {})
+    pushed = threading.Event()
+    steering = cmd.loop.steering()
+    push = steering.push
+
+    def push_and_tell(message: Any) -> bool:
+        ok = push(message)
+        pushed.set()
+        return ok
+
+    steering.push = push_and_tell  # type: ignore[method-assign]
+
+    class GatedAdd(AddTool):
+        def call(self, input: Any, ctx: ToolContext) -> str:
+            assert pushed.wait(10)  # the tool holds turn 0 until the line is in
+            return super().call(input, ctx)
+
+    cmd.loop.tools.register(GatedAdd())
+    out.when(r"> add\(a=2", lambda: os.write(w, b"use small steps\n"))
+    reader = StdinLines(rfile, cmd.on_line).start()
+    try:
+        code = cmd.run_once("(2+3)*4")
+    finally:
+        reader.stop()
+        cmd.close()
+    text = out.getvalue()
+    assert code == 0, err.getvalue()
+    assert text.index("[guidance queued: use small steps]") < text.index(
+        "[guidance delivered: use small steps]") < text.index("Noted: use small steps.")
+    assert "(2 + 3) * 4 = 20." in text
+
+
+def test_json_mode_prints_one_event_object_per_line() -> None:
+    code, out, err = _main(["run", "What is 12 + 30?", "--json"])
+    assert code == 0
+    events = [json.loads(line) for line in out.splitlines()]
+    types = [e["type"] for e in events]
+    assert types[0] == "run_start" and types[-1] == "run_end"
+    assert {"turn_start", "text_delta", "tool_call_received", "tool_pre", "tool_post"} <= set(types)
+    text = "".join(e["delta"] for e in events if e["type"] == "text_delta")
+    assert "12 + 30 = 42." in text
+    assert events[-1]["success"] is True
+    assert "-- 2 turns" in err, "the summary goes to stderr in JSON mode"
+
+
+def test_no_stream_prints_whole_replies() -> None:
+    code, out, _ = _main(["run", "What is 12 + 30?", "--no-stream", "--json"])
+    assert code == 0
+    types = {json.loads(line)["type"] for line in out.splitlines()}
+    assert "text_delta" not in types and "response" in types
+    code, out, _ = _main(["run", "What is 12 + 30?", "--no-stream"])
+    assert code == 0 and "12 + 30 = 42.\n" in out
+
+
+def test_a_loop_error_exits_1_with_its_message() -> None:
+    code, out, err = _main(["run", "What is (2+3)*4?", "--max-turns", "1"])
+    assert code == 1
+    assert "error: max turns exceeded: the run used all 1 turns" in err
+    code, _, err = _main(["run", "x", "--max-turns", "-1"])
+    assert code == 1 and "max_turns" in err
+
+
+def test_colours_only_on_a_terminal_and_never_with_no_color() -> None:
+    code, out, _ = _main(["run", "What is 12 + 30?", "--delay", "0"], out=Out(tty=True))
+    assert code == 0 and ANSI.search(out)
+    code, out, _ = _main(["run", "What is 12 + 30?", "--delay", "0"], out=Out(tty=True),
+                         env={"NO_COLOR": "1"})
+    assert code == 0 and not ANSI.search(out)
+
+
+def test_spinner_shows_the_running_tool_on_a_terminal_only(pipe: Any) -> None:
+    rfile, _ = pipe
+    out = Out(tty=True)
+    args = build_parser().parse_args(["run", "What is 12 + 30?", "--delay", "0"])
+    cmd = Command(args, rfile, out, Out(), {"NO_COLOR": "1"})
+    spun = threading.Event()
+
+    class HeldAdd(AddTool):
+        def call(self, input: Any, ctx: ToolContext) -> str:
+            assert spun.wait(10)
+            return super().call(input, ctx)
+
+    cmd.loop.tools.register(HeldAdd())
+    out.when(r"\r\x1b\[K[|/\\-] add\(a=12, b=30\) \d+\.\ds", spun.set)
+    try:
+        assert cmd.run_once("What is 12 + 30?") == 0
+    finally:
+        cmd.close()
+    assert "12 + 30 = 42." in out.getvalue()
+    code, plain, _ = _main(["run", "What is 12 + 30?"])
+    assert code == 0 and "\r" not in plain
+
+
+def test_chat_keeps_one_session_and_answers_each_prompt() -> None:
+    stdin = io.StringIO("What is 12 + 30?\nmultiply 6 by 7\n/quit\nWhat is 1 + 1?\n")
+    code, out, _ = _main(["chat", "--json"], stdin=stdin)
+    assert code == 0
+    events = [json.loads(line) for line in out.splitlines()]
+    starts = [e for e in events if e["type"] == "run_start"]
+    assert [e["input"] for e in starts] == ["What is 12 + 30?", "multiply 6 by 7"]
+    assert len({e["session_id"] for e in starts}) == 1, "one loop, history kept"
+    text = "".join(e["delta"] for e in events if e["type"] == "text_delta")
+    assert "12 + 30 = 42." in text and "6 * 7 = 42." in text
+
+
+def test_chat_ends_at_eof_after_its_runs() -> None:
+    code, out, _ = _main(["chat"], stdin=io.StringIO("What is 2 + 2?\n"))
+    assert code == 0 and "2 + 2 = 4." in out
+
+
+def test_usage_errors() -> None:
+    code, out, _ = _main([])
+    assert code == 2 and "usage: loopctl" in out
+    with pytest.raises(SystemExit) as exc:
+        _main(["run", "x", "--base-url", "http://127.0.0.1:1/v1"])
+    assert exc.value.code == 2
+
+
+def test_openai_provider_talks_to_a_local_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    providers = pytest.importorskip("loopctl.providers")
+    if not hasattr(providers, "OpenAIClient"):
+        pytest.skip("loopctl.providers.OpenAIClient is not exported yet")
+    from tests.fakeserver import FakeServer, Stream, openai_stream
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    with FakeServer() as server:
+        server.push(Stream(openai_stream("Hello from the server: 42.")))
+        code, out, err = _main(["run", "hi", "--provider", "openai", "--model", "gpt-test",
+                                "--base-url", server.openai_url, "--system", "be terse"])
+    assert code == 0, err
+    assert "Hello from the server: 42." in out
+    assert "sk-test-not-a-real-key" not in out + err
