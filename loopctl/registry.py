@@ -188,7 +188,9 @@ class RunRegistry:
             or math.isnan(keep_finished_s)
             or keep_finished_s < 0
         ):
-            raise ConfigError(f"RunRegistry keep_finished_s must be a number >= 0, got {keep_finished_s!r}")
+            raise ConfigError(
+                f"RunRegistry keep_finished_s must be a number >= 0, got {keep_finished_s!r}"
+            )
         if not callable(clock):
             raise ConfigError(f"RunRegistry clock must be callable, got {clock!r}")
         self._keep = float(keep_finished_s)
@@ -393,8 +395,12 @@ class RunRegistry:
         pos = after
         cond = entry.cond
         while True:
+
+            def ready(seen: int = pos) -> bool:
+                return entry.seq > seen or entry.ended
+
             with cond:
-                if not cond.wait_for(lambda: entry.seq > pos or entry.ended, timeout):
+                if not cond.wait_for(ready, timeout):
                     return
                 last = entry.seq
                 if last <= pos:

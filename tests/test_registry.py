@@ -57,7 +57,7 @@ def make_loop(*script: Any) -> BareLoop:
 
 
 def texts(messages: Any) -> list[str]:
-    out = []
+    out: list[str] = []
     for m in messages:
         d = m if isinstance(m, dict) else m.to_dict()
         out.append("".join(p.get("text", "") for p in d["parts"]))
@@ -154,7 +154,9 @@ def test_failed_run_shows_failed_with_the_error_text(reg: RunRegistry) -> None:
     assert st.output is None
 
 
-def test_cancel_ends_the_run_cancelled_and_only_that_run(reg: RunRegistry, gates: list[Gate]) -> None:
+def test_cancel_ends_the_run_cancelled_and_only_that_run(
+    reg: RunRegistry, gates: list[Gate]
+) -> None:
     g = gate(gates, reply("never"))
     loop = make_loop(g, reply("next one"))
     rid = reg.start(loop, "hi")
@@ -192,7 +194,9 @@ def test_steer_and_cancel_of_a_finished_run_return_false(reg: RunRegistry) -> No
         lambda r: r.events("nope-1"),  # raises at once, not on first next()
     ],
 )
-def test_unknown_id_raises_key_error_naming_it(reg: RunRegistry, op: Callable[[RunRegistry], Any]) -> None:
+def test_unknown_id_raises_key_error_naming_it(
+    reg: RunRegistry, op: Callable[[RunRegistry], Any]
+) -> None:
     with pytest.raises(KeyError, match="nope-1"):
         op(reg)
 
@@ -207,7 +211,7 @@ def test_start_past_max_active_raises_loop_busy_and_starts_nothing(gates: list[G
         with pytest.raises(LoopBusy, match="max_active=2"):
             reg.start(third, "c", run_id="third")
         assert not third.is_running and third.session.runs == []
-        assert third.client.requests == []  # type: ignore[attr-defined]
+        assert third.client.requests == []
         assert len(reg.list()) == 2
         with pytest.raises(KeyError):
             reg.status("third")
@@ -381,7 +385,9 @@ def test_a_consumer_behind_the_buffer_gets_one_gap_event_then_continues(gates: l
         reg.close()
 
 
-def test_events_timeout_ends_the_iterator_and_after_resumes(reg: RunRegistry, gates: list[Gate]) -> None:
+def test_events_timeout_ends_the_iterator_and_after_resumes(
+    reg: RunRegistry, gates: list[Gate]
+) -> None:
     g = gate(gates, reply("done"))
     rid = reg.start(make_loop(g), "hi")
     g.wait_entered()
@@ -530,7 +536,8 @@ def test_close_cancels_running_runs_and_refuses_new_ones(gates: list[Gate]) -> N
 
 
 def _flask_app(registry: RunRegistry, factory: Callable[[str], BareLoop]) -> Any:
-    flask = pytest.importorskip("flask")
+    import flask  # a test dependency (setup.cfg extras "test")
+
     app = flask.Flask("registry_test_app")
 
     @app.errorhandler(KeyError)
@@ -592,17 +599,21 @@ class SSEReader:
         fields = dict(line.split(": ", 1) for line in raw.decode().splitlines())
         return int(fields["id"]), fields["event"], json.loads(fields["data"])
 
-    def until(self, pred: Callable[[str, dict[str, Any]], bool]) -> list[tuple[int, str, dict[str, Any]]]:
-        out = []
+    def until(
+        self, pred: Callable[[str, dict[str, Any]], bool]
+    ) -> list[tuple[int, str, dict[str, Any]]]:
+        out: list[tuple[int, str, dict[str, Any]]] = []
         while True:
             item = self.next()
-            assert item is not None, f"stream ended before the awaited event; saw {[t for _, t, _ in out]}"
+            assert item is not None, (
+                f"stream ended before the awaited event; saw {[t for _, t, _ in out]}"
+            )
             out.append(item)
             if pred(item[1], item[2]):
                 return out
 
     def rest(self) -> list[tuple[int, str, dict[str, Any]]]:
-        out = []
+        out: list[tuple[int, str, dict[str, Any]]] = []
         while (item := self.next()) is not None:
             out.append(item)
         return out
@@ -623,7 +634,9 @@ def test_flask_session_posts_streams_steers_and_cancels_a_run(gates: list[Gate])
 
         busy = http.post("/runs", json={"conversation": "c1", "input": "overlap"})
         assert busy.status_code == 409 and rid in busy.get_json()["error"]
-        assert http.post(f"/runs/{rid}/steer", json={"message": "be brief"}).get_json() == {"accepted": True}
+        assert http.post(f"/runs/{rid}/steer", json={"message": "be brief"}).get_json() == {
+            "accepted": True
+        }
 
         stream = SSEReader(http.get(f"/runs/{rid}/events", buffered=False))
         head = stream.until(lambda t, e: t == "turn_start")
@@ -645,11 +658,15 @@ def test_flask_session_posts_streams_steers_and_cancels_a_run(gates: list[Gate])
         status = http.get(f"/runs/{rid}").get_json()
         assert status["state"] == "cancelled" and status["turns"] == 1
         assert http.post(f"/runs/{rid}/cancel").get_json() == {"cancelled": False}
-        assert http.post(f"/runs/{rid}/steer", json={"message": "late"}).get_json() == {"accepted": False}
+        assert http.post(f"/runs/{rid}/steer", json={"message": "late"}).get_json() == {
+            "accepted": False
+        }
 
         # Resume with Last-Event-ID: exactly the events after it, in order.
         resume_from = middle[-1][0]
-        resumed = SSEReader(http.get(f"/runs/{rid}/events", headers={"Last-Event-ID": str(resume_from)}))
+        resumed = SSEReader(
+            http.get(f"/runs/{rid}/events", headers={"Last-Event-ID": str(resume_from)})
+        )
         assert resumed.rest() == tail
 
         for path in ("/runs/nope", "/runs/nope/events"):

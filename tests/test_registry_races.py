@@ -20,6 +20,7 @@ import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from functools import partial
 from typing import Any, Callable
 
 import pytest
@@ -72,7 +73,7 @@ def spin(n: int) -> None:
 
 
 def texts(messages: Any) -> list[str]:
-    out = []
+    out: list[str] = []
     for m in messages:
         d = m if isinstance(m, dict) else m.to_dict()
         out.append("".join(p.get("text", "") for p in d["parts"]))
@@ -102,6 +103,31 @@ def check_ended_once(reg: RunRegistry, rid: str) -> list[dict[str, Any]]:
     return [e for _, e in events]
 
 
+def _cancel_after(
+    reg: RunRegistry, rid: str, barrier: threading.Barrier, jitter: int, got: list[Any]
+) -> None:
+    barrier.wait()
+    spin(jitter)
+    try:
+        got.append(reg.cancel(rid, "raced"))
+    except KeyError:
+        got.append("unknown")
+
+
+def _steer_after(
+    reg: RunRegistry,
+    rid: str,
+    barrier: threading.Barrier,
+    gaps: list[int],
+    answers: list[tuple[str, bool]],
+) -> None:
+    barrier.wait()
+    for k, gap in enumerate(gaps):
+        msg = f"{rid}/m{k}"
+        answers.append((msg, reg.steer(rid, msg)))
+        spin(gap)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_cancel_racing_start_cancels_that_run_or_misses_it_never_the_next(seed: int) -> None:
     rng = random.Random(seed)
@@ -117,17 +143,10 @@ def test_cancel_racing_start_cancels_that_run_or_misses_it_never_the_next(seed: 
             got: list[Any] = []
             # Wide jitter: sometimes the cancel lands before start publishes
             # the id, sometimes mid-run, sometimes after the end.
-            jitter_a, jitter_b = (rng.choice((0, 300, 3_000, 30_000)) + rng.randrange(300) for _ in "ab")
-
-            def canceller() -> None:
-                barrier.wait()
-                spin(jitter_b)
-                try:
-                    got.append(reg.cancel(rid, "raced"))
-                except KeyError:
-                    got.append("unknown")
-
-            t, errors = run_in_thread(canceller)
+            jitter_a, jitter_b = (
+                rng.choice((0, 300, 3_000, 30_000)) + rng.randrange(300) for _ in "ab"
+            )
+            t, errors = run_in_thread(partial(_cancel_after, reg, rid, barrier, jitter_b, got))
             barrier.wait()
             spin(jitter_a)
             reg.start(loop, "hi", run_id=rid)
@@ -174,16 +193,8 @@ def test_steer_racing_completion_is_delivered_or_a_leftover_exactly_once(seed: i
             assert gate.entered.wait(WAIT)
             barrier = threading.Barrier(2, timeout=WAIT)
             answers: list[tuple[str, bool]] = []
-            pushes, gaps = rng.randrange(1, 10), [rng.randrange(300) for _ in range(10)]
-
-            def steerer() -> None:
-                barrier.wait()
-                for k in range(pushes):
-                    msg = f"{rid}/m{k}"
-                    answers.append((msg, reg.steer(rid, msg)))
-                    spin(gaps[k])
-
-            t, errors = run_in_thread(steerer)
+            gaps = [rng.randrange(300) for _ in range(rng.randrange(1, 10))]
+            t, errors = run_in_thread(partial(_steer_after, reg, rid, barrier, gaps, answers))
             barrier.wait()
             gate.release.set()  # the run races to its end against the pushes
             t.join(WAIT)
@@ -193,7 +204,10 @@ def test_steer_racing_completion_is_delivered_or_a_leftover_exactly_once(seed: i
             flags = [ok for _, ok in answers]
             assert flags == sorted(flags, reverse=True)  # once refused, the run had ended
             delivered = [
-                m for e in check_ended_once(reg, rid) if e["type"] == "steering" for m in texts(e["messages"])
+                m
+                for e in check_ended_once(reg, rid)
+                if e["type"] == "steering"
+                for m in texts(e["messages"])
             ]
             left = texts(reg.leftovers(rid))
             assert delivered + left == accepted  # each exactly once, in push order
@@ -344,7 +358,7 @@ def test_sixteen_threads_starting_steering_cancelling_two_hundred_runs() -> None
                 pacer.advance(rng)
             spin(rng.randrange(200))
 
-    workers = [run_in_thread(lambda w=w: worker(w)) for w in range(16)]
+    workers = [run_in_thread(partial(worker, w)) for w in range(16)]
     for t, _ in workers:
         t.join(60)
     pacer.drain()  # let every run still held finish
