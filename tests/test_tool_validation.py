@@ -243,3 +243,54 @@ def test_schema_checker_keywords() -> None:
         "field 'e' must be one of 1, got True"
     )
     assert describe({"oneOf": [{"type": "integer"}, {"enum": ["a"]}]}) == "integer or one of 'a'"
+
+
+def _random_value(rng: Any, depth: int = 0) -> Any:
+    kinds = ["str", "int", "float", "intfloat", "bool", "none", "enum"] + (["list", "dict"] if depth < 3 else [])
+    kind = rng.choice(kinds)
+    if kind == "str":
+        return rng.choice(["", "a", "red", "green", "fill", "x" * 12])
+    if kind == "int":
+        return rng.randrange(-3, 12)
+    if kind == "float":
+        return rng.choice([0.5, -1.25, 2.0])
+    if kind == "intfloat":
+        return float(rng.randrange(0, 4))
+    if kind == "bool":
+        return rng.random() < 0.5
+    if kind == "none":
+        return None
+    if kind == "enum":
+        return rng.choice(["stroke", 1, True])
+    if kind == "list":
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    keys = ["name", "count", "ratio", "color", "mode", "at", "path", "weights", "x", "y", "step", "zz"]
+    return {rng.choice(keys): _random_value(rng, depth + 1) for _ in range(rng.randrange(5))}
+
+
+def test_fast_validator_accepts_exactly_what_check_accepts() -> None:
+    import random
+
+    from loopctl.tools.validation import compile_schema
+
+    paint, _ = make_recorder()
+    schemas = [
+        paint.schema().input_schema,
+        StatefulCounter().input_schema(),
+        {"type": "object", "properties": {"x": {"anyOf": [{"type": "integer"}, {"type": "array", "items": {"type": "string"}}]}}},
+        {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
+        {"type": "object", "properties": {"x": {"type": ["string", "null"], "maxLength": 3}, "y": {"const": 1}}},
+        {"type": "object", "properties": {"path": {"type": "array", "minItems": 1, "items": {"enum": [1, True, "stroke"]}}}},
+    ]
+    rng = random.Random(7)
+    agreed = {True: 0, False: 0}
+    for schema in schemas:
+        fast = compile_schema(schema)
+        for _ in range(3000):
+            value = _random_value(rng)
+            if rng.random() < 0.5:  # start from a valid input and perturb one field
+                value = {**GOOD, **(value if isinstance(value, dict) else {})}
+            ok = check(schema, value) is None
+            assert fast(value) == ok, (schema, value)
+            agreed[ok] += 1
+    assert agreed[True] > 100 and agreed[False] > 100  # both sides were exercised

@@ -37,6 +37,7 @@ import attrs
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
+from loopctl.observers import ToolPost
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.pipeline import DispatchContext, invoke_tool, not_found_text
 from loopctl.tools.recovery import (
@@ -303,9 +304,9 @@ class Dispatcher:
             found = detector.record(call.name, call.input, out.text, out.is_error)
             if found is not None:
                 loop._emitter.loop_detected(found[0], found[1])
-        loop._emitter.tool_post(
-            turn, call.id, call.name, st.attempt, out.is_error, st.ms, out.text, result_hash(out.text)
-        )
+        em = loop._emitter
+        if em.wants(ToolPost):  # hashing costs more than the check
+            em.tool_post(turn, call.id, call.name, st.attempt, out.is_error, st.ms, out.text, result_hash(out.text))
         hooks = loop._hooks
         if hooks is not None and hooks.hooks:
             hooks.post_tool_use(self._hook_ctx(rc, turn, st), out.text, out.is_error)

@@ -24,7 +24,7 @@ from loopctl.tools.base import Tool, ToolContext, ToolError, ToolOutput, to_outp
 from loopctl.tools.docstrings import description as doc_description
 from loopctl.tools.docstrings import parse_args_section
 from loopctl.tools.schema import NO_DEFAULT, Converter, compile_annotation, json_default, resolve_hints
-from loopctl.tools.validation import check
+from loopctl.tools.validation import check, compile_schema
 
 ResourceKey = Union[str, Callable[[Mapping[str, Any]], Optional[str]]]
 F = TypeVar("F", bound=Callable[..., Any])
@@ -138,6 +138,7 @@ class FunctionTool(Tool):
             "required": required,
             "additionalProperties": extra,
         }
+        self._accept = compile_schema(self._schema)
         self._convs = [(n, c) for n, c in convs if c is not None]
         self._params = frozenset(props)
         self._extra_conv = extra_conv
@@ -151,6 +152,8 @@ class FunctionTool(Tool):
 
     def validate(self, input: Mapping[str, Any]) -> Optional[str]:
         """Check ``input`` against the schema; a message naming the bad field(s), or None."""
+        if self._accept(input):
+            return None
         return check(self._schema, input)
 
     def resource_key(self, input: Mapping[str, Any]) -> Optional[str]:
@@ -184,7 +187,7 @@ class FunctionTool(Tool):
 
     def invoke(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
         """Validate, convert, call, convert the result; never raises."""
-        problem = check(self._schema, input)
+        problem = None if self._accept(input) else check(self._schema, input)
         if problem is not None:
             return ToolOutput.error(f"Invalid input for tool '{self.name}': {problem}")
         try:

@@ -26,7 +26,7 @@ import attrs
 
 from loopctl.errors import ConfigError
 from loopctl.tools.docstrings import parse_args_section
-from loopctl.tools.validation import matches
+from loopctl.tools.validation import compile_schema
 
 Converter = Callable[[Any], Any]
 
@@ -158,15 +158,15 @@ def _compile_union(
             return Compiled(schema, None, True)
         return Compiled(schema, lambda v, c=conv: None if v is None else c(v), True)
     branches = [p.schema for p in parts] + ([{"type": "null"}] if optional else [])
-    pairs = [(p.schema, p.convert) for p in parts]
+    pairs = [(compile_schema(p.schema), p.convert) for p in parts]
     if all(c is None for _, c in pairs):
         return Compiled({"anyOf": branches}, None, optional)
 
     def convert(v: Any) -> Any:
         if v is None:
             return None
-        for schema, conv in pairs:
-            if matches(schema, v):
+        for accept, conv in pairs:
+            if accept(v):
                 return v if conv is None else conv(v)
         return v
 

@@ -15,7 +15,7 @@ ignored. JSON numbers decode as floats sometimes, so ``3.0`` is an integer;
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 _MAX_PROBLEMS = 5
 
@@ -189,9 +189,128 @@ def check(schema: Mapping[str, Any], value: Any) -> Optional[str]:
     return "; ".join(out) if out else None
 
 
+Accept = Callable[[Any], bool]
+
+def _is_integer(v: Any) -> bool:
+    if type(v) is int:
+        return True
+    return _is_type(v, "integer")
+
+
+_TYPE_TESTS: dict[str, Accept] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": _is_integer,
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "array": lambda v: isinstance(v, (list, tuple)),
+    "object": lambda v: type(v) is dict or isinstance(v, Mapping),
+}
+
+
+def _always(v: Any) -> bool:
+    return True
+
+
+def compile_schema(schema: Mapping[str, Any]) -> Accept:
+    """A fast yes/no validator for ``schema``, accepting exactly what ``check`` accepts.
+
+    Built once per schema (``@tool`` does it at decoration); on a "no",
+    ``check`` produces the message.
+    """
+    tests: list[Accept] = []
+    branches = schema.get("anyOf") or schema.get("oneOf")
+    if branches:
+        subs = [compile_schema(b) for b in branches]
+        tests.append(lambda v: any(f(v) for f in subs))
+    t = schema.get("type")
+    if t is not None:
+        names = (t,) if isinstance(t, str) else tuple(t)
+        kinds = [_TYPE_TESTS.get(n, _always) for n in names]
+        tests.append(kinds[0] if len(kinds) == 1 else (lambda v: any(k(v) for k in kinds)))
+    if "enum" in schema:
+        options = list(schema["enum"])
+        tests.append(lambda v: any(_same(v, e) for e in options))
+    if "const" in schema:
+        const = schema["const"]
+        tests.append(lambda v: _same(v, const))
+    obj = _compile_object(schema)
+    arr = _compile_array(schema)
+    text = _compile_bounds(schema, "minLength", "maxLength")
+    num = _compile_bounds(schema, "minimum", "maximum")
+
+    def accept(v: Any) -> bool:
+        for test in tests:
+            if not test(v):
+                return False
+        # Cheap concrete checks first: ABC isinstance (Mapping) is slow.
+        if isinstance(v, str):
+            return text is None or text(len(v))
+        if isinstance(v, (int, float)):
+            return num is None or isinstance(v, bool) or num(v)
+        if v is None:
+            return True
+        if isinstance(v, (list, tuple)):
+            return arr is None or arr(v)
+        if isinstance(v, Mapping):
+            return obj is None or obj(v)
+        return True
+
+    return accept
+
+
+def _compile_bounds(schema: Mapping[str, Any], lo_key: str, hi_key: str) -> Optional[Callable[[Any], bool]]:
+    lo, hi = schema.get(lo_key), schema.get(hi_key)
+    if lo is None and hi is None:
+        return None
+    return lambda n: (lo is None or n >= lo) and (hi is None or n <= hi)
+
+
+def _compile_object(schema: Mapping[str, Any]) -> Optional[Accept]:
+    props = {k: compile_schema(v) for k, v in (schema.get("properties") or {}).items()}
+    required = tuple(schema.get("required") or ())
+    extra = schema.get("additionalProperties", True)
+    extra_test: Optional[Accept] = compile_schema(extra) if isinstance(extra, Mapping) else None
+    refuse_extra = extra is False
+    if not props and not required and extra_test is None and not refuse_extra:
+        return None
+
+    def accept(v: Mapping[str, Any]) -> bool:
+        for name in required:
+            if name not in v:
+                return False
+        for key, item in v.items():
+            test = props.get(key)
+            if test is not None:
+                if not test(item):
+                    return False
+            elif refuse_extra:
+                return False
+            elif extra_test is not None and not extra_test(item):
+                return False
+        return True
+
+    return accept
+
+
+def _compile_array(schema: Mapping[str, Any]) -> Optional[Accept]:
+    items = schema.get("items")
+    item_test = compile_schema(items) if isinstance(items, Mapping) else None
+    size = _compile_bounds(schema, "minItems", "maxItems")
+    if item_test is None and size is None:
+        return None
+
+    def accept(v: Any) -> bool:
+        if size is not None and not size(len(v)):
+            return False
+        return item_test is None or all(item_test(x) for x in v)
+
+    return accept
+
+
 def matches(schema: Mapping[str, Any], value: Any) -> bool:
     """True when ``value`` satisfies ``schema`` (used to pick a union branch)."""
     return _first(schema, value) is None
 
 
-__all__ = ["check", "describe", "json_type", "matches"]
+__all__ = ["check", "compile_schema", "describe", "json_type", "matches"]

@@ -1,0 +1,157 @@
+"""Parallel tool dispatch speed (issue 4).
+
+1. Wall time. One turn asks for 8 calls of a concurrency-safe tool that
+   sleeps 100 ms. Figure: the tool phase's duration (its ``on_turn_end``,
+   phase "tools"), median of REPEATS runs, and its ratio to the ideal
+   0.100 s (target <= 1.10x). Floor: a hand-written
+   ``ThreadPoolExecutor(8).map`` of the same sleep over 8 items, measured
+   in this process right before.
+
+2. Dispatch overhead per call, trivial tool (returns "ok"), through the
+   dispatcher (validation, events, hooks/health/detector checks, pipeline,
+   result conversion; no model):
+   - a wave of 8 concurrency-safe calls (pool hand-off), per call, beside
+     the floor: ``pool.map(trivial, 8 items)`` on a warm 8-worker pool, per
+     item;
+   - a lone call (runs inline on the run's thread), beside the floor:
+     one ``pool.submit(trivial).result()`` round trip, and a plain
+     function call.
+   Also the tool phase per call end to end (its ``on_turn_end`` duration /
+   8) for a whole run, which adds building the results message and
+   re-measuring the context.
+
+Run: ``python benchmarks/parallel_tools.py`` (from the repo root; < 60 s).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from loopctl import BareLoop, ParallelDispatch, RunConfig  # noqa: E402
+from loopctl.driver.handle import RunContext  # noqa: E402
+from loopctl.messages import ToolCallPart  # noqa: E402
+from loopctl.observers import Event, TurnEnd  # noqa: E402
+from loopctl.records import Run  # noqa: E402
+from loopctl.testing import ScriptedClient, calls, reply  # noqa: E402
+from loopctl.tools import tool  # noqa: E402
+
+N = 8
+SLEEP_S = 0.100
+REPEATS = 7
+OVERHEAD_ROUNDS = 3000
+PARALLEL = RunConfig(parallel=ParallelDispatch("parallel", N))
+_seq = itertools.count()
+
+
+@tool(concurrency_safe=True)
+def nap(i: int) -> str:
+    """Sleep 100 ms."""
+    time.sleep(SLEEP_S)
+    return "rested"
+
+
+@tool(concurrency_safe=True)
+def noop(i: int) -> str:
+    """Do nothing."""
+    return "ok"
+
+
+def trivial(i: int) -> str:
+    return "ok"
+
+
+def tools_phase_seconds(loop: BareLoop, name: str) -> float:
+    events: list[Event] = []
+    base = next(_seq) * N  # distinct inputs every run: the loop detector stays quiet
+    loop._client.extend([calls(*[(name, {"i": base + i}) for i in range(N)]), reply("done")])  # type: ignore[attr-defined]
+    loop.start("go", PARALLEL, tap=events.append).result(30)
+    (end,) = [e for e in events if isinstance(e, TurnEnd) and e.phase == "tools"]
+    return end.duration_ms / 1000.0
+
+
+def wall_time() -> None:
+    pool = ThreadPoolExecutor(N)
+    list(pool.map(lambda _: None, range(N)))  # warm the workers
+    floors, ours = [], []
+    with BareLoop(ScriptedClient([]), [nap]) as loop:
+        loop.set_turn_mode("non_streaming")
+        tools_phase_seconds(loop, "nap")  # warm the loop's pool
+        for _ in range(REPEATS):
+            t0 = time.perf_counter()
+            list(pool.map(lambda _: time.sleep(SLEEP_S), range(N)))
+            floors.append(time.perf_counter() - t0)
+            ours.append(tools_phase_seconds(loop, "nap"))
+    pool.shutdown()
+    f, o = statistics.median(floors), statistics.median(ours)
+    print(f"8 x 100 ms tool, one turn (median of {REPEATS}):")
+    print(f"  floor ThreadPoolExecutor.map : {f:.4f} s  ({f / SLEEP_S:.3f}x ideal)")
+    print(f"  loopctl tool phase           : {o:.4f} s  ({o / SLEEP_S:.3f}x ideal, {o / f:.3f}x floor)"
+          f"  target <= 1.10x ideal: {'ok' if o / SLEEP_S <= 1.10 else 'MISSED'}")
+
+
+def per_call(fn: Callable[[], Any], rounds: int, per: int) -> float:
+    """Median-of-5 microseconds per item of ``fn`` (which handles ``per`` items)."""
+    samples = []
+    for _ in range(5):
+        gc.collect()
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            fn()
+        samples.append((time.perf_counter() - t0) / (rounds * per) * 1e6)
+    return statistics.median(samples)
+
+
+def overhead() -> None:
+    loop = BareLoop(ScriptedClient([]), [noop])
+    loop._run_config_now = PARALLEL
+    run = Run(id="bench", input="bench", config=PARALLEL)
+    rc = RunContext(run, loop._cancel.view(), True)
+    rc.lock.acquire()  # the run's fence, as the body holds it
+    dispatcher = loop._dispatcher
+    rounds = OVERHEAD_ROUNDS // 4
+    # Distinct inputs, so the default loop detector sees no repetition (it stays on).
+    waves = iter([[ToolCallPart(f"c{k}.{i}", "noop", {"i": k * N + i}) for i in range(N)] for k in range(rounds * 5)])
+    lones = iter([[ToolCallPart(f"c{k}", "noop", {"i": k})] for k in range(OVERHEAD_ROUNDS * 5)])
+    pool = ThreadPoolExecutor(N)
+    items = list(range(N))
+
+    floor_map = per_call(lambda: list(pool.map(trivial, items)), rounds, N)
+    wave_us = per_call(lambda: dispatcher.dispatch(rc, 0, next(waves)), rounds, N)
+    floor_submit = per_call(lambda: pool.submit(trivial, 0).result(), OVERHEAD_ROUNDS, 1)
+    floor_plain = per_call(lambda: trivial(0), OVERHEAD_ROUNDS * 10, 1)
+    lone_us = per_call(lambda: dispatcher.dispatch(rc, 0, next(lones)), OVERHEAD_ROUNDS, 1)
+    pool.shutdown()
+    rc.lock.release()
+    loop.close()
+
+    with BareLoop(ScriptedClient([]), [noop]) as e2e:
+        e2e.set_turn_mode("non_streaming")
+        tools_phase_seconds(e2e, "noop")
+        phase_us = statistics.median(tools_phase_seconds(e2e, "noop") for _ in range(50)) / N * 1e6
+
+    print("dispatch overhead per call, trivial tool:")
+    print(f"  wave of 8    : {wave_us:7.1f} us/call   floor pool.map(8 items): {floor_map:6.1f} us/item"
+          f"  ({wave_us / floor_map:.2f}x floor)")
+    print(f"  lone (inline): {lone_us:7.1f} us/call   floor submit().result(): {floor_submit:6.1f} us"
+          f"  ({lone_us / floor_submit:.2f}x floor); plain call {floor_plain:.2f} us")
+    print(f"  end to end tool phase, wave of 8 (results message + re-measure): {phase_us:.1f} us/call")
+
+
+def main() -> None:
+    t0 = time.perf_counter()
+    wall_time()
+    overhead()
+    print(f"(benchmark took {time.perf_counter() - t0:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()
