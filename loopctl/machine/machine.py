@@ -429,9 +429,12 @@ class LoopMachine:
             self._terminate(Failed(error))
 
     def commit_pending(self) -> None:
-        """Append pending to history and clear it (success)."""
+        """Append pending to history and clear it (success).
+
+        Steering still held for unanswered tool calls is dropped with them:
+        it was never part of the conversation (``full_history``).
+        """
         self._history.extend(self._pending)
-        self._history.extend(self._held)
         self._pending = []
         self._pending_epoch += 1
         self._held = []
