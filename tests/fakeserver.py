@@ -70,7 +70,12 @@ class Stream:
     headers: dict[str, str] = attrs.field(factory=dict)
 
 
-Item = Union[Reply, Stream]
+@attrs.frozen
+class Hang:
+    """Send no response at all (not even headers) until the client goes away."""
+
+
+Item = Union[Reply, Stream, Hang]
 
 
 @attrs.frozen
@@ -104,11 +109,11 @@ class FakeServer:
         class Handler(_Handler):
             fake = server
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd = _QuietServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(
-            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.01},
             name=f"fakeserver-{self.port}", daemon=True,
         )
         self._thread.start()
@@ -168,6 +173,11 @@ class FakeServer:
         self.close()
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        return  # clients that hang up mid-response are part of the tests
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     fake: FakeServer
@@ -200,6 +210,8 @@ class _Handler(BaseHTTPRequestHandler):
             item = Reply(500, {"error": {"message": "fake server: no scripted reply"}})
         if isinstance(item, Reply):
             self._send_whole(item)
+        elif isinstance(item, Hang):
+            self._stall()
         else:
             self._send_stream(item)
 
@@ -417,7 +429,7 @@ def open_fds() -> int:
 
 
 __all__ = [
-    "OA_DONE", "Cut", "FakeServer", "Gate", "Recorded", "Reply", "Stall", "Stream",
+    "OA_DONE", "Cut", "FakeServer", "Gate", "Hang", "Recorded", "Reply", "Stall", "Stream",
     "anthropic_message", "anthropic_stream", "oa_chunk", "open_fds", "openai_completion",
     "openai_stream", "sse",
 ]

@@ -166,7 +166,12 @@ class TurnStream:
     # -- one attempt -------------------------------------------------------------
 
     def _open(self) -> Any:
-        stream = self._client.stream(self._request)
+        try:
+            stream = self._client.stream(self._request)
+        except LoopError:
+            raise
+        except Exception as exc:
+            raise _foreign(exc) from exc
         with self._lock:
             closed = self._closed
             if not closed:
