@@ -75,7 +75,7 @@ class Probe(Tool):
         name: str,
         tracker: Tracker,
         safe: bool = True,
-        body: Optional[Callable[[Mapping[str, Any], ToolContext], None]] = None,
+        body: Optional[Callable[[Mapping[str, Any], ToolContext], object]] = None,
     ) -> None:
         self.name = name
         self.concurrency_safe = safe

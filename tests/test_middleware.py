@@ -8,7 +8,15 @@ from typing import Optional
 
 import pytest
 
-from loopctl import BareLoop, ConfigError, ParallelDispatch, RunConfig, ToolContext, ToolOutput, ToolRegistry
+from loopctl import (
+    BareLoop,
+    ConfigError,
+    ParallelDispatch,
+    RunConfig,
+    ToolContext,
+    ToolOutput,
+    ToolRegistry,
+)
 from loopctl.observers import Event, ToolPost
 from loopctl.testing import ScriptedClient, call, calls, reply
 from loopctl.tools import (

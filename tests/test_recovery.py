@@ -151,7 +151,12 @@ def test_backoff_delays_come_from_the_strategy_through_the_injected_sleep() -> N
     with BareLoop(ScriptedClient([call("flaky", n=1), reply("done")]), [flaky.tool]) as loop:
         loop.set_reflector(Recoverable())
         loop.set_recovery_strategy(ExponentialBackoffRecovery(max_attempts=3))
-        loop._dispatcher.sleep = lambda cancel, seconds: slept.append(seconds) or False
+
+        def fake_sleep(cancel: Any, seconds: float) -> bool:
+            slept.append(seconds)
+            return False
+
+        loop._dispatcher.sleep = fake_sleep
         events = run_events(loop)
     assert slept == [0.1, 0.2, 0.4]
     assert len(flaky.inputs) == 4  # 3 retries, then Fail hands the error to the model

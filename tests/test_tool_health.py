@@ -150,7 +150,7 @@ def test_tripped_tool_is_refused_softly_without_running_then_probed_and_closed()
         fail[0] = False
         return call("shaky", n=4)
 
-    script = [call("shaky", n=1), call("shaky", n=2), call("shaky", n=3), advance_then_heal, call("shaky", n=5), reply("done")]
+    script: list[Any] = [call("shaky", n=1), call("shaky", n=2), call("shaky", n=3), advance_then_heal, call("shaky", n=5), reply("done")]
     with BareLoop(ScriptedClient(script), [shaky]) as loop:
         loop.set_health_registry(health)
         events: list[Event] = []

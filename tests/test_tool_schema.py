@@ -289,7 +289,7 @@ def test_method_self_gets_a_hint_to_subclass_tool() -> None:
 
 
 def test_undefined_name_in_a_string_hint_is_refused_clearly() -> None:
-    def f(a: "Undefined") -> None:  # type: ignore[name-defined]  # noqa: F821
+    def f(a: Undefined) -> None:  # type: ignore[name-defined]  # noqa: F821
         """F."""
 
     with pytest.raises(ConfigError, match=r"tool 'f': cannot evaluate the type hints: name 'Undefined'"):

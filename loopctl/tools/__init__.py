@@ -22,7 +22,12 @@ from loopctl.tools.middleware import (
     TimeoutMiddleware,
     UnknownToolMiddleware,
 )
-from loopctl.tools.pipeline import DispatchContext, ToolMiddleware, ToolPipeline, ToolPipelineBuilder
+from loopctl.tools.pipeline import (
+    DispatchContext,
+    ToolMiddleware,
+    ToolPipeline,
+    ToolPipelineBuilder,
+)
 from loopctl.tools.recovery import (
     MAX_RETRIES,
     AskUser,
@@ -35,8 +40,8 @@ from loopctl.tools.recovery import (
     NoRetryRecovery,
     RecoveryAction,
     RecoveryStrategy,
-    Reflector,
     ReflectionContext,
+    Reflector,
     Retry,
     Severity,
     Skip,

@@ -23,7 +23,13 @@ from loopctl.errors import ConfigError
 from loopctl.tools.base import Tool, ToolContext, ToolError, ToolOutput, to_output
 from loopctl.tools.docstrings import description as doc_description
 from loopctl.tools.docstrings import parse_args_section
-from loopctl.tools.schema import NO_DEFAULT, Converter, compile_annotation, json_default, resolve_hints
+from loopctl.tools.schema import (
+    NO_DEFAULT,
+    Converter,
+    compile_annotation,
+    json_default,
+    resolve_hints,
+)
 from loopctl.tools.validation import check, compile_schema
 
 ResourceKey = Union[str, Callable[[Mapping[str, Any]], Optional[str]]]

@@ -35,6 +35,9 @@ SUPPORTED = (
     "Literal[...], Enum subclasses, attrs classes"
 )
 
+#: ``json_default``'s answer for a default a schema cannot show.
+NO_DEFAULT: Any = object()
+
 _UNION_TYPE = getattr(types, "UnionType", None)  # ``int | None`` on Python >= 3.10
 _NoneType = type(None)
 
@@ -144,6 +147,27 @@ def compile_annotation(
     raise ConfigError(f"{where}: unsupported type {type_name(hint)} (supported: {SUPPORTED})")
 
 
+def _optional(conv: Converter) -> Converter:
+    def convert(v: Any) -> Any:
+        return None if v is None else conv(v)
+
+    return convert
+
+
+def _each_item(conv: Converter) -> Converter:
+    def convert(v: Any) -> Any:
+        return [conv(x) for x in v]
+
+    return convert
+
+
+def _each_value(conv: Converter) -> Converter:
+    def convert(v: Any) -> Any:
+        return {k: conv(x) for k, x in v.items()}
+
+    return convert
+
+
 def _compile_union(
     args: tuple[Any, ...], where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
 ) -> Compiled:
@@ -156,7 +180,7 @@ def _compile_union(
         schema = {"anyOf": [inner.schema, {"type": "null"}]}
         if conv is None:
             return Compiled(schema, None, True)
-        return Compiled(schema, lambda v, c=conv: None if v is None else c(v), True)
+        return Compiled(schema, _optional(conv), True)
     branches = [p.schema for p in parts] + ([{"type": "null"}] if optional else [])
     pairs = [(compile_schema(p.schema), p.convert) for p in parts]
     if all(c is None for _, c in pairs):
@@ -199,7 +223,7 @@ def _compile_list(
     schema = {"type": "array", "items": item.schema}
     if conv is None:
         return Compiled(schema)
-    return Compiled(schema, lambda v, c=conv: [c(x) for x in v])
+    return Compiled(schema, _each_item(conv))
 
 
 def _compile_dict(
@@ -216,7 +240,7 @@ def _compile_dict(
     schema = {"type": "object", "additionalProperties": value.schema}
     if conv is None:
         return Compiled(schema)
-    return Compiled(schema, lambda v, c=conv: {k: c(x) for k, x in v.items()})
+    return Compiled(schema, _each_value(conv))
 
 
 def _attrs_field_docs(cls: type) -> dict[str, str]:
@@ -276,8 +300,6 @@ def _compile_attrs(
 
     return Compiled(schema, convert)
 
-
-NO_DEFAULT = object()
 
 
 def json_default(value: Any) -> Any:
