@@ -95,7 +95,7 @@ def test_protocol_and_score_zero_without_overlap() -> None:
 
 def test_trajectory_entry_truncates_input_and_result() -> None:
     e = trajectory_entry("grep", {"pattern": "x" * 900}, "y" * 900)
-    assert e.category == "trajectory" and e.tags == ("grep",)
+    assert e.category == "trajectory" and e.tags == ("trajectory", "grep")
     assert e.text.startswith("tool=grep; input=")
     inp = e.text.split("; input=", 1)[1].split("; result=", 1)[0]
     res = e.text.split("; result=", 1)[1]

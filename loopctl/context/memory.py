@@ -131,14 +131,15 @@ class Memory(Protocol):
 def trajectory_entry(tool: str, input: Any, result: str) -> MemoryEntry:
     """The entry the loop stores after a successful tool call.
 
-    The input (rendered) and the result are each cut to 500 characters.
+    The input (rendered as JSON) and the result are each cut to 500
+    characters; the entry is tagged ``("trajectory", tool)``.
     """
     rendered = input if isinstance(input, str) else _render(input)
     text = (
         f"tool={tool}; input={rendered[:TRAJECTORY_FIELD_LIMIT]}; "
         f"result={result[:TRAJECTORY_FIELD_LIMIT]}"
     )
-    return MemoryEntry(text, (tool,), "trajectory")
+    return MemoryEntry(text, ("trajectory", tool), "trajectory")
 
 
 def _render(value: Any) -> str:

@@ -20,10 +20,11 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, TypeVar, Union
 
 from loopctl.context.memory import PRUNE_BELOW, MemoryEntry, check_limit, rank, words
 from loopctl.errors import ConfigError, LoopError
@@ -31,6 +32,7 @@ from loopctl.errors import ConfigError, LoopError
 log = logging.getLogger("loopctl")
 
 SCHEMA_VERSION = 1
+_T = TypeVar("_T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS loopctl_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -107,6 +109,9 @@ class SqliteMemoryStore:
                 f"SqliteMemoryStore path {str(self.path)!r}: directory {str(self.path.parent)!r} does not exist"
             )
         self._lock = threading.RLock()
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
+            raise ConfigError(f"SqliteMemoryStore timeout must be a number >= 0, got {timeout!r}")
+        self._timeout = float(timeout)
         try:
             con = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
@@ -122,11 +127,18 @@ class SqliteMemoryStore:
     # -- setup -------------------------------------------------------------------
 
     def _setup(self, con: sqlite3.Connection, use_fts: bool) -> bool:
-        con.execute("PRAGMA busy_timeout = 30000")
-        mode = con.execute("PRAGMA journal_mode = WAL").fetchone()
+        con.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
+        mode = self._retry_busy(lambda: con.execute("PRAGMA journal_mode = WAL").fetchone())
         if mode is None or str(mode[0]).lower() != "wal":
             log.warning("memory database %s is not in WAL mode (%s)", self.path, mode and mode[0])
         con.execute("PRAGMA synchronous = FULL")
+        self._retry_busy(lambda: self._create_schema(con))
+        fts = False
+        if use_fts:
+            fts = self._setup_fts(con)
+        return fts
+
+    def _create_schema(self, con: sqlite3.Connection) -> None:
         with self._write(con):
             for stmt in _split(_SCHEMA):
                 con.execute(stmt)
@@ -135,13 +147,29 @@ class SqliteMemoryStore:
                 con.execute("INSERT INTO loopctl_meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
             elif int(row[0]) > SCHEMA_VERSION:
                 raise sqlite3.DatabaseError(f"schema version {row[0]} is newer than this loopctl ({SCHEMA_VERSION})")
-        fts = False
-        if use_fts:
-            fts = self._setup_fts(con)
-        return fts
+
+    def _retry_busy(self, fn: Callable[[], _T]) -> _T:
+        """Run ``fn``, retrying while another connection holds the lock.
+
+        Switching the journal mode can fail with "database is locked" at once,
+        without SQLite's busy handler, while another connection sets up the
+        same new file; that is retried with a short backoff up to ``timeout``.
+        """
+        deadline = time.monotonic() + self._timeout
+        delay = 0.005
+        pause = threading.Event()
+        while True:
+            try:
+                return fn()
+            except sqlite3.OperationalError as exc:
+                text = str(exc).lower()
+                if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                    raise
+            pause.wait(delay)
+            delay = min(delay * 2, 0.1)
 
     def _setup_fts(self, con: sqlite3.Connection) -> bool:
-        try:
+        def create() -> None:
             with self._write(con):
                 existed = con.execute(
                     "SELECT 1 FROM sqlite_master WHERE name = 'memories_fts'"
@@ -151,7 +179,12 @@ class SqliteMemoryStore:
                 if not existed:  # index rows written before the index existed
                     con.execute("INSERT INTO memories_fts(memories_fts) VALUES ('rebuild')")
             con.execute("SELECT rowid FROM memories_fts LIMIT 0")
+
+        try:
+            self._retry_busy(create)
         except sqlite3.OperationalError as exc:
+            if "locked" in str(exc).lower() or "busy" in str(exc).lower():
+                raise
             log.info("FTS5 unavailable for %s (%s); using scan search", self.path, exc)
             return False
         return True
