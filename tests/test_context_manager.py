@@ -223,7 +223,6 @@ def test_overflow_rejection_compacts_and_retries_once() -> None:
     assert len(failed) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="driver/turns.py re-raises the ModelError on a second overflow (see report)")
 def test_second_overflow_on_the_same_turn_is_context_exceeded() -> None:
     cfg = SessionConfig(context_window=100_000)
     client = ScriptedClient([ModelError("maximum context length exceeded")] * 2)

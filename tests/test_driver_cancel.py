@@ -495,11 +495,6 @@ def test_cancel_between_sequential_calls() -> None:
 
 
 @pytest.mark.parametrize("parallel", [False, True], ids=["single_call", "parallel_wave"])
-@pytest.mark.xfail(
-    reason="driver bug: cancel is not checked after on_tool_pre/pre-tool hooks, so a tool starts "
-    "after the signal fired (dispatch.py _run_one/_run_wave)",
-    strict=True,
-)
 def test_cancel_in_on_tool_pre_means_the_tool_never_starts(parallel: bool) -> None:
     """Biased checks: a signal already fired when a call is about to start means it never starts."""
     echo = Echo()
@@ -652,11 +647,6 @@ def test_cancelled_run_is_not_failed_in_the_machine() -> None:
         assert isinstance(loop.stop_reason(), Cancelled)
 
 
-@pytest.mark.xfail(
-    reason="driver bug: _launch adds the run's cancel listener after thread.start(); a run that "
-    "finishes first has already called remove_listener, so the listener leaks (loop.py _launch)",
-    strict=True,
-)
 def test_finished_runs_leave_no_cancel_listeners() -> None:
     """Each run registers a listener on the loop's signal; finalize must remove it."""
     client = ScriptedClient([reply(f"answer number {i}") for i in range(20)])
@@ -673,11 +663,6 @@ def test_finished_runs_leave_no_cancel_listeners() -> None:
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("REQUEST_ID", default="unset")
 
 
-@pytest.mark.xfail(
-    reason="driver bug: the takeover thread of a cancelled start() run finalizes without the run's "
-    "contextvars, so on_run_end sees another context (loop.py _launch on_cancel)",
-    strict=True,
-)
 def test_observers_of_a_cancelled_start_run_see_the_callers_contextvars() -> None:
     """on_run_end of a cancelled start() run is emitted by the takeover; it must see the run's context."""
     gate = Gate()

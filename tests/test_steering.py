@@ -467,11 +467,6 @@ class PushRightAfterDrain(Steering):
         return out
 
 
-@pytest.mark.xfail(
-    reason="loop.py reads steering._arrived after the drain, so a push landing between the "
-    "drain and that read is missed by the re-check and skips the request being prepared",
-    strict=True,
-)
 def test_push_landing_right_after_the_drain_is_still_in_the_request_being_prepared(
     make_loop: Callable[..., BareLoop],
 ) -> None:
@@ -631,11 +626,6 @@ def test_slot_closes_when_a_foreign_base_exception_escapes_the_run_thread_body(
     assert "pending guidance" not in texts(client.requests[-1].messages)
 
 
-@pytest.mark.xfail(
-    reason="BareLoop._body has no try/finally guard that closes the slot when an exception "
-    "escapes before _finalize runs (issue 6 item 3: 'any exception escaping the run's thread')",
-    strict=True,
-)
 def test_slot_closes_even_when_an_exception_escapes_before_finalize(
     make_loop: Callable[..., BareLoop], monkeypatch: pytest.MonkeyPatch
 ) -> None:

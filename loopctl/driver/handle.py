@@ -11,6 +11,7 @@ leaves without touching state or emitting anything (the generation fence).
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from typing import Any, Callable, Literal, Optional
 
@@ -38,6 +39,7 @@ class RunContext:
         "listener",
         "tap",
         "thread",
+        "context",
     )
 
     def __init__(self, run: Run, cancel: Any, waiter: bool, tap: Any = None) -> None:
@@ -53,6 +55,7 @@ class RunContext:
         self.listener: Optional[Callable[[], None]] = None
         self.tap = tap
         self.thread: Optional[threading.Thread] = None
+        self.context: Optional[contextvars.Context] = None
 
     def unfenced(self) -> Unfenced:
         """A context manager that releases the fence around blocking work."""

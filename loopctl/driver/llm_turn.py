@@ -45,14 +45,24 @@ def turn_query(run_input: str, turn: int, conversation: Sequence[Message]) -> st
     return "\n".join(outs)
 
 
-def gather_transients(loop: BareLoop, turn: int, query: str) -> list[Message]:
-    """Contributor messages in registration order, then one memory message."""
-    out: list[Message] = []
-    if loop._contributors:
+def gather_transients(loop: BareLoop, rc: RunContext, turn: int, query: str) -> list[Message]:
+    """Contributor messages in registration order, then one memory message.
+
+    Contributors and the memory store are user code that may block (a
+    database, a network index): they run unfenced, on copies of what they
+    read, so a cancel can take the run over meanwhile.
+    """
+    contributors = tuple(loop._contributors)
+    memory = loop._memory
+    top_k = loop._run_config_now.memory_top_k
+    ctx = None
+    if contributors:
         from loopctl.context.contributors import ContributorContext
 
         ctx = ContributorContext(turn, loop._machine.full_history(), loop._run_input)
-        for contributor in loop._contributors:
+    out: list[Message] = []
+    with rc.unfenced():
+        for contributor in contributors:
             try:
                 msg = contributor.contribute(ctx)
             except Exception:
@@ -60,18 +70,16 @@ def gather_transients(loop: BareLoop, turn: int, query: str) -> list[Message]:
                 continue
             if msg is not None:
                 out.append(msg)
-    memory = loop._memory
-    top_k = loop._run_config_now.memory_top_k
-    if memory is not None and top_k > 0:
-        try:
-            entries = memory.retrieve(query, top_k)
-        except Exception:
-            log.exception("memory retrieve failed; turn goes on without memory")
-            entries = []
-        lines = [getattr(e, "text", str(e)) for e in entries]
-        lines = [ln for ln in lines if ln]
-        if lines:
-            out.append(Message.user(MEMORY_PREFIX + "\n" + "\n".join(lines)))
+        if memory is not None and top_k > 0:
+            try:
+                entries = memory.retrieve(query, top_k)
+            except Exception:
+                log.exception("memory retrieve failed; turn goes on without memory")
+                entries = []
+            lines = [getattr(e, "text", str(e)) for e in entries]
+            lines = [ln for ln in lines if ln]
+            if lines:
+                out.append(Message.user(MEMORY_PREFIX + "\n" + "\n".join(lines)))
     return out
 
 

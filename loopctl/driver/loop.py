@@ -223,24 +223,35 @@ class BareLoop(BuilderMixin):
         def on_cancel() -> None:
             rc.wake.set()
             if not rc.waiter and not rc.finished:
+                # Finalize in a copy of the run's context, so observers of the
+                # cancelled run see the caller's contextvars.
+                ctx = rc.context.copy() if rc.context is not None else contextvars.copy_context()
                 threading.Thread(
-                    target=self._takeover, args=(rc,), name=f"loopctl-run-{rid[:12]}-cancel", daemon=True
+                    target=ctx.run,
+                    args=(self._takeover, rc),
+                    name=f"loopctl-run-{rid[:12]}-cancel",
+                    daemon=True,
                 ).start()
 
         rc.listener = on_cancel
         ctx = contextvars.copy_context()
+        rc.context = ctx
         thread = threading.Thread(
             target=ctx.run, args=(self._body, rc), name=f"loopctl-run-{rid[:12]}", daemon=True
         )
         rc.thread = thread
+        # Listen before the body can run: a run that ends at once must find its
+        # listener there to remove. A cancel that already fired calls it now;
+        # the takeover then waits on the fence until the body has handled it.
+        self._cancel.add_listener(on_cancel)
         try:
             thread.start()
         except BaseException:
+            self._cancel.remove_listener(on_cancel)
             rc.lock.release()
             with self._busy:
                 self._active = None
             raise
-        self._cancel.add_listener(on_cancel)
         return rc
 
     def _body(self, rc: RunContext) -> None:
@@ -258,10 +269,19 @@ class BareLoop(BuilderMixin):
                 error = LoopError(f"internal error: {type(exc).__name__}: {exc}")
                 error.__cause__ = exc
                 log.exception("run %s failed inside the driver", rc.run.id)
-            if error is not None:
-                self._set_error_state(error)
-            self._finalize(rc, error)
+            try:
+                if error is not None:
+                    self._set_error_state(error)
+            finally:
+                self._finalize(rc, error)
         finally:
+            if held and not rc.finished:
+                # Something escaped finalize itself: still close the slot and
+                # free the loop, so a stray handle cannot push into a dead run.
+                self._steering._close_and_seal()
+                with self._busy:
+                    self._active = None
+                    rc.finished = True
             if held:
                 rc.lock.release()
             rc.done.set()
@@ -367,38 +387,40 @@ class BareLoop(BuilderMixin):
         return last
 
     def _finalize(self, rc: RunContext, error: Optional[LoopError]) -> None:
-        self._steering._close_and_seal()
-        run = rc.run
-        run.end = time.time()
-        run.stop_reason = error
-        m = self._machine
-        if error is None:
-            m.commit_pending()
-            if self._memory is not None:
-                try:
-                    self._memory.consolidate()
-                except Exception:
-                    log.exception("memory consolidate failed after run %s", run.id)
-        else:
-            m.discard_pending()
-            error.run = run
-        if self._loop_detector is not None:
-            self._loop_detector.consume_pending_stop()
-        self._emitter.run_end(
-            run.input,
-            error is None,
-            None if error is None else str(error),
-            run.turn_count,
-            (run.end - run.start) * 1000.0,
-        )
-        if rc.listener is not None:
-            self._cancel.remove_listener(rc.listener)
-        rc.error = error
-        with self._busy:
-            self._cancel.reset()  # last: one cancel = one cancelled run
-            self._active = None
-            rc.finished = True
-        self._emitter.tap = None
+        try:
+            self._steering._close_and_seal()
+            run = rc.run
+            run.end = time.time()
+            run.stop_reason = error
+            m = self._machine
+            if error is None:
+                m.commit_pending()
+                if self._memory is not None:
+                    try:
+                        self._memory.consolidate()
+                    except Exception:
+                        log.exception("memory consolidate failed after run %s", run.id)
+            else:
+                m.discard_pending()
+                error.run = run
+            if self._loop_detector is not None:
+                self._loop_detector.consume_pending_stop()
+            self._emitter.run_end(
+                run.input,
+                error is None,
+                None if error is None else str(error),
+                run.turn_count,
+                (run.end - run.start) * 1000.0,
+            )
+        finally:
+            if rc.listener is not None:
+                self._cancel.remove_listener(rc.listener)
+            rc.error = error
+            with self._busy:
+                self._cancel.reset()  # last: one cancel = one cancelled run
+                self._active = None
+                rc.finished = True
+            self._emitter.tap = None
 
     # -- measuring ----------------------------------------------------------------
 

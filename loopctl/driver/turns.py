@@ -17,6 +17,7 @@ from loopctl.context.tokens import count_messages
 from loopctl.driver.llm_turn import build_request, call_model, gather_transients, turn_query
 from loopctl.errors import (
     Cancelled,
+    ContextExceeded,
     LoopDetected,
     LoopError,
     ModelError,
@@ -45,9 +46,9 @@ def handle_call_llm(loop: BareLoop, rc: RunContext, turn: int, policy: MachinePo
     steering = loop._steering
     gather = bool(loop._contributors) or (loop._memory is not None and loop._run_config_now.memory_top_k > 0)
     while True:
+        arrived = steering._arrived  # before the drain: a push landing after it is seen below
         drain_steering(loop, turn)
-        arrived = steering._arrived
-        transients = gather_transients(loop, turn, query) if gather else []
+        transients = gather_transients(loop, rc, turn, query) if gather else []
         if steering._arrived == arrived:
             break
     raw_conv = loop._measure_raw()
@@ -75,10 +76,13 @@ def handle_call_llm(loop: BareLoop, rc: RunContext, turn: int, policy: MachinePo
                 em.fallback(*tripped)
         em.stream_failure(turn, loop._model_name(), str(exc))
         em.turn_end(turn, "llm", False, str(exc), _ms(t0), 0, 0, None, figure, loop._window())
-        if is_overflow(loop, exc) and turn not in loop._overflow_retried:
+        if is_overflow(loop, exc):
+            window = loop._session_config.context_window
+            if turn in loop._overflow_retried:
+                raise ContextExceeded(used=max(figure, window + 1), limit=window) from exc
             # One compact-and-retry per turn: force the emergency line.
             loop._overflow_retried.add(turn)
-            m.set_context_tokens(max(loop._session_config.context_window, figure) + 1)
+            m.set_context_tokens(max(window, figure) + 1)
             return
         raise
     usage = response.usage
