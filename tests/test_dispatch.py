@@ -451,8 +451,8 @@ def test_successful_calls_are_stored_as_trajectory_entries() -> None:
         loop.set_memory(memory)
         loop.run("go", RunConfig(memory_top_k=0))
     (entry,) = memory.entries  # the failed call is not stored
-    assert entry.tags == ("trajectory",)
-    assert entry.text == 'tool=echo; input={"text": "ab"}; result=' + ("ab" * 300)[:500]
+    assert entry.tags == ("trajectory", "echo") and entry.category == "trajectory"
+    assert entry.text == 'tool=echo; input={"text":"ab"}; result=' + ("ab" * 300)[:500]
 
 
 def test_memory_store_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:

@@ -24,7 +24,6 @@ exhausted) ends the batch and the run; finished siblings are discarded.
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
 import threading
 import time
@@ -59,8 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("loopctl")
 
 _RUN, _BLOCKED, _GATED = 0, 1, 2
-_TRAJECTORY_CHARS = 500
-_memory_entry: Any = None  # loopctl.context.memory.MemoryEntry, imported on first use
+_trajectory_entry: Any = None  # loopctl.context.memory.trajectory_entry, imported on first use
 
 
 def result_hash(text: str) -> str:
@@ -324,21 +322,14 @@ class Dispatcher:
         return self._recover(rc, turn, st)
 
     def _remember(self, st: _Call) -> None:
-        global _memory_entry
+        global _trajectory_entry
         try:
-            if _memory_entry is None:
-                from loopctl.context.memory import MemoryEntry
+            if _trajectory_entry is None:
+                from loopctl.context.memory import trajectory_entry
 
-                _memory_entry = MemoryEntry
-            try:
-                shown = json.dumps(st.call.input, ensure_ascii=False, default=str)
-            except (TypeError, ValueError):
-                shown = repr(st.call.input)
-            text = (
-                f"tool={st.resolved}; input={shown[:_TRAJECTORY_CHARS]}; "
-                f"result={st.out.text[:_TRAJECTORY_CHARS]}"
-            )
-            self.loop._memory.store(_memory_entry(text, tags=("trajectory",)))
+                _trajectory_entry = trajectory_entry
+            # tool={name}; input={JSON, 500 chars}; result={500 chars}, tagged "trajectory"
+            self.loop._memory.store(_trajectory_entry(st.resolved, st.call.input, st.out.text))
         except Exception:
             log.exception("memory store of a tool trajectory failed (tool %r)", st.resolved)
 
