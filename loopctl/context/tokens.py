@@ -1,8 +1,15 @@
-"""Token counting: one pluggable counter, per-message caching, calibration.
+"""Token counting: one pluggable counter, incremental measuring, calibration.
 
-Measuring the conversation each turn costs O(new messages): the meter keeps
-a running sum per list and counts only what was appended since the last
-measure (a list replaced wholesale, as after compaction, is recounted once).
+Rules kept here:
+
+- The loop uses ONE counter everywhere (the driver hands its counter to the
+  context manager and the meter).
+- Measuring the conversation each turn costs O(new messages): the meter
+  keeps a running sum per list and counts only what was appended since the
+  last measure; a list replaced wholesale (a compaction, a new run's
+  pending) is recounted once.
+- Provider usage reports calibrate the estimate: the ratio reported /
+  predicted is clamped to 0.25-4.0 and moves halfway toward each sample.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional, Protocol, runtime_checkable
 
+from loopctl.errors import ConfigError
 from loopctl.messages import Message, TextPart, ThinkingPart, ToolCallPart, ToolResultPart
 
 
@@ -28,14 +36,22 @@ class HeuristicTokenCounter:
 
     Args:
         chars_per_token: characters per token (finite, > 0).
-        per_message: tokens added for each message's framing.
+        per_message: tokens added for each message's framing (>= 0).
+
+    Raises:
+        ConfigError: a value is out of range (the message names it).
     """
 
     def __init__(self, chars_per_token: float = 4.0, per_message: int = 4) -> None:
-        if not (isinstance(chars_per_token, (int, float)) and math.isfinite(chars_per_token) and chars_per_token > 0):
-            raise ValueError(f"chars_per_token must be a finite number > 0, got {chars_per_token!r}")
-        if per_message < 0:
-            raise ValueError(f"per_message must be >= 0, got {per_message!r}")
+        if not (
+            isinstance(chars_per_token, (int, float))
+            and not isinstance(chars_per_token, bool)
+            and math.isfinite(chars_per_token)
+            and chars_per_token > 0
+        ):
+            raise ConfigError(f"chars_per_token must be a finite number > 0, got {chars_per_token!r}")
+        if not isinstance(per_message, int) or isinstance(per_message, bool) or per_message < 0:
+            raise ConfigError(f"per_message must be an int >= 0, got {per_message!r}")
         self.chars_per_token = float(chars_per_token)
         self.per_message = per_message
 
@@ -48,6 +64,11 @@ class HeuristicTokenCounter:
     def anthropic(cls) -> HeuristicTokenCounter:
         """Preset for Anthropic tokenizers."""
         return cls(3.6, 5)
+
+    @classmethod
+    def gemini(cls) -> HeuristicTokenCounter:
+        """Preset for Gemini tokenizers."""
+        return cls(4.05, 4)
 
     @classmethod
     def local_default(cls) -> HeuristicTokenCounter:
@@ -73,10 +94,19 @@ class HeuristicTokenCounter:
                 n += len(p.name) + len(repr(p.input))  # type: ignore[union-attr]
         return self.per_message + (math.ceil(n / self.chars_per_token) if n else 0)
 
+    def __repr__(self) -> str:
+        return f"HeuristicTokenCounter(chars_per_token={self.chars_per_token:g}, per_message={self.per_message})"
+
 
 def count_messages(counter: TokenCounter, messages: Iterable[Message]) -> int:
     """Tokens in every message of ``messages``."""
     return sum(counter.count_message(m) for m in messages)
+
+
+def _same(a: Any, b: Any) -> bool:
+    # Identities are list objects (compared by identity, never by content)
+    # or epoch numbers (compared by value: equal ints need not be one object).
+    return a is b or (type(a) is int and type(b) is int and a == b)
 
 
 class _ListTally:
@@ -89,7 +119,7 @@ class _ListTally:
 
     def measure(self, counter: TokenCounter, items: Sequence[Message], ref: Any) -> int:
         n = len(items)
-        if ref is not self.ref or n < self.count:
+        if not _same(ref, self.ref) or n < self.count:
             self.ref, self.count, self.tokens = ref, 0, 0
         if n > self.count:
             cm = counter.count_message
