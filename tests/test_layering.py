@@ -1,0 +1,215 @@
+"""Imports run downward only (STYLE "The house"), checked with stdlib ``ast``.
+
+Every ``import`` in ``loopctl/**/*.py`` counts, wherever it sits: inside a
+function, under ``if TYPE_CHECKING:``, relative or absolute. The rules are
+data (``RULES``); a failure names the file, the line and the import.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "loopctl"
+
+
+class Rule(NamedTuple):
+    """One layering rule.
+
+    ``files`` are globs relative to the repo root. An import is a violation
+    when it matches a ``forbidden`` prefix, or, when ``allowed`` is given,
+    when it is a loopctl module outside every ``allowed`` prefix. ``exempt``
+    lists files the rule does not apply to.
+    """
+
+    name: str
+    files: tuple[str, ...]
+    forbidden: tuple[str, ...] = ()
+    allowed: Optional[tuple[str, ...]] = None
+    exempt: tuple[str, ...] = ()
+
+
+LOWER_LAYERS = ("loopctl/providers/*", "loopctl/tools/*", "loopctl/context/*")
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "the brain does no IO: no threads, clock, network, logging or OS",
+        files=("loopctl/machine/*",),
+        forbidden=(
+            "threading", "_thread", "time", "requests", "tenacity", "logging", "socket",
+            "os", "asyncio", "concurrent", "subprocess", "select", "selectors", "signal",
+            "random", "uuid", "datetime", "http", "urllib",
+        ),
+    ),
+    Rule(
+        "the brain imports only the leaves (errors, messages) and itself",
+        files=("loopctl/machine/*",),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.machine"),
+    ),
+    Rule(
+        "leaves import nothing of loopctl",
+        files=("loopctl/errors.py", "loopctl/messages.py"),
+        allowed=(),
+    ),
+    Rule(
+        "configs import only the leaves",
+        files=("loopctl/config.py",),
+        allowed=("loopctl.errors", "loopctl.messages"),
+    ),
+    Rule(
+        "records import only the leaves and configs",
+        files=("loopctl/records.py",),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.config"),
+    ),
+    Rule(
+        "observer events and hooks import only the leaves",
+        files=("loopctl/observers.py", "loopctl/hooks.py"),
+        allowed=("loopctl.errors", "loopctl.messages"),
+    ),
+    Rule(
+        "providers, tools and context never import the driver or the machine",
+        files=LOWER_LAYERS,
+        # ``loopctl`` itself is the facade, which imports the driver.
+        forbidden=("loopctl.driver", "loopctl.machine", "loopctl.registry", "loopctl.cli"),
+    ),
+    Rule(
+        "providers, tools and context never import the facade (it imports the driver)",
+        files=LOWER_LAYERS,
+        allowed=("loopctl.",),  # submodules only, never bare ``loopctl``
+    ),
+    Rule(
+        "library code never imports loopctl.testing",
+        files=("loopctl/*",),
+        forbidden=("loopctl.testing",),
+        exempt=("loopctl/testing.py", "loopctl/cli.py", "loopctl/providers/offline.py"),
+    ),
+)
+
+
+class Import(NamedTuple):
+    module: str
+    line: int
+    text: str
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def is_module(dotted: str) -> bool:
+    base = ROOT.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def imports_of(source: str, modname: str, is_package: bool) -> Iterator[Import]:
+    """Every module an import statement in ``source`` refers to (resolved)."""
+    tree = ast.parse(source)
+    package = modname if is_package else modname.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield Import(alias.name, node.lineno, f"import {alias.name}")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                if node.level > 1:
+                    base_parts = base_parts[: -(node.level - 1)]
+                base = ".".join(base_parts)
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            names = ", ".join(a.name for a in node.names)
+            text = f"from {'.' * node.level}{node.module or ''} import {names}"
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                # ``from loopctl import errors`` imports the module loopctl.errors
+                yield Import(sub if is_module(sub) else target, node.lineno, text)
+
+
+def matches(module: str, prefix: str) -> bool:
+    if prefix.endswith("."):
+        return module.startswith(prefix)
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def violations(rule: Rule, rel: str, imports: list[Import]) -> list[str]:
+    found = []
+    for imp in imports:
+        bad = any(matches(imp.module, p) for p in rule.forbidden)
+        if rule.allowed is not None and matches(imp.module, "loopctl"):
+            bad = bad or not any(matches(imp.module, p) for p in rule.allowed)
+        if bad:
+            found.append(f"{rel}:{imp.line}: `{imp.text}` ({imp.module})")
+    return found
+
+
+def files_for(rule: Rule) -> list[Path]:
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if any(fnmatch.fnmatch(rel, g) for g in rule.files) and rel not in rule.exempt:
+            out.append(path)
+    return out
+
+
+@pytest.mark.parametrize("rule", RULES, ids=[r.name for r in RULES])
+def test_layering_rule_holds(rule: Rule) -> None:
+    files = files_for(rule)
+    assert files, f"rule {rule.name!r} matches no file: its globs are stale"
+    problems: list[str] = []
+    for path in files:
+        rel = path.relative_to(ROOT).as_posix()
+        imports = list(imports_of(path.read_text(encoding="utf-8"), module_name(path),
+                                  path.name == "__init__.py"))
+        problems += violations(rule, rel, imports)
+    assert not problems, f"layering rule broken: {rule.name}\n  " + "\n  ".join(problems)
+
+
+# -- the checker itself catches what it must ----------------------------------------------
+
+SNEAKY = '''
+from __future__ import annotations
+from typing import TYPE_CHECKING
+from loopctl import errors
+from . import steps
+if TYPE_CHECKING:
+    from ..driver.loop import BareLoop
+def later():
+    import threading
+    from loopctl.providers import base
+    from loopctl import BareLoop
+'''
+
+
+def test_checker_resolves_relative_lazy_and_type_checking_imports() -> None:
+    found = {i.module for i in imports_of(SNEAKY, "loopctl.machine.machine", False)}
+    assert {
+        "loopctl.errors",
+        "loopctl.machine.steps",
+        "loopctl.driver.loop",
+        "threading",
+        "loopctl.providers.base",
+        "loopctl",  # a name from the facade
+    } <= found
+
+
+def test_checker_reports_file_line_and_import_text() -> None:
+    imports = list(imports_of(SNEAKY, "loopctl.machine.machine", False))
+    brain = [r for r in RULES if r.files == ("loopctl/machine/*",)]
+    problems = [p for rule in brain for p in violations(rule, "loopctl/machine/x.py", imports)]
+    text = "\n".join(problems)
+    assert "loopctl/machine/x.py:9: `import threading` (threading)" in text
+    assert "`from ..driver.loop import BareLoop` (loopctl.driver.loop)" in text
+    assert "`from loopctl.providers import base`" in text
+    assert "`from loopctl import BareLoop` (loopctl)" in text
+    assert "steps" not in text and "errors" not in text  # allowed imports pass
