@@ -4,7 +4,7 @@ The machine decides WHEN to compact; the driver (``driver/compaction.py``)
 measures and runs the pass; this manager owns the policy (window, threshold
 line, target) and classifies what its compactor returned:
 
-- nothing changed (same list, or same length and no fewer tokens) -> None;
+- nothing changed (same list, or no fewer messages and no fewer tokens) -> None;
 - a result that still does not fit ``window - reserved`` -> ``ContextExceeded``;
 - otherwise the compacted list.
 
@@ -115,9 +115,15 @@ class ContextManager:
         """
         counter = self.counter
         sc = scale or _identity
-        raw_before = count_messages(counter, messages)
         window = self.context_window
-        target = self._target(reason, raw_before + reserved, sc)
+        before: list[int] = []
+
+        def raw_before() -> int:  # counted only when a decision needs it
+            if not before:
+                before.append(count_messages(counter, messages))
+            return before[0]
+
+        target = self._target(reason, raw_before, reserved, sc)
         request = CompactionRequest(
             target=None if target is None else max(1, target - reserved),
             counter=counter,
@@ -129,8 +135,7 @@ class ContextManager:
         try:
             result = self.compactor.compact(messages, request)
         except Exception as exc:
-            used = sc(raw_before + reserved)
-            raise ContextExceeded(used, window) from exc
+            raise ContextExceeded(sc(raw_before() + reserved), window) from exc
         if result is messages:
             return None
         result = list(result)
@@ -138,19 +143,21 @@ class ContextManager:
             log.warning("compactor %r returned no messages; ignored", self.compactor)
             return None
         raw_after = count_messages(counter, result)
-        if len(result) == len(messages) and raw_after >= raw_before:
+        if len(result) >= len(messages) and raw_after >= raw_before():
             return None
         if window > 0 and sc(raw_after + reserved) > window:
             raise ContextExceeded(sc(raw_after + reserved), window)
         return result
 
-    def _target(self, reason: str, raw_total: int, sc: Callable[[int], int]) -> Optional[int]:
+    def _target(
+        self, reason: str, raw_before: Callable[[], int], reserved: int, sc: Callable[[int], int]
+    ) -> Optional[int]:
         """The raw-token target for the whole payload, or None with no window."""
         if self.context_window <= 0:
             return None
         target = self.target_tokens
         if reason == "emergency":
-            target = min(target, sc(raw_total) // 2)
+            target = min(target, sc(raw_before() + reserved) // 2)
         # Work in raw units: undo the calibration's ratio.
         calibrated_one = sc(1_000_000)
         if calibrated_one > 0 and calibrated_one != 1_000_000:
