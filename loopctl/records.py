@@ -8,8 +8,8 @@ run gets its entry, success or failure.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional, Union
 
 import attrs
 
@@ -17,6 +17,14 @@ from loopctl import errors as _errors
 from loopctl.config import RunConfig
 from loopctl.errors import LoopError
 from loopctl.messages import StopReason, ToolCallPart, part_from_dict, part_to_dict
+
+
+def _to_calls(value: Iterable[ToolCallPart]) -> tuple[ToolCallPart, ...]:
+    return tuple(value)
+
+
+def _to_stop_reason(value: Union[StopReason, str]) -> StopReason:
+    return StopReason(value)
 
 
 @attrs.frozen
@@ -30,10 +38,10 @@ class Turn:
     turn: int
     input: str
     output: str
-    tool_calls: tuple[ToolCallPart, ...] = attrs.field(default=(), converter=tuple)
+    tool_calls: tuple[ToolCallPart, ...] = attrs.field(default=(), converter=_to_calls)
     input_tokens: int = 0
     output_tokens: int = 0
-    stop_reason: StopReason = attrs.field(default=StopReason.END_TURN, converter=StopReason)
+    stop_reason: StopReason = attrs.field(default=StopReason.END_TURN, converter=_to_stop_reason)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict."""
