@@ -57,6 +57,7 @@ from loopctl.providers.http import (
     TRANSPORT,
     Timeout,
     model_error,
+    parse_json,
 )
 from loopctl.providers.sse import SSEEvent
 
@@ -118,13 +119,8 @@ class AnthropicStreamParser:
 
     def feed(self, event: SSEEvent) -> list[StreamEvent]:
         """Stream events for one SSE event."""
-        try:
-            data = json.loads(event.data)
-        except ValueError as exc:
-            raise model_error(
-                f"{self._label}: malformed JSON in stream event: {event.data[:200]!r}", kind=PROTOCOL
-            ) from exc
-        if not isinstance(data, dict):
+        data = parse_json(event.data, self._label, "stream event")
+        if type(data) is not dict:
             raise model_error(f"{self._label}: stream event is not a JSON object: {event.data[:200]!r}", kind=PROTOCOL)
         etype = data.get("type") or event.event
         if etype == "content_block_delta":

@@ -307,6 +307,27 @@ def post(
     return resp
 
 
+_raw_decode = json.JSONDecoder().raw_decode
+
+
+def parse_json(text: str, label: str, what: str) -> Any:
+    """Parse one JSON document from a stream (fast path for the usual shape).
+
+    Raises:
+        ModelError: (kind "protocol") the text is not one JSON document.
+    """
+    try:
+        value, end = _raw_decode(text)
+        if end == len(text) or not text[end:].strip():
+            return value
+    except ValueError:
+        pass
+    try:
+        return json.loads(text)  # leading whitespace and the exact error
+    except ValueError as exc:
+        raise model_error(f"{label}: malformed JSON in {what}: {text[:200]!r}", kind=PROTOCOL) from exc
+
+
 def parse_retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
     """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date)."""
     if not value:

@@ -55,6 +55,7 @@ from loopctl.providers.http import (
     STATUS,
     Timeout,
     model_error,
+    parse_json,
 )
 from loopctl.providers.sse import DONE, SSEEvent
 
@@ -136,11 +137,8 @@ class OpenAIStreamParser:
         if data == DONE:
             self.done = True
             return self._end()
-        try:
-            chunk = json.loads(data)
-        except ValueError as exc:
-            raise model_error(f"{self._label}: malformed JSON in stream chunk: {data[:200]!r}", kind=PROTOCOL) from exc
-        if not isinstance(chunk, dict):
+        chunk = parse_json(data, self._label, "stream chunk")
+        if type(chunk) is not dict:
             raise model_error(f"{self._label}: stream chunk is not a JSON object: {data[:200]!r}", kind=PROTOCOL)
         if "error" in chunk and not chunk.get("choices"):
             raise _stream_error(chunk, self._label)

@@ -314,12 +314,11 @@ class TurnStream:
         if self._stopped():
             return True
         exc = state.outcome.exception() if state.outcome is not None else None
-        if exc is not None and error_kind(exc) == RATE_LIMIT:
-            return self._rate_limited > self._h.rate_limit_retries
-        if self._transport_failures > self._h.max_retries:
-            return True
         total = self._total_deadline
-        return total is not None and time.monotonic() >= total
+        past_total = total is not None and time.monotonic() >= total
+        if exc is not None and error_kind(exc) == RATE_LIMIT:
+            return self._rate_limited > self._h.rate_limit_retries or past_total
+        return self._transport_failures > self._h.max_retries or past_total
 
     def _wait(self, state: tenacity.RetryCallState) -> float:
         h = self._h
@@ -350,7 +349,8 @@ class TurnStream:
         kind = error_kind(failure)
         if kind == RATE_LIMIT:
             raise RateLimitEscalation(self._rate_limited, self._retry_after) from failure
-        if self._h.rescue and kind in (TIMEOUT, TRANSPORT):
+        if self._h.rescue and kind in (TIMEOUT, TRANSPORT) and not self._rate_limited:
+            # A provider that rate-limited this turn would rate-limit the rescue too.
             yield StreamAttemptReset(self.attempts)
             yield StreamRescue(self._rescue(failure))
             return
