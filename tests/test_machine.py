@@ -701,3 +701,43 @@ def test_compaction_while_awaiting_tools_raises(feed: str) -> None:
             m.compaction_noop(100, 10)
     assert list(m.pending) == pending
     assert isinstance(m.next_step(POLICY), CallTools)
+
+
+def test_commit_never_adds_steering_held_for_unanswered_calls() -> None:
+    # Held guidance was never part of the conversation: committing the
+    # (cancelled) run must not append it after an unanswered call.
+    m = started()
+    m.next_step(POLICY)
+    reply = tool_reply("read")
+    m.model_response(reply, 10, TOOLS)
+    m.inject(Message.user("held"))
+    m.cancel()
+    m.next_step(POLICY)
+    m.commit_pending()
+    assert list(m.history) == [Message.user("hi"), reply.message]
+
+
+# -- O(1) conversation snapshots ---------------------------------------------------------------
+
+
+def test_conversation_snapshot_does_not_change_after_later_feeds() -> None:
+    old = [Message.user("old")]
+    m = started("q", history=old)
+    extra = [Message.system("contributor")]
+    snap = m.snapshot_conversation(extra)
+    expected = [*extra, *old, Message.user("q")]
+    assert list(snap) == expected and len(snap) == 3
+    assert snap[0] == extra[0] and snap[-1] == Message.user("q") and snap[1:] == expected[1:]
+
+    m.inject(Message.user("steer"))  # pending grows
+    m.next_step(POLICY)
+    m.model_response(final_reply("a"), 10, TOOLS)
+    m.commit_pending()  # history grows, pending replaced
+    m.accept_input("next")
+    m.set_context_tokens(EMERGENCY)
+    m.next_step(POLICY)
+    m.compaction_result([Message.user("summary")], EMERGENCY, 1)  # history replaced
+    assert list(snap) == expected
+    assert snap == expected
+    with pytest.raises(IndexError):
+        snap[3]
