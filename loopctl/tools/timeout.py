@@ -148,9 +148,13 @@ def call_with_timeout(
     child.remove_listener(wake)
     if finished and box:
         return box[0]
+    # Abandoned: stop following the run's signal now (not when the stuck
+    # thread ends), so no listener outlives the call on the loop's signal.
     if child.is_cancelled():
+        child.detach()
         return ToolOutput.error(f"Tool '{tool}' cancelled")
     child.cancel(f"timed out after {format_seconds(seconds)}")
+    child.detach()
     if box:  # it finished in the instant between the deadline and here
         return box[0]
     return ToolOutput.error(timed_out_text(tool, seconds))
