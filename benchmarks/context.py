@@ -142,7 +142,7 @@ def compaction(n: int) -> tuple[float, float, int]:
 
 
 def main() -> None:
-    print("per-turn measure (2 new messages a turn; median of %d turns)" % TURNS)
+    print(f"per-turn measure (2 new messages a turn; median of {TURNS} turns)")
     print(f"{'N':>7} {'meter':>10} {'floor':>10} {'ratio':>7} {'full recount of N':>18}")
     rows = []
     for n in SIZES:
@@ -153,7 +153,7 @@ def main() -> None:
     print(f"growth of the per-turn measure from N={SIZES[0]} to N={SIZES[-1]}: {growth:.2f}x (target: flat, ~1x)")
     print()
     t, floor, kept = compaction(10_000)
-    print("compaction of 10,000 messages (TruncatingCompactor via ContextManager; median of %d)" % COMPACT_REPEATS)
+    print(f"compaction of 10,000 messages (TruncatingCompactor via ContextManager; median of {COMPACT_REPEATS})")
     print(f"  compact: {t * 1e3:.2f} ms -> {kept} messages; floor (one pass over all texts): {floor * 1e3:.3f} ms; ratio {t / floor:.0f}x")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Optional
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +19,15 @@ from loopctl.context.compactors import (
     tool_pairs,
 )
 from loopctl.errors import ConfigError, ModelError
-from loopctl.messages import Message, ModelRequest, ModelResponse, Role, TextPart, ToolCallPart, ToolResultPart
+from loopctl.messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    Role,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
 from loopctl.testing import reply
 
 
@@ -184,7 +192,7 @@ def _assert_pair_safe(original: list[Message], out: list[Message]) -> None:
         assert results_out[cid] >= min(n, answered[cid]), f"call {cid} separated from its result"
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(conversations(), st.integers(1, 6), st.integers(2, 8))
 def test_truncation_is_pair_safe(msgs: list[Message], keep: int, min_messages: int) -> None:
     result = TruncatingCompactor(keep, min_messages).compact(msgs)
@@ -194,7 +202,7 @@ def test_truncation_is_pair_safe(msgs: list[Message], keep: int, min_messages: i
         _assert_pair_safe(msgs, list(result))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(conversations(unique_ids=False), st.integers(1, 6))
 def test_truncation_pair_safe_with_reused_ids(msgs: list[Message], keep: int) -> None:
     result = TruncatingCompactor(keep, 2).compact(msgs)

@@ -25,7 +25,7 @@ from loopctl.context.compactors import EXTRA_CONTEXT_PREFIX, SUMMARY_PREFIX, Com
 from loopctl.errors import ConfigError, ModelError
 from loopctl.hooks import CompactHookContext, Hook, HookExecutor, PreCompactDecision
 from loopctl.messages import Message, ModelRequest, ModelResponse
-from loopctl.observers import CallbackObserver, Compaction, Event, StreamFailure, TurnEnd, TurnStart
+from loopctl.observers import CallbackObserver, Compaction, Event, TurnEnd
 from loopctl.testing import ScriptedClient, call, reply
 from loopctl.tools import Tool, ToolContext
 
@@ -58,11 +58,12 @@ def test_policy_figures_and_validation() -> None:
     m = ContextManager(TruncatingCompactor())
     assert (m.threshold_tokens, m.target_tokens) == (160_000, 112_000)
     assert ContextManager(TruncatingCompactor(), 1000, 50, target_pct=50).target_tokens == 250
-    for kwargs, bad in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"context_window": -1}, "-1"),
         ({"compact_threshold": 101}, "101"),
         ({"target_pct": 0}, "target_pct"),
-    ]:
+    ]
+    for kwargs, bad in cases:
         with pytest.raises(ConfigError, match=bad):
             ContextManager(TruncatingCompactor(), **kwargs)
     with pytest.raises(ConfigError, match="compact"):
@@ -331,7 +332,8 @@ def test_commit_point_on_a_later_failure() -> None:
     assert conv[-1].tool_results and conv[-1].tool_results[0].output == "z" * 30_000
     assert conv[-2].tool_calls[0].name == "dump"
     assert len(conv) < len(hist) + 3
-    assert loop.session.current_run.turns[0].tool_calls[0].name == "dump"  # audit trail kept
+    run = loop.session.current_run
+    assert run is not None and run.turns[0].tool_calls[0].name == "dump"  # audit trail kept
 
 
 def test_no_compaction_without_crossing_and_none_manager_disables() -> None:

@@ -7,7 +7,13 @@ from typing import Any, Mapping, Optional
 import pytest
 
 from loopctl import BareLoop, RunConfig
-from loopctl.context import ContextContributor, ContributorContext, GoalReminder, InMemoryStore, MemoryEntry
+from loopctl.context import (
+    ContextContributor,
+    ContributorContext,
+    GoalReminder,
+    InMemoryStore,
+    MemoryEntry,
+)
 from loopctl.context.contributors import GOAL_REMINDER_PREFIX, FunctionContributor, first_user_text
 from loopctl.driver.llm_turn import MEMORY_PREFIX
 from loopctl.errors import ConfigError
@@ -86,7 +92,9 @@ def test_contributors_in_order_before_memory_and_conversation_never_persisted() 
             assert not any(t.startswith(MEMORY_PREFIX) or t.startswith("contrib") for t in rest)
     convo = [m.text for m in loop.conversation()]
     assert not any(t.startswith("contrib") or t.startswith(MEMORY_PREFIX) for t in convo)
-    assert all(not t.input.startswith("contrib") for t in loop.session.current_run.turns)
+    run = loop.session.current_run
+    assert run is not None
+    assert all(not t.input.startswith("contrib") for t in run.turns)
 
 
 def test_contributor_sees_snapshot_with_input_and_raising_one_is_skipped() -> None:

@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 
 from loopctl import BareLoop, SessionConfig
-from loopctl.context import ConversationMeter, HeuristicTokenCounter, TokenCounter, UsageCalibration, count_messages
+from loopctl.context import (
+    ConversationMeter,
+    HeuristicTokenCounter,
+    TokenCounter,
+    UsageCalibration,
+    count_messages,
+)
 from loopctl.errors import ConfigError
 from loopctl.messages import Message, Role, ThinkingPart, ToolCallPart, ToolResultPart, Usage
 from loopctl.observers import CallbackObserver, Compaction, Event

@@ -18,7 +18,6 @@ half of what was measured when that is lower.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 from loopctl.context.compactors import (
@@ -42,7 +41,7 @@ def _int_in(name: str, value: Any, low: int, high: Optional[int] = None) -> int:
     if not ok:
         rng = f">= {low}" if high is None else f"in [{low}, {high}]"
         raise ConfigError(f"{name} must be an int {rng}, got {value!r}")
-    return value
+    return int(value)
 
 
 class ContextManager:

@@ -17,8 +17,8 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from typing import Any, Optional, Protocol, runtime_checkable
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 

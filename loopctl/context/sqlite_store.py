@@ -257,9 +257,9 @@ class SqliteMemoryStore:
                 if self._fts:
                     match = " OR ".join('"' + w.replace('"', '""') + '"' for w in sorted(qw))
                     rows = con.execute(
-                        f"SELECT m.id, m.text, m.tags, m.category, m.relevance, m.created_at "
-                        f"FROM memories_fts f JOIN memories m ON m.rowid = f.rowid "
-                        f"WHERE memories_fts MATCH ? ORDER BY bm25(memories_fts) LIMIT ?",
+                        "SELECT m.id, m.text, m.tags, m.category, m.relevance, m.created_at "
+                        "FROM memories_fts f JOIN memories m ON m.rowid = f.rowid "
+                        "WHERE memories_fts MATCH ? ORDER BY bm25(memories_fts) LIMIT ?",
                         (match, max(100, limit * 20)),
                     ).fetchall()
                     candidates: Iterable[MemoryEntry] = [_row_entry(r) for r in rows]
