@@ -1,0 +1,240 @@
+"""The examples run real runs: the script cancels one, the web apps steer and cancel one.
+
+The web tests drive the Flask app through Flask's test client and the
+Django view through Django's test client (its settings live in the example
+file), following the run's server-sent events as a browser would. The demo
+``add`` tool holds turn 0 until the test has steered; ``multiply`` waits on
+the run's cancel signal, so the cancel always lands while a tool runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import pytest
+
+from loopctl import BareLoop
+from loopctl.demo_tools import AddTool, LookupTool, MultiplyTool
+from loopctl.providers.offline import OfflineModel
+from loopctl.registry import RunRegistry
+from loopctl.tools.base import ToolContext
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _load(name: str) -> ModuleType:
+    module = sys.modules.get(f"examples_{name}")
+    if module is not None:
+        return module
+    spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_script_with_cancel_finishes_or_cancels(capsys: pytest.CaptureFixture[str]) -> None:
+    script = _load("script_with_cancel")
+    assert script.main(["--tool-delay", "0", "--timeout", "30"]) == 0
+    assert "(2 + 3) * 4 = 20." in capsys.readouterr().out
+    # Each tool waits 60 s on the cancel signal: the 0.2 s timeout always wins.
+    assert script.main(["--tool-delay", "60", "--timeout", "0.2"]) == 130
+    out = capsys.readouterr().out
+    assert "run cancelled: took longer than the timeout" in out
+    assert "never delivered: show each step" in out
+    assert "conversation after the cancel: 0 messages" in out
+
+
+class SSE:
+    """Reads server-sent event frames from a response body iterator."""
+
+    def __init__(self, chunks: Iterator[Any]) -> None:
+        self._chunks = iter(chunks)
+        self._buf = ""
+
+    def __iter__(self) -> Iterator[tuple[int, dict[str, Any]]]:
+        while True:
+            while "\n\n" not in self._buf:
+                chunk = next(self._chunks, None)
+                if chunk is None:
+                    return
+                self._buf += chunk.decode() if isinstance(chunk, bytes) else chunk
+            frame, self._buf = self._buf.split("\n\n", 1)
+            fields = dict(ln.split(": ", 1) for ln in frame.splitlines() if not ln.startswith(":"))
+            if "data" in fields:
+                yield int(fields["id"]), json.loads(fields["data"])
+
+    def until(self, kind: str, **match: Any) -> tuple[int, dict[str, Any]]:
+        for seq, event in self:
+            if event["type"] == kind and all(event.get(k) == v for k, v in match.items()):
+                return seq, event
+        raise AssertionError(f"stream ended before a {kind!r} event")
+
+
+class Web:
+    """One app under test: JSON requests and SSE streams, Flask or Django."""
+
+    def __init__(self, post: Callable[..., tuple[int, Any]], get: Callable[..., tuple[int, Any]],
+                 stream: Callable[..., Any]) -> None:
+        self.post, self.get, self.stream = post, get, stream
+
+
+class _GatedAdd(AddTool):
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__()
+        self.gate = gate
+
+    def call(self, input: Any, ctx: ToolContext) -> str:
+        assert self.gate.wait(10)
+        return super().call(input, ctx)
+
+
+@pytest.fixture
+def gate() -> threading.Event:
+    return threading.Event()
+
+
+def _factory(gate: threading.Event) -> Callable[[], BareLoop]:
+    return lambda: BareLoop(OfflineModel(), [_GatedAdd(gate), MultiplyTool(delay=60), LookupTool()])
+
+
+@pytest.fixture
+def flask_web(gate: threading.Event) -> Iterator[Web]:
+    pytest.importorskip("flask")
+    app_module = _load("flask_app")
+    registry = RunRegistry()
+    client = app_module.create_app(registry, _factory(gate)).test_client()
+    opened: list[Any] = []
+
+    def post(url: str, body: Any = None) -> tuple[int, Any]:
+        r = client.post(url, json=body or {})
+        return r.status_code, r.get_json()
+
+    def get(url: str) -> tuple[int, Any]:
+        r = client.get(url)
+        return r.status_code, (r.get_json() if r.is_json else r.get_data(as_text=True))
+
+    def stream(url: str, headers: Any = None) -> SSE:
+        r = client.get(url, headers=headers or {}, buffered=False)
+        assert r.status_code == 200 and r.mimetype == "text/event-stream"
+        opened.append(r)
+        return SSE(r.response)
+
+    yield Web(post, get, stream)
+    gate.set()
+    for r in opened:
+        r.close()
+    registry.close()
+
+
+@pytest.fixture
+def django_web(gate: threading.Event) -> Iterator[Web]:
+    pytest.importorskip("django")
+    view = _load("django_view")
+    from django.test import Client
+
+    registry = RunRegistry()
+    saved = view.REGISTRY, view.LOOP_FACTORY
+    view.REGISTRY, view.LOOP_FACTORY = registry, _factory(gate)
+    client = Client()
+    opened: list[Any] = []
+
+    def post(url: str, body: Any = None) -> tuple[int, Any]:
+        r = client.post(url, data=json.dumps(body or {}), content_type="application/json")
+        return r.status_code, json.loads(r.content)
+
+    def get(url: str) -> tuple[int, Any]:
+        r = client.get(url)
+        if r["Content-Type"].startswith("application/json"):
+            return r.status_code, json.loads(r.content)
+        return r.status_code, r.content.decode()
+
+    def stream(url: str, headers: Any = None) -> SSE:
+        extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()}
+        r = client.get(url, **extra)
+        assert r.status_code == 200 and r["Content-Type"] == "text/event-stream"
+        opened.append(r)
+        return SSE(r.streaming_content)
+
+    yield Web(post, get, stream)
+    gate.set()
+    for r in opened:
+        r.close()
+    registry.close()
+    view.REGISTRY, view.LOOP_FACTORY = saved
+
+
+@pytest.fixture(params=["flask", "django"])
+def web(request: pytest.FixtureRequest) -> Web:
+    return request.getfixturevalue(f"{request.param}_web")  # type: ignore[no-any-return]
+
+
+def test_web_app_steers_and_cancels_a_real_run(web: Web, gate: threading.Event) -> None:
+    code, body = web.post("/runs", {"input": "What is (2 + 3) * 4?"})
+    assert code == 201, body
+    rid = body["run_id"]
+    events = web.stream(f"/runs/{rid}/events")
+    events.until("tool_pre", tool="add")  # turn 0's add is held by the gate
+
+    assert web.post(f"/runs/{rid}/steer", {"text": "be brief"}) == (200, {"accepted": True})
+    gate.set()
+    steer_seq, delivered = events.until("steering")
+    assert delivered["turn"] == 1
+    assert delivered["messages"][0]["parts"][0]["text"] == "be brief"
+    text = ""
+    for _, event in events:
+        if event["type"] == "text_delta":
+            text += event["delta"]
+        if event["type"] == "tool_pre":  # multiply: waits for the cancel
+            break
+    assert text.startswith("Noted: be brief.")
+
+    assert web.post(f"/runs/{rid}/steer", {"text": "too late"}) == (200, {"accepted": True})
+    assert web.post(f"/runs/{rid}/cancel", {"reason": "stop"}) == (200, {"cancelled": True})
+    _, end = events.until("run_end")
+    assert end["success"] is False and "cancelled" in end["error"]
+
+    code, status = web.get(f"/runs/{rid}")
+    assert code == 200 and status["state"] == "cancelled"
+    assert status["leftovers"] == ["too late"]
+    assert web.post(f"/runs/{rid}/cancel") == (200, {"cancelled": False})
+    assert web.post(f"/runs/{rid}/steer", {"text": "hello?"}) == (200, {"accepted": False})
+
+    # A reconnecting browser resumes after the last event it saw.
+    resumed = list(web.stream(f"/runs/{rid}/events", {"Last-Event-ID": str(steer_seq)}))
+    assert resumed[0][0] == steer_seq + 1
+    assert resumed[-1][1]["type"] == "run_end"
+    assert [s for s, _ in resumed] == list(range(steer_seq + 1, steer_seq + 1 + len(resumed)))
+
+
+def test_web_app_conversation_keeps_history_and_refuses_overlap(web: Web, gate: threading.Event) -> None:
+    gate.set()
+    code, first = web.post("/runs", {"input": "What is 12 + 30?", "conversation": "c1"})
+    assert code == 201
+    _, end = web.stream(f"/runs/{first['run_id']}/events").until("run_end")
+    assert end["success"] is True
+    code, status = web.get(f"/runs/{first['run_id']}")
+    assert status["output"].endswith("12 + 30 = 42.")
+
+    code, second = web.post("/runs", {"input": "multiply 6 by 7", "conversation": "c1"})
+    assert code == 201
+    web.stream(f"/runs/{second['run_id']}/events").until("tool_pre", tool="multiply")
+    code, busy = web.post("/runs", {"input": "What is 1 + 1?", "conversation": "c1"})
+    assert code == 409 and "already in flight" in busy["error"]
+    assert web.post(f"/runs/{second['run_id']}/cancel") == (200, {"cancelled": True})
+
+
+def test_web_app_errors_and_page(web: Web) -> None:
+    assert web.post("/runs", {"input": ""})[0] == 400
+    assert web.post("/runs/nope/steer", {"text": "x"})[0] == 404
+    assert web.get("/runs/nope")[0] == 404
+    code, html = web.get("/")
+    assert code == 200 and 'id="stop"' in html and "EventSource" in html
