@@ -466,3 +466,30 @@ def test_memory_store_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixt
         run = loop.run("go", RunConfig(memory_top_k=0))
     assert run.output == "done"
     assert "memory store of a tool trajectory failed" in caplog.text
+
+
+@pytest.mark.xfail(
+    reason="driver bug: the tool pool is sized by the first run's max_concurrency and never grows "
+    "(resources.py LoopResources.executor), so a later run's wider wave cannot all run at once",
+    strict=True,
+)
+def test_a_later_run_with_a_wider_wave_still_overlaps_fully() -> None:
+    small = threading.Barrier(2, timeout=WAIT)
+    wide = threading.Barrier(4, timeout=1.0)  # short: the bug shows as a broken barrier
+    outs: list[str] = []
+
+    @tool(concurrency_safe=True)
+    def meet(i: int, size: int) -> str:
+        """Meet."""
+        (small if size == 2 else wide).wait()
+        return "met"
+
+    script = [
+        calls(*[("meet", {"i": i, "size": 2}) for i in range(2)]), reply("one"),
+        calls(*[("meet", {"i": i, "size": 4}) for i in range(4)]), reply("two"),
+    ]
+    with BareLoop(ScriptedClient(script), [meet]) as loop:
+        loop.run("first", RunConfig(parallel=ParallelDispatch("parallel", 2)))
+        loop.run("second", RunConfig(parallel=ParallelDispatch("parallel", 4)))
+        outs = [r.output for r in results_of(loop)]
+    assert outs == ["met"] * 6
