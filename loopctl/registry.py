@@ -5,10 +5,9 @@ cancels it or streams its progress. The registry owns the table of runs
 keyed by ``Run.id`` and keeps these rules:
 
 - A run is known before its body can emit anything: its entry (with the
-  event buffer the run's tap writes into) exists before ``loop.start`` and
-  the id is published, under the registry lock, before ``start`` returns.
-  Every other call takes that lock to look an id up, so nobody sees a
-  half-registered run and no event is ever missed.
+  event buffer the run's tap writes into) exists before ``loop.start``, and
+  the id is published, complete, before ``start`` returns. An id looked up
+  earlier is unknown (``KeyError``); no event is ever missed.
 - The tap runs on the run's thread and only appends to a bounded deque and
   notifies a ``Condition``: a slow or absent consumer never slows the run.
   Events are turned into dicts by the consumer, not by the run.
@@ -18,12 +17,15 @@ keyed by ``Run.id`` and keeps these rules:
   running" and pushes under the registry lock, and a new run on a loop is
   started only under that lock, so an accepted steer always belongs to the
   run it named: it is delivered, or it is that run's leftover.
-- No thread of its own: finished runs are pruned on access.
+- No thread of its own: finished runs are pruned on access. Lookups by id
+  do not wait behind a ``start`` in progress (they prune only when the lock
+  is free and read the table atomically).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import threading
 import time
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
     from loopctl.driver.handle import RunHandle
     from loopctl.driver.loop import BareLoop
 
-RUN_STATES = ("running", "completed", "cancelled", "failed")
+log = logging.getLogger("loopctl")
 
 
 @attrs.frozen
@@ -129,7 +131,12 @@ class _Entry:
                 # open it until this one has left finalize: these are ours.
                 self.leftovers = self.loop.steering().take_leftovers()
                 self.ended = True
-                self._finished.append((self._clock(), self.run_id))
+                try:
+                    ended_at = self._clock()
+                except Exception:  # a broken injected clock must not lose the wake-up
+                    log.exception("RunRegistry clock raised; run %s is pruned early", self.run_id)
+                    ended_at = -math.inf
+                self._finished.append((ended_at, self.run_id))
             cond.notify_all()
 
     def gap(self, seq: int, dropped: int) -> Tuple[int, Dict[str, Any]]:
@@ -182,15 +189,9 @@ class RunRegistry:
     ) -> None:
         self._max_active = _positive_int("max_active", max_active)
         self._event_buffer = _positive_int("event_buffer", event_buffer)
-        if (
-            isinstance(keep_finished_s, bool)
-            or not isinstance(keep_finished_s, (int, float))
-            or math.isnan(keep_finished_s)
-            or keep_finished_s < 0
-        ):
-            raise ConfigError(
-                f"RunRegistry keep_finished_s must be a number >= 0, got {keep_finished_s!r}"
-            )
+        keep = keep_finished_s
+        if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not keep >= 0:
+            raise ConfigError(f"RunRegistry keep_finished_s must be a number >= 0, got {keep!r}")
         if not callable(clock):
             raise ConfigError(f"RunRegistry clock must be callable, got {clock!r}")
         self._keep = float(keep_finished_s)
@@ -253,7 +254,7 @@ class RunRegistry:
                 # The previous run emitted run_end and is in finalize's tail:
                 # let it finish, so a follow-up started by a client that saw
                 # run_end is not refused, and its cleanup cannot touch this run.
-                prev.handle.wait()
+                prev.handle.wait(5.0)
             entry = _Entry(rid, loop, self._event_buffer, self._finished, self._clock)
             entry.handle = loop.start(input, config, rid, tap=entry.tap)
             self._entries[rid] = entry
@@ -312,7 +313,8 @@ class RunRegistry:
             KeyError: unknown ``run_id``.
         """
         with self._lock:
-            entry = self._get_locked(run_id)
+            self._prune_locked()
+            entry = self._lookup(run_id)
             if entry.ended:
                 return False
             # Under the lock no new run can start on this loop, so the open
@@ -456,20 +458,21 @@ class RunRegistry:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def __len__(self) -> int:
-        with self._lock:
-            self._prune_locked()
-            return len(self._entries)
-
     def __repr__(self) -> str:
         return f"<RunRegistry runs={len(self._entries)} max_active={self._max_active}>"
 
     def _get(self, run_id: str) -> _Entry:
-        with self._lock:
-            return self._get_locked(run_id)
+        # Lookups never wait behind a start (which holds the lock while the
+        # loop spawns its thread): prune only if the lock is free right now,
+        # then read the dict (a single atomic get).
+        if self._lock.acquire(blocking=False):
+            try:
+                self._prune_locked()
+            finally:
+                self._lock.release()
+        return self._lookup(run_id)
 
-    def _get_locked(self, run_id: str) -> _Entry:
-        self._prune_locked()
+    def _lookup(self, run_id: str) -> _Entry:
         entry = self._entries.get(run_id)
         if entry is None:
             raise KeyError(f"unknown run id {run_id!r}")
@@ -517,4 +520,4 @@ def _status(entry: _Entry) -> RunStatus:
     )
 
 
-__all__ = ["RUN_STATES", "RunRegistry", "RunStatus"]
+__all__ = ["RunRegistry", "RunStatus"]

@@ -429,18 +429,21 @@ def test_finished_runs_are_dropped_after_keep_finished_s(gates: list[Gate]) -> N
         live_id = reg.start(make_loop(g), "y")
         clock.now = 129.9
         assert reg.status(done_id).state == "completed"
+        assert texts(reg.leftovers(done_id)) == [] and list(reg.events(done_id))
         clock.now = 130.0
         with pytest.raises(KeyError, match=done_id):
             reg.status(done_id)
+        with pytest.raises(KeyError, match=done_id):
+            reg.events(done_id)
         assert [s.run_id for s in reg.list()] == [live_id]
         clock.now = 10_000.0  # a running run is never dropped
         assert reg.status(live_id).state == "running"
         g.release.set()
         reg.result(live_id, timeout=WAIT)
         clock.now = 10_029.0
-        assert len(reg) == 1
+        assert len(reg.list()) == 1
         clock.now = 10_030.0
-        assert len(reg) == 0 and reg.list() == []
+        assert reg.list() == []
     finally:
         reg.close()
 
