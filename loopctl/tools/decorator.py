@@ -8,7 +8,11 @@ docstring's ``Args:`` section). A mistake there raises ``ConfigError`` at
 once. At call time the input is validated against that schema, converted
 to the declared types, and passed as keyword arguments; a parameter
 annotated ``ToolContext`` receives the call's context and is not
-advertised. ``**kwargs`` lets the schema accept extra fields.
+advertised. ``**kwargs`` lets the schema accept extra fields. String hints
+(``from __future__ import annotations``, Python 3.9's ``list[int]``) are
+resolved with ``typing.get_type_hints`` in the function's module plus the
+locals of the scope that applies the decorator (so a tool defined in a
+function may name a class defined beside it).
 """
 
 from __future__ import annotations

@@ -148,14 +148,18 @@ class Reflector(Protocol):
         input: Mapping[str, Any],
         schema: Optional[ToolSchema],
         ctx: ReflectionContext,
-    ) -> FailureAnalysis: ...
+    ) -> FailureAnalysis:
+        """Analyse the soft error ``error`` of ``tool(input)`` (``schema`` None if unknown)."""
+        ...
 
 
 @runtime_checkable
 class RecoveryStrategy(Protocol):
     """Decides what to do about an analysed failure (pure)."""
 
-    def decide(self, analysis: FailureAnalysis, attempt: int, max_attempts: int) -> RecoveryAction: ...
+    def decide(self, analysis: FailureAnalysis, attempt: int, max_attempts: int) -> RecoveryAction:
+        """``Retry(delay)``, ``Skip``, ``AskUser`` or ``Fail`` for attempt ``attempt`` (0 first)."""
+        ...
 
 
 class NoopReflector:
