@@ -146,7 +146,7 @@ def _render(value: Any) -> str:
     import json
 
     try:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
     except (TypeError, ValueError):
         return str(value)
 
