@@ -43,7 +43,8 @@ from loopctl.messages import (
 )
 from loopctl.observers import Observer
 from loopctl.records import Run, Session, Turn
-from loopctl.tools import Tool, ToolContext, ToolError, ToolOutput, ToolRegistry
+from loopctl.registry import RunRegistry, RunStatus
+from loopctl.tools import Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, tool
 
 __version__ = "0.1.0.dev0"
 
@@ -89,6 +90,8 @@ __all__ = [
     "Run",
     "RunConfig",
     "RunHandle",
+    "RunRegistry",
+    "RunStatus",
     "Session",
     "SessionConfig",
     "Steering",
@@ -104,6 +107,7 @@ __all__ = [
     "ToolResultPart",
     "Turn",
     "Usage",
+    "tool",
     "UserInputRequired",
     "ToolRecoveryExhausted",
 ]

@@ -1,8 +1,7 @@
 """The public surface: SPEC's names are exported, and every exported name is documented.
 
 The SPEC lists below are copied from SPEC §2 (the import block), §3 (the
-machine) and §9 (context). A name another area has not landed yet is an
-``xfail`` of its own (not strict), so each turns green when it lands.
+machine) and §9 (context).
 """
 
 from __future__ import annotations
@@ -41,13 +40,6 @@ SPEC_CONTEXT = [
     "ContextContributor", "GoalReminder", "MemoryEntry", "InMemoryStore", "SqliteMemoryStore",
 ]
 
-# Names another area owns and has not exported yet (module, name).
-NOT_YET = {
-    ("loopctl", "tool"),
-    ("loopctl", "RunRegistry"),
-    ("loopctl", "RunStatus"),
-}
-
 SPEC = {
     "loopctl": SPEC_LOOPCTL,
     "loopctl.testing": SPEC_TESTING,
@@ -62,10 +54,7 @@ def spec_params() -> list[Any]:
     params = []
     for module, names in SPEC.items():
         for name in names:
-            marks = ()
-            if (module, name) in NOT_YET:
-                marks = (pytest.mark.xfail(reason=f"{module}.{name} not landed yet", strict=False),)
-            params.append(pytest.param(module, name, marks=marks, id=f"{module}.{name}"))
+            params.append(pytest.param(module, name, id=f"{module}.{name}"))
     return params
 
 
