@@ -76,7 +76,8 @@ def gather_transients(loop: BareLoop, rc: RunContext, turn: int, query: str) -> 
             except Exception:
                 log.exception("memory retrieve failed; turn goes on without memory")
                 entries = []
-            lines = [getattr(e, "text", str(e)) for e in entries]
+            # One entry per line: an entry's own line breaks are folded.
+            lines = [" ".join(str(getattr(e, "text", e)).split()) for e in entries]
             lines = [ln for ln in lines if ln]
             if lines:
                 out.append(Message.user(MEMORY_PREFIX + "\n" + "\n".join(lines)))
