@@ -167,7 +167,15 @@ class SSEStream:
             ctype = resp.headers.get("content-type", "")
             if self._on_json is not None and ctype.startswith("application/json"):
                 # A server that ignored "stream": true answered with one JSON body.
-                data = read_json(resp, scope, self._label)
+                with self._lock:
+                    self._reading = True  # close() then only shuts the socket
+                try:
+                    data = read_json(resp, scope, self._label)
+                except Cancelled:
+                    return
+                finally:
+                    with self._lock:
+                        self._reading = False
                 complete = True
                 yield from self._on_json(data)
                 return
