@@ -372,11 +372,13 @@ def test_cancel_during_a_wave_ends_the_run_promptly_and_discards_results(iterati
     entered = threading.Barrier(4, timeout=WAIT)
     release = threading.Event()
     seen_cancel: list[bool] = []
+    cooperative_done = threading.Event()
 
     def body(input: Mapping[str, Any], ctx: ToolContext) -> None:
         entered.wait()
         if input["i"] % 2:
             seen_cancel.append(ctx.cancel.wait(WAIT))  # cooperative
+            cooperative_done.set()
         else:
             release.wait(WAIT)  # stuck until the test lets go
 
@@ -391,6 +393,7 @@ def test_cancel_during_a_wave_ends_the_run_promptly_and_discards_results(iterati
         assert [type(e) for e in events if isinstance(e, (ToolPre, ToolPost))] == [ToolPre] * 3
         assert loop.conversation() == []
         release.set()
+    assert cooperative_done.wait(WAIT)
     assert seen_cancel == [True]
 
 
