@@ -221,8 +221,9 @@ def test_timeout_lets_fast_calls_through_with_their_result() -> None:
         TimeoutMiddleware(0)
 
 
-@pytest.mark.parametrize("iteration", range(5))
+@pytest.mark.parametrize("iteration", range(3))
 def test_timeouts_in_a_parallel_wave_do_not_hold_the_others(iteration: int) -> None:
+    # The deadline is generous so that the quick calls make it even on a loaded machine.
     release = threading.Event()
 
     @tool(concurrency_safe=True)
@@ -235,10 +236,10 @@ def test_timeouts_in_a_parallel_wave_do_not_hold_the_others(iteration: int) -> N
     script = calls(("maybe", {"stuck": False}), ("maybe", {"stuck": True}), ("maybe", {"stuck": False}))
     try:
         with BareLoop(ScriptedClient([script, reply("ok")]), [maybe]) as loop:
-            loop.set_pipeline(ToolPipeline.builder().with_middleware(TimeoutMiddleware(0.05)))
+            loop.set_pipeline(ToolPipeline.builder().with_middleware(TimeoutMiddleware(0.5)))
             loop.run("go", RunConfig(parallel=ParallelDispatch("parallel", 8)))
             outs = [r.output for m in loop.conversation() for r in m.tool_results]
-        assert outs == ["fine", "Tool 'maybe' timed out after 0.05s", "fine"]
+        assert outs == ["fine", "Tool 'maybe' timed out after 0.5s", "fine"]
     finally:
         release.set()
 
