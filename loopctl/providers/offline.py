@@ -18,6 +18,7 @@ cancel stops it at once. Library code, so it never imports
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -193,7 +194,7 @@ class Parser:
             return f" @{len(lookups) - 1} "
 
         for rx, fg, ng in self._lookup_res:
-            t = rx.sub(lambda m, fg=fg, ng=ng: place(m, fg, ng), t)
+            t = rx.sub(functools.partial(_call_place, place, fg, ng), t)
         changed = True
         while changed:
             changed = False
@@ -249,6 +250,10 @@ class Parser:
         if value is None:
             raise ValueError(f"unexpected token {tok!r}")
         return Num(value), toks[1:]
+
+
+def _call_place(place: Any, fg: int, ng: int, m: re.Match[str]) -> str:
+    return str(place(m, fg, ng))
 
 
 # -- reading the conversation --------------------------------------------------
@@ -379,11 +384,11 @@ def read_conversation(messages: Sequence[Message], parser: Parser) -> Reading:
         if results:
             last = []
         for r in results:
-            c = calls.get(r.tool_call_id)
-            if c is None:
+            asked = calls.get(r.tool_call_id)
+            if asked is None:
                 continue
-            last.append((c, r))
-            sig = _call_signature(c.name, c.input)
+            last.append((asked, r))
+            sig = _call_signature(asked.name, asked.input)
             if sig is not None:
                 known[sig] = r
     started = any(m.role == Role.ASSISTANT for m in exchange)
