@@ -2,13 +2,21 @@
 
 One run of N turns (N = 50, 200, 1000); every turn is one model call that
 asks for one call of a trivial tool; then a final reply. Scripted client,
-non-streaming, no observers. The floor is a hand-written loop doing the
-same work in the same process: the same scripted client, a request over the
-whole conversation each turn, ``Tool.invoke``, the assistant message and ONE
-tool-result message appended per turn.
+non-streaming, no observers, default components (token meter, loop and
+convergence detectors, context manager). The floor is a hand-written loop
+doing the same work in the same process: the same scripted client, a
+request over the whole conversation each turn, ``Tool.invoke``, the
+assistant message and ONE tool-result message appended per turn.
 
 Prints, per N: µs per turn for both, the ratio, and the growth of the
-driver's µs/turn from N=50 to N=1000. Targets: <= 50 µs/turn, growth <= 1.3x.
+driver's µs/turn from N=50 to N=1000; then a fit of total(N) = fixed +
+N * marginal. Targets: <= 50 µs/turn, growth <= 1.3x.
+
+Two clocks: wall time (``perf_counter``) and process CPU time
+(``process_time``, all threads). On a shared machine wall time also counts
+the time other processes held the CPU; CPU time does not, so it is the
+steadier figure (the caller of ``run()`` sleeps while the run's thread
+works, so it adds nothing). Each figure is the best of REPEATS, GC off.
 
 Run: ``python benchmarks/turn_overhead.py`` (from the repo root; < 60 s).
 Set ``PROFILE=1`` to print the top cProfile costs of one N=1000 run.
@@ -18,19 +26,18 @@ from __future__ import annotations
 
 import gc
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loopctl import BareLoop, Message, ModelRequest, RunConfig, Tool  # noqa: E402
+from loopctl import BareLoop, Message, ModelRequest, RunConfig, Tool, ToolResultPart  # noqa: E402
 from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
 
 SIZES = (50, 200, 1000)
-REPEATS = 7
+REPEATS = 9
 
 
 class Noop(Tool):
@@ -44,30 +51,46 @@ class Noop(Tool):
 
 
 def script(n: int) -> list[Any]:
-    """N tool-calling replies and a final answer (built outside the timing)."""
-    return [call("noop") for _ in range(n)] + [reply("done")]
+    """N tool-calling replies and a final answer (built outside the timing).
+
+    Each call has its own input, as a real agent's do: the default loop
+    detector stops ten identical (tool, input, result) calls in a row.
+    """
+    return [call("noop", step=k) for k in range(n)] + [reply("done")]
 
 
-def driver_once(n: int) -> float:
-    """Seconds for one BareLoop run of n tool turns (+ the final reply)."""
+Clock = tuple[float, float]  # (wall seconds, cpu seconds)
+
+
+def _now() -> Clock:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(t0: Clock) -> Clock:
+    w, c = _now()
+    return w - t0[0], c - t0[1]
+
+
+def driver_once(n: int) -> Clock:
+    """One BareLoop run of n tool turns (+ the final reply)."""
     client = ScriptedClient(script(n))
     with BareLoop(client, [Noop()]) as loop:
         loop.set_turn_mode("non_streaming")
         cfg = RunConfig(max_turns=n + 1)
-        t0 = time.perf_counter()
+        t0 = _now()
         run = loop.run("go", cfg)
-        dt = time.perf_counter() - t0
+        dt = _since(t0)
     assert run.turn_count == n + 1 and run.tool_call_count == n, run
     return dt
 
 
-def floor_once(n: int) -> float:
-    """Seconds for a hand-written loop doing the same work."""
+def floor_once(n: int) -> Clock:
+    """A hand-written loop doing the same work."""
     client = ScriptedClient(script(n))
     tool = Noop()
     tools = {tool.name: tool}
     schemas = (tool.schema(),)
-    t0 = time.perf_counter()
+    t0 = _now()
     conversation: list[Message] = [Message.user("go")]
     while True:
         response = client.complete(ModelRequest(tuple(conversation), None, schemas))
@@ -76,19 +99,17 @@ def floor_once(n: int) -> float:
         if not message.tool_calls:
             break
         results = []
-        from loopctl.messages import ToolResultPart
-
         for c in message.tool_calls:
             out = tools[c.name].invoke(c.input, None)  # type: ignore[arg-type]
             results.append(ToolResultPart(c.id, c.name, out.text, out.is_error))
         conversation.append(Message.from_tool_results(results))
-    dt = time.perf_counter() - t0
+    dt = _since(t0)
     assert len(conversation) == 2 * n + 2
     return dt
 
 
-def best(fn: Any, n: int) -> float:
-    """Median of REPEATS runs, GC disabled inside each (collected between)."""
+def best(fn: Callable[[int], Clock], n: int) -> Clock:
+    """Best wall and best CPU time of REPEATS runs, GC off inside each."""
     samples = []
     for _ in range(REPEATS):
         gc.collect()
@@ -97,11 +118,11 @@ def best(fn: Any, n: int) -> float:
             samples.append(fn(n))
         finally:
             gc.enable()
-    return statistics.median(samples)
+    return min(s[0] for s in samples), min(s[1] for s in samples)
 
 
 def profile(n: int = 1000) -> None:
-    """Print the top costs of one driver run (cumulative and own time)."""
+    """Print the top costs of one driver run (own time and cumulative)."""
     import cProfile
     import pstats
 
@@ -109,11 +130,7 @@ def profile(n: int = 1000) -> None:
     with BareLoop(client, [Noop()]) as loop:
         loop.set_turn_mode("non_streaming")
         prof = cProfile.Profile()
-        # The run's body executes on its own thread: profile that thread.
-        import threading
-
-        threading.setprofile(None)
-        orig = loop._body
+        orig = loop._body  # the run's body executes on its own thread: profile that
 
         def body(rc: Any) -> None:
             prof.enable()
@@ -125,25 +142,39 @@ def profile(n: int = 1000) -> None:
         loop._body = body  # type: ignore[method-assign]
         loop.run("go", RunConfig(max_turns=n + 1))
     stats = pstats.Stats(prof)
-    stats.sort_stats("tottime").print_stats(18)
-    stats.sort_stats("cumulative").print_stats(25)
+    stats.sort_stats("tottime").print_stats(20)
+    stats.sort_stats("cumulative").print_stats(30)
 
 
 def main() -> None:
-    for n in SIZES[:1]:  # warm-up (imports, first-run costs)
-        driver_once(n)
-        floor_once(n)
-    per_turn: dict[int, float] = {}
-    print(f"{'N':>6} {'driver us/turn':>15} {'floor us/turn':>14} {'ratio':>7} {'overhead us/turn':>17}")
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(
+        f"one run of N tool turns, non-streaming, no observers; best of {REPEATS}; "
+        f"load average {load:.1f}"
+    )
+    driver_once(SIZES[0])  # warm-up: imports, first-run costs
+    floor_once(SIZES[0])
+    results: dict[int, tuple[Clock, Clock]] = {}
+    print(f"{'':>6} {'--------- wall us/turn ---------':>34} {'---------- cpu us/turn ----------':>35}")
+    print(f"{'N':>6} {'driver':>9} {'floor':>8} {'ratio':>7} {'over':>7}   {'driver':>9} {'floor':>8} {'ratio':>7} {'over':>7}")
     for n in SIZES:
-        d = best(driver_once, n) / n * 1e6
-        f = best(floor_once, n) / n * 1e6
-        per_turn[n] = d
-        print(f"{n:>6} {d:>15.1f} {f:>14.1f} {d / f:>7.2f} {d - f:>17.1f}")
-    growth = per_turn[SIZES[-1]] / per_turn[SIZES[0]]
-    print(f"growth N={SIZES[0]}->{SIZES[-1]}: {growth:.2f}x (target <= 1.3x)")
-    worst = max(per_turn.values())
-    print(f"worst driver cost: {worst:.1f} us/turn (target <= 50 us/turn)")
+        d, f = best(driver_once, n), best(floor_once, n)
+        results[n] = (d, f)
+        dw, fw, dc, fc = d[0] / n * 1e6, f[0] / n * 1e6, d[1] / n * 1e6, f[1] / n * 1e6
+        print(
+            f"{n:>6} {dw:>9.1f} {fw:>8.1f} {dw / fw:>7.2f} {dw - fw:>7.1f}   "
+            f"{dc:>9.1f} {fc:>8.1f} {dc / fc:>7.2f} {dc - fc:>7.1f}"
+        )
+    lo, hi = SIZES[0], SIZES[-1]
+    for k, name in ((0, "wall"), (1, "cpu")):
+        per = {n: results[n][0][k] / n * 1e6 for n in SIZES}
+        marginal = (results[hi][0][k] - results[lo][0][k]) / (hi - lo) * 1e6
+        fixed = results[lo][0][k] * 1e6 - marginal * lo
+        print(
+            f"{name:>4}: growth N={lo}->{hi} {per[hi] / per[lo]:.2f}x (target <= 1.3x); "
+            f"worst {max(per.values()):.1f} us/turn (target <= 50); "
+            f"fit: marginal {marginal:.1f} us/turn + fixed {fixed:.0f} us/run"
+        )
     if os.environ.get("PROFILE"):
         profile()
 

@@ -389,6 +389,27 @@ def test_cancel_during_a_retry_backoff() -> None:
         next_run_is_clean(loop, client, [])
 
 
+def test_cancel_during_the_stream_handlers_retry_backoff() -> None:
+    """The shipped StreamHandler sleeps 30 s before retrying a 500: cancel cuts it short."""
+    from loopctl.providers.stream_handler import StreamHandler
+
+    failed = threading.Event()
+
+    def server_error(request: ModelRequest) -> ModelResponse:
+        failed.set()
+        raise ModelError("upstream 500", status=500, retryable=True)
+
+    client = ScriptedClient([server_error])
+    rec = Recorder()
+    handler = StreamHandler(base_delay=30.0, max_delay=30.0, jitter=0.0, max_retries=3)
+    with BareLoop(client).with_observer(rec).with_stream_handler(handler) as loop:
+        err, latency = run_cancelled(loop, "retry later", failed)
+        assert_cancelled_cleanly(loop, rec, err, latency, [])
+        assert len(client.requests) == 1  # the retry never started
+        assert_fenced(rec, err.run.id, len(rec.events))
+        next_run_is_clean(loop, client, [])
+
+
 def test_cancel_during_a_compaction_pass() -> None:
     gate = Gate()
 
