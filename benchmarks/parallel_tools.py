@@ -15,7 +15,7 @@
      item;
    - a lone call (runs inline on the run's thread), beside the floor:
      one ``pool.submit(trivial).result()`` round trip, and a plain
-     function call.
+     function call; and the same with the default loop detector off.
    Also the tool phase per call end to end (its ``on_turn_end`` duration /
    8) for a whole run, which adds building the results message and
    re-measuring the context.
@@ -120,7 +120,7 @@ def overhead() -> None:
     rounds = OVERHEAD_ROUNDS // 4
     # Distinct inputs, so the default loop detector sees no repetition (it stays on).
     waves = iter([[ToolCallPart(f"c{k}.{i}", "noop", {"i": k * N + i}) for i in range(N)] for k in range(rounds * 5)])
-    lones = iter([[ToolCallPart(f"c{k}", "noop", {"i": k})] for k in range(OVERHEAD_ROUNDS * 5)])
+    lones = iter([[ToolCallPart(f"c{k}", "noop", {"i": k})] for k in range(OVERHEAD_ROUNDS * 10)])
     pool = ThreadPoolExecutor(N)
     items = list(range(N))
 
@@ -129,6 +129,9 @@ def overhead() -> None:
     floor_submit = per_call(lambda: pool.submit(trivial, 0).result(), OVERHEAD_ROUNDS, 1)
     floor_plain = per_call(lambda: trivial(0), OVERHEAD_ROUNDS * 10, 1)
     lone_us = per_call(lambda: dispatcher.dispatch(rc, 0, next(lones)), OVERHEAD_ROUNDS, 1)
+    detector, loop._loop_detector = loop._loop_detector, None
+    bare_us = per_call(lambda: dispatcher.dispatch(rc, 0, next(lones)), OVERHEAD_ROUNDS, 1)
+    loop._loop_detector = detector
     pool.shutdown()
     rc.lock.release()
     loop.close()
@@ -143,6 +146,7 @@ def overhead() -> None:
           f"  ({wave_us / floor_map:.2f}x floor)")
     print(f"  lone (inline): {lone_us:7.1f} us/call   floor submit().result(): {floor_submit:6.1f} us"
           f"  ({lone_us / floor_submit:.2f}x floor); plain call {floor_plain:.2f} us")
+    print(f"  lone, loop detector off: {bare_us:.1f} us/call (the default detector's record() is the rest)")
     print(f"  end to end tool phase, wave of 8 (results message + re-measure): {phase_us:.1f} us/call")
 
 
