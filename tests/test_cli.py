@@ -249,3 +249,25 @@ def test_openai_provider_talks_to_a_local_server(monkeypatch: pytest.MonkeyPatch
     assert code == 0, err
     assert "Hello from the server: 42." in out
     assert "sk-test-not-a-real-key" not in out + err
+
+
+def test_first_ctrl_c_cancels_the_run_a_second_exits_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loopctl import cli
+
+    exits: list[int] = []
+    monkeypatch.setattr(cli.os, "_exit", exits.append)
+    cancels: list[Optional[str]] = []
+
+    class Handle:
+        def cancel(self, reason: Optional[str] = None) -> None:
+            cancels.append(reason)
+
+    before = signal.getsignal(signal.SIGINT)
+    with cli.Interrupts() as interrupts:
+        assert signal.getsignal(signal.SIGINT) == interrupts._on_sigint
+        interrupts._on_sigint(signal.SIGINT, None)        # before the run has a handle
+        interrupts.attach(Handle())                        # applied as soon as it does
+        assert cancels == ["interrupted (Ctrl-C)"] and exits == []
+        interrupts._on_sigint(signal.SIGINT, None)
+        assert exits == [130]
+    assert signal.getsignal(signal.SIGINT) == before
