@@ -44,6 +44,9 @@ from loopctl.records import Run  # noqa: E402
 from loopctl.testing import ScriptedClient, calls, reply  # noqa: E402
 from loopctl.tools import tool  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_all import report  # noqa: E402
+
 N = 8
 SLEEP_S = 0.100
 REPEATS = 7
@@ -96,6 +99,8 @@ def wall_time() -> None:
     print(f"  floor ThreadPoolExecutor.map : {f:.4f} s  ({f / SLEEP_S:.3f}x ideal)")
     print(f"  loopctl tool phase           : {o:.4f} s  ({o / SLEEP_S:.3f}x ideal, {o / f:.3f}x floor)"
           f"  target <= 1.10x ideal: {'ok' if o / SLEEP_S <= 1.10 else 'MISSED'}")
+    report("8 x 100 ms tools, one turn: wall vs ideal 0.100 s (target <= 1.10x)", o, SLEEP_S, "s")
+    report("8 x 100 ms tools, one turn: wall vs ThreadPoolExecutor.map", o, f, "s")
 
 
 def per_call(fn: Callable[[], Any], rounds: int, per: int) -> float:
@@ -147,6 +152,8 @@ def overhead() -> None:
     print(f"  lone (inline): {lone_us:7.1f} us/call   floor submit().result(): {floor_submit:6.1f} us"
           f"  ({lone_us / floor_submit:.2f}x floor); plain call {floor_plain:.2f} us")
     print(f"  lone, loop detector off: {bare_us:.1f} us/call (the default detector's record() is the rest)")
+    report("dispatch per call, wave of 8 trivial tools vs pool.map item", wave_us, floor_map, "us")
+    report("dispatch per call, lone trivial tool (inline) vs submit().result()", lone_us, floor_submit, "us")
     print(f"  end to end tool phase, wave of 8 (results message + re-measure): {phase_us:.1f} us/call")
 
 
