@@ -14,7 +14,7 @@ in the same run:
   parsing the JSON alone costs; printed so the full path's overhead beyond
   the JSON it cannot avoid is visible).
 
-Prints MB/s and deltas/s for each and the ratio to the floor. Best of 3.
+Prints MB/s and deltas/s for each and the ratio to the floor. Best of 5.
 Run: ``python benchmarks/sse_throughput.py`` (about 10 s).
 """
 
@@ -141,7 +141,7 @@ def full(parser_cls: Callable[[], Any]) -> Callable[[list[bytes]], int]:
     return run
 
 
-def best(fn: Callable[[list[bytes]], int], chunks: list[bytes], repeat: int = 3) -> tuple[float, int]:
+def best(fn: Callable[[list[bytes]], int], chunks: list[bytes], repeat: int = 5) -> tuple[float, int]:
     times = []
     result = 0
     for _ in range(repeat):
