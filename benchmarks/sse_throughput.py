@@ -168,6 +168,10 @@ def main() -> None:
                          ("full (decoder+JSON+accumulator)", t_full)):
             print(f"  {label:34s} {mb / t:9.1f} MB/s  {deltas / t:12,.0f} deltas/s  "
                   f"{t_floor / t:5.2f}x floor")
+        for label, t in (("decoder", t_dec), ("decoder+JSON+accumulator", t_full)):
+            # One line per figure for benchmarks/run_all.py (value, floor, value/floor).
+            print(f"RESULT sse {name} {label} | {mb / t:.4g} MB/s | {mb / t_floor:.4g} MB/s | "
+                  f"{t_floor / t:.3g}x", flush=True)
         print(f"  {'reference: split + json.loads':34s} {mb / t_json:9.1f} MB/s  {deltas / t_json:12,.0f} deltas/s  "
               f"{t_floor / t_json:5.2f}x floor  (full runs at {t_json / t_full:.2f}x its speed)")
 
