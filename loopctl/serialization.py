@@ -199,6 +199,9 @@ def error_from_dict(data: Mapping[str, Any]) -> LoopError:
     return _error_from_dict(_mapping(data, "error"))
 
 
+_RUN_STATES = ("running", "completed", "cancelled", "failed")
+
+
 def status_to_dict(status: Any) -> Dict[str, Any]:
     """A ``RunStatus`` as a JSON-safe dict."""
     return dict(status.to_dict())
@@ -210,7 +213,7 @@ def status_from_dict(data: Mapping[str, Any]) -> Any:
     Raises:
         SchemaError: a missing field or an unknown state.
     """
-    from loopctl.registry import RUN_STATES, RunStatus
+    from loopctl.registry import RunStatus
 
     data = _mapping(data, "run status")
     _check_version(data, "run status")
@@ -218,8 +221,8 @@ def status_from_dict(data: Mapping[str, Any]) -> Any:
     missing = [n for n in names if n not in data]
     if missing:
         raise SchemaError(f"run status is missing {', '.join(map(repr, missing))}")
-    if data["state"] not in RUN_STATES:
-        raise SchemaError(f"unknown run state {data['state']!r}: expected one of {RUN_STATES}")
+    if data["state"] not in _RUN_STATES:
+        raise SchemaError(f"unknown run state {data['state']!r}: expected one of {_RUN_STATES}")
     return RunStatus(**{n: data[n] for n in names})
 
 

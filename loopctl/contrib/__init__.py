@@ -1,0 +1,6 @@
+"""Integrations that need optional extras; nothing here is imported by ``loopctl``.
+
+``loopctl.contrib.celery``: the ``RunRegistry`` API with runs on Celery
+workers and cancel, steering, events and history carried through Redis
+(extra ``[celery]``).
+"""

@@ -1,0 +1,499 @@
+"""``CeleryRunRegistry``: the ``RunRegistry`` API with runs on Celery workers, state in Redis.
+
+A web process calls ``start(conversation, input)``; the run is queued as a
+Celery task and executed by whichever worker picks it up; any process
+(another web worker, another machine) can then ``steer``, ``cancel``,
+follow ``events``, read ``status``/``result`` and ``leftovers`` by run id.
+The guarantees are the in-process registry's:
+
+- One run per conversation across all processes: ``start`` takes the
+  conversation's Redis lock (the run id, with an expiry) in the same atomic
+  step that records the run; a second ``start`` raises ``LoopBusy``. The
+  worker loads the conversation's history from Redis, builds the loop with
+  the factory (``BareLoop.from_history(client, tools, config, history)``)
+  and commits the history back only if the run succeeds.
+- One cancel = one cancelled run. A cancel before a worker picked the run
+  up is stored and applied at start (the run ends ``Cancelled`` without a
+  model call); later ones reach the worker's bridge thread.
+- Every accepted steer is delivered once or returned once by
+  ``leftovers(run_id)``: accepted before pickup -> delivered at the first
+  boundary; refused by the ending run, sealed undelivered, or never read by
+  the worker -> a leftover, in push order.
+- Events: a per-run Redis stream bounded by ``event_buffer`` with the same
+  ``(seq, dict)`` contract, ``after=`` resume and ``gap`` events.
+- At-most-once: the worker claims a queued run atomically, so a redelivered
+  task message is skipped. Runs have tools with side effects: a run whose
+  worker dies (``kill -9``, a lost machine) is NOT re-executed; its
+  heartbeat lapses, and within ``heartbeat_ttl`` (plus one read slice) any
+  registry call on it shows ``failed`` with "worker lost", the
+  conversation's history unchanged, its lock released and every steer it
+  accepted returned as a leftover. Keep Celery's defaults
+  ``task_acks_late=False`` (the task option is forced here) and use
+  ``worker_prefetch_multiplier=1`` so a dying worker holds no extra tasks.
+- Redis unreachable: every call raises ``RegistryUnavailable`` (a
+  ``LoopError``) within ``socket_timeout``, never hangs.
+
+Workers must import a module that constructs the registry (same ``prefix``
+and Redis) so the task finds it; run them with ``--pool threads`` (or
+prefork; every run uses a few threads of its own). Redis Cluster is not
+supported (the Lua steps touch keys of one run and its conversation).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Iterator
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
+
+from loopctl.config import RunConfig
+from loopctl.errors import ConfigError, LoopBusy, LoopError
+from loopctl.messages import Message
+from loopctl.records import Run
+from loopctl.registry import RunStatus
+from loopctl.serialization import history_from_dict, message_from_dict
+
+from .celery_redis import (
+    TERMINAL,
+    RedisBackend,
+    RegistryUnavailable,
+    WorkerLost,
+    dumps,
+)
+from .celery_worker import WorkerSettings, execute_run
+
+TASK_NAME = "loopctl.contrib.celery.execute_run"
+
+_REGISTRIES: weakref.WeakValueDictionary[str, CeleryRunRegistry] = weakref.WeakValueDictionary()
+_TASKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_TASKS_LOCK = threading.Lock()
+
+
+def _execute_task(run_id: str, prefix: str, conversation: str) -> str:
+    """The Celery task body: find this process's registry for ``prefix`` and run."""
+    reg = _REGISTRIES.get(prefix)
+    if reg is None:
+        raise LoopError(
+            f"no CeleryRunRegistry with prefix {prefix!r} in this worker: construct it in a "
+            "module the worker imports (the app module); run "
+            f"{run_id} stays queued"
+        )
+    return reg.execute(run_id, conversation)
+
+
+def _task_for(app: Any) -> Any:
+    with _TASKS_LOCK:
+        task = _TASKS.get(app)
+        if task is None:
+            task = app.task(
+                name=TASK_NAME,
+                shared=False,
+                acks_late=False,  # at-most-once: a run is never re-executed
+                reject_on_worker_lost=False,
+                ignore_result=True,
+                max_retries=0,
+            )(_execute_task)
+            _TASKS[app] = task
+        return task
+
+
+def _factory_spec(factory: Union[str, Callable[..., Any]]) -> str:
+    if isinstance(factory, str):
+        module, sep, attr = factory.partition(":")
+        if sep and module and attr:
+            return factory
+        raise ConfigError(f"loop_factory must look like 'pkg.module:factory', got {factory!r}")
+    qual = getattr(factory, "__qualname__", "")
+    module = getattr(factory, "__module__", "")
+    if callable(factory) and module and qual and "<" not in qual:
+        return f"{module}:{qual}"
+    raise ConfigError(
+        f"loop_factory must be 'pkg.module:factory' or a module-level function, got {factory!r:.80}"
+    )
+
+
+def _number(name: str, value: Any, minimum: float) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or value < minimum
+    ):
+        raise ConfigError(f"CeleryRunRegistry {name} must be a number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+class CeleryRunRegistry:
+    """Runs on Celery workers, addressed by id from any process (SPEC §12).
+
+    Args:
+        app: the Celery app (its broker carries the tasks).
+        redis_url: the Redis holding runs, events and histories (may be the broker).
+        loop_factory: ``"pkg.module:factory"`` (or a module-level function),
+            importable by the workers: ``factory(conversation, history) ->
+            BareLoop``, building the loop with ``BareLoop.from_history``.
+        prefix: key prefix in Redis; registries that share it share runs.
+        queue: the Celery queue to send runs to (default: the app's).
+        event_buffer: events kept per run (a consumer further behind gets a ``gap``).
+        keep_finished_s: seconds a finished run stays queryable.
+        heartbeat_interval: seconds between a worker's heartbeats.
+        heartbeat_ttl: seconds without a heartbeat after which the run is lost
+            (at least twice the interval).
+        queue_timeout: seconds a queued run holds its conversation's lock
+            before a worker must have picked it up.
+        socket_timeout: seconds for connecting to Redis and for each reply.
+
+    Raises:
+        ConfigError: a bad argument (the message names it and its value).
+        RegistryUnavailable: a malformed Redis URL.
+    """
+
+    def __init__(
+        self,
+        app: Any,
+        redis_url: str,
+        loop_factory: Union[str, Callable[..., Any]],
+        *,
+        prefix: str = "loopctl",
+        queue: Optional[str] = None,
+        event_buffer: int = 10_000,
+        keep_finished_s: float = 600,
+        heartbeat_interval: float = 1.0,
+        heartbeat_ttl: float = 5.0,
+        queue_timeout: float = 3600,
+        socket_timeout: float = 5.0,
+    ) -> None:
+        if not isinstance(redis_url, str) or not redis_url:
+            raise ConfigError(f"CeleryRunRegistry redis_url must be a non-empty str, got {type(redis_url).__name__}")
+        if not isinstance(prefix, str) or not prefix or ":" in prefix:
+            raise ConfigError(f"CeleryRunRegistry prefix must be a non-empty str without ':', got {prefix!r}")
+        if queue is not None and (not isinstance(queue, str) or not queue):
+            raise ConfigError(f"CeleryRunRegistry queue must be a non-empty str or None, got {queue!r}")
+        if isinstance(event_buffer, bool) or not isinstance(event_buffer, int) or event_buffer < 1:
+            raise ConfigError(f"CeleryRunRegistry event_buffer must be an int >= 1, got {event_buffer!r}")
+        keep = _number("keep_finished_s", keep_finished_s, 0.001)
+        interval = _number("heartbeat_interval", heartbeat_interval, 0.01)
+        ttl = _number("heartbeat_ttl", heartbeat_ttl, 0.02)
+        if ttl < 2 * interval:
+            raise ConfigError(
+                f"CeleryRunRegistry heartbeat_ttl must be at least twice heartbeat_interval "
+                f"({interval}), got {heartbeat_ttl!r}"
+            )
+        qtimeout = _number("queue_timeout", queue_timeout, 0.001)
+        stimeout = _number("socket_timeout", socket_timeout, 0.01)
+        self._factory = _factory_spec(loop_factory)
+        self._app = app
+        self._prefix = prefix
+        self._queue = queue
+        self._queue_ms = max(1, int(qtimeout * 1000))
+        self._settings = WorkerSettings(interval, ttl, event_buffer)
+        self._slice = max(0.05, min(1.0, ttl / 4))
+        self._backend = RedisBackend(redis_url, prefix, event_buffer, keep, stimeout, self._slice)
+        self._task = _task_for(app)
+        _REGISTRIES[prefix] = self
+
+    # -- starting ----------------------------------------------------------------------
+
+    def start(
+        self,
+        conversation: str,
+        input: str,
+        config: Optional[RunConfig] = None,
+        run_id: Optional[str] = None,
+    ) -> str:
+        """Queue a run of the conversation on the workers.
+
+        Args:
+            conversation: the conversation's key (its history lives in Redis).
+            input: the user's input.
+            config: the run's configuration.
+            run_id: the id to use (default: a fresh uuid hex).
+
+        Returns:
+            The run's id (its ``Run.id`` on the worker).
+
+        Raises:
+            LoopBusy: the conversation has a run queued or in flight.
+            LoopError: ``run_id`` is already registered.
+            RegistryUnavailable: Redis or the broker could not be reached
+                (a run recorded before the broker failed is failed at once).
+        """
+        if not isinstance(conversation, str) or not conversation:
+            raise ConfigError(f"conversation must be a non-empty str, got {conversation!r:.60}")
+        if not isinstance(input, str):
+            raise TypeError(f"run input must be a str, got {type(input).__name__}")
+        if config is not None and not isinstance(config, RunConfig):
+            raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
+        rid = uuid.uuid4().hex if run_id is None else run_id
+        if not isinstance(rid, str) or not rid:
+            raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
+        cfg = dumps(config.to_dict()) if config is not None else ""
+        res = self._backend.start(rid, conversation, input, cfg, self._factory, self._queue_ms)
+        if res[0] == "dup":
+            raise LoopError(f"run id {rid!r} is already registered")
+        if res[0] == "busy":
+            raise LoopBusy(
+                f"conversation {conversation!r} already has a run in flight ({res[1]}); run not started"
+            )
+        options: Dict[str, Any] = {
+            "kwargs": {"run_id": rid, "prefix": self._prefix, "conversation": conversation},
+            "task_id": rid,
+            "retry": True,
+            "retry_policy": {"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
+        }
+        if self._queue is not None:
+            options["queue"] = self._queue
+        try:
+            self._task.apply_async(**options)
+        except Exception as exc:
+            text = f"could not enqueue run {rid} on the Celery broker: {type(exc).__name__}"
+            try:
+                self._backend.abort(rid, text)
+            except RegistryUnavailable:
+                pass  # the lock expires after queue_timeout
+            raise RegistryUnavailable(text) from exc
+        return rid
+
+    # -- driving a run ---------------------------------------------------------------------
+
+    def steer(self, run_id: str, message: Union[Message, str]) -> bool:
+        """Offer guidance to the run; False once it has ended.
+
+        Accepted guidance is delivered at the run's next turn boundary (at
+        its first, if the run has not started yet) or returned by
+        ``leftovers(run_id)`` once the run has ended.
+
+        Raises:
+            KeyError: unknown ``run_id``.
+            RegistryUnavailable: Redis could not be reached.
+        """
+        if isinstance(message, str):
+            message = Message.user(message)
+        elif not isinstance(message, Message):
+            raise TypeError(
+                f"steer takes a Message or str, got {type(message).__name__}: {message!r:.60}"
+            )
+        got = self._backend.steer(run_id, dumps(message.to_dict()))
+        if got < 0:
+            raise KeyError(f"unknown run id {run_id!r}")
+        return got == 1
+
+    def cancel(self, run_id: str, reason: Optional[str] = None) -> bool:
+        """Cancel the run (only that run); False if it has already ended.
+
+        A run not yet picked up by a worker ends ``Cancelled`` as soon as one
+        does, without calling the model.
+
+        Raises:
+            KeyError: unknown ``run_id``.
+            RegistryUnavailable: Redis could not be reached.
+        """
+        got = self._backend.cancel(run_id, reason)
+        if got < 0:
+            raise KeyError(f"unknown run id {run_id!r}")
+        return got == 1
+
+    # -- looking at runs -----------------------------------------------------------------------
+
+    def status(self, run_id: str) -> RunStatus:
+        """A snapshot of the run (a queued run is ``"running"``).
+
+        Raises:
+            KeyError: unknown (or expired) ``run_id``.
+            RegistryUnavailable: Redis could not be reached.
+        """
+        return _status(run_id, self._fields(run_id))
+
+    def result(self, run_id: str, timeout: Optional[float] = None) -> Run:
+        """The finished ``Run`` (as ``RunHandle.result``), waiting without polling.
+
+        Raises:
+            KeyError: unknown ``run_id``.
+            LoopError: the run's error (``Cancelled``, ``WorkerLost``, ...; ``.run`` set).
+            TimeoutError: not finished within ``timeout`` seconds.
+            RegistryUnavailable: Redis could not be reached.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            fields = self._fields(run_id)
+            if fields.get("state") in TERMINAL:
+                return _finished_run(run_id, fields)
+            wait = self._slice
+            if deadline is not None:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    raise TimeoutError(f"run {run_id} not finished after {timeout}s")
+            self._backend.wait_done(run_id, wait)
+
+    def leftovers(self, run_id: str) -> List[Message]:
+        """The run's guidance that was accepted but never delivered.
+
+        Empty while the run is in flight; in push order once it ended.
+
+        Raises:
+            KeyError: unknown ``run_id``.
+            RegistryUnavailable: Redis could not be reached.
+        """
+        self._fields(run_id)
+        return [message_from_dict(json.loads(s)) for s in self._backend.leftovers(run_id)]
+
+    def list(self) -> List[RunStatus]:
+        """Status of every known run (of every process), oldest first."""
+        ids = self._backend.run_ids()
+        out: List[RunStatus] = []
+        gone: List[str] = []
+        for rid, fields in zip(ids, self._backend.statuses(ids)):
+            if fields:
+                out.append(_status(rid, fields))
+            else:
+                gone.append(rid)
+        self._backend.forget(gone)
+        return out
+
+    def history(self, conversation: str) -> List[Message]:
+        """The conversation's committed history (empty for a new conversation)."""
+        raw = self._backend.history(conversation)
+        return history_from_dict(json.loads(raw)) if raw else []
+
+    def events(
+        self, run_id: str, after: int = 0, timeout: Optional[float] = None
+    ) -> Iterator[Tuple[int, Dict[str, Any]]]:
+        """Follow the run's events: ``(seq, event_dict)`` with ``seq > after``.
+
+        As ``RunRegistry.events``: seqs start at 1, the iterator ends after
+        ``run_end``, a consumer behind the buffer first gets a ``gap`` event,
+        and ``timeout`` bounds the wait for each next event.
+
+        Raises:
+            KeyError: unknown ``run_id`` (at once, not on first ``next``).
+            RegistryUnavailable: Redis could not be reached (also while iterating).
+        """
+        self._fields(run_id)
+        return self._follow(run_id, max(0, int(after)), timeout)
+
+    def _follow(
+        self, run_id: str, after: int, timeout: Optional[float]
+    ) -> Iterator[Tuple[int, Dict[str, Any]]]:
+        pos = after
+        backend = self._backend
+        while True:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                wait = self._slice
+                if deadline is not None:
+                    wait = deadline - time.monotonic()
+                    if wait <= 0:
+                        return
+                batch = backend.read_events(run_id, pos, wait)
+                if batch:
+                    break
+                # A quiet slice: reap a lost run (adds its run_end), or stop if all was read.
+                fields = backend.status(run_id)
+                if not fields:
+                    return
+                if fields.get("state") in TERMINAL and int(fields.get("seq") or 0) <= pos:
+                    return
+            for seq, data in batch:
+                if seq > pos + 1:
+                    sid = backend.status(run_id).get("session_id", "")
+                    yield seq - 1, {
+                        "type": "gap",
+                        "session_id": sid,
+                        "run_id": run_id,
+                        "dropped": seq - 1 - pos,
+                    }
+                event = json.loads(data)
+                yield seq, event
+                pos = seq
+                if event.get("type") == "run_end":
+                    return
+
+    # -- the worker's side -------------------------------------------------------------------
+
+    def execute(self, run_id: str, conversation: str) -> str:
+        """Claim and execute a queued run in this process (the Celery task calls this).
+
+        Returns:
+            What happened: ``"skipped"``, ``"completed"``, ``"cancelled"``,
+            ``"failed"`` or ``"lost"``.
+        """
+        worker = f"{socket.gethostname()}:{os.getpid()}"
+        return execute_run(self._backend, run_id, conversation, self._settings, worker)
+
+    # -- housekeeping ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the Redis connections (runs on the workers are not affected)."""
+        self._backend.close()
+
+    def __enter__(self) -> CeleryRunRegistry:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<CeleryRunRegistry prefix={self._prefix!r} redis={self._backend.url}>"
+
+    def _fields(self, run_id: str) -> Dict[str, str]:
+        fields = self._backend.status(run_id)
+        if not fields:
+            raise KeyError(f"unknown run id {run_id!r}")
+        return fields
+
+
+def _int(fields: Dict[str, str], name: str) -> int:
+    try:
+        return int(fields.get(name) or 0)
+    except ValueError:
+        return 0
+
+
+def _status(run_id: str, fields: Dict[str, str]) -> RunStatus:
+    state = fields.get("state", "queued")
+    terminal = state in TERMINAL
+    started = fields.get("started_at") or fields.get("created_at") or "0"
+    return RunStatus(
+        run_id=run_id,
+        state=state if terminal else "running",
+        output=fields.get("output", "") if state == "completed" else None,
+        error=(fields.get("error") or None) if state in ("cancelled", "failed") else None,
+        turns=_int(fields, "turns"),
+        tool_calls=_int(fields, "tool_calls"),
+        input_tokens=_int(fields, "input_tokens"),
+        output_tokens=_int(fields, "output_tokens"),
+        started_at=float(started),
+        ended_at=float(fields["ended_at"]) if terminal and fields.get("ended_at") else None,
+    )
+
+
+def _finished_run(run_id: str, fields: Dict[str, str]) -> Run:
+    raw = fields.get("run")
+    if raw:
+        run = Run.from_dict(json.loads(raw))
+    else:  # ended off the worker: lost, expired in the queue, not enqueued
+        config = RunConfig.from_dict(json.loads(fields["config"])) if fields.get("config") else RunConfig()
+        run = Run(id=run_id, input=fields.get("input", ""), config=config)
+        run.start = float(fields.get("started_at") or fields.get("created_at") or run.start)
+        run.end = float(fields.get("ended_at") or time.time())
+        message = fields.get("error") or "run failed"
+        run.stop_reason = WorkerLost(message) if fields.get("error_type") == "WorkerLost" else LoopError(message)
+    err = run.stop_reason
+    if err is None:
+        return run
+    err.run = run
+    raise err
+
+
+__all__ = [
+    "TASK_NAME",
+    "CeleryRunRegistry",
+    "RegistryUnavailable",
+    "WorkerLost",
+]

@@ -1,0 +1,548 @@
+"""The Redis side of ``CeleryRunRegistry``: key layout, Lua scripts, timeouts, errors.
+
+Every state change of a run is ONE Lua script, so each is atomic against
+every other: starting (conversation lock + run hash), claiming (queued ->
+running, with the cancel flag, stored steers and history read in the same
+step), appending events, heartbeating, finishing (run_end event, terminal
+state, leftovers, history commit, lock release, done signal), cancel and
+steer (check "still live" and record in one step), and reaping a run whose
+heartbeat lapsed ("worker lost"). The worker is fenced by a token: once a
+run is terminal or its heartbeat has lapsed, the worker's writes are
+refused. Keys (``P`` is the prefix, standalone Redis; scripts derive keys
+from the prefix, so Redis Cluster is not supported):
+
+- ``P:run:ID`` hash (state, conv, input, config, factory, token, worker,
+  times, progress, output, error, the final ``Run`` as JSON, ``seq``)
+- ``P:run:ID:ev`` stream of events, entry id ``0-<seq>``, field ``d`` (JSON)
+- ``P:run:ID:steer`` list of accepted steers (message JSON), in order
+- ``P:run:ID:left`` list of the run's leftovers (message JSON)
+- ``P:run:ID:done`` list that gets one item when the run is terminal
+- ``P:run:ID:hb`` heartbeat (expires after the TTL); ``P:run:ID:ctl`` channel
+- ``P:conv:KEY:lock`` the conversation's run id; ``P:conv:KEY:hist`` history
+- ``P:runs`` sorted set of run ids by creation time
+
+Every client call has socket timeouts and no hidden retries with backoff, so
+an unreachable Redis is a ``RegistryUnavailable`` within the timeout, never
+a hang. Blocking reads wait in slices no longer than ``block_slice``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+from urllib.parse import urlsplit, urlunsplit
+
+try:
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "loopctl.contrib.celery needs the [celery] extra: pip install 'loopctl[celery]'"
+    ) from exc
+
+from loopctl.errors import LoopError
+
+TERMINAL = ("completed", "cancelled", "failed")
+LIVE = ("queued", "running")
+
+
+class RegistryUnavailable(LoopError):
+    """Redis (or the Celery broker) could not be reached; the call did nothing certain."""
+
+
+class WorkerLost(LoopError):
+    """The worker running the run stopped heartbeating; the run failed, not re-executed."""
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (safe for messages and logs)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unparseable redis url>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    netloc = f"{user}:***@{host}{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+# -- Lua ------------------------------------------------------------------------------------
+# ARGV[1] is always the prefix and ARGV[2] the run id; KEYS[1] is the run hash.
+
+_PRELUDE = r"""
+local P = ARGV[1]
+local id = ARGV[2]
+local function rk(rid, suffix) return P .. ':run:' .. rid .. suffix end
+local function ck(conv, suffix) return P .. ':conv:' .. conv .. suffix end
+
+-- The run's own buffer and keep time (set by the registry that started it) win.
+local function xadd(rid, seq, data, buf, approx)
+  local b = tonumber(redis.call('HGET', rk(rid, ''), 'buf') or buf)
+  if b >= 1000 then
+    redis.call('XADD', rk(rid, ':ev'), 'MAXLEN', '~', b, '0-' .. seq, 'd', data)
+  else
+    redis.call('XADD', rk(rid, ':ev'), 'MAXLEN', b, '0-' .. seq, 'd', data)
+  end
+  redis.call('HSET', rk(rid, ''), 'seq', seq)
+end
+
+local function expire_run(rid, keep_ms)
+  local k = redis.call('HGET', rk(rid, ''), 'keep') or keep_ms
+  for _, s in ipairs({'', ':ev', ':steer', ':left', ':done'}) do
+    redis.call('PEXPIRE', rk(rid, s), k)
+  end
+end
+
+local function release(rid, conv)
+  local lock = ck(conv, ':lock')
+  if redis.call('GET', lock) == rid then redis.call('DEL', lock) end
+end
+
+local function signal_end(rid, keep_ms)
+  redis.call('DEL', rk(rid, ':hb'))
+  redis.call('RPUSH', rk(rid, ':done'), '1')
+  redis.call('PUBLISH', rk(rid, ':ctl'), 'e')
+  expire_run(rid, keep_ms)
+end
+
+-- A run that cannot end on a worker (lost, expired in the queue, not enqueued):
+-- failed, a run_end event, every accepted steer returned, lock released.
+local function close_failed(rid, err, err_type, now, keep_ms, buf, approx)
+  local h = rk(rid, '')
+  local f = redis.call('HMGET', h, 'session_id', 'turns', 'started_at', 'created_at', 'conv', 'seq')
+  local started = tonumber(f[3] or f[4] or now)
+  local ev = cjson.encode({type = 'run_end', session_id = f[1] or '', run_id = rid,
+    success = false, error = err, total_turns = tonumber(f[2] or '0'),
+    duration_ms = (tonumber(now) - started) * 1000})
+  xadd(rid, tonumber(f[6] or '0') + 1, ev, buf, approx)
+  for _, s in ipairs(redis.call('LRANGE', rk(rid, ':steer'), 0, -1)) do
+    redis.call('RPUSH', rk(rid, ':left'), s)
+  end
+  redis.call('HSET', h, 'state', 'failed', 'error', err, 'error_type', err_type, 'ended_at', now)
+  release(rid, f[5])
+  signal_end(rid, keep_ms)
+end
+
+local function reap(rid, now, keep_ms, buf, approx)
+  local h = rk(rid, '')
+  if redis.call('HGET', h, 'state') ~= 'running' then return 0 end
+  if redis.call('EXISTS', rk(rid, ':hb')) == 1 then return 0 end
+  local worker = redis.call('HGET', h, 'worker') or '?'
+  close_failed(rid, 'worker lost: run ' .. rid .. ' on ' .. worker ..
+    ' stopped heartbeating; it was not re-executed', 'WorkerLost', now, keep_ms, buf, approx)
+  return 1
+end
+
+-- The worker's fence: its token, still running, heartbeat not lapsed.
+local function fenced(token, now, keep_ms, buf, approx)
+  local h = rk(id, '')
+  if redis.call('HGET', h, 'token') ~= token then return true end
+  if redis.call('HGET', h, 'state') ~= 'running' then return true end
+  if reap(id, now, keep_ms, buf, approx) == 1 then return true end
+  return false
+end
+"""
+
+# ARGV: P id conv input config factory now queue_ms keep_ms buf approx
+_START = r"""
+local now, keep, buf, approx = ARGV[7], ARGV[9], ARGV[10], ARGV[11]
+local h = rk(id, '')
+if redis.call('EXISTS', h) == 1 then return {'dup'} end
+local conv = ARGV[3]
+local lock = ck(conv, ':lock')
+local holder = redis.call('GET', lock)
+if holder then
+  reap(holder, now, keep, buf, approx)
+  local st = redis.call('HGET', rk(holder, ''), 'state')
+  if redis.call('GET', lock) == holder and (st == 'queued' or st == 'running') then
+    return {'busy', holder}
+  end
+end
+redis.call('SET', lock, id, 'PX', ARGV[8])
+redis.call('HSET', h, 'state', 'queued', 'conv', conv, 'input', ARGV[4], 'config', ARGV[5],
+  'factory', ARGV[6], 'created_at', now, 'seq', 0, 'turns', 0, 'tool_calls', 0,
+  'input_tokens', 0, 'output_tokens', 0, 'buf', buf, 'keep', keep)
+redis.call('ZADD', P .. ':runs', now, id)
+return {'ok'}
+"""
+
+# ARGV: P id token hb_ms now worker keep_ms buf approx
+_CLAIM = r"""
+local token, hb, now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[7], ARGV[8], ARGV[9]
+local h = rk(id, '')
+local st = redis.call('HGET', h, 'state')
+if st ~= 'queued' then return {'skip', st or ''} end
+local f = redis.call('HMGET', h, 'conv', 'input', 'config', 'factory', 'cancel', 'cancel_reason', 'buf')
+if redis.call('GET', ck(f[1], ':lock')) ~= id then
+  close_failed(id, 'the conversation lock expired before a worker picked the run up ' ..
+    '(queue_timeout); the run never started', 'LoopError', now, keep, buf, approx)
+  return {'expired'}
+end
+redis.call('HSET', h, 'state', 'running', 'token', token, 'worker', ARGV[6], 'started_at', now)
+redis.call('SET', rk(id, ':hb'), token, 'PX', hb)
+redis.call('PEXPIRE', ck(f[1], ':lock'), hb)
+local hist = redis.call('GET', ck(f[1], ':hist'))
+local out = {'ok', f[1], f[2], f[3] or '', f[4], f[5] or '', f[6] or '', hist or '', f[7] or buf}
+for _, s in ipairs(redis.call('LRANGE', rk(id, ':steer'), 0, -1)) do table.insert(out, s) end
+return out
+"""
+
+# ARGV: P id token now keep buf approx session turns tool_calls in_tok out_tok (seq data)...
+_APPEND = r"""
+local token, now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+if fenced(token, now, keep, buf, approx) then return 0 end
+for i = 13, #ARGV, 2 do xadd(id, ARGV[i], ARGV[i + 1], buf, approx) end
+redis.call('HSET', rk(id, ''), 'session_id', ARGV[8], 'turns', ARGV[9], 'tool_calls', ARGV[10],
+  'input_tokens', ARGV[11], 'output_tokens', ARGV[12])
+return 1
+"""
+
+# ARGV: P id token hb_ms now keep buf approx
+_HEARTBEAT = r"""
+local token, hb, now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+if fenced(token, now, keep, buf, approx) then return 0 end
+redis.call('SET', rk(id, ':hb'), token, 'PX', hb)
+local lock = ck(redis.call('HGET', rk(id, ''), 'conv'), ':lock')
+if redis.call('GET', lock) == id then redis.call('PEXPIRE', lock, hb) end
+return 1
+"""
+
+# ARGV: 1 P, 2 id, 3 token, 4 now, 5 keep, 6 buf, 7 approx, 8 state, 9 output, 10 error,
+#       11 error_type, 12 run_json, 13 hist_json ('' = no commit), 14 steer cursor, 15 seq,
+#       16 run_end_json, 17 session, 18 turns, 19 tool_calls, 20 in_tok, 21 out_tok,
+#       22 started_at, 23... local leftovers (message JSON)
+_FINISH = r"""
+local token, now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+if fenced(token, now, keep, buf, approx) then return 0 end
+local h = rk(id, '')
+local seq = math.max(tonumber(ARGV[15]), tonumber(redis.call('HGET', h, 'seq') or '0') + 1)
+xadd(id, seq, ARGV[16], buf, approx)
+for i = 23, #ARGV do redis.call('RPUSH', rk(id, ':left'), ARGV[i]) end
+for _, s in ipairs(redis.call('LRANGE', rk(id, ':steer'), tonumber(ARGV[14]), -1)) do
+  redis.call('RPUSH', rk(id, ':left'), s)
+end
+redis.call('HSET', h, 'state', ARGV[8], 'output', ARGV[9], 'error', ARGV[10],
+  'error_type', ARGV[11], 'run', ARGV[12], 'ended_at', now, 'session_id', ARGV[17],
+  'turns', ARGV[18], 'tool_calls', ARGV[19], 'input_tokens', ARGV[20],
+  'output_tokens', ARGV[21], 'started_at', ARGV[22])
+local conv = redis.call('HGET', h, 'conv')
+if ARGV[13] ~= '' and redis.call('GET', ck(conv, ':lock')) == id then
+  redis.call('SET', ck(conv, ':hist'), ARGV[13])
+end
+release(id, conv)
+signal_end(id, keep)
+return seq
+"""
+
+# ARGV: P id now keep buf approx has_reason reason
+_CANCEL = r"""
+local now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local h = rk(id, '')
+reap(id, now, keep, buf, approx)
+local st = redis.call('HGET', h, 'state')
+if not st then return -1 end
+if st ~= 'queued' and st ~= 'running' then return 0 end
+if not redis.call('HGET', h, 'cancel') then
+  redis.call('HSET', h, 'cancel', '1')
+  if ARGV[7] == '1' then redis.call('HSET', h, 'cancel_reason', ARGV[8]) end
+end
+redis.call('PUBLISH', rk(id, ':ctl'), 'c' .. ARGV[7] .. ARGV[8])
+return 1
+"""
+
+# ARGV: P id now keep buf approx message_json
+_STEER = r"""
+local now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+local h = rk(id, '')
+reap(id, now, keep, buf, approx)
+local st = redis.call('HGET', h, 'state')
+if not st then return -1 end
+if st ~= 'queued' and st ~= 'running' then return 0 end
+local n = redis.call('RPUSH', rk(id, ':steer'), ARGV[7])
+redis.call('PUBLISH', rk(id, ':ctl'), 's' .. (n - 1) .. ' ' .. ARGV[7])
+return 1
+"""
+
+# ARGV: P id now keep buf approx
+_STATUS = r"""
+reap(id, ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+return redis.call('HGETALL', rk(id, ''))
+"""
+
+# ARGV: P id now keep buf approx error
+_ABORT = r"""
+if redis.call('HGET', rk(id, ''), 'state') ~= 'queued' then return 0 end
+close_failed(id, ARGV[7], 'LoopError', ARGV[3], ARGV[4], ARGV[5], ARGV[6])
+return 1
+"""
+
+
+
+class Claim:
+    """What a worker gets when it claims a queued run."""
+
+    __slots__ = (
+        "conversation",
+        "input",
+        "config",
+        "factory",
+        "cancel",
+        "reason",
+        "history",
+        "event_buffer",
+        "steers",
+    )
+
+    def __init__(self, raw: Sequence[str]) -> None:
+        self.conversation = raw[1]
+        self.input = raw[2]
+        self.config = raw[3]
+        self.factory = raw[4]
+        self.cancel = raw[5] == "1"
+        self.reason: Optional[str] = raw[6] if self.cancel and raw[6] else None
+        self.history = raw[7]
+        self.event_buffer = int(raw[8])
+        self.steers: List[str] = list(raw[9:])
+
+
+class RedisBackend:
+    """One registry's connection to Redis: every script and read, with timeouts.
+
+    Args:
+        url: the Redis URL (``redis://host:port/db``); never shown with its password.
+        prefix: the key prefix.
+        event_buffer: events kept per run (exact trimming below 1000, ``~`` above).
+        keep_finished_s: how long a finished run's keys live.
+        socket_timeout: seconds for connecting and for each reply.
+        block_slice: the longest single blocking read (XREAD / BRPOPLPUSH).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        event_buffer: int,
+        keep_finished_s: float,
+        socket_timeout: float,
+        block_slice: float,
+    ) -> None:
+        self.url = redact_url(url)
+        self.prefix = prefix
+        self.buf = str(event_buffer)
+        self.approx = "1" if event_buffer >= 1000 else "0"  # (scripts decide from the run's own buffer)
+        self.keep_ms = str(max(1, int(keep_finished_s * 1000)))
+        self.block_slice = block_slice
+        self.socket_timeout = socket_timeout
+        common: Dict[str, Any] = dict(
+            decode_responses=True,
+            socket_connect_timeout=socket_timeout,
+            retry=Retry(NoBackoff(), 1, (redis.exceptions.ConnectionError,)),
+            retry_on_timeout=False,
+            protocol=2,
+        )
+        # Typed Any: redis-py's stubs cannot know decode_responses=True gives str.
+        self.r: Any
+        self.rb: Any
+        try:
+            self.r = redis.Redis.from_url(url, socket_timeout=socket_timeout, **common)
+            self.rb = redis.Redis.from_url(
+                url, socket_timeout=socket_timeout + block_slice, **common
+            )
+        except (ValueError, redis.exceptions.RedisError) as exc:
+            raise RegistryUnavailable(f"bad redis url {self.url!r}: {exc}") from None
+        scripts = {
+            "start": _START,
+            "claim": _CLAIM,
+            "append": _APPEND,
+            "heartbeat": _HEARTBEAT,
+            "finish": _FINISH,
+            "cancel": _CANCEL,
+            "steer": _STEER,
+            "status": _STATUS,
+            "abort": _ABORT,
+        }
+        self._scripts = {name: self.r.register_script(_PRELUDE + body) for name, body in scripts.items()}
+
+    # -- keys and plumbing ----------------------------------------------------------------
+
+    def run_key(self, run_id: str, suffix: str = "") -> str:
+        """The key of a run's hash (or of one of its parts)."""
+        return f"{self.prefix}:run:{run_id}{suffix}"
+
+    def conv_key(self, conversation: str, suffix: str) -> str:
+        """The key of a conversation's lock (``:lock``) or history (``:hist``)."""
+        return f"{self.prefix}:conv:{conversation}{suffix}"
+
+    def channel(self, run_id: str) -> str:
+        """The run's control channel (cancel, steer, end)."""
+        return self.run_key(run_id, ":ctl")
+
+    @contextlib.contextmanager
+    def guard(self, what: str) -> Iterator[None]:
+        """Translate any Redis failure inside into ``RegistryUnavailable``."""
+        try:
+            yield
+        except redis.exceptions.RedisError as exc:
+            raise RegistryUnavailable(
+                f"redis at {self.url} failed during {what}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _run(self, name: str, run_id: str, *args: Any, client: Any = None) -> Any:
+        with self.guard(name):
+            return self._scripts[name](
+                keys=[self.run_key(run_id)], args=[self.prefix, run_id, *args], client=client
+            )
+
+    def _common(self) -> Tuple[str, str, str, str]:
+        return (repr(time.time()), self.keep_ms, self.buf, self.approx)
+
+    # -- the registry's side -----------------------------------------------------------------
+
+    def start(
+        self, run_id: str, conversation: str, input: str, config: str, factory: str, queue_ms: int
+    ) -> List[str]:
+        """Lock the conversation and record the queued run: ``['ok']``, ``['dup']`` or ``['busy', holder]``."""
+        now, keep, buf, approx = self._common()
+        out: List[str] = self._run(
+            "start", run_id, conversation, input, config, factory, now, str(queue_ms), keep, buf, approx
+        )
+        return out
+
+    def abort(self, run_id: str, error: str) -> None:
+        """Fail a queued run that could not be enqueued (releases the lock)."""
+        self._run("abort", run_id, *self._common(), error)
+
+    def cancel(self, run_id: str, reason: Optional[str]) -> int:
+        """1 accepted, 0 already ended, -1 unknown."""
+        has = "0" if reason is None else "1"
+        return int(self._run("cancel", run_id, *self._common(), has, reason or ""))
+
+    def steer(self, run_id: str, message_json: str) -> int:
+        """1 accepted, 0 already ended, -1 unknown."""
+        return int(self._run("steer", run_id, *self._common(), message_json))
+
+    def status(self, run_id: str) -> Dict[str, str]:
+        """The run hash (after reaping a lost run); empty when unknown."""
+        raw = self._run("status", run_id, *self._common())
+        return dict(zip(raw[::2], raw[1::2]))
+
+    def statuses(self, run_ids: Sequence[str]) -> List[Dict[str, str]]:
+        """``status`` of many runs in one round trip."""
+        with self.guard("list"):
+            pipe = self.r.pipeline(transaction=False)
+            for rid in run_ids:
+                self._scripts["status"](
+                    keys=[self.run_key(rid)], args=[self.prefix, rid, *self._common()], client=pipe
+                )
+            raws = pipe.execute()
+        return [dict(zip(raw[::2], raw[1::2])) for raw in raws]
+
+    def run_ids(self) -> List[str]:
+        """Every run id in creation order."""
+        with self.guard("list"):
+            ids: List[str] = self.r.zrange(f"{self.prefix}:runs", 0, -1)
+        return ids
+
+    def forget(self, run_ids: Sequence[str]) -> None:
+        """Drop ids whose runs expired from the index."""
+        if run_ids:
+            with self.guard("list"):
+                self.r.zrem(f"{self.prefix}:runs", *run_ids)
+
+    def leftovers(self, run_id: str) -> List[str]:
+        """The run's leftovers (message JSON), in push order."""
+        with self.guard("leftovers"):
+            out: List[str] = self.r.lrange(self.run_key(run_id, ":left"), 0, -1)
+        return out
+
+    def history(self, conversation: str) -> Optional[str]:
+        """The conversation's committed history JSON, or None."""
+        with self.guard("history"):
+            out: Optional[str] = self.r.get(self.conv_key(conversation, ":hist"))
+        return out
+
+    def wait_done(self, run_id: str, timeout: float) -> bool:
+        """Block up to ``timeout`` (at most one slice) for the run's done signal."""
+        t = max(0.01, min(timeout, self.block_slice))
+        key = self.run_key(run_id, ":done")
+        with self.guard("result"):
+            # Rotate the item instead of popping it, so every waiter wakes.
+            return self.rb.brpoplpush(key, key, timeout=t) is not None
+
+    def read_events(self, run_id: str, after: int, timeout: float) -> List[Tuple[int, str]]:
+        """Events with seq > ``after``, waiting up to ``timeout`` (one slice) for the first."""
+        ms = max(1, int(min(timeout, self.block_slice) * 1000))
+        key = self.run_key(run_id, ":ev")
+        with self.guard("events"):
+            resp = self.rb.xread({key: f"0-{after}"}, count=1000, block=ms)
+        if not resp:
+            return []
+        entries = resp[0][1] if isinstance(resp, list) else next(iter(resp.values()))[0]
+        return [(int(eid.split("-", 1)[1]), fields["d"]) for eid, fields in entries]
+
+    def close(self) -> None:
+        """Close both connection pools."""
+        for client in (self.r, self.rb):
+            with contextlib.suppress(Exception):
+                client.close()
+
+    # -- the worker's side -------------------------------------------------------------------
+
+    def claim(self, run_id: str, token: str, ttl_ms: int, worker: str) -> Optional[Claim]:
+        """queued -> running for this worker; None if the run is not queued any more."""
+        now, keep, buf, approx = self._common()
+        raw = self._run("claim", run_id, token, str(ttl_ms), now, worker, keep, buf, approx)
+        return Claim(raw) if raw and raw[0] == "ok" else None
+
+    def append(
+        self, run_id: str, token: str, progress: Sequence[Any], events: Sequence[Tuple[int, str]]
+    ) -> bool:
+        """Append events (with progress fields); False once the worker is fenced out."""
+        flat: List[Any] = []
+        for seq, data in events:
+            flat += [seq, data]
+        return bool(self._run("append", run_id, token, *self._common(), *progress, *flat))
+
+    def heartbeat(self, run_id: str, token: str, ttl_ms: int) -> bool:
+        """Refresh the heartbeat and the conversation lock; False once fenced out."""
+        return bool(self._run("heartbeat", run_id, token, str(ttl_ms), *self._common()))
+
+    def finish(self, run_id: str, token: str, fields: Sequence[Any], leftovers: Sequence[str]) -> int:
+        """The terminal step (see ``_FINISH``); the run_end's seq, or 0 when fenced out."""
+        return int(self._run("finish", run_id, token, *self._common(), *fields, *leftovers))
+
+    def steers_from(self, run_id: str, start: int, end: int = -1) -> List[str]:
+        """Accepted steers ``start..end`` (inclusive) of the run."""
+        with self.guard("steer catch-up"):
+            out: List[str] = self.r.lrange(self.run_key(run_id, ":steer"), start, end)
+        return out
+
+    def cancel_requested(self, run_id: str) -> Tuple[bool, Optional[str]]:
+        """Whether a cancel was stored for the run, and its reason."""
+        with self.guard("cancel catch-up"):
+            flag, reason = self.r.hmget(self.run_key(run_id), "cancel", "cancel_reason")
+        return flag == "1", reason
+
+    def publish(self, run_id: str, data: str) -> None:
+        """Publish on the run's control channel."""
+        with self.guard("publish"):
+            self.r.publish(self.channel(run_id), data)
+
+    def pubsub(self) -> Any:
+        """A new PubSub on the non-blocking pool's settings."""
+        return self.r.pubsub(ignore_subscribe_messages=False)
+
+
+def dumps(data: Any) -> str:
+    """Compact JSON text."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+__all__ = ["Claim", "LIVE", "TERMINAL", "RedisBackend", "RegistryUnavailable", "WorkerLost", "redact_url"]

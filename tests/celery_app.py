@@ -1,0 +1,178 @@
+"""The Celery app and loop factories that test workers import (``celery -A tests.celery_app``).
+
+A script cannot travel to another process, so the model here is a pure
+function of the request: the run's input is ``PLAN {json}`` and the reply to
+each request is decided by the plan and by how many assistant turns follow
+the latest PLAN message. Plan keys (all optional but ``tag``):
+
+- ``tag``: names the run's Redis signals (``t:<tag>:...``).
+- ``turns``: model calls in the run (the last one answers; default 2).
+- ``tool``: ``"echo"`` (returns the worker pid) or ``"work"`` (waits ``ms``).
+- ``ms``: tool durations, one per turn (cycled).
+- ``gate``: turns whose model call waits: it pushes the turn on
+  ``t:<tag>:entered`` and waits on ``t:<tag>:release:<turn>`` (bounded).
+- ``record``: push every request's turn, steer texts and clock on
+  ``t:<tag>:requests`` (JSON).
+- ``count``: ``INCR t:<tag>:tools`` per tool call (side-effect witness).
+
+Timing is gated by these Redis-visible signals, never by sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Dict, List, Optional
+
+import redis
+from celery import Celery
+
+from loopctl import BareLoop, Message, ModelError, ModelRequest, ModelResponse, SessionConfig
+from loopctl.contrib.celery import CeleryRunRegistry
+from loopctl.testing import ScriptedClient, call, reply
+from loopctl.tools import Tool, ToolContext
+
+ENV_URL = "LOOPCTL_TEST_REDIS_URL"
+GATE_WAIT_S = 20
+HEARTBEAT_INTERVAL = 0.25
+HEARTBEAT_TTL = 1.5
+
+_clients: Dict[str, Any] = {}
+_clients_lock = threading.Lock()
+
+
+def signals() -> Any:
+    """A Redis client for the test signals (the URL is read from the environment)."""
+    url = os.environ.get(ENV_URL, "redis://127.0.0.1:1/0")
+    with _clients_lock:
+        client = _clients.get(url)
+        if client is None:
+            client = _clients[url] = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
+        return client
+
+
+def plan_text(tag: str, **plan: Any) -> str:
+    """The input of a planned run."""
+    return "PLAN " + json.dumps({"tag": tag, **plan})
+
+
+def _plan_of(messages: List[Message]) -> tuple[Dict[str, Any], List[Message]]:
+    for i in range(len(messages) - 1, -1, -1):
+        m = messages[i]
+        if m.role == "user" and m.text.startswith("PLAN "):
+            return json.loads(m.text[5:]), messages[i + 1 :]
+    raise ModelError("no PLAN message in the request")
+
+
+def respond(request: ModelRequest) -> ModelResponse:
+    """The deterministic model: its reply depends only on the request."""
+    plan, after = _plan_of(list(request.messages))
+    tag = plan["tag"]
+    turn = sum(1 for m in after if m.role == "assistant")
+    steers = [m.text for m in after if m.role == "user" and not m.tool_results]
+    if plan.get("record"):
+        entry = {"turn": turn, "steers": steers, "t": time.monotonic(), "pid": os.getpid()}
+        signals().rpush(f"t:{tag}:requests", json.dumps(entry))
+    if turn in plan.get("gate", ()):
+        r = signals()
+        r.rpush(f"t:{tag}:entered", turn)
+        if r.blpop([f"t:{tag}:release:{turn}"], timeout=GATE_WAIT_S) is None:
+            raise ModelError(f"gate {tag}:{turn} never released")
+    turns = int(plan.get("turns", 2))
+    if turn >= turns - 1:
+        return reply(f"done {tag} turn={turn} steers={len(steers)}")
+    ms = plan.get("ms") or [0]
+    return call(plan.get("tool", "echo"), i=turn, ms=ms[turn % len(ms)], tag=tag, count=bool(plan.get("count")))
+
+
+class Echo(Tool):
+    """Returns the worker's pid (and counts itself when asked)."""
+
+    name = "echo"
+    description = "Echo the call back with the worker's pid."
+
+    def input_schema(self) -> Mapping[str, Any]:
+        return {"type": "object", "properties": {}, "additionalProperties": True}
+
+    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+        if input.get("count"):
+            signals().incr(f"t:{input['tag']}:tools")
+        return {"i": input.get("i"), "pid": os.getpid()}
+
+
+class Work(Tool):
+    """Waits ``ms`` milliseconds (cancel-aware)."""
+
+    name = "work"
+    description = "Work for a while."
+
+    def input_schema(self) -> Mapping[str, Any]:
+        return {"type": "object", "properties": {}, "additionalProperties": True}
+
+    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+        if input.get("count"):
+            signals().incr(f"t:{input['tag']}:tools")
+        ms = float(input.get("ms") or 0)
+        if ms > 0:
+            ctx.cancel.wait(ms / 1000.0)
+        return "worked"
+
+
+def make_loop(conversation: str, history: List[Message]) -> BareLoop:
+    """The test factory: the deterministic model, echo and work tools."""
+    client = ScriptedClient([respond] * 100_000, chunk=32)
+    return BareLoop.from_history(client, [Echo(), Work()], SessionConfig(), history)
+
+
+def make_timed_loop(conversation: str, history: List[Message]) -> BareLoop:
+    """``make_loop`` that also records when its steering slot accepts a push (benchmark)."""
+    loop = make_loop(conversation, history)
+    steering = loop.steering()
+    push = steering.push
+    key = f"t:{conversation}:accepted"
+
+    def timed_push(message: Any) -> bool:
+        ok = push(message)
+        if ok:
+            text = message.text if isinstance(message, Message) else str(message)
+            signals().rpush(key, json.dumps({"t": time.monotonic(), "text": text}))
+        return ok
+
+    steering.push = timed_push  # type: ignore[method-assign]
+    return loop
+
+
+def make_forgetful_loop(conversation: str, history: List[Message]) -> BareLoop:
+    """A broken factory that ignores the history (the worker must refuse it)."""
+    return make_loop(conversation, [])
+
+
+def make_app(url: str) -> Any:
+    """A Celery app on the Redis at ``url`` (broker only; results are not stored)."""
+    app = Celery("loopctl_tests", broker=url, set_as_current=False)
+    app.conf.update(
+        worker_prefetch_multiplier=1,
+        task_acks_late=False,
+        broker_connection_retry_on_startup=True,
+        broker_connection_timeout=2,
+        worker_hijack_root_logger=False,
+        worker_redirect_stdouts=False,
+        task_default_queue="celery",
+    )
+    return app
+
+
+def make_registry(app: Any, url: str, factory: str = "tests.celery_app:make_loop", **kw: Any) -> CeleryRunRegistry:
+    """A registry with the test timings (heartbeat 0.25 s, lapse after 1.5 s)."""
+    kw.setdefault("heartbeat_interval", HEARTBEAT_INTERVAL)
+    kw.setdefault("heartbeat_ttl", HEARTBEAT_TTL)
+    return CeleryRunRegistry(app, url, factory, **kw)
+
+
+REDIS_URL: Optional[str] = os.environ.get(ENV_URL)
+app = make_app(REDIS_URL or "redis://127.0.0.1:1/0")
+# The worker's registry: the task finds it by prefix (constructing it connects nothing).
+registry = make_registry(app, REDIS_URL or "redis://127.0.0.1:1/0")
