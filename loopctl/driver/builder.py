@@ -45,6 +45,7 @@ class BuilderMixin:
     _contributors: list[Any]
     _resources: LoopResources
     _fallback: Any
+    _routed_model: Optional[str]
     _loop_detector: Any
     _convergence: Any
     _client: Any
@@ -281,6 +282,9 @@ class BuilderMixin:
             return False
         if old != name:
             self._emitter.model_switched(old, name)
+        if self._fallback is not None and hasattr(self._fallback, "set_primary"):
+            self._fallback.set_primary(name)
+        self._routed_model = None
         return True
 
 

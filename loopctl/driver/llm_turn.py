@@ -23,6 +23,7 @@ from loopctl.providers.base import (
     StreamAttemptReset,
     StreamRescue,
 )
+from loopctl.providers.stream_handler import cancellable_complete
 
 if TYPE_CHECKING:
     from loopctl.driver.handle import RunContext
@@ -106,7 +107,7 @@ def call_model(loop: BareLoop, rc: RunContext, turn: int, request: ModelRequest)
     if loop._turn_mode == "non_streaming":
         try:
             with rc.unfenced():
-                response: ModelResponse = client.complete(request)
+                response: ModelResponse = cancellable_complete(client, request, rc.cancel)
         except LoopError:
             raise
         except Exception as exc:

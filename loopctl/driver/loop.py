@@ -60,7 +60,7 @@ from loopctl.machine import (
     Outcome,
 )
 from loopctl.messages import Message, RequestOptions, StopReason
-from loopctl.providers.stream_handler import StreamHandler
+from loopctl.providers.stream_handler import StreamHandler, cancellable_complete
 from loopctl.records import Run, Session
 from loopctl.tools.base import Tool
 from loopctl.tools.registry import ToolRegistry
@@ -456,7 +456,9 @@ class BareLoop(BuilderMixin):
         return None if opts.is_empty() else opts
 
     def _summarize(self, request: Any) -> Any:
-        return self._client.complete(request)
+        rc = self._active
+        cancel = rc.cancel if rc is not None else self._cancel.view()
+        return cancellable_complete(self._client, request, cancel)
 
     # -- cancellation and steering (any thread) --------------------------------
 

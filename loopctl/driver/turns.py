@@ -74,7 +74,7 @@ def handle_call_llm(loop: BareLoop, rc: RunContext, turn: int, policy: MachinePo
             tripped = loop._fallback.record_failure(isinstance(exc, RateLimitEscalation))
             if tripped is not None:
                 em.fallback(*tripped)
-        em.stream_failure(turn, loop._model_name(), str(exc))
+        em.stream_failure(turn, loop._routed_model or loop._model_name(), str(exc))
         em.turn_end(turn, "llm", False, str(exc), _ms(t0), 0, 0, None, figure, loop._window())
         if is_overflow(loop, exc):
             window = loop._session_config.context_window
