@@ -104,14 +104,26 @@ def check_ended_once(reg: RunRegistry, rid: str) -> list[dict[str, Any]]:
 
 
 def _cancel_after(
-    reg: RunRegistry, rid: str, barrier: threading.Barrier, jitter: int, got: list[Any]
+    reg: RunRegistry,
+    rid: str,
+    barrier: threading.Barrier,
+    jitter: int,
+    persistent: bool,
+    got: list[Any],
 ) -> None:
+    """One cancel (``persistent``: re-issued while the id is still unknown)."""
     barrier.wait()
     spin(jitter)
-    try:
-        got.append(reg.cancel(rid, "raced"))
-    except KeyError:
-        got.append("unknown")
+    tries = 0
+    while True:
+        try:
+            got.append(reg.cancel(rid, "raced"))
+            return
+        except KeyError:
+            tries += 1
+            if not persistent or tries > 1_000_000:
+                got.append("unknown")
+                return
 
 
 def _steer_after(
@@ -146,7 +158,12 @@ def test_cancel_racing_start_cancels_that_run_or_misses_it_never_the_next(seed: 
             jitter_a, jitter_b = (
                 rng.choice((0, 300, 3_000, 30_000)) + rng.randrange(300) for _ in "ab"
             )
-            t, errors = run_in_thread(partial(_cancel_after, reg, rid, barrier, jitter_b, got))
+            # Half the cancels are one-shot, half are re-issued until the id
+            # is published (so they surely race the run itself).
+            persistent = i % 4 >= 2
+            t, errors = run_in_thread(
+                partial(_cancel_after, reg, rid, barrier, jitter_b, persistent, got)
+            )
             barrier.wait()
             spin(jitter_a)
             reg.start(loop, "hi", run_id=rid)
@@ -164,6 +181,8 @@ def test_cancel_racing_start_cancels_that_run_or_misses_it_never_the_next(seed: 
                 assert state == "completed"
             elif gated:
                 assert state == "cancelled"  # accepted while the run was held: it took effect
+            if gated and persistent:
+                assert said is True
             outcomes[f"{said}/{state}"] += 1
             check_ended_once(reg, rid)
             # One cancel = one cancelled run: the next run on the loop is clean.
