@@ -1,6 +1,6 @@
-"""The Redis side of ``CeleryRunRegistry``: key layout, Lua scripts, timeouts, errors.
+"""The Redis side of ``CeleryRunRegistry``: key layout, connections, timeouts, errors.
 
-Every state change of a run is ONE Lua script, so each is atomic against
+Every state change of a run is ONE Lua script (``celery_scripts``), so each is atomic against
 every other: starting (conversation lock + run hash), claiming (queued ->
 running, with the cancel flag, stored steers and history read in the same
 step), appending events, heartbeating, finishing (run_end event, terminal
@@ -46,6 +46,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from loopctl.errors import LoopError
 
+from . import celery_scripts as lua
+
 TERMINAL = ("completed", "cancelled", "failed")
 LIVE = ("queued", "running")
 
@@ -71,218 +73,6 @@ def redact_url(url: str) -> str:
     port = f":{parts.port}" if parts.port else ""
     netloc = f"{user}:***@{host}{port}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-# -- Lua ------------------------------------------------------------------------------------
-# ARGV[1] is always the prefix and ARGV[2] the run id; KEYS[1] is the run hash.
-
-_PRELUDE = r"""
-local P = ARGV[1]
-local id = ARGV[2]
-local function rk(rid, suffix) return P .. ':run:' .. rid .. suffix end
-local function ck(conv, suffix) return P .. ':conv:' .. conv .. suffix end
-
--- The run's own buffer and keep time (set by the registry that started it) win.
-local function xadd(rid, seq, data, buf, approx)
-  local b = tonumber(redis.call('HGET', rk(rid, ''), 'buf') or buf)
-  if b >= 1000 then
-    redis.call('XADD', rk(rid, ':ev'), 'MAXLEN', '~', b, '0-' .. seq, 'd', data)
-  else
-    redis.call('XADD', rk(rid, ':ev'), 'MAXLEN', b, '0-' .. seq, 'd', data)
-  end
-  redis.call('HSET', rk(rid, ''), 'seq', seq)
-end
-
-local function expire_run(rid, keep_ms)
-  local k = redis.call('HGET', rk(rid, ''), 'keep') or keep_ms
-  for _, s in ipairs({'', ':ev', ':steer', ':left', ':done'}) do
-    redis.call('PEXPIRE', rk(rid, s), k)
-  end
-end
-
-local function release(rid, conv)
-  local lock = ck(conv, ':lock')
-  if redis.call('GET', lock) == rid then redis.call('DEL', lock) end
-end
-
-local function signal_end(rid, keep_ms)
-  redis.call('DEL', rk(rid, ':hb'))
-  redis.call('RPUSH', rk(rid, ':done'), '1')
-  redis.call('PUBLISH', rk(rid, ':ctl'), 'e')
-  expire_run(rid, keep_ms)
-end
-
--- A run that cannot end on a worker (lost, expired in the queue, not enqueued):
--- failed, a run_end event, every accepted steer returned, lock released.
-local function close_failed(rid, err, err_type, now, keep_ms, buf, approx)
-  local h = rk(rid, '')
-  local f = redis.call('HMGET', h, 'session_id', 'turns', 'started_at', 'created_at', 'conv', 'seq')
-  local started = tonumber(f[3] or f[4] or now)
-  local ev = cjson.encode({type = 'run_end', session_id = f[1] or '', run_id = rid,
-    success = false, error = err, total_turns = tonumber(f[2] or '0'),
-    duration_ms = (tonumber(now) - started) * 1000})
-  xadd(rid, tonumber(f[6] or '0') + 1, ev, buf, approx)
-  for _, s in ipairs(redis.call('LRANGE', rk(rid, ':steer'), 0, -1)) do
-    redis.call('RPUSH', rk(rid, ':left'), s)
-  end
-  redis.call('HSET', h, 'state', 'failed', 'error', err, 'error_type', err_type, 'ended_at', now)
-  release(rid, f[5])
-  signal_end(rid, keep_ms)
-end
-
-local function reap(rid, now, keep_ms, buf, approx)
-  local h = rk(rid, '')
-  if redis.call('HGET', h, 'state') ~= 'running' then return 0 end
-  if redis.call('EXISTS', rk(rid, ':hb')) == 1 then return 0 end
-  local worker = redis.call('HGET', h, 'worker') or '?'
-  close_failed(rid, 'worker lost: run ' .. rid .. ' on ' .. worker ..
-    ' stopped heartbeating; it was not re-executed', 'WorkerLost', now, keep_ms, buf, approx)
-  return 1
-end
-
--- The worker's fence: its token, still running, heartbeat not lapsed.
-local function fenced(token, now, keep_ms, buf, approx)
-  local h = rk(id, '')
-  if redis.call('HGET', h, 'token') ~= token then return true end
-  if redis.call('HGET', h, 'state') ~= 'running' then return true end
-  if reap(id, now, keep_ms, buf, approx) == 1 then return true end
-  return false
-end
-"""
-
-# ARGV: P id conv input config factory now queue_ms keep_ms buf approx
-_START = r"""
-local now, keep, buf, approx = ARGV[7], ARGV[9], ARGV[10], ARGV[11]
-local h = rk(id, '')
-if redis.call('EXISTS', h) == 1 then return {'dup'} end
-local conv = ARGV[3]
-local lock = ck(conv, ':lock')
-local holder = redis.call('GET', lock)
-if holder then
-  reap(holder, now, keep, buf, approx)
-  local st = redis.call('HGET', rk(holder, ''), 'state')
-  if redis.call('GET', lock) == holder and (st == 'queued' or st == 'running') then
-    return {'busy', holder}
-  end
-end
-redis.call('SET', lock, id, 'PX', ARGV[8])
-redis.call('HSET', h, 'state', 'queued', 'conv', conv, 'input', ARGV[4], 'config', ARGV[5],
-  'factory', ARGV[6], 'created_at', now, 'seq', 0, 'turns', 0, 'tool_calls', 0,
-  'input_tokens', 0, 'output_tokens', 0, 'buf', buf, 'keep', keep)
-redis.call('ZADD', P .. ':runs', now, id)
-return {'ok'}
-"""
-
-# ARGV: P id token hb_ms now worker keep_ms buf approx
-_CLAIM = r"""
-local token, hb, now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[7], ARGV[8], ARGV[9]
-local h = rk(id, '')
-local st = redis.call('HGET', h, 'state')
-if st ~= 'queued' then return {'skip', st or ''} end
-local f = redis.call('HMGET', h, 'conv', 'input', 'config', 'factory', 'cancel', 'cancel_reason', 'buf')
-if redis.call('GET', ck(f[1], ':lock')) ~= id then
-  close_failed(id, 'the conversation lock expired before a worker picked the run up ' ..
-    '(queue_timeout); the run never started', 'LoopError', now, keep, buf, approx)
-  return {'expired'}
-end
-redis.call('HSET', h, 'state', 'running', 'token', token, 'worker', ARGV[6], 'started_at', now)
-redis.call('SET', rk(id, ':hb'), token, 'PX', hb)
-redis.call('PEXPIRE', ck(f[1], ':lock'), hb)
-local hist = redis.call('GET', ck(f[1], ':hist'))
-local out = {'ok', f[1], f[2], f[3] or '', f[4], f[5] or '', f[6] or '', hist or '', f[7] or buf}
-for _, s in ipairs(redis.call('LRANGE', rk(id, ':steer'), 0, -1)) do table.insert(out, s) end
-return out
-"""
-
-# ARGV: P id token now keep buf approx session turns tool_calls in_tok out_tok (seq data)...
-_APPEND = r"""
-local token, now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-if fenced(token, now, keep, buf, approx) then return 0 end
-for i = 13, #ARGV, 2 do xadd(id, ARGV[i], ARGV[i + 1], buf, approx) end
-redis.call('HSET', rk(id, ''), 'session_id', ARGV[8], 'turns', ARGV[9], 'tool_calls', ARGV[10],
-  'input_tokens', ARGV[11], 'output_tokens', ARGV[12])
-return 1
-"""
-
-# ARGV: P id token hb_ms now keep buf approx
-_HEARTBEAT = r"""
-local token, hb, now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-if fenced(token, now, keep, buf, approx) then return 0 end
-redis.call('SET', rk(id, ':hb'), token, 'PX', hb)
-local lock = ck(redis.call('HGET', rk(id, ''), 'conv'), ':lock')
-if redis.call('GET', lock) == id then redis.call('PEXPIRE', lock, hb) end
-return 1
-"""
-
-# ARGV: 1 P, 2 id, 3 token, 4 now, 5 keep, 6 buf, 7 approx, 8 state, 9 output, 10 error,
-#       11 error_type, 12 run_json, 13 hist_json ('' = no commit), 14 steer cursor, 15 seq,
-#       16 run_end_json, 17 session, 18 turns, 19 tool_calls, 20 in_tok, 21 out_tok,
-#       22 started_at, 23... local leftovers (message JSON)
-_FINISH = r"""
-local token, now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-if fenced(token, now, keep, buf, approx) then return 0 end
-local h = rk(id, '')
-local seq = math.max(tonumber(ARGV[15]), tonumber(redis.call('HGET', h, 'seq') or '0') + 1)
-xadd(id, seq, ARGV[16], buf, approx)
-for i = 23, #ARGV do redis.call('RPUSH', rk(id, ':left'), ARGV[i]) end
-for _, s in ipairs(redis.call('LRANGE', rk(id, ':steer'), tonumber(ARGV[14]), -1)) do
-  redis.call('RPUSH', rk(id, ':left'), s)
-end
-redis.call('HSET', h, 'state', ARGV[8], 'output', ARGV[9], 'error', ARGV[10],
-  'error_type', ARGV[11], 'run', ARGV[12], 'ended_at', now, 'session_id', ARGV[17],
-  'turns', ARGV[18], 'tool_calls', ARGV[19], 'input_tokens', ARGV[20],
-  'output_tokens', ARGV[21], 'started_at', ARGV[22])
-local conv = redis.call('HGET', h, 'conv')
-if ARGV[13] ~= '' and redis.call('GET', ck(conv, ':lock')) == id then
-  redis.call('SET', ck(conv, ':hist'), ARGV[13])
-end
-release(id, conv)
-signal_end(id, keep)
-return seq
-"""
-
-# ARGV: P id now keep buf approx has_reason reason
-_CANCEL = r"""
-local now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local h = rk(id, '')
-reap(id, now, keep, buf, approx)
-local st = redis.call('HGET', h, 'state')
-if not st then return -1 end
-if st ~= 'queued' and st ~= 'running' then return 0 end
-if not redis.call('HGET', h, 'cancel') then
-  redis.call('HSET', h, 'cancel', '1')
-  if ARGV[7] == '1' then redis.call('HSET', h, 'cancel_reason', ARGV[8]) end
-end
-redis.call('PUBLISH', rk(id, ':ctl'), 'c' .. ARGV[7] .. ARGV[8])
-return 1
-"""
-
-# ARGV: P id now keep buf approx message_json
-_STEER = r"""
-local now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-local h = rk(id, '')
-reap(id, now, keep, buf, approx)
-local st = redis.call('HGET', h, 'state')
-if not st then return -1 end
-if st ~= 'queued' and st ~= 'running' then return 0 end
-local n = redis.call('RPUSH', rk(id, ':steer'), ARGV[7])
-redis.call('PUBLISH', rk(id, ':ctl'), 's' .. (n - 1) .. ' ' .. ARGV[7])
-return 1
-"""
-
-# ARGV: P id now keep buf approx
-_STATUS = r"""
-reap(id, ARGV[3], ARGV[4], ARGV[5], ARGV[6])
-return redis.call('HGETALL', rk(id, ''))
-"""
-
-# ARGV: P id now keep buf approx error
-_ABORT = r"""
-if redis.call('HGET', rk(id, ''), 'state') ~= 'queued' then return 0 end
-close_failed(id, ARGV[7], 'LoopError', ARGV[3], ARGV[4], ARGV[5], ARGV[6])
-return 1
-"""
-
 
 
 class Claim:
@@ -358,17 +148,17 @@ class RedisBackend:
         except (ValueError, redis.exceptions.RedisError) as exc:
             raise RegistryUnavailable(f"bad redis url {self.url!r}: {exc}") from None
         scripts = {
-            "start": _START,
-            "claim": _CLAIM,
-            "append": _APPEND,
-            "heartbeat": _HEARTBEAT,
-            "finish": _FINISH,
-            "cancel": _CANCEL,
-            "steer": _STEER,
-            "status": _STATUS,
-            "abort": _ABORT,
+            "start": lua.START,
+            "claim": lua.CLAIM,
+            "append": lua.APPEND,
+            "heartbeat": lua.HEARTBEAT,
+            "finish": lua.FINISH,
+            "cancel": lua.CANCEL,
+            "steer": lua.STEER,
+            "status": lua.STATUS,
+            "abort": lua.ABORT,
         }
-        self._scripts = {name: self.r.register_script(_PRELUDE + body) for name, body in scripts.items()}
+        self._scripts = {name: self.r.register_script(lua.PRELUDE + body) for name, body in scripts.items()}
 
     # -- keys and plumbing ----------------------------------------------------------------
 
@@ -515,7 +305,7 @@ class RedisBackend:
         return bool(self._run("heartbeat", run_id, token, str(ttl_ms), *self._common()))
 
     def finish(self, run_id: str, token: str, fields: Sequence[Any], leftovers: Sequence[str]) -> int:
-        """The terminal step (see ``_FINISH``); the run_end's seq, or 0 when fenced out."""
+        """The terminal step (see ``celery_scripts.FINISH``); the run_end's seq, or 0 when fenced out."""
         return int(self._run("finish", run_id, token, *self._common(), *fields, *leftovers))
 
     def steers_from(self, run_id: str, start: int, end: int = -1) -> List[str]:

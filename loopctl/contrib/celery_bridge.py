@@ -1,0 +1,221 @@
+"""The worker's landing for cancel and steering: the bridge thread and the steer feed.
+
+``Bridge`` subscribes to the run's control channel BEFORE the run is claimed
+(so nothing published after the claim is missed) and, once the run is
+started, its thread ``loopctl-celery-bridge-<id>`` turns ``c`` (cancel)
+into the ``RunHandle``'s cancel and ``s<index> <json>`` (steer) into a
+delivery. Steers are addressed by their index in the run's Redis steer
+list: ``cursor`` is the next index this worker has not taken, so a steer is
+taken once whether it came with the claim, on the channel, or by a
+catch-up read after a broken subscription; the finish step returns every
+index from ``cursor`` on as a leftover. ``SteerFeed`` holds guidance until
+the run's slot is open, then pushes it (see its docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any, List, Optional
+
+from loopctl.driver.handle import RunHandle
+from loopctl.driver.signals import Steering
+from loopctl.errors import LoopError
+from loopctl.messages import Message
+from loopctl.serialization import message_from_dict
+
+from .celery_redis import RedisBackend, RegistryUnavailable
+
+try:
+    from redis.exceptions import RedisError
+except ImportError as exc:  # pragma: no cover
+    raise ImportError("loopctl.contrib.celery needs the [celery] extra") from exc
+
+log = logging.getLogger("loopctl")
+
+
+class SteerFeed:
+    """Steering's landing: a contributor that opens the feed at the first boundary.
+
+    Before the run's slot is open, guidance waits here (``pending``). The
+    first time the driver consults contributors (turn 0's request
+    preparation) the pending guidance is pushed, so it is in the first
+    request; from then on the bridge pushes directly. A push the slot
+    refuses (the run is ending) is kept in ``refused``. ``leftovers`` gives
+    pending + sealed + refused: push order, each message once.
+    """
+
+    def __init__(self, steering: Steering, pending: List[Message]) -> None:
+        self._steering = steering
+        self._lock = threading.Lock()
+        self._ready = False
+        self._pending = list(pending)
+        self._refused: List[Message] = []
+
+    def contribute(self, ctx: Any) -> None:
+        """Open the feed on the first call (on the run's thread); never adds a message."""
+        if self._ready:
+            return None
+        with self._lock:
+            if not self._ready:
+                self._ready = True
+                pending, self._pending = self._pending, []
+                self._push(pending)
+        return None
+
+    def deliver(self, messages: List[Message]) -> None:
+        """Hand guidance to the run (the bridge thread)."""
+        with self._lock:
+            if self._ready:
+                self._push(messages)
+            else:
+                self._pending.extend(messages)
+
+    def _push(self, messages: List[Message]) -> None:
+        push = self._steering.push
+        for m in messages:
+            if not push(m):
+                self._refused.append(m)
+
+    def leftovers(self) -> List[Message]:
+        """Everything accepted for the run and never delivered (after the run ended)."""
+        with self._lock:
+            self._ready = True  # nothing may wait in pending after this
+            out = self._pending + self._steering.take_leftovers() + self._refused
+            self._pending, self._refused = [], []
+            return out
+
+
+class Bridge:
+    """The run's control channel on this worker: cancel and steer in, nothing out."""
+
+    def __init__(self, backend: RedisBackend, run_id: str, cursor: int = 0) -> None:
+        self._backend = backend
+        self._run_id = run_id
+        self._slice = backend.block_slice
+        self.cursor = cursor
+        self._handle: Optional[RunHandle] = None
+        self._feed: Optional[SteerFeed] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stopped = False
+        self._stop_evt = threading.Event()
+        self._ps = backend.pubsub()
+        try:
+            with backend.guard("subscribe"):
+                self._ps.subscribe(backend.channel(run_id))
+                deadline = time.monotonic() + backend.socket_timeout
+                while True:
+                    msg = self._ps.get_message(timeout=max(0.01, deadline - time.monotonic()))
+                    if msg is not None and msg.get("type") == "subscribe":
+                        break
+                    if time.monotonic() >= deadline:
+                        raise RegistryUnavailable(
+                            f"redis at {backend.url}: no confirmation for the run's channel subscription"
+                        )
+        except BaseException:
+            self.close()
+            raise
+
+    def start(self, handle: RunHandle, feed: SteerFeed) -> None:
+        """Start the bridge thread for the running run."""
+        self._handle = handle
+        self._feed = feed
+        t = threading.Thread(
+            target=self._main, name=f"loopctl-celery-bridge-{self._run_id[:12]}", daemon=True
+        )
+        self._thread = t
+        t.start()
+
+    def stop(self) -> None:
+        """Make the thread leave after what is already on the channel, join it, close."""
+        self._stopped = True
+        self._stop_evt.set()
+        t = self._thread
+        if t is not None and t.is_alive():
+            try:
+                self._backend.publish(self._run_id, "x")
+            except RegistryUnavailable:
+                pass  # the thread leaves at its next empty read
+            t.join(self._slice + self._backend.socket_timeout + 1.0)
+        self.close()
+
+    def close(self) -> None:
+        """Close the subscription's connection."""
+        try:
+            self._ps.close()
+        except Exception:  # closing a broken connection must not mask the real error
+            log.debug("closing the bridge's pubsub failed", exc_info=True)
+
+    def _main(self) -> None:
+        handle = self._handle
+        assert handle is not None
+        while True:
+            try:
+                msg = self._ps.get_message(timeout=self._slice)
+            except (RedisError, OSError, ValueError) as exc:
+                if self._stopped:
+                    return
+                log.warning("run %s: control channel broke (%s); catching up", self._run_id, exc)
+                if not self._catch_up(handle):
+                    self._stop_evt.wait(0.2)  # Redis is down: retry shortly (or leave on stop)
+                continue
+            if msg is None:
+                if self._stopped:
+                    return
+                continue
+            if msg.get("type") != "message":
+                continue
+            data: str = msg["data"]
+            op = data[:1]
+            if op == "c":
+                handle.cancel(data[2:] if data[1:2] == "1" else None)
+            elif op == "s":
+                idx, _, payload = data[1:].partition(" ")
+                self._on_steer(int(idx), payload)
+            elif op in ("e", "x"):
+                return
+
+    def _on_steer(self, index: int, payload: str) -> None:
+        if index < self.cursor:
+            return  # already taken (in the claim, or by a catch-up)
+        raw: List[str] = []
+        if index > self.cursor:  # a notification was missed: read the gap, in order
+            try:
+                raw = self._backend.steers_from(self._run_id, self.cursor, index - 1)
+            except RegistryUnavailable:
+                return  # not taken: the finish step returns them as leftovers
+            if len(raw) != index - self.cursor:
+                return
+        raw.append(payload)
+        self.cursor = index + 1
+        self._deliver(raw)
+
+    def _deliver(self, raw: List[str]) -> None:
+        feed = self._feed
+        assert feed is not None
+        msgs: List[Message] = []
+        for text in raw:
+            try:
+                msgs.append(message_from_dict(json.loads(text)))
+            except (ValueError, LoopError):
+                log.error("run %s: dropped a malformed steer %r", self._run_id, text[:80])
+        feed.deliver(msgs)
+
+    def _catch_up(self, handle: RunHandle) -> bool:
+        """After a broken subscription: apply a stored cancel and unread steers."""
+        try:
+            cancelled, reason = self._backend.cancel_requested(self._run_id)
+            if cancelled:
+                handle.cancel(reason)
+            raw = self._backend.steers_from(self._run_id, self.cursor)
+        except RegistryUnavailable:
+            return False
+        if raw:
+            self.cursor += len(raw)
+            self._deliver(raw)
+        return True
+
+
+__all__ = ["Bridge", "SteerFeed"]
