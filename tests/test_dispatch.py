@@ -471,11 +471,6 @@ def test_memory_store_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixt
     assert "memory store of a tool trajectory failed" in caplog.text
 
 
-@pytest.mark.xfail(
-    reason="driver bug: the tool pool is sized by the first run's max_concurrency and never grows "
-    "(resources.py LoopResources.executor), so a later run's wider wave cannot all run at once",
-    strict=True,
-)
 def test_a_later_run_with_a_wider_wave_still_overlaps_fully() -> None:
     small = threading.Barrier(2, timeout=WAIT)
     wide = threading.Barrier(4, timeout=1.0)  # short: the bug shows as a broken barrier

@@ -315,7 +315,8 @@ class Dispatcher:
             health.record(st.resolved, not out.is_error)
         if not out.is_error:
             if loop._memory is not None:
-                self._remember(st)
+                with rc.unfenced():  # a store may block (SQLite locks): let cancel take over
+                    self._remember(st)
             return None
         if loop._reflector is None and loop._recovery is None:
             return None

@@ -246,11 +246,14 @@ class BareLoop(BuilderMixin):
         self._cancel.add_listener(on_cancel)
         try:
             thread.start()
-        except BaseException:
+        except RuntimeError:  # "can't start new thread": nothing is running
             self._cancel.remove_listener(on_cancel)
             rc.lock.release()
             with self._busy:
                 self._active = None
+            raise
+        except BaseException:  # e.g. Ctrl-C inside start()'s wait: the body IS running
+            self._cancel_run(rc, "interrupted")
             raise
         return rc
 
@@ -334,6 +337,11 @@ class BareLoop(BuilderMixin):
                 raise self._error_for(outcome)
 
     def _begin_run(self, run: Run) -> None:
+        if run.config.reset_managers:
+            for part in (self._health, self._loop_detector, self._convergence, self._fallback):
+                reset = getattr(part, "reset", None)
+                if reset is not None:
+                    reset()
         self._run_input = run.input
         self._run_config_now = run.config
         self._deferred_transient_tokens = 0

@@ -42,6 +42,7 @@ class LoopResources:
         self._temp_finalizer: Optional[weakref.finalize[..., None]] = None
         self._owner = weakref.ref(owner)
         self._pool_box: list[Optional[ThreadPoolExecutor]] = [None]
+        self._pool_size = 0
         self._pool_finalizer = weakref.finalize(owner, _shutdown, self._pool_box)
 
     @property
@@ -71,13 +72,20 @@ class LoopResources:
 
     def executor(self, workers: int) -> ThreadPoolExecutor:
         """The tool pool, made on first use."""
+        want = max(2, workers)
         pool = self._pool_box[0]
+        if pool is not None and self._pool_size < want:
+            # A wider wave than the pool was made for: replace it; the old
+            # workers finish what they hold and exit.
+            pool.shutdown(wait=False)
+            pool = None
         if pool is None:
             pool = ThreadPoolExecutor(
-                max_workers=max(2, workers),
+                max_workers=want,
                 thread_name_prefix=f"loopctl-tools-{self.session_id[:8]}",
             )
             self._pool_box[0] = pool
+            self._pool_size = want
         return pool
 
     def close(self) -> None:
