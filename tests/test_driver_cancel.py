@@ -44,6 +44,7 @@ from loopctl.observers import (
     TextDelta,
     ToolPost,
     ToolPre,
+    TurnEnd,
     TurnStart,
 )
 from loopctl.providers.base import (
@@ -279,7 +280,8 @@ def test_cancel_during_a_blocked_model_call(streaming: bool) -> None:
         rec.events.clear()
         err, latency = run_cancelled(loop, "doomed", gate.entered)
         assert_cancelled_cleanly(loop, rec, err, latency, before)
-        assert rec.types() == [RunStart, TurnStart, RunEnd]
+        # (whether a failed on_turn_end closes the cut phase: test_driver_timeline)
+        assert [t for t in rec.types() if t is not TurnEnd] == [RunStart, TurnStart, RunEnd]
         assert err.run.turn_count == 0
         n = len(rec.events)
         gate.open()
