@@ -463,6 +463,48 @@ def test_cancel_during_a_stuck_tool(streaming: bool) -> None:
         next_run_is_clean(loop, client, before)
 
 
+def test_next_run_works_while_the_abandoned_tool_is_still_stuck() -> None:
+    """A stuck tool may never return: the loop is usable at once, and stays fenced."""
+    gate = Gate()
+    tool = Stuck(gate)
+    rec = Recorder()
+    client = ScriptedClient([call("stuck"), call("echo", x=1), reply("second run done")])
+    with BareLoop(client, [tool, Echo()]).with_observer(rec) as loop:
+        err, _ = run_cancelled(loop, "gets stuck", gate.entered)
+        first_id = err.run.id
+        assert any(t.name.startswith(f"loopctl-run-{first_id[:12]}") for t in threading.enumerate())
+        run = loop.run("meanwhile")  # the first run's thread is still blocked in its tool
+        assert run.output == "second run done"
+        n = len(rec.events)
+        gate.open()
+        assert_fenced(rec, first_id, n)
+        ids = [e.run_id for e in rec.events]
+        k = ids.index(run.id)
+        assert set(ids[:k]) == {first_id} and set(ids[k:]) == {run.id}
+        assert loop.conversation()[-1].text == "second run done"
+
+
+def test_cancel_while_a_tool_is_in_time_sleep() -> None:
+    """The literal case of the issue: a tool in ``time.sleep`` cannot be woken, only abandoned."""
+    entered = threading.Event()
+
+    class Sleeper(Tool):
+        name = "sleeper"
+        description = "Sleeps."
+
+        def call(self, input: Any, ctx: ToolContext) -> str:
+            entered.set()
+            time.sleep(0.3)  # the work being abandoned, not a synchronisation
+            return "woke up"
+
+    rec = Recorder()
+    with BareLoop(ScriptedClient([call("sleeper")]), [Sleeper()]).with_observer(rec) as loop:
+        err, latency = run_cancelled(loop, "sleep", entered)
+        assert_cancelled_cleanly(loop, rec, err, latency, [])
+        assert latency < 0.3  # returned before the sleep could have ended
+        assert_fenced(rec, err.run.id, len(rec.events))
+
+
 def test_cooperative_tool_stops_on_ctx_cancel() -> None:
     gate = Gate()
     tool = Stuck(gate, cooperative=True)

@@ -320,15 +320,16 @@ def test_loop_busy_while_a_run_is_in_flight_changes_nothing() -> None:
         n_events, n_runs, n_requests = len(events), len(loop.session.runs), len(client.requests)
         conv = loop.conversation()
         with pytest.raises(LoopBusy):
-            loop.run("intruder")
+            loop.run("intruder", RunConfig(max_turns=3))
         with pytest.raises(LoopBusy):
-            loop.start("intruder 2")
+            loop.start("intruder 2", RunConfig(max_turns=4))
         with pytest.raises(ConfigError):
             loop.register_observer(CallbackObserver(events.append))
         with pytest.raises(LoopBusy):
             loop.finalize()
         assert (len(events), len(loop.session.runs), len(client.requests)) == (n_events, n_runs, n_requests)
         assert loop.conversation() == conv
+        assert loop.run_config() is not None and loop.run_config().max_turns == 200
         assert loop.is_running
         gate.open()
         run = handle.result(WAIT)
