@@ -130,13 +130,13 @@ def _assemble(
     owed: dict[str, int] = {}
     for p in first.parts:
         if type(p) is ToolCallPart:
-            owed[p.id] = owed.get(p.id, 0) + 1  # type: ignore[union-attr]
+            owed[p.id] = owed.get(p.id, 0) + 1
     reattached: list[Any] = []
     if owed:
         for m in messages[1:split]:
             for p in m.parts:
-                if type(p) is ToolResultPart and owed.get(p.tool_call_id, 0) > 0:  # type: ignore[union-attr]
-                    owed[p.tool_call_id] -= 1  # type: ignore[union-attr]
+                if type(p) is ToolResultPart and owed.get(p.tool_call_id, 0) > 0:
+                    owed[p.tool_call_id] -= 1
                     reattached.append(p)
     out = [first]
     if reattached:

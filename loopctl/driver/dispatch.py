@@ -351,7 +351,7 @@ class Dispatcher:
         if type(action) is not Retry:
             return None
         st.correction = analysis.correction
-        return action  # type: ignore[return-value]
+        return action
 
     def _prepare_retry(self, rc: RunContext, st: _Call, retry: Retry) -> None:
         """Ceiling check, cancel-aware backoff, correction; then ``attempt + 1``."""

@@ -213,41 +213,42 @@ class StreamAccumulator:
 
     def feed(self, event: StreamEvent) -> None:
         """Take one event (mutates)."""
-        t = type(event)
-        if t is PartDelta:
-            slot = self._by_index.get(event.index)  # type: ignore[union-attr]
+        if isinstance(event, PartDelta):
+            slot = self._by_index.get(event.index)
             if slot is None or slot.closed:
                 # A delta without a start opens an implicit part of its kind.
-                kind = TOOL_CALL if event.kind == TOOL_INPUT else event.kind  # type: ignore[union-attr]
+                kind = TOOL_CALL if event.kind == TOOL_INPUT else event.kind
                 if kind == SIGNATURE:
                     return
-                slot = self._open(event.index, kind)  # type: ignore[union-attr]
-            if event.kind == SIGNATURE:  # type: ignore[union-attr]
-                slot.signature = (slot.signature or "") + event.text  # type: ignore[union-attr]
+                slot = self._open(event.index, kind)
+            if event.kind == SIGNATURE:
+                slot.signature = (slot.signature or "") + event.text
             else:
-                slot.chunks.append(event.text)  # type: ignore[union-attr]
-        elif t is PartStart:
-            slot = self._open(event.index, event.kind)  # type: ignore[union-attr]
-            slot.call_id = event.call_id  # type: ignore[union-attr]
-            slot.name = event.name  # type: ignore[union-attr]
-        elif t is PartStop:
-            idx = event.index  # type: ignore[union-attr]
-            slot = self._by_index.get(idx) if idx is not None else next(
-                (s for s in self._slots if not s.closed), None
+                slot.chunks.append(event.text)
+        elif isinstance(event, PartStart):
+            slot = self._open(event.index, event.kind)
+            slot.call_id = event.call_id
+            slot.name = event.name
+        elif isinstance(event, PartStop):
+            idx = event.index
+            found = (
+                self._by_index.get(idx)
+                if idx is not None
+                else next((s for s in self._slots if not s.closed), None)
             )
-            if slot is not None and not slot.closed:
-                self._close(slot)
-        elif t is MessageDelta:
-            if event.stop_reason is not None:  # type: ignore[union-attr]
-                self.stop_reason = event.stop_reason  # type: ignore[union-attr]
-            if event.usage is not None:  # type: ignore[union-attr]
-                self.usage = _merge_usage(self.usage, event.usage)  # type: ignore[union-attr]
-        elif t is MessageStart:
-            if event.model:  # type: ignore[union-attr]
-                self.model = event.model  # type: ignore[union-attr]
-            if event.usage is not None:  # type: ignore[union-attr]
-                self.usage = _merge_usage(self.usage, event.usage)  # type: ignore[union-attr]
-        elif t is MessageStop:
+            if found is not None and not found.closed:
+                self._close(found)
+        elif isinstance(event, MessageDelta):
+            if event.stop_reason is not None:
+                self.stop_reason = event.stop_reason
+            if event.usage is not None:
+                self.usage = _merge_usage(self.usage, event.usage)
+        elif isinstance(event, MessageStart):
+            if event.model:
+                self.model = event.model
+            if event.usage is not None:
+                self.usage = _merge_usage(self.usage, event.usage)
+        elif isinstance(event, MessageStop):
             self.finished = True
 
     def _open(self, index: int, kind: str) -> _Slot:

@@ -196,7 +196,7 @@ class _TrackedHTTPConnection(HTTPConnection):
         super().connect()
         _report_sock(self)
 
-    def getresponse(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
         _report_sock(self)  # a reused keep-alive connection never calls connect()
         return super().getresponse(*args, **kwargs)
 
@@ -206,7 +206,7 @@ class _TrackedHTTPSConnection(HTTPSConnection):
         super().connect()
         _report_sock(self)
 
-    def getresponse(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
         _report_sock(self)
         return super().getresponse(*args, **kwargs)
 

@@ -575,7 +575,7 @@ class OfflineModel:
             plan = Plan(plan.text.rstrip(".") + ", but I was asked not to use tools.")
         base = _conversation_hash(request) if plan.calls else None
         calls = [
-            ToolCallPart(_call_id(base, k, name, inp), name, inp)  # type: ignore[arg-type]
+            ToolCallPart(_call_id(base, k, name, inp), name, inp)
             for k, (name, inp) in enumerate(plan.calls)
         ]
         text = plan.text
