@@ -482,6 +482,39 @@ def test_a_consumer_behind_the_buffer_gets_a_gap_then_the_rest(cluster: Cluster)
     assert gap["dropped"] == seq0 and got[-1][1]["type"] == "run_end"
 
 
+def test_a_run_nobody_picks_up_fails_after_queue_timeout_and_frees_the_conversation(
+    cluster: Cluster,
+) -> None:
+    held = f"held-{uid()}"
+    reg = cluster.registry(queue=held, queue_timeout=0.3)
+    conv, tag = uid(), uid()
+    rid = reg.start(conv, plan_text(tag, turns=1, record=True))
+    assert reg.steer(rid, "never heard")
+    with pytest.raises(LoopError, match="queue_timeout"):
+        reg.result(rid, timeout=WAIT)  # the lock's expiry is seen at the next read slice
+    assert reg.status(rid).state == "failed"
+    assert texts(reg.leftovers(rid)) == ["never heard"]
+    assert [e["type"] for _, e in reg.events(rid, timeout=WAIT)] == ["run_end"]
+    assert reg.execute(rid, conv) == "skipped"  # a late pickup never runs it
+    assert cluster.requests(tag) == []
+    cluster.sig.delete(held)
+    nxt = cluster.registry().start(conv, plan_text(uid(), turns=1))
+    assert reg.result(nxt, timeout=WAIT).output is not None
+
+
+def test_an_unreachable_broker_fails_start_at_once_and_frees_the_conversation(cluster: Cluster) -> None:
+    app = celery_app.make_app(f"redis://127.0.0.1:{free_port()}/0")
+    reg = celery_app.make_registry(app, cluster.url)
+    conv = uid()
+    with pytest.raises(RegistryUnavailable, match="Celery broker"):
+        reg.start(conv, plan_text(uid(), turns=1))
+    [failed] = [s for s in reg.list() if s.state == "failed" and "Celery broker" in (s.error or "")][-1:]
+    assert failed.ended_at is not None
+    ok = cluster.registry()
+    assert ok.result(ok.start(conv, plan_text(uid(), turns=1)), timeout=WAIT).output is not None
+    reg.close()
+
+
 def test_redis_unreachable_is_a_clear_error_never_a_hang(cluster: Cluster) -> None:
     port = free_port()  # nothing listens there
     reg = celery_app.make_registry(cluster.app, f"redis://:sekrit@127.0.0.1:{port}/0", socket_timeout=0.5)

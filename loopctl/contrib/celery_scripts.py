@@ -66,9 +66,18 @@ local function close_failed(rid, err, err_type, now, keep_ms, buf, approx)
   signal_end(rid, keep_ms)
 end
 
+-- A run that can no longer end by itself: its worker stopped heartbeating, or it
+-- sat in the queue until its conversation lock expired (queue_timeout).
 local function reap(rid, now, keep_ms, buf, approx)
   local h = rk(rid, '')
-  if redis.call('HGET', h, 'state') ~= 'running' then return 0 end
+  local st = redis.call('HGET', h, 'state')
+  if st == 'queued' then
+    if redis.call('GET', ck(redis.call('HGET', h, 'conv'), ':lock')) == rid then return 0 end
+    close_failed(rid, 'no worker picked the run up within queue_timeout; it never started',
+      'LoopError', now, keep_ms, buf, approx)
+    return 1
+  end
+  if st ~= 'running' then return 0 end
   if redis.call('EXISTS', rk(rid, ':hb')) == 1 then return 0 end
   local worker = redis.call('HGET', h, 'worker') or '?'
   close_failed(rid, 'worker lost: run ' .. rid .. ' on ' .. worker ..
@@ -117,8 +126,8 @@ local st = redis.call('HGET', h, 'state')
 if st ~= 'queued' then return {'skip', st or ''} end
 local f = redis.call('HMGET', h, 'conv', 'input', 'config', 'factory', 'cancel', 'cancel_reason', 'buf')
 if redis.call('GET', ck(f[1], ':lock')) ~= id then
-  close_failed(id, 'the conversation lock expired before a worker picked the run up ' ..
-    '(queue_timeout); the run never started', 'LoopError', now, keep, buf, approx)
+  close_failed(id, 'no worker picked the run up within queue_timeout; it never started',
+    'LoopError', now, keep, buf, approx)
   return {'expired'}
 end
 redis.call('HSET', h, 'state', 'running', 'token', token, 'worker', ARGV[6], 'started_at', now)
