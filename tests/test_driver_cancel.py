@@ -826,3 +826,112 @@ def test_observers_of_a_cancelled_start_run_see_the_callers_contextvars() -> Non
         gate.open()
         join_run_threads(handle.run_id)
     assert seen == [("start", "req-7"), ("end", "req-7")]
+
+
+# -- CancelSignal and its views ---------------------------------------------------------------
+
+
+def test_signal_first_reason_wins_and_listeners_fire_once() -> None:
+    from loopctl import CancelSignal
+
+    sig = CancelSignal()
+    fired: list[str] = []
+    sig.add_listener(lambda: fired.append("a"))
+
+    def broken() -> None:
+        raise RuntimeError("listener bug")
+
+    sig.add_listener(broken)
+    sig.add_listener(lambda: fired.append("b"))
+    assert sig.wait(0) is False and sig.reason is None
+    sig.cancel("first")
+    sig.cancel("second")
+    assert sig.is_cancelled() and sig.wait(0) and sig.reason == "first"
+    assert fired == ["a", "b"]  # a raising listener does not stop the others
+    late: list[int] = []
+    sig.add_listener(lambda: late.append(1))  # already fired: called at once
+    assert late == [1]
+    sig.reset()
+    assert not sig.is_cancelled() and sig.reason is None
+
+
+def test_view_keeps_its_runs_cancel_and_reason_after_reset() -> None:
+    from loopctl import CancelSignal
+
+    sig = CancelSignal()
+    view = sig.view()
+    heard: list[str] = []
+    view.add_listener(lambda: heard.append("view"))
+    sig.cancel("user stop")
+    assert view.is_cancelled() and view.reason == "user stop" and heard == ["view"]
+    sig.reset()
+    assert not sig.is_cancelled()
+    assert view.is_cancelled() and view.wait(0)
+    assert view.reason == "user stop"  # what an abandoned tool reads from ctx.cancel
+    fresh = sig.view()
+    assert not fresh.is_cancelled()
+
+
+def test_view_listener_added_after_its_run_ended_runs_at_once_and_never_later() -> None:
+    """An abandoned body may add a listener after finalize re-armed the loop's signal."""
+    from loopctl import CancelSignal
+
+    sig = CancelSignal()
+    old_view = sig.view()
+    sig.cancel("run 1 cancelled")
+    sig.reset()  # run 1 finalized; run 2 may start now
+    calls: list[str] = []
+    old_view.add_listener(lambda: calls.append("late"))
+    assert calls == ["late"]
+    sig.cancel("run 2 cancelled")
+    assert calls == ["late"]  # not fired again by a later run's cancel
+    assert sig._listeners == []
+
+
+def test_cancel_through_a_stale_view_does_not_touch_the_loop() -> None:
+    from loopctl import CancelSignal
+
+    sig = CancelSignal()
+    stale = sig.view()
+    sig.cancel()
+    sig.reset()
+    stale.cancel("late")  # an abandoned tool cancelling its (finished) run
+    assert not sig.is_cancelled()
+    live = sig.view()
+    live.cancel("now")
+    assert sig.is_cancelled() and sig.reason == "now"
+
+
+def test_a_view_made_before_the_signal_fires_sees_it() -> None:
+    from loopctl import CancelSignal
+
+    sig = CancelSignal()
+    sig.reset()  # not fired: the same flag stays, views made earlier stay live
+    view = sig.view()
+    waiter_woke = threading.Event()
+    t = threading.Thread(target=lambda: view.wait(WAIT) and waiter_woke.set(), name="test-view-waiter")
+    t.start()
+    sig.cancel("x")
+    t.join(WAIT)
+    assert waiter_woke.is_set()
+
+
+def test_tool_sees_the_cancel_reason_through_its_context() -> None:
+    gate = Gate()
+    reasons: list[Optional[str]] = []
+
+    class Reader(Tool):
+        name = "reader"
+        description = "Reads the reason."
+
+        def call(self, input: Any, ctx: ToolContext) -> str:
+            gate.pass_through()
+            reasons.append(ctx.cancel.reason)
+            return "x"
+
+    with BareLoop(ScriptedClient([call("reader")]), [Reader()]) as loop:
+        err, _ = run_cancelled(loop, "x", gate.entered)
+        assert err.reason == "test cancel"
+        gate.open()
+        join_run_threads(err.run.id)
+    assert reasons == ["test cancel"]

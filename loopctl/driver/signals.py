@@ -20,17 +20,25 @@ from loopctl.messages import Message
 log = logging.getLogger("loopctl")
 
 
+class _Flag(threading.Event):
+    """One cancel flag: an Event that also keeps the reason it was set with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reason: Optional[str] = None
+
+
 class CancelSignal:
     """A resettable, thread-safe cancel flag with waiters and listeners.
 
     ``reset()`` swaps in a fresh flag, so anything still holding the old one
-    (a tool thread that was abandoned) keeps seeing it fired.
+    (a tool thread that was abandoned) keeps seeing it fired, with its reason.
     """
 
     __slots__ = ("_event", "_lock", "_listeners", "_reason", "_parent", "__weakref__")
 
     def __init__(self) -> None:
-        self._event = threading.Event()
+        self._event: _Flag = _Flag()
         self._lock = threading.Lock()
         self._listeners: list[Callable[[], None]] = []
         self._reason: Optional[str] = None
@@ -45,6 +53,7 @@ class CancelSignal:
             if self._event.is_set():
                 return
             self._reason = reason
+            self._event.reason = reason
             self._event.set()
             listeners = list(self._listeners)
         for fn in listeners:
@@ -53,11 +62,12 @@ class CancelSignal:
             except Exception:  # a listener must never break cancel()
                 log.exception("cancel listener %r raised", fn)
 
-    def _cancel_event(self, event: threading.Event, reason: Optional[str]) -> None:
+    def _cancel_event(self, event: _Flag, reason: Optional[str]) -> None:
         # A view cancels its parent only while the parent still has its flag.
         if self._event is event:
             self.cancel(reason)
-        else:
+        elif not event.is_set():
+            event.reason = reason
             event.set()
 
     def is_cancelled(self) -> bool:
@@ -70,8 +80,12 @@ class CancelSignal:
 
     @property
     def reason(self) -> Optional[str]:
-        """The reason given to the ``cancel`` that fired the signal, if any."""
-        return self._reason
+        """The reason given to the ``cancel`` that fired the signal, if any.
+
+        A view (``ToolContext.cancel``) keeps its run's reason after the loop
+        re-armed its own signal.
+        """
+        return self._event.reason
 
     def reset(self) -> None:
         """Re-arm the signal (the loop's, at the end of ``finalize``)."""
@@ -79,7 +93,7 @@ class CancelSignal:
             return
         with self._lock:
             if self._event.is_set():
-                self._event = threading.Event()
+                self._event = _Flag()
             self._reason = None
 
     def add_listener(self, fn: Callable[[], None]) -> None:
@@ -88,11 +102,17 @@ class CancelSignal:
         If it has already fired, ``fn`` is called at once. On a view the
         listener is held by the parent signal.
         """
-        if self._parent is not None:
-            if self._event.is_set():
+        parent = self._parent
+        if parent is not None:
+            # Register on the parent only while it still holds this view's flag,
+            # checked and added under its lock: a flag the parent has re-armed
+            # away from was fired, so ``fn`` runs now instead of never.
+            with parent._lock:
+                live = parent._event is self._event and not self._event.is_set()
+                if live:
+                    parent._listeners.append(fn)
+            if not live:
                 fn()
-                return
-            self._parent.add_listener(fn)
             return
         with self._lock:
             self._listeners.append(fn)
