@@ -111,7 +111,9 @@ class _Entry:
         self.loop = loop
         self.handle: Optional[RunHandle] = None
         self.cond = threading.Condition(threading.Lock())
-        self.buf: deque[Tuple[int, Event]] = deque(maxlen=size)
+        # Events only (no (seq, event) tuples: half the objects the cyclic GC
+        # must walk); the newest has seq ``self.seq``, the rest count down.
+        self.buf: deque[Event] = deque(maxlen=size)
         self.seq = 0
         self.ended = False
         self.leftovers: List[Message] = []
@@ -125,7 +127,7 @@ class _Entry:
             if self.ended:  # run_end is the last event; a stray later one is dropped
                 return
             self.seq += 1
-            self.buf.append((self.seq, event))
+            self.buf.append(event)
             if type(event) is RunEnd:
                 # The slot was sealed just before run_end and no new run can
                 # open it until this one has left finalize: these are ours.
@@ -397,23 +399,28 @@ class RunRegistry:
         pos = after
         cond = entry.cond
         while True:
-
-            def ready(seen: int = pos) -> bool:
-                return entry.seq > seen or entry.ended
-
             with cond:
-                if not cond.wait_for(ready, timeout):
-                    return
+                if entry.seq <= pos and not entry.ended:
+                    # Plain wait loops: cheaper per wake-up than wait_for.
+                    if timeout is None:
+                        while entry.seq <= pos and not entry.ended:
+                            cond.wait()
+                    else:
+                        deadline = time.monotonic() + timeout
+                        while entry.seq <= pos and not entry.ended:
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                return
+                            cond.wait(left)
                 last = entry.seq
                 if last <= pos:
                     return  # ended, and everything was yielded
                 buf = entry.buf
-                first = buf[0][0]
-                begin = max(pos + 1, first)
+                begin = max(pos + 1, last - len(buf) + 1)
                 batch = [*itertools.islice(reversed(buf), last - begin + 1)]
             if begin > pos + 1:
                 yield entry.gap(begin - 1, begin - pos - 1)
-            for seq, event in reversed(batch):
+            for seq, event in enumerate(reversed(batch), begin):
                 yield seq, event.to_dict()
             pos = last
 
