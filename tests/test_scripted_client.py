@@ -277,3 +277,21 @@ def test_through_a_loop_past_the_script_is_a_model_error() -> None:
             loop.run("needs two replies")
     assert "request 2" in str(info.value)
     assert info.value.run is not None
+
+
+def test_scripted_errors_go_through_the_retry_rules() -> None:
+    """Streaming through the default StreamHandler: retryable errors retry, others do not."""
+    from loopctl.observers import AttemptReset, CallbackObserver
+
+    seen: list[Any] = []
+    retry = ScriptedClient([ModelError("flaky upstream", status=500, retryable=True), reply("after retry")])
+    with BareLoop(retry).with_observer(CallbackObserver(seen.append)) as loop:
+        assert loop.run("x").output == "after retry"
+    assert len(retry.requests) == 2
+    assert [e.attempt for e in seen if isinstance(e, AttemptReset)] == [1]
+
+    final = ScriptedClient([ModelError("bad request", status=400, retryable=False), reply("never")])
+    with BareLoop(final) as loop:
+        with pytest.raises(ModelError, match="bad request"):
+            loop.run("x")
+    assert len(final.requests) == 1
