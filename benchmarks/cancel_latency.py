@@ -241,17 +241,17 @@ def _set(holder: Any, window: Window) -> Window:
 def phase_floor() -> list[float]:
     """The bare hand-off: set an Event on one thread, wake on another."""
     out: list[float] = []
+
+    def setter(ready: threading.Event, ev: threading.Event, stamp: list[float]) -> None:
+        ready.wait(WAIT)
+        stamp.append(time.perf_counter())
+        ev.set()
+
     for _ in range(N):
         ev = threading.Event()
         ready = threading.Event()
         stamp: list[float] = []
-
-        def setter() -> None:
-            ready.wait(WAIT)
-            stamp.append(time.perf_counter())
-            ev.set()
-
-        t = threading.Thread(target=setter, name="bench-floor")
+        t = threading.Thread(target=setter, args=(ready, ev, stamp), name="bench-floor")
         t.start()
         ready.set()
         ev.wait(WAIT)

@@ -199,6 +199,7 @@ def assert_cancelled_cleanly(loop: BareLoop, rec: Recorder, err: Cancelled, late
     types = rec.types()
     assert types[0] is RunStart and types[-1] is RunEnd and types.count(RunEnd) == 1
     end = rec.events[-1]
+    assert isinstance(end, RunEnd)
     assert end.success is False and end.error is not None and "cancel" in end.error
     assert StreamFailure not in types  # a cancel is never a model failure
 
@@ -909,7 +910,11 @@ def test_a_view_made_before_the_signal_fires_sees_it() -> None:
     sig.reset()  # not fired: the same flag stays, views made earlier stay live
     view = sig.view()
     waiter_woke = threading.Event()
-    t = threading.Thread(target=lambda: view.wait(WAIT) and waiter_woke.set(), name="test-view-waiter")
+    def waiter() -> None:
+        if view.wait(WAIT):
+            waiter_woke.set()
+
+    t = threading.Thread(target=waiter, name="test-view-waiter")
     t.start()
     sig.cancel("x")
     t.join(WAIT)

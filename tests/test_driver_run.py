@@ -36,7 +36,7 @@ from loopctl import (
 )
 from loopctl.machine import LoopMachine, MachineState
 from loopctl.messages import ModelRequest, ModelResponse
-from loopctl.observers import CallbackObserver, Event, RunEnd
+from loopctl.observers import CallbackObserver, Event
 from loopctl.records import Session
 from loopctl.testing import ScriptedClient, call, calls, reply
 from loopctl.tools import Tool, ToolContext
@@ -329,7 +329,8 @@ def test_loop_busy_while_a_run_is_in_flight_changes_nothing() -> None:
             loop.finalize()
         assert (len(events), len(loop.session.runs), len(client.requests)) == (n_events, n_runs, n_requests)
         assert loop.conversation() == conv
-        assert loop.run_config() is not None and loop.run_config().max_turns == 200
+        running_config = loop.run_config()
+        assert running_config is not None and running_config.max_turns == 200
         assert loop.is_running
         gate.open()
         run = handle.result(WAIT)
@@ -499,7 +500,11 @@ def test_tool_context_fields() -> None:
 
 
 def test_managed_temp_dir_lifecycle(tmp_path: Path) -> None:
-    echo = Echo(lambda i, c: (c.temp_dir / "scratch.txt").write_text("x"))
+    def scribble(input: Any, ctx: ToolContext) -> None:
+        assert ctx.temp_dir is not None
+        (ctx.temp_dir / "scratch.txt").write_text("x")
+
+    echo = Echo(scribble)
     client = ScriptedClient([reply("no tools yet"), call("echo", x=1), reply("ok")])
     loop = BareLoop(client, [echo]).with_temp_dir(tmp_path)
     expected = tmp_path / f"loopctl-{loop.session.id}"
@@ -593,4 +598,4 @@ def test_tool_results_message_shape_in_history() -> None:
         conv = loop.conversation()
     assert [m.role for m in conv] == ["user", "assistant", "user", "assistant"]
     assert all(isinstance(p, ToolResultPart) for p in conv[2].parts)
-    assert [p.output for p in conv[2].parts] == ["echo:1", "echo:2"]
+    assert [p.output for p in conv[2].tool_results] == ["echo:1", "echo:2"]

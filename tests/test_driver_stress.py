@@ -185,6 +185,72 @@ def _run_threads(run_id: str) -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(f"loopctl-run-{run_id[:12]}")]
 
 
+def _run_once(
+    loop: BareLoop,
+    text: str,
+    cfg: RunConfig,
+    run_id: str,
+    point: Optional[Point],
+    use_start: bool,
+    by_handle: bool,
+) -> dict[str, Any]:
+    """Start one run (``start()``, or ``run()`` on a worker), cancel it at ``point``.
+
+    Returns ``{"run": Run}`` or ``{"err": LoopError}`` once the run, its
+    canceller and its (released) body thread have all finished.
+    """
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    handle = None
+
+    def runner() -> None:
+        try:
+            box["run"] = loop.run(text, cfg, run_id)
+        except LoopError as exc:
+            box["err"] = exc
+        finally:
+            done.set()
+
+    if use_start:
+        handle = loop.start(text, cfg, run_id)
+    else:
+        threading.Thread(target=runner, name=f"test-runner-{run_id}", daemon=True).start()
+
+    def cancel(p: Point) -> None:
+        if not p.reached.wait(WAIT) or p.skip:
+            return
+        if handle is not None and (by_handle or not p.block):
+            handle.cancel(f"random cancel {run_id}")
+        else:  # a run() caller, or a run blocked at its point: a loop-wide cancel is safe too
+            loop.cancel(f"random cancel {run_id}")
+
+    canceller = None
+    if point is not None:
+        canceller = threading.Thread(target=cancel, args=(point,), name=f"test-cancel-{run_id}", daemon=True)
+        canceller.start()
+    if handle is not None:
+        assert handle.wait(WAIT), f"run {run_id} hung"
+        try:
+            box["run"] = handle.result(0)
+        except LoopError as exc:
+            box["err"] = exc
+    else:
+        assert done.wait(WAIT), f"run {run_id} hung"
+    if point is not None and not point.reached.is_set():
+        point.skip = True  # cancelled before its point by a cancel that outlived the run before
+        point.reached.set()
+    if canceller is not None:
+        canceller.join(WAIT)
+        assert not canceller.is_alive()
+    if point is not None:
+        point.release.set()
+    assert (box["run"] if "run" in box else box["err"].run).id == run_id
+    for t in _run_threads(run_id):
+        t.join(WAIT)
+        assert not t.is_alive(), f"run {run_id}: {t.name} never exited"
+    return box
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [SEED, SEED + 1, SEED + 2])
 @pytest.mark.parametrize("streaming", [False, True], ids=["non_streaming", "streaming"])
@@ -209,62 +275,8 @@ def test_runs_cancelled_at_random_points(streaming: bool, seed: int) -> None:
             cfg = RunConfig(parallel=ParallelDispatch(rng.choice(["parallel", "sequential"]), 4))
             use_start = rng.random() < 0.5
             by_handle = rng.random() < 0.5
-            box: dict[str, Any] = {}
-            handle_box: dict[str, Any] = {}
-            done = threading.Event()
-
-            def runner() -> None:
-                try:
-                    box["run"] = loop.run(text, cfg, run_id)
-                except LoopError as exc:
-                    box["err"] = exc
-                finally:
-                    done.set()
-
-            if use_start:
-                handle_box["h"] = loop.start(text, cfg, run_id)
-            else:
-                worker = threading.Thread(target=runner, name=f"test-runner-{i}", daemon=True)
-                worker.start()
-
-            canceller = None
+            box = _run_once(loop, text, cfg, run_id, plan.point, use_start, by_handle)
             point = plan.point
-            if point is not None:
-
-                def cancel(p: Point = point) -> None:
-                    if not p.reached.wait(WAIT) or p.skip:
-                        return
-                    h = handle_box.get("h")
-                    if h is not None and (by_handle or not p.block):
-                        h.cancel(f"random cancel {i}")
-                    elif p.block or h is None:
-                        # run() caller, or a blocked run: the loop-wide cancel is safe too.
-                        loop.cancel(f"random cancel {i}")
-
-                canceller = threading.Thread(target=cancel, name=f"test-cancel-{i}", daemon=True)
-                canceller.start()
-
-            if use_start:
-                h = handle_box["h"]
-                assert h.wait(WAIT), f"run {i} hung"
-                try:
-                    box["run"] = h.result(0)
-                except LoopError as exc:
-                    box["err"] = exc
-            else:
-                assert done.wait(WAIT), f"run {i} hung"
-            if point is not None and not point.reached.is_set():
-                point.skip = True  # cancelled before its point by a cancel that outlived run i-1
-                point.reached.set()
-            if canceller is not None:
-                canceller.join(WAIT)
-                assert not canceller.is_alive()
-            if point is not None:
-                point.release.set()
-            assert (box["run"] if "run" in box else box["err"].run).id == run_id
-            for t in _run_threads(run_id):
-                t.join(WAIT)
-                assert not t.is_alive(), f"run {i}: {t.name} never exited"
 
             if "run" in box:
                 assert box["run"].output == plan.final

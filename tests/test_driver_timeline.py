@@ -192,7 +192,9 @@ def test_two_turn_timeline_event_by_event(streaming: bool) -> None:
     assert successes[1].usage == Usage(120, 30)
 
     if streaming:
-        by_turn = lambda cls, turn: "".join(e.delta for e in rec.of(cls) if e.turn == turn)  # noqa: E731
+        def by_turn(cls: type, turn: int) -> str:
+            return "".join(e.delta for e in rec.of(cls) if e.turn == turn)
+
         assert by_turn(TextDelta, 0) == TOOL_TEXT
         assert by_turn(TextDelta, 1) == FINAL_TEXT
         assert by_turn(ThinkingDelta, 1) == THINKING
@@ -316,7 +318,7 @@ def test_failed_model_call_fires_failed_turn_end_then_run_end(streaming: bool) -
         with pytest.raises(ModelError) as info:
             loop.run("fail please")
     assert rec.types() == [RunStart, TurnStart, StreamFailure, TurnEnd, RunEnd]
-    failure, turn_end, run_end = rec.events[2:]
+    failure, turn_end, run_end = rec.of(StreamFailure)[0], rec.of(TurnEnd)[0], rec.of(RunEnd)[0]
     assert failure.turn == 0 and "upstream exploded" in failure.error
     assert (turn_end.turn, turn_end.phase, turn_end.success) == (0, "llm", False)
     assert turn_end.error is not None and "upstream exploded" in turn_end.error
@@ -341,7 +343,7 @@ def test_failure_on_second_turn_after_a_tool_turn() -> None:
     assert (last_turn_end.turn, last_turn_end.phase, last_turn_end.success) == (1, "llm", False)
     assert isinstance(info.value.__cause__, RuntimeError)  # foreign error chained
     assert "socket reset" in str(info.value)
-    assert rec.events[-1].success is False
+    assert rec.of(RunEnd)[-1].success is False
 
 
 class Exploding(Observer):
@@ -487,6 +489,7 @@ def test_unknown_tool_gets_received_event_but_no_pre_post() -> None:
     assert [p.tool for p in rec.of(ToolPre)] == ["echo"]
     assert [p.tool for p in rec.of(ToolPost)] == ["echo"]
     first_pre = _first(rec.events, ToolPre)
+    assert first_pre is not None
     assert rec.events.index(first_pre) > rec.events.index(rec.of(ToolCallReceived)[-1])
 
 
@@ -538,9 +541,11 @@ def test_a_cancelled_phase_fires_a_failed_turn_end(where: str) -> None:
     rec = Recorder()
     with BareLoop(ScriptedClient(script), [Stuck()]).with_observer(rec) as loop:
         loop.set_turn_mode("non_streaming")
-        canceller = threading.Thread(
-            target=lambda: gate.entered.wait(10.0) and loop.cancel("stop"), name="test-canceller"
-        )
+        def cancel_at_gate() -> None:
+            if gate.entered.wait(10.0):
+                loop.cancel("stop")
+
+        canceller = threading.Thread(target=cancel_at_gate, name="test-canceller")
         canceller.start()
         with pytest.raises(LoopError):
             loop.run("cancel me")

@@ -130,7 +130,7 @@ def test_running_past_the_script_names_the_request_count() -> None:
 
 
 def test_callable_returning_a_non_response_is_a_clear_error() -> None:
-    client = ScriptedClient([lambda r: "just a string"])
+    client = ScriptedClient([lambda r: "just a string"])  # type: ignore[list-item,return-value]
     with pytest.raises(ModelError) as info:
         client.complete(req())
     msg = str(info.value)
