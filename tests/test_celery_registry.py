@@ -330,6 +330,35 @@ def test_four_producers_x_100_steers_each_delivered_once_or_returned_once(
 # -- failure ------------------------------------------------------------------------------
 
 
+def kill_bridge_connection(cluster: Cluster, rid: str) -> None:
+    name = f"loopctl-bridge-{rid[:12]}"
+    ids = [c["id"] for c in cluster.sig.client_list() if c.get("name") == name]
+    assert ids, f"no connection named {name}"
+    for cid in ids:
+        cluster.sig.client_kill_filter(_id=cid)
+
+
+def test_the_bridge_recovers_when_its_subscription_is_killed(cluster: Cluster) -> None:
+    reg = cluster.registry(TIMED)
+    conv, tag = uid(), uid()
+    rid = reg.start(conv, plan_text(tag, turns=4, gate=[1, 2], record=True))
+    assert cluster.entered(tag) == 1
+    kill_bridge_connection(cluster, rid)
+    assert reg.steer(rid, "after the kill")
+    assert cluster.accepted(conv) == "after the kill"
+    cluster.release(tag, 1)
+    assert cluster.entered(tag) == 2
+    kill_bridge_connection(cluster, rid)
+    assert reg.cancel(rid, "after another kill")
+    with pytest.raises(Cancelled, match="after another kill"):
+        reg.result(rid, timeout=WAIT)
+    seen = {r["turn"]: r["steers"] for r in cluster.requests(tag)}
+    assert seen[2] == ["after the kill"]
+    assert reg.leftovers(rid) == []
+    cluster.release(tag, 2)
+
+
+
 @pytest.mark.slow
 def test_killed_worker_fails_the_run_within_the_ttl_and_never_reruns_it(cluster: Cluster) -> None:
     queue = f"killq-{uid()}"

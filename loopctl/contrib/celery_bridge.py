@@ -89,33 +89,48 @@ class SteerFeed:
 
 
 class Bridge:
-    """The run's control channel on this worker: cancel and steer in, nothing out."""
+    """The run's control channel on this worker: cancel and steer in, nothing out.
+
+    Every (re)subscription is followed by a catch-up read (the stored cancel
+    flag, the steers from ``cursor`` on), so a message published while the
+    subscription was down is never missed: redis-py re-subscribes by itself
+    after a dropped connection and reports it with a ``subscribe`` message,
+    which triggers the catch-up; a subscription that fails outright is
+    rebuilt here. ``poke`` (from the heartbeat, which also reads the cancel
+    flag and the steer count) is the safety net. Taking steers is serialized
+    by one lock, so ``cursor`` moves once per steer.
+    """
 
     def __init__(self, backend: RedisBackend, run_id: str, cursor: int = 0) -> None:
         self._backend = backend
         self._run_id = run_id
         self._slice = backend.block_slice
         self.cursor = cursor
+        self._take = threading.Lock()
         self._handle: Optional[RunHandle] = None
         self._feed: Optional[SteerFeed] = None
         self._thread: Optional[threading.Thread] = None
         self._stopped = False
         self._stop_evt = threading.Event()
-        self._ps = backend.pubsub()
+        self._ps = self._subscribe()
+
+    def _subscribe(self) -> Any:
+        backend = self._backend
+        ps = backend.pubsub(f"loopctl-bridge-{self._run_id[:12]}")
         try:
             with backend.guard("subscribe"):
-                self._ps.subscribe(backend.channel(run_id))
+                ps.subscribe(backend.channel(self._run_id))
                 deadline = time.monotonic() + backend.socket_timeout
                 while True:
-                    msg = self._ps.get_message(timeout=max(0.01, deadline - time.monotonic()))
+                    msg = ps.get_message(timeout=max(0.01, deadline - time.monotonic()))
                     if msg is not None and msg.get("type") == "subscribe":
-                        break
+                        return ps
                     if time.monotonic() >= deadline:
                         raise RegistryUnavailable(
                             f"redis at {backend.url}: no confirmation for the run's channel subscription"
                         )
         except BaseException:
-            self.close()
+            _close(ps)
             raise
 
     def start(self, handle: RunHandle, feed: SteerFeed) -> None:
@@ -143,10 +158,17 @@ class Bridge:
 
     def close(self) -> None:
         """Close the subscription's connection."""
-        try:
-            self._ps.close()
-        except Exception:  # closing a broken connection must not mask the real error
-            log.debug("closing the bridge's pubsub failed", exc_info=True)
+        _close(self._ps)
+
+    def poke(self, cancelled: bool, reason: Optional[str], steers: int) -> None:
+        """The heartbeat's view of the stored state: apply what the channel missed."""
+        handle = self._handle
+        if handle is None or self._stopped:
+            return
+        if cancelled:
+            handle.cancel(reason)
+        if steers > self.cursor:
+            self._catch_up_steers()
 
     def _main(self) -> None:
         handle = self._handle
@@ -157,15 +179,18 @@ class Bridge:
             except (RedisError, OSError, ValueError) as exc:
                 if self._stopped:
                     return
-                log.warning("run %s: control channel broke (%s); catching up", self._run_id, exc)
-                if not self._catch_up(handle):
-                    self._stop_evt.wait(0.2)  # Redis is down: retry shortly (or leave on stop)
+                log.warning("run %s: control channel broke (%s); resubscribing", self._run_id, exc)
+                self._resubscribe(handle)
                 continue
             if msg is None:
                 if self._stopped:
                     return
                 continue
-            if msg.get("type") != "message":
+            kind = msg.get("type")
+            if kind == "subscribe":  # redis-py reconnected and re-subscribed by itself
+                self._catch_up(handle)
+                continue
+            if kind != "message":
                 continue
             data: str = msg["data"]
             op = data[:1]
@@ -177,20 +202,32 @@ class Bridge:
             elif op in ("e", "x"):
                 return
 
-    def _on_steer(self, index: int, payload: str) -> None:
-        if index < self.cursor:
-            return  # already taken (in the claim, or by a catch-up)
-        raw: List[str] = []
-        if index > self.cursor:  # a notification was missed: read the gap, in order
+    def _resubscribe(self, handle: RunHandle) -> None:
+        _close(self._ps)
+        while not self._stopped:
             try:
-                raw = self._backend.steers_from(self._run_id, self.cursor, index - 1)
+                self._ps = self._subscribe()
             except RegistryUnavailable:
-                return  # not taken: the finish step returns them as leftovers
-            if len(raw) != index - self.cursor:
-                return
-        raw.append(payload)
-        self.cursor = index + 1
-        self._deliver(raw)
+                self._stop_evt.wait(0.2)  # Redis is down: retry shortly (or leave on stop)
+                continue
+            self._catch_up(handle)
+            return
+
+    def _on_steer(self, index: int, payload: str) -> None:
+        with self._take:
+            if index < self.cursor:
+                return  # already taken (in the claim, or by a catch-up)
+            raw: List[str] = []
+            if index > self.cursor:  # a notification was missed: read the gap, in order
+                try:
+                    raw = self._backend.steers_from(self._run_id, self.cursor, index - 1)
+                except RegistryUnavailable:
+                    return  # not taken now: a catch-up or the finish step gets them
+                if len(raw) != index - self.cursor:
+                    return
+            raw.append(payload)
+            self.cursor = index + 1
+            self._deliver(raw)
 
     def _deliver(self, raw: List[str]) -> None:
         feed = self._feed
@@ -203,19 +240,32 @@ class Bridge:
                 log.error("run %s: dropped a malformed steer %r", self._run_id, text[:80])
         feed.deliver(msgs)
 
-    def _catch_up(self, handle: RunHandle) -> bool:
-        """After a broken subscription: apply a stored cancel and unread steers."""
+    def _catch_up(self, handle: RunHandle) -> None:
+        """Apply a stored cancel and take the unread steers (best effort)."""
         try:
             cancelled, reason = self._backend.cancel_requested(self._run_id)
-            if cancelled:
-                handle.cancel(reason)
-            raw = self._backend.steers_from(self._run_id, self.cursor)
         except RegistryUnavailable:
-            return False
-        if raw:
-            self.cursor += len(raw)
-            self._deliver(raw)
-        return True
+            return
+        if cancelled:
+            handle.cancel(reason)
+        self._catch_up_steers()
+
+    def _catch_up_steers(self) -> None:
+        with self._take:
+            try:
+                raw = self._backend.steers_from(self._run_id, self.cursor)
+            except RegistryUnavailable:
+                return
+            if raw:
+                self.cursor += len(raw)
+                self._deliver(raw)
+
+
+def _close(ps: Any) -> None:
+    try:
+        ps.close()
+    except Exception:  # closing a broken connection must not mask the real error
+        log.debug("closing the bridge's pubsub failed", exc_info=True)
 
 
 __all__ = ["Bridge", "SteerFeed"]

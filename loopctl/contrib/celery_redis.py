@@ -130,6 +130,7 @@ class RedisBackend:
         self.keep_ms = str(max(1, int(keep_finished_s * 1000)))
         self.block_slice = block_slice
         self.socket_timeout = socket_timeout
+        self._raw_url = url  # never shown: it may hold a password
         common: Dict[str, Any] = dict(
             decode_responses=True,
             socket_connect_timeout=socket_timeout,
@@ -147,6 +148,7 @@ class RedisBackend:
             )
         except (ValueError, redis.exceptions.RedisError) as exc:
             raise RegistryUnavailable(f"bad redis url {self.url!r}: {exc}") from None
+        self._common_kwargs = common
         scripts = {
             "start": lua.START,
             "claim": lua.CLAIM,
@@ -300,9 +302,19 @@ class RedisBackend:
             flat += [seq, data]
         return bool(self._run("append", run_id, token, *self._common(), *progress, *flat))
 
-    def heartbeat(self, run_id: str, token: str, ttl_ms: int) -> bool:
-        """Refresh the heartbeat and the conversation lock; False once fenced out."""
-        return bool(self._run("heartbeat", run_id, token, str(ttl_ms), *self._common()))
+    def heartbeat(
+        self, run_id: str, token: str, ttl_ms: int
+    ) -> Optional[Tuple[bool, Optional[str], int]]:
+        """Refresh the heartbeat and the conversation lock.
+
+        Returns:
+            None once fenced out; else (cancel stored, its reason, steers accepted).
+        """
+        raw = self._run("heartbeat", run_id, token, str(ttl_ms), *self._common())
+        if not isinstance(raw, list):
+            return None
+        cancelled = raw[1] == "1"
+        return cancelled, (raw[2] or None) if cancelled else None, int(raw[3])
 
     def finish(self, run_id: str, token: str, fields: Sequence[Any], leftovers: Sequence[str]) -> int:
         """The terminal step (see ``celery_scripts.FINISH``); the run_end's seq, or 0 when fenced out."""
@@ -325,9 +337,15 @@ class RedisBackend:
         with self.guard("publish"):
             self.r.publish(self.channel(run_id), data)
 
-    def pubsub(self) -> Any:
-        """A new PubSub on the non-blocking pool's settings."""
-        return self.r.pubsub(ignore_subscribe_messages=False)
+    def pubsub(self, name: str) -> Any:
+        """A PubSub on its own connection, named ``name`` (``CLIENT LIST`` shows it).
+
+        The name survives reconnects (redis-py sets it on every connect).
+        """
+        client = redis.Redis.from_url(
+            self._raw_url, socket_timeout=self.socket_timeout, client_name=name, **self._common_kwargs
+        )
+        return client.pubsub(ignore_subscribe_messages=False)
 
 
 def dumps(data: Any) -> str:

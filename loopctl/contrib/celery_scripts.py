@@ -154,9 +154,11 @@ HEARTBEAT = r"""
 local token, hb, now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 if fenced(token, now, keep, buf, approx) then return 0 end
 redis.call('SET', rk(id, ':hb'), token, 'PX', hb)
-local lock = ck(redis.call('HGET', rk(id, ''), 'conv'), ':lock')
+local f = redis.call('HMGET', rk(id, ''), 'conv', 'cancel', 'cancel_reason')
+local lock = ck(f[1], ':lock')
 if redis.call('GET', lock) == id then redis.call('PEXPIRE', lock, hb) end
-return 1
+-- What the worker's bridge should already have: the safety net for a missed message.
+return {1, f[2] or '', f[3] or '', redis.call('LLEN', rk(id, ':steer'))}
 """
 
 # ARGV: 1 P, 2 id, 3 token, 4 now, 5 keep, 6 buf, 7 approx, 8 state, 9 output, 10 error,

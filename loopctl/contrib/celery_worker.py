@@ -108,6 +108,7 @@ class EventWriter:
         self.session_id = ""
         self.end: Optional[Tuple[int, Dict[str, Any]]] = None
         self.lost = False
+        self.on_beat: Optional[Callable[[bool, Optional[str], int], None]] = None
         self._thread = threading.Thread(
             target=self._main, name=f"loopctl-celery-events-{run_id[:12]}", daemon=True
         )
@@ -202,10 +203,14 @@ class EventWriter:
                 next_beat = time.monotonic() + interval
                 if not self.lost:
                     try:
-                        if not self._backend.heartbeat(self._run_id, self._token, self._settings.ttl_ms):
-                            self._fenced_out()
+                        beat = self._backend.heartbeat(self._run_id, self._token, self._settings.ttl_ms)
                     except RegistryUnavailable as exc:
                         log.warning("run %s: heartbeat failed: %s", self._run_id, exc)
+                    else:
+                        if beat is None:
+                            self._fenced_out()
+                        elif self.on_beat is not None:
+                            self.on_beat(*beat)
             if stopping and (ok or failures >= 3 or self.lost):
                 return
             if not ok:
@@ -281,6 +286,7 @@ def execute_run(
             assert feed is not None
             writer.attach(handle)
             bridge.start(handle, feed)
+            writer.on_beat = bridge.poke
             handle.wait()
     finally:
         writer.stop()
