@@ -17,15 +17,21 @@ import json
 import os
 import random
 import socket
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from tests.celery_support import (
+_REPO = str(Path(__file__).resolve().parent.parent)
+if _REPO not in sys.path:  # workers and this module import the test app as tests.celery_app
+    sys.path.insert(0, _REPO)
+
+from tests.celery_support import (  # noqa: E402
     CeleryWorker,
     RedisServer,
     free_port,
