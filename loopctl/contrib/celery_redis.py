@@ -342,7 +342,7 @@ class RedisBackend:
 
         The name survives reconnects (redis-py sets it on every connect).
         """
-        client = redis.Redis.from_url(
+        client: Any = redis.Redis.from_url(
             self._raw_url, socket_timeout=self.socket_timeout, client_name=name, **self._common_kwargs
         )
         return client.pubsub(ignore_subscribe_messages=False)

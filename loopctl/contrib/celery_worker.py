@@ -48,6 +48,7 @@ from loopctl.config import RunConfig
 from loopctl.driver.handle import RunHandle
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
+from loopctl.messages import Message
 from loopctl.observers import Event, RunEnd
 from loopctl.records import Run
 from loopctl.serialization import history_from_dict, history_to_dict, message_from_dict
@@ -226,16 +227,19 @@ def _build_loop(claim: Claim, conversation: str) -> Tuple[BareLoop, SteerFeed]:
         raise ConfigError(
             f"loop factory {claim.factory!r} returned {type(loop).__name__}, not a BareLoop"
         )
-    if loop.conversation() != history:
+    try:
+        if loop.conversation() != history:
+            raise ConfigError(
+                f"loop factory {claim.factory!r} ignored the conversation's history "
+                f"({len(history)} messages); build the loop with "
+                "BareLoop.from_history(client, tools, config, history)"
+            )
+        pending = [message_from_dict(json.loads(s)) for s in claim.steers]
+        feed = SteerFeed(loop.steering(), pending)
+        loop.add_contributor(feed)
+    except BaseException:
         loop.close()
-        raise ConfigError(
-            f"loop factory {claim.factory!r} ignored the conversation's history "
-            f"({len(history)} messages); build the loop with "
-            "BareLoop.from_history(client, tools, config, history)"
-        )
-    pending = [message_from_dict(json.loads(s)) for s in claim.steers]
-    feed = SteerFeed(loop.steering(), pending)
-    loop.add_contributor(feed)
+        raise
     return loop, feed
 
 
@@ -274,7 +278,7 @@ def execute_run(
             config = RunConfig.from_dict(json.loads(claim.config)) if claim.config else None
             loop, feed = _build_loop(claim, conversation)
             if claim.cancel:
-                loop.cancel(claim.reason)
+                loop.cancel(claim.reason)  # ends this run, without a model call
             handle = loop.start(claim.input, config, run_id, tap=writer.tap)
         except Exception as exc:
             msg = f"could not start the run: {type(exc).__name__}: {exc}"
@@ -294,60 +298,74 @@ def execute_run(
     try:
         if handle is not None:
             run = handle.record
-            session = loop.session.id if loop is not None else ""
         else:
             run = Run(id=run_id, input=claim.input, config=config or RunConfig())
             run.end = time.time()
             run.stop_reason = setup_error
-            session = ""
-        err = run.stop_reason
-        if err is None:
-            state = "completed"
-        else:
-            state = "cancelled" if isinstance(err, Cancelled) else "failed"
-        if writer.end is not None:
-            end_seq, end_dict = writer.end
-        else:
-            end_seq = writer.seq + 1
-            end_dict = RunEnd(
-                session, run_id, err is None, None if err is None else str(err),
-                run.turn_count, ((run.end or time.time()) - run.start) * 1000.0,
-            ).to_dict()
+        session = loop.session.id if loop is not None else ""
         leftovers = feed.leftovers() if feed is not None else []
-        hist = ""
-        if err is None and loop is not None:
-            hist = dumps(history_to_dict(loop.conversation()))
-        progress = writer.progress() if handle is not None else [session, 0, 0, 0, 0]
-        progress[0] = progress[0] or session or end_dict.get("session_id", "")
-        fields: List[Any] = [
-            state,
-            (run.output or "") if err is None else "",
-            "" if err is None else str(err),
-            "" if err is None else type(err).__name__,
-            dumps(run.to_dict()),
-            hist,
-            bridge.cursor,
-            end_seq,
-            dumps(end_dict),
-            *progress,
-            repr(run.start),
-        ]
-        left = [dumps(m.to_dict()) for m in leftovers]
+        history = loop.conversation() if loop is not None and run.stop_reason is None else None
+        fields = _end_fields(run, writer, bridge.cursor, session, history, handle is not None)
         if writer.lost:
             return "lost"
-        for attempt in range(3):
-            try:
-                if not backend.finish(run_id, token, fields, left):
-                    return "lost"
-                return state
-            except RegistryUnavailable as exc:
-                log.warning("run %s: finish attempt %d failed: %s", run_id, attempt + 1, exc)
-                threading.Event().wait(0.2 * (attempt + 1))
-        log.error("run %s: could not record its end; it will be declared lost", run_id)
-        return "lost"
+        return _finish(backend, run_id, token, fields, [dumps(m.to_dict()) for m in leftovers])
     finally:
         if loop is not None:
             loop.close()
+
+
+def _end_fields(
+    run: Run,
+    writer: EventWriter,
+    cursor: int,
+    session: str,
+    history: Optional[List[Message]],
+    started: bool,
+) -> List[Any]:
+    """The FINISH script's fields (see ``celery_scripts.FINISH``), state first."""
+    err = run.stop_reason
+    if err is None:
+        state = "completed"
+    else:
+        state = "cancelled" if isinstance(err, Cancelled) else "failed"
+    if writer.end is not None:
+        end_seq, end_dict = writer.end
+    else:  # the run never started: its only event is this run_end
+        end_seq = writer.seq + 1
+        end_dict = RunEnd(
+            session, run.id, err is None, None if err is None else str(err),
+            run.turn_count, ((run.end or time.time()) - run.start) * 1000.0,
+        ).to_dict()
+    progress = writer.progress() if started else [session, 0, 0, 0, 0]
+    progress[0] = progress[0] or session
+    return [
+        state,
+        (run.output or "") if err is None else "",
+        "" if err is None else str(err),
+        "" if err is None else type(err).__name__,
+        dumps(run.to_dict()),
+        dumps(history_to_dict(history)) if history is not None else "",
+        cursor,
+        end_seq,
+        dumps(end_dict),
+        *progress,
+        repr(run.start),
+    ]
+
+
+def _finish(backend: RedisBackend, run_id: str, token: str, fields: List[Any], left: List[str]) -> str:
+    """Record the end (a few tries if Redis hiccups); the state, or ``"lost"``."""
+    pause = threading.Event()  # never set: a bounded pause between tries
+    for attempt in range(3):
+        try:
+            if not backend.finish(run_id, token, fields, left):
+                return "lost"
+            return str(fields[0])
+        except RegistryUnavailable as exc:
+            log.warning("run %s: finish attempt %d failed: %s", run_id, attempt + 1, exc)
+            pause.wait(0.2 * (attempt + 1))
+    log.error("run %s: could not record its end; it will be declared lost", run_id)
+    return "lost"
 
 
 __all__ = ["EventWriter", "WorkerSettings", "execute_run", "resolve_factory"]
