@@ -590,11 +590,6 @@ def test_cancel_in_on_tool_pre_means_the_tool_never_starts(parallel: bool) -> No
     assert echo.calls == 0
 
 
-@pytest.mark.xfail(
-    reason="driver bug: a parallel-wave call still queued in the pool when its run is cancelled "
-    "starts later anyway (dispatch.py _execute_together.work does not check the run's cancel)",
-    strict=True,
-)
 def test_wave_call_queued_behind_abandoned_tools_never_starts_after_cancel() -> None:
     """Run 1's abandoned tools hold every pool worker; run 2's wave queues behind them.
 

@@ -516,12 +516,6 @@ class _Gate:
 
 
 @pytest.mark.parametrize("where", ["model", "tool"])
-@pytest.mark.xfail(
-    reason="driver bug: a cancelled phase fires no on_turn_end(success=False) before on_run_end "
-    "(SPEC §4.1 'a failed phase fires on_turn_end(success=False, error=...)'; reference item 75; "
-    "turns.py re-raises Cancelled without it and the takeover never emits it)",
-    strict=True,
-)
 def test_a_cancelled_phase_fires_a_failed_turn_end(where: str) -> None:
     gate = _Gate()
 
@@ -558,12 +552,6 @@ def test_a_cancelled_phase_fires_a_failed_turn_end(where: str) -> None:
     assert last.error is not None and "cancel" in last.error
 
 
-@pytest.mark.xfail(
-    reason="driver bug: _finalize clears the emitter's tap AFTER freeing the loop, so a run started "
-    "in that window loses its tap (loop.py _finalize: move `self._emitter.tap = None` into the "
-    "_busy block)",
-    strict=True,
-)
 def test_next_runs_tap_survives_the_previous_runs_finalize() -> None:
     """Pause run 1 right after it freed the loop (before it clears the tap); start run 2 then.
 

@@ -213,6 +213,8 @@ class Dispatcher:
 
         def work(st: _Call) -> None:
             try:
+                if st.ctx is not None and st.ctx.cancel.is_cancelled():
+                    return  # cancelled while it waited for a worker: never start it
                 self._execute(turn, st)
             finally:
                 with lock:

@@ -128,10 +128,13 @@ class BareLoop(BuilderMixin):
         # Run-scoped working state (valid while a run is in flight).
         self._run_input = ""
         self._run_config_now = RunConfig()
+        self._base_options: Optional[RequestOptions] = None
         self._deferred_transient_tokens = 0
         self._overhead = 0
         self._tool_names: frozenset[str] = frozenset()
         self._llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
+        # The phase whose on_turn_end is still owed: (turn, phase, t0, in, out, stop, context).
+        self._open_phase: Optional[tuple[Any, ...]] = None
         self._overflow_retried: set[int] = set()
 
         self._resources = LoopResources(self, self.session.id)
@@ -337,6 +340,9 @@ class BareLoop(BuilderMixin):
                 raise self._error_for(outcome)
 
     def _begin_run(self, run: Run) -> None:
+        reset_loops = getattr(self._loop_detector, "reset", None)
+        if reset_loops is not None:
+            reset_loops()  # tool-loop detection is per run; convergence persists
         if run.config.reset_managers:
             for part in (self._health, self._loop_detector, self._convergence, self._fallback):
                 reset = getattr(part, "reset", None)
@@ -346,6 +352,9 @@ class BareLoop(BuilderMixin):
         self._run_config_now = run.config
         self._deferred_transient_tokens = 0
         self._overflow_retried = set()
+        self._open_phase = None
+        opts = self._request_options
+        self._base_options = None if opts.is_empty() else opts
         self._tool_names = self._tools.name_set()
         sysp = self._session_config.system_prompt
         self._overhead = (self._counter.count_message(Message.system(sysp)) if sysp else 0) + sum(
@@ -413,6 +422,22 @@ class BareLoop(BuilderMixin):
                 error.run = run
             if self._loop_detector is not None:
                 self._loop_detector.consume_pending_stop()
+            phase = self._open_phase
+            if phase is not None:  # a phase cut short (cancel, an escape): close it, failed
+                self._open_phase = None
+                turn, name, t0, in_tok, out_tok, stop, ctx_tokens = phase
+                self._emitter.turn_end(
+                    turn,
+                    name,
+                    False,
+                    str(error) if error is not None else "run ended",
+                    (time.perf_counter() - t0) * 1000.0,
+                    in_tok,
+                    out_tok,
+                    stop,
+                    ctx_tokens,
+                    self._window(),
+                )
             self._emitter.run_end(
                 run.input,
                 error is None,
@@ -426,9 +451,10 @@ class BareLoop(BuilderMixin):
             rc.error = error
             with self._busy:
                 self._cancel.reset()  # last: one cancel = one cancelled run
+                self._emitter.tap = None  # before the loop is free: the next run sets its own
+                self._emitter.run_id = ""  # events between runs belong to no run
                 self._active = None
                 rc.finished = True
-            self._emitter.tap = None
 
     # -- measuring ----------------------------------------------------------------
 
@@ -456,12 +482,11 @@ class BareLoop(BuilderMixin):
         return str(getattr(self._client, "model", "") or "")
 
     def _effective_options(self) -> Optional[RequestOptions]:
-        opts = self._request_options
         routed = self._routed_model
         if routed is not None and routed != self._model_name():
             # Routing beats a host override; the shared client is never mutated.
-            opts = opts.with_model(routed)
-        return None if opts.is_empty() else opts
+            return self._request_options.with_model(routed)
+        return self._base_options
 
     def _summarize(self, request: Any) -> Any:
         rc = self._active
@@ -538,6 +563,9 @@ class BareLoop(BuilderMixin):
         """Why the last run ended: ``Cancelled`` while the signal is fired, else its error."""
         if self._cancel.is_cancelled():
             return Cancelled(self._cancel.reason)
+        last = self.session.current_run
+        if last is not None and last.end is not None:
+            return last.stop_reason
         outcome = self._machine.outcome
         if outcome is None or type(outcome) is Completed:
             return None
@@ -566,7 +594,8 @@ class BareLoop(BuilderMixin):
             active = self._active
         if active is not None:
             self._cancel_run(active, "loop closed")
-            active.done.wait(5.0)
+            if threading.current_thread() is not active.thread:
+                active.done.wait(5.0)
         self._resources.close()
 
     def __enter__(self) -> BareLoop:

@@ -64,6 +64,7 @@ def handle_call_llm(loop: BareLoop, rc: RunContext, turn: int, policy: MachinePo
     route_model(loop)
     em.turn_start(turn, query)
     t0 = time.perf_counter()
+    loop._open_phase = (turn, "llm", t0, 0, 0, None, figure)
     request = build_request(loop, transients)
     try:
         response = call_model(loop, rc, turn, request)
@@ -75,6 +76,7 @@ def handle_call_llm(loop: BareLoop, rc: RunContext, turn: int, policy: MachinePo
             if tripped is not None:
                 em.fallback(*tripped)
         em.stream_failure(turn, loop._routed_model or loop._model_name(), str(exc))
+        loop._open_phase = None
         em.turn_end(turn, "llm", False, str(exc), _ms(t0), 0, 0, None, figure, loop._window())
         if is_overflow(loop, exc):
             window = loop._session_config.context_window
@@ -104,6 +106,7 @@ def handle_call_llm(loop: BareLoop, rc: RunContext, turn: int, policy: MachinePo
         Turn(turn, query, message.text, tuple(message.tool_calls), in_tok, out_tok, response.stop_reason)
     )
     loop._llm_phase = (in_tok, out_tok, response.stop_reason)
+    loop._open_phase = None
     em.turn_end(turn, "llm", True, None, _ms(t0), in_tok, out_tok, response.stop_reason, figure_after, loop._window())
 
 def route_model(loop: BareLoop) -> None:
@@ -163,11 +166,13 @@ def handle_call_tools(loop: BareLoop, rc: RunContext, step: CallTools) -> None:
     results = [p.preresolved for p in step.calls]
     todo = [i for i, p in enumerate(step.calls) if p.preresolved is None]
     in_tok, out_tok, stop = loop._llm_phase
+    loop._open_phase = (turn, "tools", t0, in_tok, out_tok, stop, loop._machine.context_tokens)
     try:
         outs = loop._dispatcher.dispatch(rc, turn, [step.calls[i].call for i in todo])
     except Cancelled:
         raise
     except LoopError as exc:
+        loop._open_phase = None
         em.turn_end(turn, "tools", False, str(exc), _ms(t0), in_tok, out_tok, stop,
                     loop._machine.context_tokens, loop._window())
         raise
@@ -178,6 +183,7 @@ def handle_call_tools(loop: BareLoop, rc: RunContext, step: CallTools) -> None:
     m.tool_results([Message.from_tool_results(results)])  # type: ignore[arg-type]
     figure = loop._measure_figure()
     m.set_context_tokens(figure)
+    loop._open_phase = None
     em.turn_end(turn, "tools", True, None, ms, in_tok, out_tok, stop, figure, loop._window())
 
 
