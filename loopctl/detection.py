@@ -14,6 +14,10 @@ above ``threshold`` for ``count`` answers in a row means converged.
 
 Both are thread-safe (a lock each) and never raise from ``record``; bad
 thresholds raise ``ConfigError`` naming the value at construction.
+``LoopDetector.record`` runs on every tool result, so its common path stays
+cheap: an input that is a dict of scalars is keyed by a sorted tuple (JSON
+only for other inputs), and the pattern text is built only when a warning
+or a stop fires.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import json
 import threading
 from collections import deque
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from loopctl.context.memory import words
 from loopctl.errors import ConfigError, LoopDetected
@@ -36,14 +40,53 @@ def _int_at_least(name: str, value: Any, low: int) -> int:
     return value
 
 
+# One encoder for every call: ``json.dumps`` with options builds a new one each time.
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
+
 def _canonical(input: Any) -> str:
     try:
-        return json.dumps(input, sort_keys=True, separators=(",", ":"), default=str)
+        return _ENCODER.encode(input)
     except (TypeError, ValueError):
         return repr(input)
 
 
-def _describe(tool: str, canon: str) -> str:
+# A cheap identity for an input: a dict of str keys and scalar values becomes a
+# sorted tuple of (key, type, value) (the type keeps 1, 1.0 and True apart as JSON
+# does; a float is kept as its repr so -0.0 and NaN compare as JSON text does);
+# anything else is its canonical JSON text. The JSON text for a warning is built
+# only when one fires.
+_Key = Union[str, tuple[tuple[str, type, Any], ...]]
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _key(input: Any) -> _Key:
+    if type(input) is not dict:
+        return _canonical(input)
+    items: list[tuple[str, type, Any]] = []
+    for k, v in input.items():
+        t = type(v)
+        if type(k) is not str:
+            return _canonical(input)
+        if t in _SCALARS:
+            items.append((k, t, v))
+        elif t is float:
+            items.append((k, t, repr(v)))
+        else:
+            return _canonical(input)
+    items.sort()  # keys are unique, so the types are never compared
+    return tuple(items)
+
+
+def _key_text(key: _Key) -> str:
+    """The canonical JSON text of the input ``key`` was made from."""
+    if isinstance(key, str):
+        return key
+    return _canonical({k: float(v) if t is float else v for k, t, v in key})
+
+
+def _describe(tool: str, key: _Key) -> str:
+    canon = _key_text(key)
     shown = canon if len(canon) <= 80 else canon[:77] + "..."
     return f"{tool}({shown})"
 
@@ -71,11 +114,11 @@ class LoopDetector:
                 f"LoopDetector window must be >= warn_at and stop_at ({max(warn_at, stop_at)}), got {window!r}"
             )
         self._lock = threading.Lock()
-        self._ops: deque[tuple[tuple[str, str], int, int]] = deque()  # (sig, result hash, epoch)
-        self._current: dict[tuple[str, str], tuple[int, int, int]] = {}  # sig -> (hash, count, epoch)
+        self._ops: deque[tuple[tuple[str, _Key], int, int]] = deque()  # (sig, result hash, epoch)
+        self._current: dict[tuple[str, _Key], tuple[int, int, int]] = {}  # sig -> (hash, count, epoch)
         self._epoch = 0
-        self._warned: set[tuple[tuple[str, str], int]] = set()
-        self._pending: Optional[tuple[str, int]] = None
+        self._warned: set[tuple[tuple[str, _Key], int]] = set()
+        self._pending: Optional[tuple[tuple[str, _Key], int]] = None  # (sig, count); text built late
 
     def pre_check(self) -> Optional[LoopDetected]:
         """Before a dispatch: the armed stop as ``LoopDetected`` (window cleared), else None."""
@@ -84,8 +127,8 @@ class LoopDetector:
             if pending is None:
                 return None
             self._clear()
-        pattern, n = pending
-        return LoopDetected(f"{pattern} repeated {n} times")
+        (tool, key), n = pending
+        return LoopDetected(f"{_describe(tool, key)} repeated {n} times")
 
     def record(self, tool: str, input: Mapping[str, Any], output: str, is_error: bool = False) -> Optional[tuple[str, int]]:
         """Note one finished operation.
@@ -94,7 +137,7 @@ class LoopDetector:
             ``(pattern, repetitions)`` when this operation fires the warning
             for its pattern (once per pattern), else None.
         """
-        sig = (tool, _canonical(input))
+        sig = (tool, _key(input))
         rhash = hash((bool(is_error), output or ""))
         with self._lock:
             self._epoch += 1
@@ -108,19 +151,19 @@ class LoopDetector:
             self._current[sig] = (rhash, count, epoch)
             self._ops.append((sig, rhash, epoch))
             if len(self._ops) > self.window:
-                self._evict(self._ops.popleft())
-            # The eviction may have lowered this very pattern's count.
-            cur = self._current.get(sig)
-            count = cur[1] if cur is not None else 0
-            pattern = _describe(tool, sig[1])
+                evicted = self._ops.popleft()
+                self._evict(evicted)
+                if evicted[0] == sig:  # the eviction may have lowered this very pattern's count
+                    cur = self._current.get(sig)
+                    count = cur[1] if cur is not None else 0
             if self.stop_at and count >= self.stop_at:
-                self._pending = (pattern, count)
-            if count >= self.warn_at and (sig, rhash) not in self._warned:
-                self._warned.add((sig, rhash))
-                return (pattern, count)
-        return None
+                self._pending = (sig, count)
+            if count < self.warn_at or (sig, rhash) in self._warned:
+                return None
+            self._warned.add((sig, rhash))
+        return (_describe(tool, sig[1]), count)
 
-    def _evict(self, old: tuple[tuple[str, str], int, int]) -> None:
+    def _evict(self, old: tuple[tuple[str, _Key], int, int]) -> None:
         sig, rhash, epoch = old
         cur = self._current.get(sig)
         if cur is None or cur[0] != rhash or cur[2] != epoch:
