@@ -18,7 +18,8 @@
    ``sum(len(m) for m in texts)`` over all 10,000 texts (one pass over the
    conversation, the least any compaction must do).
 
-Run: ``python benchmarks/context.py`` (from the repo root; < 60 s).
+Run: ``python benchmarks/context.py`` (from the repo root; < 60 s). Besides the prose it
+prints ``RESULT`` lines (figure | value | floor | ratio) for ``benchmarks/run_all.py``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ from loopctl.context import (  # noqa: E402
 )
 from loopctl.machine import LoopMachine  # noqa: E402
 from loopctl.messages import Message, ToolCallPart, ToolResultPart  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_all import report  # noqa: E402
 
 SIZES = (100, 1_000, 10_000)
 TURNS = 400
@@ -155,6 +159,12 @@ def main() -> None:
     t, floor, kept = compaction(10_000)
     print(f"compaction of 10,000 messages (TruncatingCompactor via ContextManager; median of {COMPACT_REPEATS})")
     print(f"  compact: {t * 1e3:.2f} ms -> {kept} messages; floor (one pass over all texts): {floor * 1e3:.3f} ms; ratio {t / floor:.0f}x")
+    print()
+    # The table's lines: a flat per-turn figure keeps the same ratio at every N.
+    for n, meter, turn_floor in rows:
+        report(f"per-turn measure, N={n:,} history, 2 new messages vs len() of their texts",
+               meter * 1e6, turn_floor * 1e6, "us")
+    report("compaction of 10,000 messages vs one len() pass over their texts", t * 1e3, floor * 1e3, "ms")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ the floor, 4 threads doing bare ``with lock: list.append`` under the same
 run conditions, in the same process. push(str) builds the user message;
 push(Message) takes a prebuilt one.
 
-Run: ``python benchmarks/steering.py`` (from the repo root; < 60 s).
+Run: ``python benchmarks/steering.py`` (from the repo root; < 60 s). Besides the prose it
+prints ``RESULT`` lines (figure | value | floor | ratio) for ``benchmarks/run_all.py``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ from loopctl import (  # noqa: E402
     Tool,
 )
 from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run_all import report  # noqa: E402
 
 TURNS = 200
 TOOL_S = 0.010
@@ -137,6 +141,10 @@ def latency(mode: str, seed: int = 6) -> None:
           f"   max {max(exc) * ms:6.3f} ms   (target <= 1 ms)")
     print(f"  floor     median {statistics.median(floor) * ms:6.3f} ms   p99 {_pct(floor, 99) * ms:6.3f} ms"
           f"   (same boundary, nothing pushed)")
+    report(f"steering boundary excess, median ({mode}) vs nothing pushed",
+           statistics.median(exc) * ms, statistics.median(floor) * ms, "ms")
+    report(f"steering boundary excess, p99 ({mode}) vs nothing pushed",
+           _pct(exc, 99) * ms, _pct(floor, 99) * ms, "ms")
 
 
 # -- throughput --------------------------------------------------------------------------
@@ -257,6 +265,9 @@ def throughput(kind: str) -> None:
         s = statistics.median(xs)
         print(f"  {name:<14} {total / s / 1e6:6.2f} M pushes/s   {s / total * 1e9:7.0f} ns/push"
               f"   {s / floor:5.2f}x floor")
+    for name in ("push(str)", "push(Message)"):
+        report(f"steering {name}, {THREADS} threads, {kind} run vs locked list.append",
+               statistics.median(results[name]) / total * 1e9, floor / total * 1e9, "ns/push")
 
 
 def main() -> None:
