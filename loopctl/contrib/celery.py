@@ -35,8 +35,25 @@ The guarantees are the in-process registry's:
 
 Workers must import a module that constructs the registry (same ``prefix``
 and Redis) so the task finds it; run them with ``--pool threads`` (or
-prefork; every run uses a few threads of its own). Redis Cluster is not
-supported (the Lua steps touch keys of one run and its conversation).
+prefork; every run uses a few threads of its own). The factory path travels
+with each run and is imported by the worker. Redis Cluster is not supported
+(the Lua steps touch keys of one run and its conversation). Conversation
+histories never expire; runs expire ``keep_finished_s`` after they end.
+
+Example (``agents.py``, imported by the web processes and by
+``celery -A agents worker --pool threads``)::
+
+    app = Celery("agents", broker=REDIS_URL)
+    app.conf.worker_prefetch_multiplier = 1
+    registry = CeleryRunRegistry(app, REDIS_URL, loop_factory="agents:make_loop")
+
+    def make_loop(conversation, history):
+        client = OpenAIClient("gpt-4o-mini")
+        return BareLoop.from_history(client, [search], SessionConfig(), history)
+
+    # in a view: run_id = registry.start(user_conversation_key, text)
+    # elsewhere: registry.steer(run_id, "shorter"), registry.cancel(run_id),
+    #            for seq, event in registry.events(run_id, after=last_seen): ...
 """
 
 from __future__ import annotations

@@ -58,6 +58,10 @@ from .celery_redis import Claim, RedisBackend, RegistryUnavailable, dumps
 
 log = logging.getLogger("loopctl")
 
+#: How long the events thread lets a burst of events collect into one write
+#: (a stream consumer sees events at most this much later; run_end is never held).
+LINGER_S = 0.002
+
 
 @attrs.frozen
 class WorkerSettings:
@@ -124,6 +128,7 @@ class EventWriter:
             if self.end is not None:
                 return  # run_end is the last event
             self._seq += 1
+            self.session_id = event.session_id
             if type(event) is RunEnd:
                 self.end = (self._seq, event.to_dict())
             else:
@@ -131,7 +136,8 @@ class EventWriter:
                 if len(q) >= self._settings.event_buffer:
                     del q[0]  # a reader sees the hole as a gap
                 q.append((self._seq, event))
-            self.session_id = event.session_id
+                if len(q) > 1:
+                    return  # the writer was already told (it lingers to batch)
             self._cond.notify()
 
     @property
@@ -184,6 +190,8 @@ class EventWriter:
                     if left <= 0:
                         break
                     self._cond.wait(left)
+                if self._queue and not self._stopping and LINGER_S > 0:
+                    self._cond.wait(LINGER_S)  # let a burst collect into one round trip
                 batch, self._queue = self._queue, []
                 stopping = self._stopping
             ok = True
