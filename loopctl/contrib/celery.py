@@ -82,6 +82,8 @@ from .celery_redis import (
     RegistryUnavailable,
     WorkerLost,
     dumps,
+    run_from_fields,
+    status_from_fields,
 )
 from .celery_worker import WorkerSettings, execute_run
 
@@ -325,7 +327,7 @@ class CeleryRunRegistry:
             KeyError: unknown (or expired) ``run_id``.
             RegistryUnavailable: Redis could not be reached.
         """
-        return _status(run_id, self._fields(run_id))
+        return status_from_fields(run_id, self._fields(run_id))
 
     def result(self, run_id: str, timeout: Optional[float] = None) -> Run:
         """The finished ``Run`` (as ``RunHandle.result``), waiting without polling.
@@ -340,7 +342,7 @@ class CeleryRunRegistry:
         while True:
             fields = self._fields(run_id)
             if fields.get("state") in TERMINAL:
-                return _finished_run(run_id, fields)
+                return run_from_fields(run_id, fields)
             wait = self._slice
             if deadline is not None:
                 wait = deadline - time.monotonic()
@@ -367,7 +369,7 @@ class CeleryRunRegistry:
         gone: List[str] = []
         for rid, fields in zip(ids, self._backend.statuses(ids)):
             if fields:
-                out.append(_status(rid, fields))
+                out.append(status_from_fields(rid, fields))
             else:
                 gone.append(rid)
         self._backend.forget(gone)
@@ -463,49 +465,6 @@ class CeleryRunRegistry:
         if not fields:
             raise KeyError(f"unknown run id {run_id!r}")
         return fields
-
-
-def _int(fields: Dict[str, str], name: str) -> int:
-    try:
-        return int(fields.get(name) or 0)
-    except ValueError:
-        return 0
-
-
-def _status(run_id: str, fields: Dict[str, str]) -> RunStatus:
-    state = fields.get("state", "queued")
-    terminal = state in TERMINAL
-    started = fields.get("started_at") or fields.get("created_at") or "0"
-    return RunStatus(
-        run_id=run_id,
-        state=state if terminal else "running",
-        output=fields.get("output", "") if state == "completed" else None,
-        error=(fields.get("error") or None) if state in ("cancelled", "failed") else None,
-        turns=_int(fields, "turns"),
-        tool_calls=_int(fields, "tool_calls"),
-        input_tokens=_int(fields, "input_tokens"),
-        output_tokens=_int(fields, "output_tokens"),
-        started_at=float(started),
-        ended_at=float(fields["ended_at"]) if terminal and fields.get("ended_at") else None,
-    )
-
-
-def _finished_run(run_id: str, fields: Dict[str, str]) -> Run:
-    raw = fields.get("run")
-    if raw:
-        run = Run.from_dict(json.loads(raw))
-    else:  # ended off the worker: lost, expired in the queue, not enqueued
-        config = RunConfig.from_dict(json.loads(fields["config"])) if fields.get("config") else RunConfig()
-        run = Run(id=run_id, input=fields.get("input", ""), config=config)
-        run.start = float(fields.get("started_at") or fields.get("created_at") or run.start)
-        run.end = float(fields.get("ended_at") or time.time())
-        message = fields.get("error") or "run failed"
-        run.stop_reason = WorkerLost(message) if fields.get("error_type") == "WorkerLost" else LoopError(message)
-    err = run.stop_reason
-    if err is None:
-        return run
-    err.run = run
-    raise err
 
 
 __all__ = [
