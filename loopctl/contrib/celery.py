@@ -393,14 +393,16 @@ class CeleryRunRegistry:
             KeyError: unknown ``run_id`` (at once, not on first ``next``).
             RegistryUnavailable: Redis could not be reached (also while iterating).
         """
-        self._fields(run_id)
-        return self._follow(run_id, max(0, int(after)), timeout)
+        fields = self._fields(run_id)
+        return self._follow(run_id, max(0, int(after)), timeout, fields)
 
     def _follow(
-        self, run_id: str, after: int, timeout: Optional[float]
+        self, run_id: str, after: int, timeout: Optional[float], fields: Dict[str, str]
     ) -> Iterator[Tuple[int, Dict[str, Any]]]:
         pos = after
         backend = self._backend
+        if fields.get("state") in TERMINAL and int(fields.get("seq") or 0) <= pos:
+            return  # ended, and the caller has everything
         while True:
             deadline = None if timeout is None else time.monotonic() + timeout
             while True:
