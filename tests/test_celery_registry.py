@@ -463,12 +463,15 @@ def test_a_factory_that_ignores_the_history_fails_the_run_and_keeps_the_history(
     conv = uid()
     good.result(good.start(conv, plan_text(uid(), turns=1)), timeout=WAIT)
     before = good.history(conv)
-    bad = cluster.registry("tests.celery_app:make_forgetful_loop")
+    held = f"held-{uid()}"
+    bad = cluster.registry("tests.celery_app:make_forgetful_loop", queue=held)
     rid = bad.start(conv, plan_text(uid(), turns=1))
-    assert bad.steer(rid, "kept") or True
+    assert bad.steer(rid, "kept")
+    release_held(cluster.sig, held)
     with pytest.raises(ConfigError, match="ignored the conversation's history"):
         bad.result(rid, timeout=WAIT)
     assert bad.status(rid).state == "failed"
+    assert texts(bad.leftovers(rid)) == ["kept"]  # taken with the claim, returned
     assert [e["type"] for _, e in bad.events(rid, timeout=WAIT)][-1] == "run_end"
     assert good.history(conv) == before
     good.result(good.start(conv, plan_text(uid(), turns=1)), timeout=WAIT)  # lock released

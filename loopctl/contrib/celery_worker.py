@@ -311,12 +311,15 @@ def execute_run(
             run.end = time.time()
             run.stop_reason = setup_error
         session = loop.session.id if loop is not None else ""
-        leftovers = feed.leftovers() if feed is not None else []
+        if feed is not None:
+            left = [dumps(m.to_dict()) for m in feed.leftovers()]
+        else:  # never built: the steers taken with the claim go back as they came
+            left = list(claim.steers)
         history = loop.conversation() if loop is not None and run.stop_reason is None else None
         fields = _end_fields(run, writer, bridge.cursor, session, history, handle is not None)
         if writer.lost:
             return "lost"
-        return _finish(backend, run_id, token, fields, [dumps(m.to_dict()) for m in leftovers])
+        return _finish(backend, run_id, token, fields, left)
     finally:
         if loop is not None:
             loop.close()
