@@ -50,6 +50,7 @@ from loopctl import registry as registry_mod  # noqa: E402
 from loopctl.messages import ModelRequest, ModelResponse  # noqa: E402
 from loopctl.observers import Event, RunEnd  # noqa: E402
 from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
+from run_all import report as result_line  # noqa: E402
 from loopctl.tools import Tool, ToolContext  # noqa: E402
 
 TURNS = 10
@@ -228,6 +229,7 @@ def main() -> None:
     for label, unit, get in rows:
         a, b = get(reg), get(floor)
         print(f"{label:46} {a:9.2f} {unit:<3}{b:9.2f} {unit:<3}{a / b:6.2f}x")
+        result_line(f"registry {label} vs bare BareLoop.start", a, b, unit=unit)
     print(
         f"peak RSS of the process: registry {reg['rss_peak_mb']:.0f} MiB, floor {floor['rss_peak_mb']:.0f} MiB"
     )

@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loopctl import BareLoop, Message, ModelRequest, RunConfig, Tool, ToolResultPart  # noqa: E402
 from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
+from run_all import report  # noqa: E402
 
 SIZES = (50, 200, 1000)
 REPEATS = 9
@@ -177,11 +178,13 @@ def main() -> None:
             f"{n:>6} {dw:>9.1f} {fw:>8.1f} {dw / fw:>7.2f} {dw - fw:>7.1f}   "
             f"{dc:>9.1f} {fc:>8.1f} {dc / fc:>7.2f} {dc - fc:>7.1f}"
         )
+        report(f"turn overhead N={n}, CPU per turn vs hand-written loop", dc, fc, unit="us")
     lo, hi = SIZES[0], SIZES[-1]
     for k, name in ((0, "wall"), (1, "cpu")):
         per = {n: results[n][0][k] / n * 1e6 for n in SIZES}
         marginal = (results[hi][0][k] - results[lo][0][k]) / (hi - lo) * 1e6
         fixed = results[lo][0][k] * 1e6 - marginal * lo
+        report(f"growth of {name} us/turn N={lo}->{hi} (target <= 1.3x)", per[hi], per[lo], unit="us")
         print(
             f"{name:>4}: growth N={lo}->{hi} {per[hi] / per[lo]:.2f}x (target <= 1.3x); "
             f"worst {max(per.values()):.1f} us/turn (target <= 50); "
