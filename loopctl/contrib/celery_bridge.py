@@ -107,6 +107,7 @@ class Bridge:
         self._slice = backend.block_slice
         self.cursor = cursor
         self._take = threading.Lock()
+        self._frozen = False  # set by stop(): cursor is final
         self._handle: Optional[RunHandle] = None
         self._feed: Optional[SteerFeed] = None
         self._thread: Optional[threading.Thread] = None
@@ -144,7 +145,10 @@ class Bridge:
         t.start()
 
     def stop(self) -> None:
-        """Make the thread leave after what is already on the channel, join it, close."""
+        """Make the thread leave after what is already on the channel, join it, close.
+
+        Afterwards ``cursor`` is final: every steer from it on is the finish step's.
+        """
         self._stopped = True
         self._stop_evt.set()
         t = self._thread
@@ -154,6 +158,8 @@ class Bridge:
             except RegistryUnavailable:
                 pass  # the thread leaves at its next empty read
             t.join(self._slice + self._backend.socket_timeout + 1.0)
+        with self._take:  # even a thread that is still stuck takes nothing from here on
+            self._frozen = True
         self.close()
 
     def close(self) -> None:
@@ -215,8 +221,8 @@ class Bridge:
 
     def _on_steer(self, index: int, payload: str) -> None:
         with self._take:
-            if index < self.cursor:
-                return  # already taken (in the claim, or by a catch-up)
+            if self._frozen or index < self.cursor:
+                return  # stopped, or already taken (in the claim, or by a catch-up)
             raw: List[str] = []
             if index > self.cursor:  # a notification was missed: read the gap, in order
                 try:
@@ -252,6 +258,8 @@ class Bridge:
 
     def _catch_up_steers(self) -> None:
         with self._take:
+            if self._frozen:
+                return
             try:
                 raw = self._backend.steers_from(self._run_id, self.cursor)
             except RegistryUnavailable:
