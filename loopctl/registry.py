@@ -334,8 +334,7 @@ class RunRegistry:
         assert handle is not None
         if entry.ended or handle.done():
             return False
-        handle.cancel(reason)
-        return True
+        return handle.cancel(reason)
 
     # -- looking at runs -------------------------------------------------------------
 

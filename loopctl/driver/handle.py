@@ -30,6 +30,7 @@ class RunContext:
         "lock",
         "abandoned",
         "finished",
+        "ending",
         "done",
         "wake",
         "run",
@@ -46,6 +47,7 @@ class RunContext:
         self.lock = threading.Lock()
         self.abandoned = False
         self.finished = False
+        self.ending = False  # the run reached Done or finalize: cancels no longer reach it
         self.done = threading.Event()
         self.wake = threading.Event()
         self.run = run
@@ -88,7 +90,7 @@ class RunHandle:
     ``result()`` gives the ``Run`` or raises the run's ``LoopError``.
     """
 
-    def __init__(self, rc: RunContext, cancel: Callable[[Optional[str]], None]) -> None:
+    def __init__(self, rc: RunContext, cancel: Callable[[Optional[str]], bool]) -> None:
         self._rc = rc
         self._cancel = cancel
 
@@ -123,10 +125,12 @@ class RunHandle:
             raise self._rc.error
         return self._rc.run
 
-    def cancel(self, reason: Optional[str] = None) -> None:
-        """Cancel this run (no effect once it has finished)."""
-        if not self._rc.finished:
-            self._cancel(reason)
+    def cancel(self, reason: Optional[str] = None) -> bool:
+        """Cancel this run; False (and no effect) once it has reached its end.
+
+        It never cancels a later run of the same loop.
+        """
+        return self._cancel(reason)
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"

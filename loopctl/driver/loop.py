@@ -91,8 +91,8 @@ class BareLoop(BuilderMixin):
         self._tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
         self._session_config = config
         self._machine = LoopMachine(history)
-        self.session = Session(uuid.uuid4().hex)
-        self._emitter = Emitter(self.session.id)
+        self._session = Session(uuid.uuid4().hex)
+        self._emitter = Emitter(self._session.id)
         self._cancel = CancelSignal()
         self._steering = Steering()
         self._dispatcher = Dispatcher(self)
@@ -137,7 +137,7 @@ class BareLoop(BuilderMixin):
         self._open_phase: Optional[tuple[Any, ...]] = None
         self._overflow_retried: set[int] = set()
 
-        self._resources = LoopResources(self, self.session.id)
+        self._resources = LoopResources(self, self._session.id)
 
     @classmethod
     def from_history(
@@ -311,7 +311,7 @@ class BareLoop(BuilderMixin):
     def _steps(self, rc: RunContext) -> None:
         run = rc.run
         m = self._machine
-        self.session.runs.append(run)
+        self._session.runs.append(run)
         em = self._emitter
         em.run_id = run.id
         em.tap = rc.tap
@@ -334,6 +334,8 @@ class BareLoop(BuilderMixin):
                 run_compaction(self, rc, step.reason)  # type: ignore[union-attr]
             else:
                 outcome = step.outcome  # type: ignore[union-attr]
+                with self._busy:
+                    rc.ending = True  # from here a cancel no longer reaches this run
                 if type(outcome) is Completed:
                     run.output = outcome.final_text
                     return
@@ -398,12 +400,14 @@ class BareLoop(BuilderMixin):
         """
         if self._active is not None:
             raise LoopBusy("finalize() is called by the run itself")
-        last = self.session.current_run
+        last = self._session.current_run
         if last is None:
             raise LoopError("no run to finalize")
         return last
 
     def _finalize(self, rc: RunContext, error: Optional[LoopError]) -> None:
+        with self._busy:
+            rc.ending = True
         try:
             self._steering._close_and_seal()
             run = rc.run
@@ -499,10 +503,13 @@ class BareLoop(BuilderMixin):
         """Cancel the run in flight, or the next run if none is (any thread)."""
         self._cancel.cancel(reason)
 
-    def _cancel_run(self, rc: RunContext, reason: Optional[str]) -> None:
+    def _cancel_run(self, rc: RunContext, reason: Optional[str]) -> bool:
+        """Cancel ``rc``'s run only; False once that run has reached its end."""
         with self._busy:
-            if self._active is rc and not rc.finished:
+            if self._active is rc and not rc.ending:
                 self._cancel.cancel(reason)
+                return True
+            return False
 
     def is_cancelled(self) -> bool:
         """True while the cancel signal is fired (any thread)."""
@@ -517,6 +524,11 @@ class BareLoop(BuilderMixin):
         return self._steering
 
     # -- accessors -----------------------------------------------------------------
+
+    @property
+    def session(self) -> Session:
+        """The audit trail: one ``Run`` per run, success or failure."""
+        return self._session
 
     @property
     def machine(self) -> LoopMachine:
@@ -563,7 +575,7 @@ class BareLoop(BuilderMixin):
         """Why the last run ended: ``Cancelled`` while the signal is fired, else its error."""
         if self._cancel.is_cancelled():
             return Cancelled(self._cancel.reason)
-        last = self.session.current_run
+        last = self._session.current_run
         if last is not None and last.end is not None:
             return last.stop_reason
         outcome = self._machine.outcome
@@ -605,7 +617,7 @@ class BareLoop(BuilderMixin):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<BareLoop session={self.session.id[:8]} model={self._model_name()!r}>"
+        return f"<BareLoop session={self._session.id[:8]} model={self._model_name()!r}>"
 
 
 def _default_loop_detector() -> Any:

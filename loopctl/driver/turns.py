@@ -71,7 +71,8 @@ def handle_call_llm(loop: BareLoop, rc: RunContext, turn: int, policy: MachinePo
     except Cancelled:
         raise
     except LoopError as exc:
-        if loop._fallback is not None:
+        if loop._fallback is not None and not is_overflow(loop, exc):
+            # A "context too long" rejection says nothing about the model's health.
             tripped = loop._fallback.record_failure(isinstance(exc, RateLimitEscalation))
             if tripped is not None:
                 em.fallback(*tripped)
