@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,10 +33,12 @@ from loopctl.driver.builder import BuilderMixin
 from loopctl.driver.compaction import run_compaction
 from loopctl.driver.dispatch import Dispatcher
 from loopctl.driver.emission import Emitter
+from loopctl.driver.finalize import finalize_run
 from loopctl.driver.handle import Abandoned, RunContext, RunHandle
 from loopctl.driver.resources import LoopResources
 from loopctl.driver.signals import CancelSignal, Steering
 from loopctl.driver.turns import handle_call_llm, handle_call_tools
+from loopctl.driver.views import ViewsMixin
 from loopctl.errors import (
     Cancelled,
     ConfigError,
@@ -55,7 +56,6 @@ from loopctl.machine import (
     Failed,
     LoopMachine,
     MachinePolicy,
-    MachineState,
     MaxTurnsReached,
     Outcome,
 )
@@ -68,7 +68,7 @@ from loopctl.tools.registry import ToolRegistry
 log = logging.getLogger("loopctl")
 
 
-class BareLoop(BuilderMixin):
+class BareLoop(BuilderMixin, ViewsMixin):
     """Runs an agent: asks the machine what is next, does it, reports back.
 
     Args:
@@ -406,59 +406,7 @@ class BareLoop(BuilderMixin):
         return last
 
     def _finalize(self, rc: RunContext, error: Optional[LoopError]) -> None:
-        with self._busy:
-            rc.ending = True
-        try:
-            self._steering._close_and_seal()
-            run = rc.run
-            run.end = time.time()
-            run.stop_reason = error
-            m = self._machine
-            if error is None:
-                m.commit_pending()
-                if self._memory is not None:
-                    try:
-                        self._memory.consolidate()
-                    except Exception:
-                        log.exception("memory consolidate failed after run %s", run.id)
-            else:
-                m.discard_pending()
-                error.run = run
-            if self._loop_detector is not None:
-                self._loop_detector.consume_pending_stop()
-            phase = self._open_phase
-            if phase is not None:  # a phase cut short (cancel, an escape): close it, failed
-                self._open_phase = None
-                turn, name, t0, in_tok, out_tok, stop, ctx_tokens = phase
-                self._emitter.turn_end(
-                    turn,
-                    name,
-                    False,
-                    str(error) if error is not None else "run ended",
-                    (time.perf_counter() - t0) * 1000.0,
-                    in_tok,
-                    out_tok,
-                    stop,
-                    ctx_tokens,
-                    self._window(),
-                )
-            self._emitter.run_end(
-                run.input,
-                error is None,
-                None if error is None else str(error),
-                run.turn_count,
-                (run.end - run.start) * 1000.0,
-            )
-        finally:
-            if rc.listener is not None:
-                self._cancel.remove_listener(rc.listener)
-            rc.error = error
-            with self._busy:
-                self._cancel.reset()  # last: one cancel = one cancelled run
-                self._emitter.tap = None  # before the loop is free: the next run sets its own
-                self._emitter.run_id = ""  # events between runs belong to no run
-                self._active = None
-                rc.finished = True
+        finalize_run(self, rc, error)
 
     # -- measuring ----------------------------------------------------------------
 
@@ -497,12 +445,6 @@ class BareLoop(BuilderMixin):
         cancel = rc.cancel if rc is not None else self._cancel.view()
         return cancellable_complete(self._client, request, cancel)
 
-    # -- cancellation and steering (any thread) --------------------------------
-
-    def cancel(self, reason: Optional[str] = None) -> None:
-        """Cancel the run in flight, or the next run if none is (any thread)."""
-        self._cancel.cancel(reason)
-
     def _cancel_run(self, rc: RunContext, reason: Optional[str]) -> bool:
         """Cancel ``rc``'s run only; False once that run has reached its end."""
         with self._busy:
@@ -510,66 +452,6 @@ class BareLoop(BuilderMixin):
                 self._cancel.cancel(reason)
                 return True
             return False
-
-    def is_cancelled(self) -> bool:
-        """True while the cancel signal is fired (any thread)."""
-        return self._cancel.is_cancelled()
-
-    def cancel_signal(self) -> CancelSignal:
-        """The loop's shared ``CancelSignal`` (any thread)."""
-        return self._cancel
-
-    def steering(self) -> Steering:
-        """The loop's one shared ``Steering`` (any thread)."""
-        return self._steering
-
-    # -- accessors -----------------------------------------------------------------
-
-    @property
-    def session(self) -> Session:
-        """The audit trail: one ``Run`` per run, success or failure."""
-        return self._session
-
-    @property
-    def machine(self) -> LoopMachine:
-        """The brain (read-only use)."""
-        return self._machine
-
-    @property
-    def client(self) -> Any:
-        """The model client."""
-        return self._client
-
-    @property
-    def tools(self) -> ToolRegistry:
-        """The tool registry."""
-        return self._tools
-
-    @property
-    def session_config(self) -> SessionConfig:
-        """The session configuration."""
-        return self._session_config
-
-    @property
-    def is_running(self) -> bool:
-        """True while a run is in flight."""
-        return self._active is not None
-
-    def conversation(self) -> list[Message]:
-        """History plus pending (a new list)."""
-        return self._machine.full_history()
-
-    def run_config(self) -> Optional[RunConfig]:
-        """The in-flight run's config, or the last run's; None before the first."""
-        return self._last_config
-
-    def state(self) -> MachineState:
-        """The machine's state."""
-        return self._machine.state
-
-    def should_continue(self) -> bool:
-        """True while the machine is not terminal."""
-        return not self._machine.is_terminal
 
     def stop_reason(self) -> Optional[LoopError]:
         """Why the last run ended: ``Cancelled`` while the signal is fired, else its error."""
