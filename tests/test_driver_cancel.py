@@ -486,8 +486,14 @@ def test_next_run_works_while_the_abandoned_tool_is_still_stuck() -> None:
 
 
 def test_cancel_while_a_tool_is_in_time_sleep() -> None:
-    """The literal case of the issue: a tool in ``time.sleep`` cannot be woken, only abandoned."""
+    """The literal case of the issue: a tool in ``time.sleep`` cannot be woken, only abandoned.
+
+    The sleep is long (3 s) and the bound wide (1 s), so a loaded machine
+    cannot blur the point: ``run()`` returns long before the sleep ends.
+    """
     entered = threading.Event()
+    sleep_s = 3.0
+    woke: list[float] = []
 
     class Sleeper(Tool):
         name = "sleeper"
@@ -495,15 +501,19 @@ def test_cancel_while_a_tool_is_in_time_sleep() -> None:
 
         def call(self, input: Any, ctx: ToolContext) -> str:
             entered.set()
-            time.sleep(0.3)  # the work being abandoned, not a synchronisation
+            time.sleep(sleep_s)  # the work being abandoned, not a synchronisation
+            woke.append(time.perf_counter())
             return "woke up"
 
     rec = Recorder()
     with BareLoop(ScriptedClient([call("sleeper")]), [Sleeper()]).with_observer(rec) as loop:
         err, latency = run_cancelled(loop, "sleep", entered)
+        returned = time.perf_counter()
         assert_cancelled_cleanly(loop, rec, err, latency, [])
-        assert latency < 0.3  # returned before the sleep could have ended
+        assert latency < 1.0  # returned long before the sleep could have ended
         assert_fenced(rec, err.run.id, len(rec.events))
+        # The tool was still asleep when run() returned; it woke later, into a finished run.
+        assert len(woke) == 1 and woke[0] > returned
 
 
 def test_cooperative_tool_stops_on_ctx_cancel() -> None:

@@ -304,7 +304,8 @@ class PacedTool(Tool):
 
 
 @pytest.mark.slow
-def test_sixteen_threads_starting_steering_cancelling_two_hundred_runs() -> None:
+@pytest.mark.parametrize("seed", [7000, 8000, 9000])
+def test_sixteen_threads_starting_steering_cancelling_two_hundred_runs(seed: int) -> None:
     # Runs advance only when a worker lets one held step (a tool call or the
     # final model call) through, so steers and cancels land mid-run, during
     # the last model call (-> leftovers) and after the end, in seeded mixes.
@@ -333,7 +334,7 @@ def test_sixteen_threads_starting_steering_cancelling_two_hundred_runs() -> None
     barrier = threading.Barrier(16, timeout=WAIT)
 
     def worker(w: int) -> None:
-        rng = random.Random(7000 + w)
+        rng = random.Random(seed + w)
         n = 0
         barrier.wait()
         while True:

@@ -1,0 +1,269 @@
+"""The managed temp dir ``{base}/loopctl-{session_id}/`` (SPEC §6).
+
+It is made on the first tool dispatch (never before: not by the builder,
+not by a run without tools, not by the model call that asks for the tool),
+handed to every call as ``ToolContext.temp_dir``, and removed by
+``close()``, by leaving ``with BareLoop(...)`` and by garbage collection.
+When it cannot be made, tools get the system temp dir (which the loop then
+never removes). ``with_managed_temp_disabled()`` gives ``None`` and makes
+nothing. The system temp dir is pointed at a per-test directory
+(``tempfile.tempdir``) so "nothing was created" can be checked exactly.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+
+from loopctl import BareLoop, RunConfig
+from loopctl.messages import ModelRequest, ModelResponse
+from loopctl.testing import ScriptedClient, call, calls, reply
+from loopctl.tools import Tool, ToolContext
+
+WAIT = 10.0
+
+
+@pytest.fixture
+def system_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The system temp dir, for this test only: an empty directory we can list."""
+    sys_tmp = tmp_path / "system-tmp"
+    sys_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(sys_tmp))
+    assert Path(tempfile.gettempdir()) == sys_tmp
+    yield sys_tmp
+
+
+class Scratch(Tool):
+    """``scratch(name)``: writes ``name`` into its temp dir; records every context."""
+
+    name = "scratch"
+    description = "Write a file into the temp dir."
+    concurrency_safe = True
+
+    def __init__(self, hook: Optional[Callable[[ToolContext], None]] = None) -> None:
+        self.hook = hook
+        self.contexts: list[ToolContext] = []
+        self.lock = threading.Lock()
+
+    def call(self, input: Any, ctx: ToolContext) -> str:
+        with self.lock:
+            self.contexts.append(ctx)
+        if self.hook is not None:
+            self.hook(ctx)
+        if ctx.temp_dir is None:
+            return "no temp dir"
+        (ctx.temp_dir / str(input.get("name", "f"))).write_text("x")
+        return f"wrote into {ctx.temp_dir}"
+
+    @property
+    def dirs(self) -> set[Optional[Path]]:
+        return {c.temp_dir for c in self.contexts}
+
+
+def join_run_threads(loop: BareLoop) -> None:
+    """Wait until every body thread of the loop's runs has exited (no frame holds the loop)."""
+    prefixes = tuple(f"loopctl-run-{run.id[:12]}" for run in loop.session.runs)
+    for t in threading.enumerate():
+        if t.name.startswith(prefixes):
+            t.join(WAIT)
+            assert not t.is_alive(), f"{t.name} still running"
+
+
+def managed(base: Path, loop: BareLoop) -> Path:
+    return base / f"loopctl-{loop.session.id}"
+
+
+# -- when it is made -------------------------------------------------------------------------
+
+
+def test_made_on_the_first_tool_dispatch_and_not_before(tmp_path: Path, system_tmp: Path) -> None:
+    base = tmp_path / "base"  # does not exist yet: made with the dir (parents=True)
+    seen_at_model_call: list[bool] = []
+
+    def ask_for_the_tool(request: ModelRequest) -> ModelResponse:
+        seen_at_model_call.append(base.exists())
+        return call("scratch", name="one")
+
+    def inside(ctx: ToolContext) -> None:
+        assert ctx.temp_dir is not None and ctx.temp_dir.is_dir()
+
+    tool = Scratch(inside)
+    client = ScriptedClient([reply("no tool in this run"), ask_for_the_tool, reply("done")])
+    loop = BareLoop(client, [tool]).with_temp_dir(base)
+    expected = managed(base, loop)
+    try:
+        assert loop.temp_dir == expected  # the path is known up front ...
+        assert not base.exists()  # ... but the builder made nothing
+        loop.run("no tools")
+        assert not base.exists(), "a run without a tool dispatch made the temp dir"
+        loop.run("now a tool")
+        assert seen_at_model_call == [False], "made before the tool was dispatched"
+        assert tool.dirs == {expected}
+        assert (expected / "one").read_text() == "x"
+        assert sorted(p.name for p in base.iterdir()) == [expected.name]
+        assert list(system_tmp.iterdir()) == []  # nothing in the system temp dir
+    finally:
+        loop.close()
+    assert not expected.exists()
+    assert base.is_dir()  # only the loop's own dir is removed, never its base
+
+
+def test_default_base_is_the_system_temp_dir(system_tmp: Path) -> None:
+    tool = Scratch()
+    loop = BareLoop(ScriptedClient([call("scratch", name="a"), reply("ok")]), [tool])
+    expected = managed(system_tmp, loop)
+    with loop:
+        loop.run("x")
+        assert tool.dirs == {expected} and expected.is_dir()
+    assert not expected.exists()
+    assert system_tmp.is_dir() and list(system_tmp.iterdir()) == []
+
+
+def test_one_dir_for_every_call_and_run_until_close(tmp_path: Path) -> None:
+    tool = Scratch()
+    client = ScriptedClient(
+        [
+            calls(("scratch", {"name": "a"}), ("scratch", {"name": "b"})),  # a parallel wave
+            reply("first"),
+            call("scratch", name="c"),
+            reply("second"),
+        ]
+    )
+    loop = BareLoop(client, [tool]).with_temp_dir(tmp_path)
+    expected = managed(tmp_path, loop)
+    loop.run("one")
+    (expected / "nested" / "deeper").mkdir(parents=True)
+    (expected / "nested" / "deeper" / "file").write_text("kept between runs")
+    loop.run("two")
+    assert len(tool.contexts) == 3 and tool.dirs == {expected}
+    assert sorted(p.name for p in expected.iterdir()) == ["a", "b", "c", "nested"]
+    loop.close()
+    assert not expected.exists()  # removed with everything in it
+    loop.close()  # idempotent
+    assert not expected.exists()
+
+
+def test_two_loops_get_two_dirs_and_close_only_their_own(tmp_path: Path) -> None:
+    t1, t2 = Scratch(), Scratch()
+    l1 = BareLoop(ScriptedClient([call("scratch"), reply("ok")]), [t1]).with_temp_dir(tmp_path)
+    l2 = BareLoop(ScriptedClient([call("scratch"), reply("ok")]), [t2]).with_temp_dir(tmp_path)
+    with l2:
+        with l1:
+            l1.run("x")
+            l2.run("y")
+            assert t1.dirs == {managed(tmp_path, l1)} and t2.dirs == {managed(tmp_path, l2)}
+            assert t1.dirs != t2.dirs
+        assert not managed(tmp_path, l1).exists()
+        assert managed(tmp_path, l2).is_dir()
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- when it is removed ----------------------------------------------------------------------
+
+
+def test_leaving_the_with_block_removes_it(tmp_path: Path) -> None:
+    tool = Scratch()
+    with BareLoop(ScriptedClient([call("scratch"), reply("ok")]), [tool]).with_temp_dir(tmp_path) as loop:
+        loop.run("x")
+        expected = managed(tmp_path, loop)
+        assert expected.is_dir()
+    assert not expected.exists()
+
+
+def test_leaving_the_with_block_by_an_exception_removes_it(tmp_path: Path) -> None:
+    tool = Scratch()
+    expected: Optional[Path] = None
+    with pytest.raises(RuntimeError, match="host code failed"):
+        with BareLoop(ScriptedClient([call("scratch"), reply("ok")]), [tool]).with_temp_dir(tmp_path) as loop:
+            loop.run("x")
+            expected = managed(tmp_path, loop)
+            raise RuntimeError("host code failed")
+    assert expected is not None and not expected.exists()
+
+
+@pytest.mark.parametrize("wave", ["one_call", "parallel_wave"])
+def test_garbage_collection_removes_it(tmp_path: Path, wave: str) -> None:
+    tool = Scratch()
+    first = call("scratch") if wave == "one_call" else calls(("scratch", {"name": "a"}), ("scratch", {"name": "b"}))
+    loop = BareLoop(ScriptedClient([first, reply("ok")]), [tool]).with_temp_dir(tmp_path)
+    expected = managed(tmp_path, loop)
+    run = loop.run("x", RunConfig())
+    assert run.output == "ok" and expected.is_dir()
+    join_run_threads(loop)  # the body's frame must not keep the loop alive
+    alive = weakref.ref(loop)
+    del loop
+    gc.collect()
+    assert alive() is None, "the loop was not collected: something still references it"
+    assert not expected.exists(), "garbage collection left the temp dir behind"
+
+
+def test_closing_or_collecting_a_loop_that_never_dispatched_makes_nothing(tmp_path: Path) -> None:
+    closed = BareLoop(ScriptedClient([reply("ok")])).with_temp_dir(tmp_path)
+    closed.run("x")
+    closed.close()
+    collected = BareLoop(ScriptedClient([reply("ok")])).with_temp_dir(tmp_path)
+    collected.run("x")
+    join_run_threads(collected)
+    del collected
+    gc.collect()
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- when it cannot be made ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["base_is_a_file", "base_parent_is_a_file"])
+def test_falls_back_to_the_system_temp_dir(
+    tmp_path: Path, system_tmp: Path, caplog: pytest.LogCaptureFixture, where: str
+) -> None:
+    blocker = tmp_path / "a-regular-file"
+    blocker.write_text("not a directory")
+    base = blocker if where == "base_is_a_file" else blocker / "sub"
+    sentinel = system_tmp / "someone-elses-file"
+    sentinel.write_text("must survive")
+    tool = Scratch()
+    client = ScriptedClient([call("scratch", name="one"), reply("first"), call("scratch", name="two"), reply("second")])
+    loop = BareLoop(client, [tool]).with_temp_dir(base)
+    with caplog.at_level(logging.WARNING, logger="loopctl"):
+        loop.run("one")
+        loop.run("two")
+    assert tool.dirs == {system_tmp}  # every call, every run: the system temp dir
+    assert loop.temp_dir == system_tmp
+    assert (system_tmp / "one").exists() and (system_tmp / "two").exists()
+    warnings = [r for r in caplog.records if r.name == "loopctl" and r.levelno == logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]  # tried once, not per call
+    assert f"loopctl-{loop.session.id}" in warnings[0].getMessage()
+    assert blocker.read_text() == "not a directory"
+    loop.close()
+    join_run_threads(loop)
+    del loop
+    gc.collect()
+    # Neither close() nor collection removes a directory the loop does not own.
+    assert system_tmp.is_dir() and sentinel.read_text() == "must survive"
+    assert (system_tmp / "one").exists()
+
+
+# -- disabled ------------------------------------------------------------------------------
+
+
+def test_managed_temp_disabled_gives_none_and_creates_nothing(tmp_path: Path, system_tmp: Path) -> None:
+    base = tmp_path / "base"
+    tool = Scratch()
+    client = ScriptedClient([calls(("scratch", {}), ("scratch", {})), reply("first"), call("scratch"), reply("second")])
+    loop = BareLoop(client, [tool]).with_temp_dir(base).with_managed_temp_disabled()
+    with loop:
+        assert loop.temp_dir is None
+        loop.run("one")
+        loop.run("two")
+        assert loop.temp_dir is None
+    assert len(tool.contexts) == 3 and tool.dirs == {None}
+    assert not base.exists()
+    assert list(system_tmp.iterdir()) == []
