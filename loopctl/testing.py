@@ -119,7 +119,10 @@ class ScriptedClient:
         else:
             raise ModelError(f"script item {index} is not a reply, exception or callable: {item!r:.80}")
         if resp.model is None:
-            resp = ModelResponse(resp.message, resp.stop_reason, resp.usage, self._model)
+            # A routed request (fallback) is served by the model it asked for.
+            opts = request.options
+            served = opts.model if opts is not None and opts.model else self._model
+            resp = ModelResponse(resp.message, resp.stop_reason, resp.usage, served)
         return resp
 
     def complete(self, request: ModelRequest) -> ModelResponse:

@@ -118,16 +118,7 @@ def test_typed_guidance_is_delivered_at_the_next_turn(pipe: Any) -> None:
     out, err = Out(), Out()
     args = build_parser().parse_args(["run", "(2+3)*4"])
     cmd = Command(args, rfile, out, err, {})
-    pushed = threading.Event()
-    steering = cmd.loop.steering()
-    push = steering.push
-
-    def push_and_tell(message: Any) -> bool:
-        ok = push(message)
-        pushed.set()
-        return ok
-
-    steering.push = push_and_tell  # type: ignore[method-assign]
+    pushed = threading.Event()  # set once the CLI has shown the line as queued
 
     class GatedAdd(AddTool):
         def call(self, input: Any, ctx: ToolContext) -> str:
@@ -136,6 +127,7 @@ def test_typed_guidance_is_delivered_at_the_next_turn(pipe: Any) -> None:
 
     cmd.loop.tools.register(GatedAdd())
     out.when(r"> add\(a=2", lambda: os.write(w, b"use small steps\n"))
+    out.when(r"guidance queued", pushed.set)
     reader = StdinLines(rfile, cmd.on_line).start()
     try:
         code = cmd.run_once("(2+3)*4")

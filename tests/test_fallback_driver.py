@@ -325,18 +325,7 @@ def _to_state(loop: BareLoop, provider: Provider, fb: FallbackManager, clock: Cl
 
 
 PARAMS = [
-    pytest.param(
-        mode,
-        order,
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="_stream_turn re-raises a LoopError from the stream without checking the "
-            "cancel, so a passthrough stream that fails after the cancel is recorded as a "
-            "model failure (breaker trips, on_stream_failure, the run ends ModelError)",
-        )
-        if (mode, order) == ("streaming_passthrough", "body_first")
-        else (),
-    )
+    pytest.param(mode, order)
     for mode in MODES
     for order in ["takeover_first", "body_first"]
 ]

@@ -309,11 +309,6 @@ def test_switching_while_tripped_resets_the_breaker_and_routes_to_the_new_primar
     assert [to for _, to in switches] == ["backup", "gamma"]  # one event per change
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="switch_model reports from=the client's model, not the model that was serving "
-    "(the routed fallback): on_model_switched gives alpha->backup then alpha->gamma",
-)
 def test_model_switched_events_chain_from_the_model_that_was_serving() -> None:
     clock = [0.0]
     client, _ = scripted("alpha", down=("alpha",))

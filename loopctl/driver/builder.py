@@ -277,7 +277,7 @@ class BuilderMixin:
         if self._active is not None:
             raise ConfigError("switch_model() cannot be called while a run is in flight")
         setter: Optional[Callable[[str], bool]] = getattr(self._client, "set_model", None)
-        old = self._model_name()
+        old = self._routed_model or self._model_name()
         if setter is None or not setter(name):
             return False
         if old != name:

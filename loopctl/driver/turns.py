@@ -71,6 +71,8 @@ def handle_call_llm(loop: BareLoop, rc: RunContext, turn: int, policy: MachinePo
     except Cancelled:
         raise
     except LoopError as exc:
+        if rc.cancel.is_cancelled():  # failed because it was cancelled: not the model's fault
+            raise Cancelled(loop._cancel.reason) from exc
         if loop._fallback is not None and not is_overflow(loop, exc):
             # A "context too long" rejection says nothing about the model's health.
             tripped = loop._fallback.record_failure(isinstance(exc, RateLimitEscalation))
