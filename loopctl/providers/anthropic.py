@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Optional, cast
 
 import requests
 
@@ -73,6 +73,9 @@ STOP_REASONS = {
     "refusal": StopReason.END_TURN,
 }
 
+# The C scanner behind json.loads, called directly: one document from index 0.
+_scan_json = cast(Callable[[str, int], tuple[Any, int]], vars(json.JSONDecoder())["scan_once"])
+
 # Mid-stream error types -> (status it stands for, retryable, kind).
 _ERROR_TYPES = {
     "overloaded_error": (529, True, RATE_LIMIT),
@@ -119,7 +122,13 @@ class AnthropicStreamParser:
 
     def feed(self, event: SSEEvent) -> list[StreamEvent]:
         """Stream events for one SSE event."""
-        data = parse_json(event.data, self._label, "stream event")
+        text = event.data
+        try:  # the usual shape: one JSON document and nothing else
+            data, end = _scan_json(text, 0)
+        except (StopIteration, ValueError):
+            end = -1
+        if end != len(text):  # whitespace, trailing text or malformed: the careful path
+            data = parse_json(text, self._label, "stream event")
         if type(data) is not dict:
             raise model_error(f"{self._label}: stream event is not a JSON object: {event.data[:200]!r}", kind=PROTOCOL)
         etype = data.get("type") or event.event

@@ -16,8 +16,8 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Mapping
-from typing import Any, Optional
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, cast
 
 import requests
 
@@ -74,6 +74,9 @@ FINISH_REASONS = {
 }
 
 _TOOL_CHOICES = ("auto", "none", "required")
+
+# The C scanner behind json.loads, called directly: one document from index 0.
+_scan_json = cast(Callable[[str, int], tuple[Any, int]], vars(json.JSONDecoder())["scan_once"])
 
 
 def _usage(data: Any) -> Optional[Usage]:
@@ -137,7 +140,12 @@ class OpenAIStreamParser:
         if data == DONE:
             self.done = True
             return self._end()
-        chunk = parse_json(data, self._label, "stream chunk")
+        try:  # the usual shape: one JSON document and nothing else
+            chunk, end = _scan_json(data, 0)
+        except (StopIteration, ValueError):
+            end = -1
+        if end != len(data):  # whitespace, trailing text or malformed: the careful path
+            chunk = parse_json(data, self._label, "stream chunk")
         if type(chunk) is not dict:
             raise model_error(f"{self._label}: stream chunk is not a JSON object: {data[:200]!r}", kind=PROTOCOL)
         if "error" in chunk and not chunk.get("choices"):

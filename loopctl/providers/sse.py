@@ -6,14 +6,21 @@ chunks; ``data:`` lines of one event join with ``\\n``; a line starting with
 ``:`` is a comment; ``event:``, ``id:`` and ``retry:`` fields; a blank line
 dispatches the event. It does no IO and never waits: every complete event in
 the bytes fed so far comes out of ``feed()`` at once, so nothing the server
-already sent is held back. A line longer than ``max_line`` (1 MiB) raises
-``ModelError``. ``[DONE]`` is just data here; clients interpret it.
+already sent is held back. A line longer than ``max_line`` (1 MiB, counted
+in characters) raises ``ModelError``, however the stream was cut into reads.
+``[DONE]`` is just data here; clients interpret it.
+
+Speed: a read is framed with a few bulk string operations, not a Python step
+per line, when its events have one of the shapes providers send (see
+``SSEDecoder``); the line-by-line rules are the fallback and the reference.
 """
 
 from __future__ import annotations
 
-import codecs
+import operator
+from codecs import utf_8_decode as _utf8_decode
 from collections.abc import Iterable, Iterator
+from itertools import repeat
 from typing import NamedTuple, Optional
 
 from loopctl.errors import ModelError
@@ -34,6 +41,9 @@ class SSEEvent(NamedTuple):
 
 
 _new_event = tuple.__new__
+_strip_data = str.removeprefix
+_is = operator.is_
+_NAMES_KEPT = 64  # distinct event names remembered for the fast path
 
 
 class SSEDecoder:
@@ -42,11 +52,33 @@ class SSEDecoder:
     Bytes are decoded as UTF-8 incrementally (a character split across two
     reads survives; invalid bytes become U+FFFD), then framed as text.
 
+    Each read is framed in bulk: the partial last line is carried to the
+    next read; the lines of an event still open from the previous read are
+    finished first; then the run of whole events is split at once, with
+    fast paths for the two shapes real providers send (every event
+    ``data: ...`` alone, or ``event: name`` + ``data: ...``), checked for the
+    whole run before they are trusted; anything else (comments, ``id:``,
+    multi-line data, missing spaces, extra blank lines) goes through the
+    line-by-line rules. The lines of an event not yet ended are kept as
+    state, never re-read.
+
     Args:
-        max_line: the longest line accepted (characters; 1 MiB by default).
+        max_line: the longest line accepted, in characters (1 MiB by
+            default); any longer line raises, whatever the chunking.
     """
 
-    __slots__ = ("_buf", "_data", "_event", "_retry", "_skip_lf", "_started", "_utf8", "last_event_id", "max_line")
+    __slots__ = (
+        "_buf",
+        "_data",
+        "_event",
+        "_names",
+        "_retry",
+        "_skip_lf",
+        "_started",
+        "_cut_char",
+        "last_event_id",
+        "max_line",
+    )
 
     def __init__(self, max_line: int = MAX_LINE) -> None:
         self.max_line = max_line
@@ -57,7 +89,8 @@ class SSEDecoder:
         self._retry: Optional[int] = None
         self._skip_lf = False
         self._started = False
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._cut_char = b""
+        self._names: dict[str, str] = {}  # "event: x" line -> "x", for the fast path
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Decode ``chunk`` and return every event it completes, in order.
@@ -67,7 +100,10 @@ class SSEDecoder:
         """
         if not chunk:
             return []
-        text = self._utf8.decode(chunk)
+        if self._cut_char:  # the start of a character cut off by the last read
+            chunk = self._cut_char + chunk
+        text, used = _utf8_decode(chunk, "replace", False)
+        self._cut_char = chunk[used:] if used < len(chunk) else b""
         if not self._started:
             if not text:
                 return []
@@ -84,55 +120,105 @@ class SSEDecoder:
                 self._skip_lf = True
             text = text.replace("\r\n", "\n").replace("\r", "\n")
         buf = self._buf + text if self._buf else text
+        cut = buf.rfind("\n") + 1  # the complete lines end here
+        if len(buf) > self.max_line:
+            self._check_lines(buf, cut)
+        if not cut:
+            self._buf = buf
+            return []
+        pending = self._data is not None or self._event is not None or self._retry is not None
+        if cut == len(buf) and not pending and buf[-2:] == "\n\n":
+            # A read holding exactly one event, the usual shape when the
+            # server flushes per event: "data: x" or "event: n" + "data: x".
+            nl = buf.find("\n")
+            if nl == cut - 2 and buf[:6] == "data: ":
+                self._buf = ""
+                return [_new_event(SSEEvent, (buf[6:nl], None, self.last_event_id, None))]
+            if buf[:7] == "event: " and buf.startswith("data: ", nl + 1) and buf.find("\n", nl + 1) == cut - 2:
+                self._buf = ""
+                return [_new_event(SSEEvent, (buf[nl + 7 : cut - 2], buf[7:nl], self.last_event_id, None))]
+        self._buf = buf[cut:] if cut < len(buf) else ""
         out: list[SSEEvent] = []
-        blocks = buf.split("\n\n")
-        rest = blocks.pop()
-        if blocks:
-            first = 0
-            if self._data is not None or self._event is not None or self._retry is not None:
-                # An event is in progress: its remaining lines are the first block.
-                self._lines(blocks[0].split("\n"), out)
-                self._dispatch(out)
-                first = 1
-            last_id = self.last_event_id
-            if not first:
-                # The common case: every block is one "data: ..." line.
-                fast = [
-                    _new_event(SSEEvent, (b[6:], None, last_id, None))
-                    for b in blocks
-                    if b[:6] == "data: " and "\n" not in b
-                ]
-                if len(fast) == len(blocks):
-                    out = fast
-                    first = len(blocks)
-            append = out.append
-            for k in range(first, len(blocks)):
-                block = blocks[k]
-                # Fast paths: the usual "data: ..." and "event: x" + "data: ..." events.
-                if block[:6] == "data: ":
-                    if "\n" not in block:
-                        append(_new_event(SSEEvent, (block[6:], None, last_id, None)))
-                        continue
-                elif block[:7] == "event: ":
-                    nl = block.find("\n")
-                    if block[nl + 1 : nl + 7] == "data: " and block.find("\n", nl + 1) < 0:
-                        append(_new_event(SSEEvent, (block[nl + 7 :], block[7:nl], last_id, None)))
-                        continue
+        pos = 0
+        if pending:
+            pos = self._finish_open(buf, cut, out)
+        if pos < cut:
+            end = buf.rfind("\n\n", pos, cut)
+            if end >= 0:
+                self._whole_events(buf, pos, end, out)
+                pos = end + 2
+            if pos < cut:
+                # Lines of an event whose blank line has not come yet.
+                self._lines(buf[pos : cut - 1].split("\n"), out)
+        return out
+
+    def _check_lines(self, buf: str, cut: int) -> None:
+        # Only for a buffer past the limit: complete lines and the carried
+        # partial line alike may not exceed it, whatever the chunking was.
+        longest = max(len(buf) - cut, max(map(len, buf[:cut].split("\n"))))
+        if longest > self.max_line:
+            self._too_long(longest)
+
+    def _too_long(self, length: int) -> None:
+        self._buf = ""
+        self._data = self._event = self._retry = None
+        raise ModelError(f"SSE line longer than {self.max_line} characters (got {length})")
+
+    def _finish_open(self, buf: str, cut: int, out: list[SSEEvent]) -> int:
+        # An event is open from the previous read: its lines run to the
+        # first blank line. Returns where the text after it starts.
+        blank = buf.find("\n\n", 0, cut)
+        if blank < 0:
+            self._lines(buf[: cut - 1].split("\n"), out)
+            return cut
+        self._lines(buf[:blank].split("\n"), out)
+        self._dispatch(out)
+        return blank + 2
+
+    def _whole_events(self, buf: str, start: int, end: int, out: list[SSEEvent]) -> None:
+        # buf[start:end] holds lines of whole events, no event open before
+        # them; buf[end] ends the last line and buf[end + 1] is the blank
+        # line that dispatches the last event.
+        last_id = self.last_event_id
+        if buf.startswith("data: ", start):
+            # Shape 1: "data: x" + blank line, every event. Split at the
+            # event boundaries; the shape holds iff no piece has a line end.
+            pieces = buf[start + 6 : end].split("\n\ndata: ")
+            if "\n" not in "".join(pieces):
+                out += map(_new_event, repeat(SSEEvent), zip(pieces, repeat(None), repeat(last_id), repeat(None)))
+                return
+        elif buf.startswith("event: ", start):
+            # Shape 2: "event: name" + "data: x" + blank line, every event.
+            lines = buf[start:end].split("\n")
+            if len(lines) % 3 == 2 and not any(lines[2::3]):
+                heads = lines[0::3]
+                known = list(map(self._names.get, heads))
+                # all(): the usual case; an empty name is falsy but known.
+                names = known if all(known) or None not in known else self._learn_names(heads)
+                if names is not None:
+                    raw = lines[1::3]
+                    datas = list(map(_strip_data, raw, repeat("data: ")))
+                    if not any(map(_is, raw, datas)):  # every line had the prefix
+                        out += map(_new_event, repeat(SSEEvent), zip(datas, names, repeat(last_id), repeat(None)))
+                        return
+        for block in buf[start:end].split("\n\n"):
+            if block[:6] == "data: " and "\n" not in block:
+                out.append(_new_event(SSEEvent, (block[6:], None, self.last_event_id, None)))
+            else:
                 self._lines(block.split("\n"), out)
                 self._dispatch(out)
-                last_id = self.last_event_id
-        if rest:
-            lines = rest.split("\n")
-            rest = lines.pop()
-            if lines:
-                self._lines(lines, out)
-            if len(rest) > self.max_line:
-                self._buf = ""
-                raise ModelError(
-                    f"SSE line longer than {self.max_line} bytes (got {len(rest)} characters without a line end)"
-                )
-        self._buf = rest
-        return out
+
+    def _learn_names(self, heads: list[str]) -> Optional[list[Optional[str]]]:
+        # Event-name lines not seen before; None if one is not "event: x".
+        names = self._names
+        if len(names) > _NAMES_KEPT:
+            names.clear()
+        for head in heads:
+            if head not in names:
+                if head[:7] != "event: ":
+                    return None
+                names[head] = head[7:]
+        return list(map(names.get, heads))
 
     def flush(self) -> list[SSEEvent]:
         """At end of stream: the event whose lines all ended but whose blank
