@@ -1,12 +1,23 @@
-"""Shared fixtures: every test checks that no loopctl thread outlives it."""
+"""Shared fixtures: every test checks that no loopctl thread outlives it.
+
+This folder is put on ``sys.path`` (whatever pytest's import mode) so test
+modules import their shared helpers as ``from support import ...`` and the
+fake server as ``from fakeserver import ...``.
+"""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+_TESTS = str(Path(__file__).resolve().parent)
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
 
 
 def _loopctl_threads() -> set[threading.Thread]:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import pytest
+from support import WAIT, Echo, Gate, Recorder, join_run_threads, join_threads, run_thread_prefix
 
 from loopctl import (
     BareLoop,
@@ -35,9 +36,7 @@ from loopctl.errors import LoopBusy
 from loopctl.machine import MachineState
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.observers import (
-    EVENT_METHODS,
     AttemptReset,
-    Event,
     RunEnd,
     RunStart,
     StreamFailure,
@@ -60,48 +59,7 @@ from loopctl.providers.base import (
 from loopctl.testing import ScriptedClient, call, calls, reply
 from loopctl.tools import Tool, ToolContext
 
-WAIT = 10.0  # bound on every wait for a gate; reaching it is a failure
 BOUND = 1.0  # generous: the SPEC promises 100 ms, the benchmark measures it
-
-
-class Gate:
-    """One exact window: the gated code enters, then waits to be released."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def pass_through(self) -> None:
-        self.entered.set()
-        assert self.release.wait(WAIT), "gate never released"
-
-    def wait_entered(self) -> None:
-        assert self.entered.wait(WAIT), "gated code never entered"
-
-    def open(self) -> None:
-        self.release.set()
-
-
-class Recorder(Observer):
-    """Every event, thread-safely, in arrival order."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.events: list[Event] = []
-        for name in EVENT_METHODS.values():
-            setattr(self, name, self._record)
-
-    def _record(self, event: Event) -> None:
-        with self.lock:
-            self.events.append(event)
-
-    def types(self) -> list[type]:
-        with self.lock:
-            return [type(e) for e in self.events]
-
-    def snapshot(self) -> list[Event]:
-        with self.lock:
-            return list(self.events)
 
 
 class Stuck(Tool):
@@ -137,18 +95,6 @@ class Stuck(Tool):
         return "stuck result"
 
 
-class Echo(Tool):
-    name = "echo"
-    description = "Echo."
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def call(self, input: Any, ctx: ToolContext) -> str:
-        self.calls += 1
-        return f"echo:{input.get('x')}"
-
-
 def cancel_when(entered: threading.Event, cancel: Callable[[], None]) -> tuple[threading.Thread, dict[str, float]]:
     """A thread that waits for the window, notes the time, and cancels."""
     box: dict[str, float] = {}
@@ -179,14 +125,6 @@ def run_cancelled(
     th.join(WAIT)
     assert "t" in box, "the cancel never fired: the window was not reached"
     return info.value, returned - box["t"]
-
-
-def join_run_threads(run_id: str) -> None:
-    """Wait for the abandoned body thread of ``run_id`` to exit (after release)."""
-    for t in threading.enumerate():
-        if t.name.startswith(f"loopctl-run-{run_id[:12]}"):
-            t.join(WAIT)
-            assert not t.is_alive(), f"{t.name} did not exit after release"
 
 
 def assert_cancelled_cleanly(loop: BareLoop, rec: Recorder, err: Cancelled, latency: float, before: list[Message]) -> None:
@@ -278,7 +216,7 @@ def test_cancel_during_a_blocked_model_call(streaming: bool) -> None:
     with loop:
         loop.run("earlier run")
         before = loop.conversation()
-        rec.events.clear()
+        rec.clear()
         err, latency = run_cancelled(loop, "doomed", gate.entered)
         assert_cancelled_cleanly(loop, rec, err, latency, before)
         # (whether a failed on_turn_end closes the cut phase: test_driver_timeline)
@@ -449,7 +387,7 @@ def test_cancel_during_a_stuck_tool(streaming: bool) -> None:
     with loop:
         loop.run("warm up")
         before = loop.conversation()
-        rec.events.clear()
+        rec.clear()
         err, latency = run_cancelled(loop, "get stuck", gate.entered)
         assert_cancelled_cleanly(loop, rec, err, latency, before)
         types = rec.types()
@@ -473,7 +411,7 @@ def test_next_run_works_while_the_abandoned_tool_is_still_stuck() -> None:
     with BareLoop(client, [tool, Echo()]).with_observer(rec) as loop:
         err, _ = run_cancelled(loop, "gets stuck", gate.entered)
         first_id = err.run.id
-        assert any(t.name.startswith(f"loopctl-run-{first_id[:12]}") for t in threading.enumerate())
+        assert any(t.name.startswith(run_thread_prefix(first_id)) for t in threading.enumerate())
         run = loop.run("meanwhile")  # the first run's thread is still blocked in its tool
         assert run.output == "second run done"
         n = len(rec.events)
@@ -654,9 +592,7 @@ def test_wave_call_queued_behind_abandoned_tools_never_starts_after_cancel() -> 
     finally:
         gate.open()
         loop.close()
-    for t in threading.enumerate():
-        if t.name.startswith("loopctl-"):
-            t.join(WAIT)
+    join_threads("loopctl-", check=False)
     assert probe.started.count("run-3") == 2
     assert "run-2" not in probe.started
 

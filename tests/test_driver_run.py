@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextvars
 import threading
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pytest
+import support
+from support import WAIT, Gate
 
 from loopctl import (
     BareLoop,
@@ -41,43 +43,12 @@ from loopctl.records import Session
 from loopctl.testing import ScriptedClient, call, calls, reply
 from loopctl.tools import Tool, ToolContext
 
-WAIT = 10.0  # generous bound on every wait; hitting it is a failure
 
+class Echo(support.Echo):
+    """``echo(x)`` -> ``echo:<x>``; may overlap other calls in a parallel wave."""
 
-class Gate:
-    """One exact window: the gated code enters, then waits to be released."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def pass_through(self) -> None:
-        self.entered.set()
-        assert self.release.wait(WAIT), "gate never released"
-
-    def wait_entered(self) -> None:
-        assert self.entered.wait(WAIT), "gated code never entered"
-
-    def open(self) -> None:
-        self.release.set()
-
-
-class Echo(Tool):
-    """``echo(x)`` -> ``echo:<x>``; records every context it was called with."""
-
-    name = "echo"
     description = "Echo x."
     concurrency_safe = True
-
-    def __init__(self, hook: Optional[Callable[[Any, ToolContext], None]] = None) -> None:
-        self.hook = hook
-        self.contexts: list[ToolContext] = []
-
-    def call(self, input: Any, ctx: ToolContext) -> str:
-        self.contexts.append(ctx)
-        if self.hook is not None:
-            self.hook(input, ctx)
-        return f"echo:{input.get('x')}"
 
 
 def _user_texts(request: ModelRequest) -> list[str]:

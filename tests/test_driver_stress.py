@@ -18,6 +18,7 @@ import threading
 from typing import Any, Optional
 
 import pytest
+from support import WAIT, join_run_threads
 
 from loopctl import (
     BareLoop,
@@ -34,7 +35,6 @@ from loopctl.observers import CallbackObserver, Event, RunEnd
 from loopctl.testing import ScriptedClient, calls, reply
 from loopctl.tools import Tool, ToolContext
 
-WAIT = 10.0
 SEED = 20240611
 RUNS_PER_LOOP = 100  # x2 loops (streaming and non-streaming) = 200 runs per seed
 
@@ -181,10 +181,6 @@ def _well_formed(history: list[Message]) -> None:
             assert prev is None or (prev.role == Role.ASSISTANT and not prev.tool_calls), f"input at {i}"
 
 
-def _run_threads(run_id: str) -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(f"loopctl-run-{run_id[:12]}")]
-
-
 def _run_once(
     loop: BareLoop,
     text: str,
@@ -245,9 +241,7 @@ def _run_once(
     if point is not None:
         point.release.set()
     assert (box["run"] if "run" in box else box["err"].run).id == run_id
-    for t in _run_threads(run_id):
-        t.join(WAIT)
-        assert not t.is_alive(), f"run {run_id}: {t.name} never exited"
+    join_run_threads(run_id)
     return box
 
 

@@ -15,6 +15,8 @@ import time
 from typing import Any, Optional
 
 import pytest
+import support
+from support import Gate, Recorder
 
 from loopctl import BareLoop, LoopError, ModelError, Observer, StopReason, Usage
 from loopctl.messages import ModelRequest, ModelResponse
@@ -40,19 +42,13 @@ from loopctl.testing import ScriptedClient, calls, reply
 from loopctl.tools import Tool, ToolContext
 
 
-class Echo(Tool):
+class Echo(support.Echo):
     """``echo(x)`` answers ``echo:<x>``; optionally spends ``work_s`` first."""
 
-    name = "echo"
     description = "Echo the input."
 
     def __init__(self, work_s: float = 0.0) -> None:
-        self.work_s = work_s
-
-    def call(self, input: Any, ctx: ToolContext) -> str:
-        if self.work_s:
-            _spend(self.work_s)
-        return f"echo:{input.get('x')}"
+        super().__init__(hook=(lambda input, ctx: _spend(work_s)) if work_s else None)
 
 
 def _spend(seconds: float) -> None:
@@ -60,28 +56,6 @@ def _spend(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         time.sleep(seconds / 10)
-
-
-class Recorder(Observer):
-    """Records every event with the perf_counter time it arrived."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.times: list[float] = []
-        self.threads: list[str] = []
-        for name in EVENT_METHODS.values():
-            setattr(self, name, self._record)
-
-    def _record(self, event: Event) -> None:
-        self.events.append(event)
-        self.times.append(time.perf_counter())
-        self.threads.append(threading.current_thread().name)
-
-    def types(self) -> list[type]:
-        return [type(e) for e in self.events]
-
-    def of(self, cls: type) -> list[Any]:
-        return [e for e in self.events if type(e) is cls]
 
 
 def _collapse(types: list[type]) -> list[type]:
@@ -505,19 +479,9 @@ def test_error_observer_does_not_break_a_failing_run() -> None:
 # -- a cancelled phase, and the event tap -----------------------------------------------------
 
 
-class _Gate:
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def pass_through(self) -> None:
-        self.entered.set()
-        assert self.release.wait(10.0), "gate never released"
-
-
 @pytest.mark.parametrize("where", ["model", "tool"])
 def test_a_cancelled_phase_fires_a_failed_turn_end(where: str) -> None:
-    gate = _Gate()
+    gate = Gate()
 
     class Stuck(Tool):
         name = "stuck"
@@ -578,7 +542,7 @@ def test_next_runs_tap_survives_the_previous_runs_finalize() -> None:
     def tracer(frame: Any, event: str, arg: Any) -> Any:
         return local if frame.f_code.co_name == "_finalize" else None
 
-    gate = _Gate()
+    gate = Gate()
 
     def gated(request: ModelRequest) -> ModelResponse:
         gate.pass_through()

@@ -7,36 +7,25 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-try:
-    from tests.fakeserver import FakeServer, Reply, Stream, openai_stream
-except ImportError:  # tests/ itself on sys.path
-    from fakeserver import FakeServer, Reply, Stream, openai_stream  # type: ignore[no-redef]
+from fakeserver import FakeServer, Reply, Stream, openai_stream
+from support import FakeClock
 
 from loopctl import BareLoop, ConfigError, FallbackExhausted, ModelError, Observer
 from loopctl.fallback import FallbackManager
 from loopctl.providers import OpenAIClient, StreamHandler
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def manager(clock: Clock, chain: tuple[str, ...] = ("b", "c"), **kw: Any) -> FallbackManager:
+def manager(clock: FakeClock, chain: tuple[str, ...] = ("b", "c"), **kw: Any) -> FallbackManager:
     return FallbackManager("a", chain, clock=clock, **kw)
 
 
 def test_starts_primary_and_routes_to_primary() -> None:
-    fb = manager(Clock())
+    fb = manager(FakeClock())
     assert fb.state == "primary" and fb.before_request() == "a"
 
 
 def test_trips_after_three_consecutive_failures_not_two() -> None:
-    fb = manager(Clock())
+    fb = manager(FakeClock())
     assert fb.record_failure(False) is None
     assert fb.record_failure(False) is None
     assert fb.state == "primary"
@@ -45,7 +34,7 @@ def test_trips_after_three_consecutive_failures_not_two() -> None:
 
 
 def test_a_success_resets_the_failure_count() -> None:
-    fb = manager(Clock())
+    fb = manager(FakeClock())
     fb.record_failure(False)
     fb.record_failure(False)
     fb.record_success()
@@ -55,12 +44,12 @@ def test_a_success_resets_the_failure_count() -> None:
 
 
 def test_threshold_zero_trips_on_the_first_failure() -> None:
-    fb = manager(Clock(), trip_threshold=0)
+    fb = manager(FakeClock(), trip_threshold=0)
     assert fb.record_failure(False) == ("a", "b")
 
 
 def test_cooldown_then_probe_primary_then_two_successes_close() -> None:
-    clock = Clock()
+    clock = FakeClock()
     fb = manager(clock, trip_threshold=1)
     fb.record_failure(False)
     clock.now += 59.9
@@ -74,7 +63,7 @@ def test_cooldown_then_probe_primary_then_two_successes_close() -> None:
 
 
 def test_rate_limited_failure_while_recovering_retrips_at_once() -> None:
-    clock = Clock()
+    clock = FakeClock()
     fb = manager(clock, trip_threshold=3)
     for _ in range(3):
         fb.record_failure(False)
@@ -88,7 +77,7 @@ def test_rate_limited_failure_while_recovering_retrips_at_once() -> None:
 
 
 def test_transient_failure_while_recovering_resets_the_success_streak() -> None:
-    clock = Clock()
+    clock = FakeClock()
     fb = manager(clock, trip_threshold=2)
     fb.record_failure(False)
     fb.record_failure(False)
@@ -104,7 +93,7 @@ def test_transient_failure_while_recovering_resets_the_success_streak() -> None:
 
 
 def test_chain_advances_after_an_entry_fails_its_budget() -> None:
-    fb = manager(Clock(), trip_threshold=1, max_fail_count=2)
+    fb = manager(FakeClock(), trip_threshold=1, max_fail_count=2)
     fb.record_failure(False)
     assert fb.before_request() == "b"
     assert fb.record_failure(False) is None  # b: 1 of 2
@@ -113,7 +102,7 @@ def test_chain_advances_after_an_entry_fails_its_budget() -> None:
 
 
 def test_every_entry_down_raises_fallback_exhausted_until_the_cooldown() -> None:
-    clock = Clock()
+    clock = FakeClock()
     fb = manager(clock, chain=("b",), trip_threshold=1, max_fail_count=1)
     fb.record_failure(False)
     assert fb.record_failure(False) is None  # b is spent, nothing left to move to
@@ -125,14 +114,14 @@ def test_every_entry_down_raises_fallback_exhausted_until_the_cooldown() -> None
 
 
 def test_no_chain_trips_but_keeps_serving_the_primary() -> None:
-    fb = FallbackManager("a", clock=Clock(), trip_threshold=1)
+    fb = FallbackManager("a", clock=FakeClock(), trip_threshold=1)
     assert fb.record_failure(False) is None
     assert fb.state == "fallback"
     assert fb.before_request() == "a"
 
 
 def test_success_on_a_fallback_resets_its_failure_budget() -> None:
-    fb = manager(Clock(), trip_threshold=1, max_fail_count=2)
+    fb = manager(FakeClock(), trip_threshold=1, max_fail_count=2)
     fb.record_failure(False)
     fb.record_failure(False)
     fb.record_success()
@@ -141,7 +130,7 @@ def test_success_on_a_fallback_resets_its_failure_budget() -> None:
 
 
 def test_manual_availability_and_reset() -> None:
-    fb = manager(Clock(), trip_threshold=1)
+    fb = manager(FakeClock(), trip_threshold=1)
     fb.set_available("b", False)
     assert fb.record_failure(False) == ("a", "c")
     fb.reset()
@@ -151,7 +140,7 @@ def test_manual_availability_and_reset() -> None:
 
 
 def test_set_primary_switches_and_resets() -> None:
-    fb = manager(Clock(), trip_threshold=1)
+    fb = manager(FakeClock(), trip_threshold=1)
     fb.record_failure(False)
     fb.set_primary("a2")
     assert fb.state == "primary" and fb.before_request() == "a2"
@@ -192,7 +181,7 @@ class Events(Observer):
 
 
 def test_loop_routes_to_the_fallback_by_per_request_override(server: FakeServer) -> None:
-    clock = Clock()
+    clock = FakeClock()
     client = OpenAIClient("gpt-a", api_key="sk-test-0000000000", base_url=server.openai_url)
     fb = FallbackManager("gpt-a", ["gpt-b"], trip_threshold=1, clock=clock)
     events = Events()

@@ -24,16 +24,15 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import pytest
+import support
+from support import WAIT, FakeClock, join_threads
 
 from loopctl import BareLoop, Cancelled, FallbackExhausted, ModelError, RateLimitEscalation
 from loopctl.fallback import FallbackManager
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.observers import (
-    EVENT_METHODS,
-    Event,
     Fallback,
     ModelSwitched,
-    Observer,
     RunEnd,
     StreamFailure,
     StreamSuccess,
@@ -42,41 +41,12 @@ from loopctl.observers import (
 from loopctl.providers import StreamHandler
 from loopctl.testing import ScriptedClient, reply
 
-WAIT = 10.0
 COOLDOWN = 60.0
 MODES = ["non_streaming", "streaming", "streaming_passthrough"]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 5000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Recorder(Observer):
-    """Every event, thread-safely, in arrival order; ``run_ended`` is set by each RunEnd."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.events: list[Event] = []
-        self.run_ended = threading.Event()
-        for name in EVENT_METHODS.values():
-            setattr(self, name, self._record)
-
-    def _record(self, event: Event) -> None:
-        with self.lock:
-            self.events.append(event)
-        if isinstance(event, RunEnd):
-            self.run_ended.set()
-
-    def of(self, kind: type) -> list[Any]:
-        with self.lock:
-            return [e for e in self.events if isinstance(e, kind)]
-
-    def count(self, kind: type) -> int:
-        return len(self.of(kind))
+class Recorder(support.Recorder):
+    """Every event, in arrival order, read as the breaker's story."""
 
     def fallbacks(self) -> list[tuple[str, str]]:
         return [(e.from_model, e.to_model) for e in self.of(Fallback)]
@@ -143,8 +113,8 @@ class Provider:
 
 def build(
     mode: str, down: tuple[str, ...] = (), **fb_kw: Any
-) -> tuple[BareLoop, ScriptedClient, Provider, FallbackManager, Clock, Recorder]:
-    clock = Clock()
+) -> tuple[BareLoop, ScriptedClient, Provider, FallbackManager, FakeClock, Recorder]:
+    clock = FakeClock(5000.0)
     client = ScriptedClient([], model="primary")
     provider = Provider(lambda: client.model, down)
     client.extend([provider] * 100)
@@ -308,7 +278,7 @@ def test_fallback_exhausted_when_every_model_is_down_without_sending_a_request(m
 # -- cancels never touch the breaker ----------------------------------------------------------
 
 
-def _to_state(loop: BareLoop, provider: Provider, fb: FallbackManager, clock: Clock, state: str) -> str:
+def _to_state(loop: BareLoop, provider: Provider, fb: FallbackManager, clock: FakeClock, state: str) -> str:
     """Drive the breaker (trip_threshold=1) into ``state``; the model the next request goes to."""
     if state == "primary":
         return "primary"
@@ -379,9 +349,7 @@ def test_a_cancelled_turn_leaves_the_breaker_unchanged(mode: str, order: str, st
         assert fired.is_set()
         if order == "body_first":
             assert body_won == [True], "the body did not end the run while the loop's listener waited"
-        for t in threading.enumerate():  # the abandoned body, if any, exits once released
-            if t.name.startswith("loopctl-run-"):
-                t.join(WAIT)
+        join_threads("loopctl-run-", check=False)  # the abandoned body, if any, exits once released
         assert provider.targets[-1] == target  # the cancelled call did go out
         after = (fb.state, fb.active_fallback, rec.fallbacks(), rec.failed(), rec.served(), loop.conversation())
         assert after == before

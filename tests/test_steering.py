@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
+from support import WAIT, Gate, Recorder
 
 from loopctl import (
     BareLoop,
@@ -30,33 +31,11 @@ from loopctl import (
     Steering,
 )
 from loopctl.messages import ModelRequest, ModelResponse
-from loopctl.observers import Compaction, Event, RunEnd, RunStart, SteeringDelivered
+from loopctl.observers import Compaction, RunEnd, RunStart, SteeringDelivered
 from loopctl.testing import ScriptedClient, call, reply
 from loopctl.tools import Tool, ToolContext
 
-WAIT = 10.0  # a generous bound on every wait; reaching it is a failure, not a timing
-
-
 # -- gates and fakes -----------------------------------------------------------------
-
-
-class Gate:
-    """One exact window: the gated code enters, blocks, and waits to be released."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def pass_through(self) -> None:
-        """Called by the gated code (on the run's thread)."""
-        self.entered.set()
-        assert self.release.wait(WAIT), "gate never released"
-
-    def wait_entered(self) -> None:
-        assert self.entered.wait(WAIT), "gated code never entered"
-
-    def open(self) -> None:
-        self.release.set()
 
 
 class GatedTool(Tool):
@@ -95,21 +74,6 @@ def gated_raise(gate: Gate, exc: BaseException) -> Callable[[ModelRequest], Mode
         raise exc
 
     return item
-
-
-class Recorder(Observer):
-    """Keeps every event, in order."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def __getattribute__(self, name: str) -> Any:
-        if name.startswith("on_"):
-            return self.events.append
-        return object.__getattribute__(self, name)
-
-    def of(self, cls: type) -> list[Any]:
-        return [e for e in self.events if isinstance(e, cls)]
 
 
 def texts(messages: Sequence[Message]) -> list[str]:

@@ -22,13 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
+from support import join_loop_threads
 
 from loopctl import BareLoop, RunConfig
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.testing import ScriptedClient, call, calls, reply
 from loopctl.tools import Tool, ToolContext
-
-WAIT = 10.0
 
 
 @pytest.fixture
@@ -66,15 +65,6 @@ class Scratch(Tool):
     @property
     def dirs(self) -> set[Optional[Path]]:
         return {c.temp_dir for c in self.contexts}
-
-
-def join_run_threads(loop: BareLoop) -> None:
-    """Wait until every body thread of the loop's runs has exited (no frame holds the loop)."""
-    prefixes = tuple(f"loopctl-run-{run.id[:12]}" for run in loop.session.runs)
-    for t in threading.enumerate():
-        if t.name.startswith(prefixes):
-            t.join(WAIT)
-            assert not t.is_alive(), f"{t.name} still running"
 
 
 def managed(base: Path, loop: BareLoop) -> Path:
@@ -197,7 +187,7 @@ def test_garbage_collection_removes_it(tmp_path: Path, wave: str) -> None:
     expected = managed(tmp_path, loop)
     run = loop.run("x", RunConfig())
     assert run.output == "ok" and expected.is_dir()
-    join_run_threads(loop)  # the body's frame must not keep the loop alive
+    join_loop_threads(loop)  # the body's frame must not keep the loop alive
     alive = weakref.ref(loop)
     del loop
     gc.collect()
@@ -211,7 +201,7 @@ def test_closing_or_collecting_a_loop_that_never_dispatched_makes_nothing(tmp_pa
     closed.close()
     collected = BareLoop(ScriptedClient([reply("ok")])).with_temp_dir(tmp_path)
     collected.run("x")
-    join_run_threads(collected)
+    join_loop_threads(collected)
     del collected
     gc.collect()
     assert list(tmp_path.iterdir()) == []
@@ -243,7 +233,7 @@ def test_falls_back_to_the_system_temp_dir(
     assert f"loopctl-{loop.session.id}" in warnings[0].getMessage()
     assert blocker.read_text() == "not a directory"
     loop.close()
-    join_run_threads(loop)
+    join_loop_threads(loop)
     del loop
     gc.collect()
     # Neither close() nor collection removes a directory the loop does not own.

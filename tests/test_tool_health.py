@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 import pytest
+from support import FakeClock
 
 from loopctl import BareLoop, ConfigError, ToolError, ToolOutput
 from loopctl.observers import Event, ToolPost, ToolPre
@@ -17,16 +18,8 @@ from loopctl.tools.pipeline import Next
 WAIT = 10.0
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def tripped(threshold: int = 3, cooldown: float = 30.0) -> tuple[ToolHealthRegistry, Clock]:
-    clock = Clock()
+def tripped(threshold: int = 3, cooldown: float = 30.0) -> tuple[ToolHealthRegistry, FakeClock]:
+    clock = FakeClock()
     health = ToolHealthRegistry(failure_threshold=threshold, cooldown=cooldown, clock=clock)
     for _ in range(threshold):
         assert health.check("t") is None
@@ -35,7 +28,7 @@ def tripped(threshold: int = 3, cooldown: float = 30.0) -> tuple[ToolHealthRegis
 
 
 def test_breaker_trips_after_consecutive_failures_only() -> None:
-    health = ToolHealthRegistry(failure_threshold=3, clock=Clock())
+    health = ToolHealthRegistry(failure_threshold=3, clock=FakeClock())
     for outcome in (False, False, True, False, False):  # a success resets the count
         health.record("t", outcome)
     assert health.state("t") == CLOSED and health.check("t") is None
@@ -46,7 +39,7 @@ def test_breaker_trips_after_consecutive_failures_only() -> None:
 
 
 def test_default_threshold_is_five() -> None:
-    health = ToolHealthRegistry(clock=Clock())
+    health = ToolHealthRegistry(clock=FakeClock())
     for _ in range(4):
         health.record("t", False)
     assert health.check("t") is None
@@ -111,7 +104,7 @@ def test_bad_settings_are_refused(kwargs: dict[str, Any], message: str) -> None:
 
 
 def test_concurrent_records_are_counted_exactly() -> None:
-    health = ToolHealthRegistry(failure_threshold=10_000, clock=Clock())
+    health = ToolHealthRegistry(failure_threshold=10_000, clock=FakeClock())
     barrier = threading.Barrier(4)
 
     def worker() -> None:
@@ -142,7 +135,7 @@ def test_tripped_tool_is_refused_softly_without_running_then_probed_and_closed()
             raise ToolError("down")
         return f"up {n}"
 
-    clock = Clock()
+    clock = FakeClock()
     health = ToolHealthRegistry(failure_threshold=2, cooldown=60.0, clock=clock)
 
     def advance_then_heal(request: Any) -> Any:
@@ -188,7 +181,7 @@ def test_gated_on_the_requested_name_recorded_under_the_resolved_name() -> None:
             ctx.tool_name = "new_api"
         return next(ctx)
 
-    health = ToolHealthRegistry(failure_threshold=1, clock=Clock())
+    health = ToolHealthRegistry(failure_threshold=1, clock=FakeClock())
     with BareLoop(ScriptedClient([call("old_api"), call("old_api"), reply("done")]), [old_api, new_api]) as loop:
         loop.set_health_registry(health)
         loop.set_pipeline(ToolPipeline.builder().with_middleware(route))
@@ -216,7 +209,7 @@ def test_a_tripped_breaker_stops_recovery_retries() -> None:
         def decide(self, analysis: Any, attempt: int, max_attempts: int) -> Retry:
             return Retry(0.0)
 
-    health = ToolHealthRegistry(failure_threshold=2, clock=Clock())
+    health = ToolHealthRegistry(failure_threshold=2, clock=FakeClock())
     with BareLoop(ScriptedClient([call("down"), reply("done")]), [down]) as loop:
         loop.set_health_registry(health)
         loop.set_recovery_strategy(AlwaysRetry())
