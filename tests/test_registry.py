@@ -9,59 +9,21 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import pytest
+from support import WAIT, Echoed, FakeClock, GatedReply, texts
 
 from loopctl import BareLoop, Cancelled, LoopBusy, LoopError, Message, ModelError, Usage
 from loopctl.errors import ConfigError
-from loopctl.messages import ModelRequest, ModelResponse
+from loopctl.messages import ModelResponse
 from loopctl.registry import RunRegistry, RunStatus
 from loopctl.testing import ScriptedClient, call, reply
-from loopctl.tools import Tool, ToolContext
-
-WAIT = 10.0  # a bound on every gate wait, so a broken test fails instead of hanging
-
-
-class Echo(Tool):
-    name = "echo"
-    description = "Echo back."
-
-    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
-        return "echoed"
-
-
-class Gate:
-    """A script item that blocks the model call until released."""
-
-    def __init__(self, response: ModelResponse) -> None:
-        self.response = response
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.request: Optional[ModelRequest] = None
-
-    def __call__(self, request: ModelRequest) -> ModelResponse:
-        self.request = request
-        self.entered.set()
-        if not self.release.wait(WAIT):
-            raise ModelError("gate never released")
-        return self.response
-
-    def wait_entered(self) -> None:
-        assert self.entered.wait(WAIT), "the run never reached the gated model call"
 
 
 def make_loop(*script: Any) -> BareLoop:
-    return BareLoop(ScriptedClient(list(script)), [Echo()])
-
-
-def texts(messages: Any) -> list[str]:
-    out: list[str] = []
-    for m in messages:
-        d = m if isinstance(m, dict) else m.to_dict()
-        out.append("".join(p.get("text", "") for p in d["parts"]))
-    return out
+    return BareLoop(ScriptedClient(list(script)), [Echoed()])
 
 
 @pytest.fixture
@@ -72,15 +34,15 @@ def reg() -> Iterator[RunRegistry]:
 
 
 @pytest.fixture
-def gates() -> Iterator[list[Gate]]:
-    made: list[Gate] = []
+def gates() -> Iterator[list[GatedReply]]:
+    made: list[GatedReply] = []
     yield made
     for g in made:  # let abandoned run threads leave their gated call
         g.release.set()
 
 
-def gate(gates: list[Gate], response: ModelResponse) -> Gate:
-    g = Gate(response)
+def gate(gates: list[GatedReply], response: ModelResponse) -> GatedReply:
+    g = GatedReply(response)
     gates.append(g)
     return g
 
@@ -131,7 +93,7 @@ def test_status_of_a_completed_run_has_output_counts_and_timestamps(reg: RunRegi
     json.dumps(st.to_dict())
 
 
-def test_status_is_running_until_the_run_ends(reg: RunRegistry, gates: list[Gate]) -> None:
+def test_status_is_running_until_the_run_ends(reg: RunRegistry, gates: list[GatedReply]) -> None:
     g = gate(gates, reply("late"))
     rid = reg.start(make_loop(call("echo"), g), "hi")
     g.wait_entered()
@@ -155,7 +117,7 @@ def test_failed_run_shows_failed_with_the_error_text(reg: RunRegistry) -> None:
 
 
 def test_cancel_ends_the_run_cancelled_and_only_that_run(
-    reg: RunRegistry, gates: list[Gate]
+    reg: RunRegistry, gates: list[GatedReply]
 ) -> None:
     g = gate(gates, reply("never"))
     loop = make_loop(g, reply("next one"))
@@ -201,7 +163,7 @@ def test_unknown_id_raises_key_error_naming_it(
         op(reg)
 
 
-def test_start_past_max_active_raises_loop_busy_and_starts_nothing(gates: list[Gate]) -> None:
+def test_start_past_max_active_raises_loop_busy_and_starts_nothing(gates: list[GatedReply]) -> None:
     reg = RunRegistry(max_active=2)
     try:
         g1, g2 = gate(gates, reply("1")), gate(gates, reply("2"))
@@ -225,7 +187,7 @@ def test_start_past_max_active_raises_loop_busy_and_starts_nothing(gates: list[G
 
 
 def test_start_on_a_busy_loop_raises_loop_busy_and_registers_nothing(
-    reg: RunRegistry, gates: list[Gate]
+    reg: RunRegistry, gates: list[GatedReply]
 ) -> None:
     g = gate(gates, reply("x"))
     loop = make_loop(g, reply("y"))
@@ -258,7 +220,7 @@ def test_bad_arguments_raise_config_error_naming_the_value() -> None:
 
 
 def test_steer_during_a_model_call_is_delivered_in_the_next_request(
-    reg: RunRegistry, gates: list[Gate]
+    reg: RunRegistry, gates: list[GatedReply]
 ) -> None:
     g0 = gate(gates, call("echo"))
     g1 = gate(gates, reply("done"))
@@ -278,7 +240,7 @@ def test_steer_during_a_model_call_is_delivered_in_the_next_request(
 
 
 def test_steer_during_the_last_call_comes_back_as_that_runs_leftover(
-    reg: RunRegistry, gates: list[Gate]
+    reg: RunRegistry, gates: list[GatedReply]
 ) -> None:
     g = gate(gates, reply("final"))
     loop = make_loop(g, reply("second run"))
@@ -300,7 +262,7 @@ def test_steer_during_the_last_call_comes_back_as_that_runs_leftover(
 
 
 def test_consumer_attaching_mid_run_with_after_sees_exactly_the_later_events(
-    reg: RunRegistry, gates: list[Gate]
+    reg: RunRegistry, gates: list[GatedReply]
 ) -> None:
     g = gate(gates, reply("done"))
     rid = reg.start(make_loop(call("echo"), call("echo"), g), "hi")
@@ -320,7 +282,7 @@ def test_consumer_attaching_mid_run_with_after_sees_exactly_the_later_events(
     assert list(reg.events(rid, after=len(everything))) == []
 
 
-def test_two_consumers_see_the_same_sequence(reg: RunRegistry, gates: list[Gate]) -> None:
+def test_two_consumers_see_the_same_sequence(reg: RunRegistry, gates: list[GatedReply]) -> None:
     g = gate(gates, call("echo"))
     rid = reg.start(make_loop(g, call("echo"), reply("done")), "hi")
     seen: list[list[tuple[int, dict[str, Any]]]] = [[], []]
@@ -342,7 +304,7 @@ def test_two_consumers_see_the_same_sequence(reg: RunRegistry, gates: list[Gate]
     assert seen[0] == list(reg.events(rid))
 
 
-def test_a_consumer_that_never_reads_does_not_block_the_run(gates: list[Gate]) -> None:
+def test_a_consumer_that_never_reads_does_not_block_the_run(gates: list[GatedReply]) -> None:
     reg = RunRegistry(event_buffer=3)
     try:
         g = gate(gates, call("echo"))
@@ -355,7 +317,7 @@ def test_a_consumer_that_never_reads_does_not_block_the_run(gates: list[Gate]) -
         reg.close()
 
 
-def test_a_consumer_behind_the_buffer_gets_one_gap_event_then_continues(gates: list[Gate]) -> None:
+def test_a_consumer_behind_the_buffer_gets_one_gap_event_then_continues(gates: list[GatedReply]) -> None:
     reg = RunRegistry(event_buffer=4)
     try:
         g = gate(gates, reply("done"))
@@ -386,7 +348,7 @@ def test_a_consumer_behind_the_buffer_gets_one_gap_event_then_continues(gates: l
 
 
 def test_events_timeout_ends_the_iterator_and_after_resumes(
-    reg: RunRegistry, gates: list[Gate]
+    reg: RunRegistry, gates: list[GatedReply]
 ) -> None:
     g = gate(gates, reply("done"))
     rid = reg.start(make_loop(g), "hi")
@@ -411,16 +373,8 @@ def test_events_recorded_before_start_returns_are_not_lost(reg: RunRegistry) -> 
 # -- pruning ---------------------------------------------------------------------------
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def test_finished_runs_are_dropped_after_keep_finished_s(gates: list[Gate]) -> None:
-    clock = FakeClock()
+def test_finished_runs_are_dropped_after_keep_finished_s(gates: list[GatedReply]) -> None:
+    clock = FakeClock(100.0)
     reg = RunRegistry(keep_finished_s=30, clock=clock)
     try:
         done_id = reg.start(make_loop(reply("a")), "x")
@@ -486,7 +440,7 @@ def test_loop_for_retries_after_a_failing_factory(reg: RunRegistry) -> None:
 
 
 def test_a_conversation_continues_its_history_and_refuses_overlap(
-    reg: RunRegistry, gates: list[Gate]
+    reg: RunRegistry, gates: list[GatedReply]
 ) -> None:
     g = gate(gates, reply("second answer"))
     client = ScriptedClient([reply("first answer"), g])
@@ -506,7 +460,7 @@ def test_a_conversation_continues_its_history_and_refuses_overlap(
     assert reg.result(r2, timeout=WAIT).output == "second answer"
 
 
-def test_close_cancels_running_runs_and_refuses_new_ones(gates: list[Gate]) -> None:
+def test_close_cancels_running_runs_and_refuses_new_ones(gates: list[GatedReply]) -> None:
     reg = RunRegistry()
     g1, g2 = gate(gates, reply("1")), gate(gates, reply("2"))
     conv = reg.loop_for("c", lambda: make_loop(g2))
@@ -620,12 +574,12 @@ class SSEReader:
         return out
 
 
-def test_flask_session_posts_streams_steers_and_cancels_a_run(gates: list[Gate]) -> None:
+def test_flask_session_posts_streams_steers_and_cancels_a_run(gates: list[GatedReply]) -> None:
     g0 = gate(gates, call("echo"))
     g1 = gate(gates, reply("never sent"))
     clients = {"c1": ScriptedClient([g0, g1, reply("follow-up answer")])}
     registry = RunRegistry()
-    app = _flask_app(registry, lambda key: BareLoop(clients[key], [Echo()]))
+    app = _flask_app(registry, lambda key: BareLoop(clients[key], [Echoed()]))
     http = app.test_client()
     try:
         resp = http.post("/runs", json={"conversation": "c1", "input": "hello"})

@@ -24,14 +24,13 @@ from functools import partial
 from typing import Any, Callable
 
 import pytest
+from support import WAIT, Echoed, GatedReply, texts
 
 from loopctl import BareLoop, Cancelled, LoopBusy, LoopError, ModelError
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.registry import RunRegistry
 from loopctl.testing import ScriptedClient, call, reply
 from loopctl.tools import Tool, ToolContext
-
-WAIT = 10.0
 
 
 @pytest.fixture(autouse=True)
@@ -43,41 +42,10 @@ def fine_grained_switching() -> Iterator[None]:
     sys.setswitchinterval(old)
 
 
-class Echo(Tool):
-    name = "echo"
-    description = "Echo back."
-
-    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
-        return "echoed"
-
-
-class Gate:
-    """A script item that blocks the model call until released."""
-
-    def __init__(self, response: ModelResponse) -> None:
-        self.response = response
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def __call__(self, request: ModelRequest) -> ModelResponse:
-        self.entered.set()
-        if not self.release.wait(WAIT):
-            raise ModelError("gate never released")
-        return self.response
-
-
 def spin(n: int) -> None:
     """Seeded jitter: burn ``n`` loop iterations (not a wait for anything)."""
     for _ in range(n):
         pass
-
-
-def texts(messages: Any) -> list[str]:
-    out: list[str] = []
-    for m in messages:
-        d = m if isinstance(m, dict) else m.to_dict()
-        out.append("".join(p.get("text", "") for p in d["parts"]))
-    return out
 
 
 def run_in_thread(fn: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
@@ -148,7 +116,7 @@ def test_cancel_racing_start_cancels_that_run_or_misses_it_never_the_next(seed: 
     try:
         for i in range(40):
             gated = i % 2 == 0
-            gate = Gate(reply("done"))
+            gate = GatedReply(reply("done"))
             loop = BareLoop(ScriptedClient([gate if gated else reply("done"), reply("next")]))
             rid = f"s{seed}-{i}"
             barrier = threading.Barrier(2, timeout=WAIT)
@@ -203,11 +171,11 @@ def test_steer_racing_completion_is_delivered_or_a_leftover_exactly_once(seed: i
     try:
         for i in range(30):
             tool_turns = rng.randrange(3)
-            gate = Gate(call("echo") if tool_turns else reply("done"))
+            gate = GatedReply(call("echo") if tool_turns else reply("done"))
             script: list[Any] = [gate] + [call("echo")] * max(0, tool_turns - 1)
             if tool_turns:
                 script.append(reply("done"))
-            loop = BareLoop(ScriptedClient(script + [reply("after")]), [Echo()])
+            loop = BareLoop(ScriptedClient(script + [reply("after")]), [Echoed()])
             rid = reg.start(loop, "hi", run_id=f"s{seed}-{i}")
             assert gate.entered.wait(WAIT)
             barrier = threading.Barrier(2, timeout=WAIT)
