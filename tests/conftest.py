@@ -1,4 +1,4 @@
-"""Shared fixtures: every test checks that no loopctl thread outlives it.
+"""Shared fixtures: every test checks that no loopctl thread outlives it; ``server``.
 
 This folder is put on ``sys.path`` (whatever pytest's import mode) so test
 modules import their shared helpers as ``from support import ...`` and the
@@ -12,8 +12,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from fakeserver import FakeServer
 
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
@@ -40,3 +44,12 @@ def no_leaked_threads() -> Iterator[None]:
         t.join(max(0.0, deadline - time.monotonic()))
     still = [t.name for t in _loopctl_threads() - before if t.is_alive()]
     assert not still, f"loopctl threads leaked: {still}"
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    """A fake model server on 127.0.0.1 (``tests/fakeserver.py``), stopped after the test."""
+    from fakeserver import FakeServer
+
+    with FakeServer() as s:
+        yield s

@@ -3,31 +3,19 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-try:
-    from tests.fakeserver import (
-        Cut,
-        FakeServer,
-        Reply,
-        Stream,
-        anthropic_message,
-        anthropic_stream,
-        sse,
-    )
-except ImportError:  # tests/ itself on sys.path
-    from fakeserver import (  # type: ignore[no-redef]
-        Cut,
-        FakeServer,
-        Reply,
-        Stream,
-        anthropic_message,
-        anthropic_stream,
-        sse,
-    )
+from fakeserver import (
+    Cut,
+    FakeServer,
+    Reply,
+    Stream,
+    anthropic_message,
+    anthropic_stream,
+    sse,
+)
+from support import TOOL_SCHEMAS, collect_stream, hi_request
 
 from loopctl.errors import ConfigError, ModelError
 from loopctl.messages import (
@@ -40,52 +28,24 @@ from loopctl.messages import (
     ThinkingPart,
     ToolCallPart,
     ToolResultPart,
-    ToolSchema,
     Usage,
 )
 from loopctl.providers import AnthropicClient
-from loopctl.providers.base import PartDelta, Ping, StreamAccumulator
+from loopctl.providers.base import PartDelta, Ping
 from loopctl.providers.http import error_kind
 
 KEY = "sk-ant-test-0123456789abcdefSECRET"
-TOOLS = (
-    ToolSchema("read_file", "Read a file.", {"type": "object", "properties": {"path": {"type": "string"}}}),
-    ToolSchema("grep", "Search.", {"type": "object", "properties": {"pattern": {"type": "string"}}}),
-)
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer() as s:
-        yield s
 
 
 def client(server: FakeServer, **kw: Any) -> AnthropicClient:
     return AnthropicClient("claude-test", api_key=KEY, base_url=server.url, **kw)
 
 
-def request(**kw: Any) -> ModelRequest:
-    return ModelRequest([Message.user("hi")], "Be brief.", **kw)
-
-
-def collect(c: AnthropicClient, req: ModelRequest) -> tuple[list[Any], Any]:
-    acc = StreamAccumulator()
-    events = []
-    stream = c.stream(req)
-    try:
-        for ev in stream:
-            events.append(ev)
-            acc.feed(ev)
-    finally:
-        stream.close()
-    return events, acc.build()
-
-
 def test_stream_with_thinking_text_and_tool_use(server: FakeServer) -> None:
     args = json.dumps({"path": "notes.md"})
     server.push(Stream(anthropic_stream("Reading it.", thinking="I should read.", signature="SIG==",
                                         tool_calls=[("toolu_1", "read_file", args)], usage=(40, 12), piece=2)))
-    events, resp = collect(client(server), request(tools=TOOLS))
+    events, resp = collect_stream(client(server), hi_request(tools=TOOL_SCHEMAS))
     assert resp.message.parts == (
         ThinkingPart("I should read.", "SIG=="),
         TextPart("Reading it."),
@@ -107,7 +67,7 @@ def test_stop_reasons_map(server: FakeServer) -> None:
     for wire, ours in (("max_tokens", StopReason.MAX_TOKENS), ("stop_sequence", StopReason.STOP_SEQUENCE),
                        ("end_turn", StopReason.END_TURN)):
         server.push(Stream(anthropic_stream("x", stop=wire)))
-        _, resp = collect(client(server), request())
+        _, resp = collect_stream(client(server), hi_request())
         assert resp.stop_reason is ours
 
 
@@ -117,7 +77,7 @@ def test_cached_prompt_tokens_count_as_input(server: FakeServer) -> None:
         "input_tokens": 5, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 20, "output_tokens": 1}}}
     pieces[0] = sse(start, "message_start")
     server.push(Stream(pieces))
-    _, resp = collect(client(server), request())
+    _, resp = collect_stream(client(server), hi_request())
     assert resp.usage == Usage(125, 9)
 
 
@@ -127,7 +87,7 @@ def test_mid_stream_overloaded_error_is_retryable_rate_limit(server: FakeServer)
     ]
     server.push(Stream(pieces))
     with pytest.raises(ModelError, match="Overloaded") as info:
-        collect(client(server), request())
+        collect_stream(client(server), hi_request())
     assert info.value.retryable is True and info.value.status == 529
     assert error_kind(info.value) == "rate_limit"
 
@@ -138,7 +98,7 @@ def test_mid_stream_invalid_request_error_is_not_retryable(server: FakeServer) -
     ]
     server.push(Stream(pieces))
     with pytest.raises(ModelError) as info:
-        collect(client(server), request())
+        collect_stream(client(server), hi_request())
     assert info.value.retryable is False
 
 
@@ -146,21 +106,21 @@ def test_body_ending_before_message_stop_is_truncated(server: FakeServer) -> Non
     pieces = anthropic_stream("cut short")[:-1]  # everything but message_stop
     server.push(Stream(pieces, chunked=False))
     with pytest.raises(ModelError, match="truncated") as info:
-        collect(client(server), request())
+        collect_stream(client(server), hi_request())
     assert info.value.retryable is True
 
 
 def test_connection_cut_mid_stream_is_a_transport_error(server: FakeServer) -> None:
     server.push(Stream(anthropic_stream("long text here")[:5] + [Cut()]))
     with pytest.raises(ModelError) as info:
-        collect(client(server), request())
+        collect_stream(client(server), hi_request())
     assert info.value.retryable is True and error_kind(info.value) == "transport"
 
 
 def test_malformed_json_event(server: FakeServer) -> None:
     server.push(Stream(anthropic_stream("x")[:2] + [b"event: content_block_delta\ndata: {nope\n\n"]))
     with pytest.raises(ModelError, match="malformed JSON"):
-        collect(client(server), request())
+        collect_stream(client(server), hi_request())
 
 
 def test_401_one_request_key_never_shown(server: FakeServer) -> None:
@@ -168,7 +128,7 @@ def test_401_one_request_key_never_shown(server: FakeServer) -> None:
                                                        "message": f"invalid x-api-key {KEY}"}}))
     c = client(server)
     with pytest.raises(ModelError) as info:
-        collect(c, request())
+        collect_stream(c, hi_request())
     assert info.value.status == 401 and not info.value.retryable
     assert "invalid x-api-key" in str(info.value)
     assert KEY not in str(info.value) and KEY not in repr(c)
@@ -190,7 +150,7 @@ def test_golden_request_body_system_folding_tools_and_tool_results(server: FakeS
         Message.from_tool_results([ToolResultPart("toolu_3", "grep", "none", False)]),
         Message.system("Second note."),
     ]
-    collect(client(server), ModelRequest(msgs, "You are terse.", TOOLS))
+    collect_stream(client(server), ModelRequest(msgs, "You are terse.", TOOL_SCHEMAS))
     assert server.requests[0].json == {
         "model": "claude-test",
         "max_tokens": 4096,
@@ -214,8 +174,8 @@ def test_golden_request_body_system_folding_tools_and_tool_results(server: FakeS
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_3", "content": "none"}]},
         ],
         "tools": [
-            {"name": "read_file", "description": "Read a file.", "input_schema": TOOLS[0].input_schema},
-            {"name": "grep", "description": "Search.", "input_schema": TOOLS[1].input_schema},
+            {"name": "read_file", "description": "Read a file.", "input_schema": TOOL_SCHEMAS[0].input_schema},
+            {"name": "grep", "description": "Search.", "input_schema": TOOL_SCHEMAS[1].input_schema},
         ],
         "stream": True,
     }
@@ -226,25 +186,25 @@ def test_request_options_map_to_native_fields(server: FakeServer) -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     opts = RequestOptions(model="claude-other", max_tokens=99, temperature=0.5, tool_choice="required",
                           response_format=schema, extra_body={"thinking": {"type": "enabled", "budget_tokens": 64}})
-    collect(client(server), request(tools=TOOLS, options=opts))
+    collect_stream(client(server), hi_request(tools=TOOL_SCHEMAS, options=opts))
     body = server.requests[0].json
     assert body["model"] == "claude-other" and body["max_tokens"] == 99 and body["temperature"] == 0.5
     assert body["tool_choice"] == {"type": "any"}
     assert body["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 64}
-    collect(client(server), request(tools=TOOLS, options=RequestOptions(tool_choice="grep")))
+    collect_stream(client(server), hi_request(tools=TOOL_SCHEMAS, options=RequestOptions(tool_choice="grep")))
     assert server.requests[1].json["tool_choice"] == {"type": "tool", "name": "grep"}
 
 
 def test_unknown_tool_choice_raises_config_error_without_a_request(server: FakeServer) -> None:
     with pytest.raises(ConfigError, match="'nope'"):
-        client(server).stream(request(tools=TOOLS, options=RequestOptions(tool_choice="nope")))
+        client(server).stream(hi_request(tools=TOOL_SCHEMAS, options=RequestOptions(tool_choice="nope")))
     assert server.requests == []
 
 
 def test_complete_non_streaming(server: FakeServer) -> None:
     server.push(Reply(200, anthropic_message("Hi.", tool_calls=[("toolu_9", "grep", {"pattern": "z"})])))
-    resp = client(server).complete(request(tools=TOOLS))
+    resp = client(server).complete(hi_request(tools=TOOL_SCHEMAS))
     assert resp.message.parts == (TextPart("Hi."), ToolCallPart("toolu_9", "grep", {"pattern": "z"}))
     assert resp.stop_reason is StopReason.TOOL_CALL and resp.usage == Usage(21, 9)
     assert "stream" not in server.requests[0].json
@@ -254,6 +214,6 @@ def test_env_key_and_base_url(server: FakeServer, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-env-000000000000")
     monkeypatch.setenv("ANTHROPIC_BASE_URL", server.url)
     server.push(Stream(anthropic_stream("a")))
-    collect(AnthropicClient("claude-x"), request())
+    collect_stream(AnthropicClient("claude-x"), hi_request())
     assert server.requests[0].headers["x-api-key"] == "sk-ant-env-000000000000"
     assert server.requests[0].json["model"] == "claude-x"

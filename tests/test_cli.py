@@ -231,10 +231,7 @@ def test_openai_provider_talks_to_a_local_server(monkeypatch: pytest.MonkeyPatch
     providers = pytest.importorskip("loopctl.providers")
     if not hasattr(providers, "OpenAIClient"):
         pytest.skip("loopctl.providers.OpenAIClient is not exported yet")
-    try:
-        from tests.fakeserver import FakeServer, Stream, openai_stream
-    except ImportError:  # tests/ itself on sys.path (pytest's rootdir-less import mode)
-        from fakeserver import FakeServer, Stream, openai_stream  # type: ignore[no-redef]
+    from fakeserver import FakeServer, Stream, openai_stream
 
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
     with FakeServer() as server:

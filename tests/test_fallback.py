@@ -3,7 +3,6 @@ then routing through BareLoop over real HTTP."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -158,12 +157,6 @@ def test_bad_configuration_raises_config_error(kwargs: dict[str, Any], needle: s
 
 
 # -- routing through the loop, over HTTP -------------------------------------------------
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer() as s:
-        yield s
 
 
 class Events(Observer):

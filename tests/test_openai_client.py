@@ -4,37 +4,22 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-try:
-    from tests.fakeserver import (
-        OA_DONE,
-        Cut,
-        FakeServer,
-        Gate,
-        Reply,
-        Stream,
-        oa_chunk,
-        openai_completion,
-        openai_stream,
-        sse,
-    )
-except ImportError:  # tests/ itself on sys.path
-    from fakeserver import (  # type: ignore[no-redef]
-        OA_DONE,
-        Cut,
-        FakeServer,
-        Gate,
-        Reply,
-        Stream,
-        oa_chunk,
-        openai_completion,
-        openai_stream,
-        sse,
-    )
+from fakeserver import (
+    OA_DONE,
+    Cut,
+    FakeServer,
+    Gate,
+    Reply,
+    Stream,
+    oa_chunk,
+    openai_completion,
+    openai_stream,
+    sse,
+)
+from support import TOOL_SCHEMAS, collect_stream, hi_request
 
 from loopctl.errors import ConfigError, ModelError
 from loopctl.messages import (
@@ -47,50 +32,22 @@ from loopctl.messages import (
     ThinkingPart,
     ToolCallPart,
     ToolResultPart,
-    ToolSchema,
     Usage,
 )
 from loopctl.providers import OpenAIClient
-from loopctl.providers.base import PartDelta, PartStart, StreamAccumulator
+from loopctl.providers.base import PartDelta, PartStart
 from loopctl.providers.http import error_kind
 
 KEY = "sk-test-abcdef0123456789SECRET"
-TOOLS = (
-    ToolSchema("read_file", "Read a file.", {"type": "object", "properties": {"path": {"type": "string"}}}),
-    ToolSchema("grep", "Search.", {"type": "object", "properties": {"pattern": {"type": "string"}}}),
-)
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer() as s:
-        yield s
 
 
 def client(server: FakeServer, **kw: Any) -> OpenAIClient:
     return OpenAIClient("gpt-test", api_key=KEY, base_url=server.openai_url, **kw)
 
 
-def request(**kw: Any) -> ModelRequest:
-    return ModelRequest([Message.user("hi")], "Be brief.", **kw)
-
-
-def collect(c: OpenAIClient, req: ModelRequest) -> tuple[list[Any], Any]:
-    acc = StreamAccumulator()
-    events = []
-    stream = c.stream(req)
-    try:
-        for ev in stream:
-            events.append(ev)
-            acc.feed(ev)
-    finally:
-        stream.close()
-    return events, acc.build()
-
-
 def test_text_stream_assembles_reply_usage_and_model(server: FakeServer) -> None:
     server.push(Stream(openai_stream("Hello there, friend.", usage=(12, 5))))
-    events, resp = collect(client(server), request())
+    events, resp = collect_stream(client(server), hi_request())
     assert resp.message.text == "Hello there, friend."
     assert resp.stop_reason is StopReason.END_TURN
     assert resp.usage == Usage(12, 5)
@@ -110,14 +67,14 @@ def test_usage_arrives_only_in_the_last_chunk_after_finish(server: FakeServer) -
         OA_DONE,
     ]
     server.push(Stream(pieces))
-    _, resp = collect(client(server), request())
+    _, resp = collect_stream(client(server), hi_request())
     assert resp.usage == Usage(30, 2)
 
 
 def test_tool_call_arguments_split_across_many_chunks(server: FakeServer) -> None:
     args = json.dumps({"path": "/etc/hosts", "lines": [1, 2, 3], "note": "a \"quoted\" value"})
     server.push(Stream(openai_stream(tool_calls=[("call_A", "read_file", args)], piece=1)))
-    events, resp = collect(client(server), request(tools=TOOLS))
+    events, resp = collect_stream(client(server), hi_request(tools=TOOL_SCHEMAS))
     assert sum(1 for e in events if isinstance(e, PartDelta)) == len(args)
     assert resp.stop_reason is StopReason.TOOL_CALL
     assert resp.message.tool_calls == [ToolCallPart("call_A", "read_file", json.loads(args))]
@@ -142,7 +99,7 @@ def test_interleaved_tool_calls_are_routed_by_index(server: FakeServer) -> None:
         OA_DONE,
     ]
     server.push(Stream(pieces))
-    events, resp = collect(client(server), request(tools=TOOLS))
+    events, resp = collect_stream(client(server), hi_request(tools=TOOL_SCHEMAS))
     assert resp.message.tool_calls == [
         ToolCallPart("call_0", "read_file", {"path": "a.txt"}),
         ToolCallPart("call_1", "grep", {"pattern": "x"}),
@@ -157,7 +114,7 @@ def test_whole_arguments_in_one_fragment_and_several_calls_in_one_chunk(server: 
         {"index": 1, "id": "c1", "type": "function", "function": {"name": "grep", "arguments": '{"pattern": "b"}'}},
     ]
     server.push(Stream([oa_chunk({"tool_calls": both}), oa_chunk({}, "stop"), OA_DONE]))
-    _, resp = collect(client(server), request(tools=TOOLS))
+    _, resp = collect_stream(client(server), hi_request(tools=TOOL_SCHEMAS))
     assert [c.input for c in resp.message.tool_calls] == [{"pattern": "a"}, {"pattern": "b"}]
     # "stop" with tool calls (Ollama does this) still means a tool-call turn.
     assert resp.stop_reason is StopReason.TOOL_CALL
@@ -165,7 +122,7 @@ def test_whole_arguments_in_one_fragment_and_several_calls_in_one_chunk(server: 
 
 def test_reasoning_content_deltas_become_thinking_not_text(server: FakeServer) -> None:
     server.push(Stream(openai_stream("42", reasoning="Let me think.")))
-    events, resp = collect(client(server), request())
+    events, resp = collect_stream(client(server), hi_request())
     assert resp.message.text == "42"
     assert resp.message.thinking == [ThinkingPart("Let me think.")]
     kinds = {e.kind for e in events if isinstance(e, PartDelta)}
@@ -174,7 +131,7 @@ def test_reasoning_content_deltas_become_thinking_not_text(server: FakeServer) -
 
 def test_finish_reason_length_maps_to_max_tokens(server: FakeServer) -> None:
     server.push(Stream(openai_stream("trunc", finish="length")))
-    _, resp = collect(client(server), request())
+    _, resp = collect_stream(client(server), hi_request())
     assert resp.stop_reason is StopReason.MAX_TOKENS
 
 
@@ -186,7 +143,7 @@ def test_deltas_reach_the_reader_while_the_server_is_still_sending(server: FakeS
               oa_chunk({}, "stop"), OA_DONE]
     server.push(Stream(pieces))
     seen_before_gate = []
-    stream = client(server).stream(request())
+    stream = client(server).stream(hi_request())
     for ev in stream:
         if isinstance(ev, PartDelta):
             if not gate.is_set():
@@ -198,7 +155,7 @@ def test_deltas_reach_the_reader_while_the_server_is_still_sending(server: FakeS
 def test_malformed_json_chunk_raises_model_error_naming_the_chunk(server: FakeServer) -> None:
     server.push(Stream([oa_chunk({"content": "ok"}), b'data: {"choices": [ broken\n\n', OA_DONE]))
     with pytest.raises(ModelError, match="malformed JSON") as info:
-        collect(client(server), request())
+        collect_stream(client(server), hi_request())
     assert "broken" in str(info.value)
     assert info.value.retryable is False
     assert isinstance(info.value.__cause__, ValueError)
@@ -207,7 +164,7 @@ def test_malformed_json_chunk_raises_model_error_naming_the_chunk(server: FakeSe
 def test_stream_cut_mid_way_is_a_retryable_transport_error_never_a_reply(server: FakeServer) -> None:
     server.push(Stream([oa_chunk({"content": "partial"}), Cut()]))
     with pytest.raises(ModelError) as info:
-        collect(client(server), request())
+        collect_stream(client(server), hi_request())
     assert info.value.retryable is True
     assert error_kind(info.value) == "transport"
 
@@ -217,20 +174,20 @@ def test_close_delimited_body_ending_early_is_truncated(server: FakeServer) -> N
     # missing finish reason / [DONE] tells.
     server.push(Stream([oa_chunk({"content": "partial"})], chunked=False))
     with pytest.raises(ModelError, match="truncated") as info:
-        collect(client(server), request())
+        collect_stream(client(server), hi_request())
     assert info.value.retryable is True
 
 
 def test_finish_reason_without_done_is_still_complete(server: FakeServer) -> None:
     server.push(Stream([oa_chunk({"content": "ok"}), oa_chunk({}, "stop")], chunked=False))
-    _, resp = collect(client(server), request())
+    _, resp = collect_stream(client(server), hi_request())
     assert resp.message.text == "ok"
 
 
 def test_mid_stream_error_payload_raises(server: FakeServer) -> None:
     server.push(Stream([oa_chunk({"content": "x"}), sse({"error": {"message": "model crashed", "type": "server_error"}})]))
     with pytest.raises(ModelError, match="model crashed") as info:
-        collect(client(server), request())
+        collect_stream(client(server), hi_request())
     assert info.value.retryable is True
 
 
@@ -239,7 +196,7 @@ def test_401_makes_one_request_and_keeps_the_key_out_of_the_error(server: FakeSe
     server.push(Reply(401, body))
     c = client(server)
     with pytest.raises(ModelError) as info:
-        collect(c, request())
+        collect_stream(c, hi_request())
     err = info.value
     assert err.status == 401 and err.retryable is False
     assert "Incorrect API key" in str(err)
@@ -251,7 +208,7 @@ def test_401_makes_one_request_and_keeps_the_key_out_of_the_error(server: FakeSe
 def test_error_body_is_read_at_most_8_kib(server: FakeServer) -> None:
     server.push(Reply(500, b"E" * 100_000))
     with pytest.raises(ModelError) as info:
-        collect(client(server), request())
+        collect_stream(client(server), hi_request())
     assert info.value.status == 500 and info.value.retryable is True
     assert len(str(info.value)) < 9000
 
@@ -259,7 +216,7 @@ def test_error_body_is_read_at_most_8_kib(server: FakeServer) -> None:
 def test_rate_limit_error_carries_retry_after(server: FakeServer) -> None:
     server.push(Reply(429, {"error": {"message": "slow down"}}, {"retry-after": "7"}))
     with pytest.raises(ModelError) as info:
-        collect(client(server), request())
+        collect_stream(client(server), hi_request())
     assert info.value.status == 429
     assert info.value.retry_after == 7.0
     assert error_kind(info.value) == "rate_limit"
@@ -277,7 +234,7 @@ def test_golden_request_body_system_tools_and_multi_turn_tool_results(server: Fa
         Message.from_tool_results([ToolResultPart("call_3", "grep", "", False)]),
         Message.system("Context note."),
     ]
-    collect(client(server), ModelRequest(history, "You are terse.", TOOLS))
+    collect_stream(client(server), ModelRequest(history, "You are terse.", TOOL_SCHEMAS))
     assert server.requests[0].json == {
         "model": "gpt-test",
         "messages": [
@@ -297,9 +254,9 @@ def test_golden_request_body_system_tools_and_multi_turn_tool_results(server: Fa
         ],
         "tools": [
             {"type": "function", "function": {"name": "read_file", "description": "Read a file.",
-                                              "parameters": TOOLS[0].input_schema}},
+                                              "parameters": TOOL_SCHEMAS[0].input_schema}},
             {"type": "function", "function": {"name": "grep", "description": "Search.",
-                                              "parameters": TOOLS[1].input_schema}},
+                                              "parameters": TOOL_SCHEMAS[1].input_schema}},
         ],
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -311,7 +268,7 @@ def test_request_options_reach_the_body(server: FakeServer) -> None:
     schema = {"title": "Answer", "type": "object", "properties": {"a": {"type": "integer"}}}
     opts = RequestOptions(model="gpt-other", max_tokens=50, temperature=0.2, tool_choice="grep",
                           response_format=schema, extra_body={"seed": 7, "top_k": 3})
-    collect(client(server), request(tools=TOOLS, options=opts))
+    collect_stream(client(server), hi_request(tools=TOOL_SCHEMAS, options=opts))
     body = server.requests[0].json
     assert body["model"] == "gpt-other"
     assert body["max_tokens"] == 50 and body["temperature"] == 0.2
@@ -334,13 +291,13 @@ def test_option_the_client_cannot_honour_raises_config_error_before_any_request(
     server: FakeServer, opts: RequestOptions, needle: str
 ) -> None:
     with pytest.raises(ConfigError, match=needle):
-        client(server).stream(request(options=opts))
+        client(server).stream(hi_request(options=opts))
     assert server.requests == []
 
 
 def test_complete_non_streaming_with_tool_calls(server: FakeServer) -> None:
     server.push(Reply(200, openai_completion("Sure.", tool_calls=[("c9", "grep", '{"pattern": "q"}')])))
-    resp = client(server).complete(request(tools=TOOLS))
+    resp = client(server).complete(hi_request(tools=TOOL_SCHEMAS))
     assert resp.message.text == "Sure."
     assert resp.message.tool_calls == [ToolCallPart("c9", "grep", {"pattern": "q"})]
     assert resp.stop_reason is StopReason.TOOL_CALL
@@ -350,7 +307,7 @@ def test_complete_non_streaming_with_tool_calls(server: FakeServer) -> None:
 
 def test_server_answering_json_to_a_stream_request_still_works(server: FakeServer) -> None:
     server.push(Reply(200, openai_completion("whole reply")))
-    _, resp = collect(client(server), request())
+    _, resp = collect_stream(client(server), hi_request())
     assert resp.message.text == "whole reply"
 
 
@@ -358,9 +315,9 @@ def test_connection_is_reused_across_requests(server: FakeServer) -> None:
     c = client(server)
     for _ in range(3):
         server.push(Stream(openai_stream("x")))
-        collect(c, request())
+        collect_stream(c, hi_request())
     server.push(Reply(200, openai_completion("y")))
-    c.complete(request())
+    c.complete(hi_request())
     assert server.total_connections == 1
 
 
@@ -370,10 +327,10 @@ def test_env_key_and_base_url_and_no_auth_header_without_key(
     monkeypatch.setenv("OPENAI_BASE_URL", server.openai_url)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-from-env-0000000000")
     server.push(Stream(openai_stream("a")), Stream(openai_stream("b")))
-    collect(OpenAIClient("m"), request())
+    collect_stream(OpenAIClient("m"), hi_request())
     assert server.requests[0].headers["authorization"] == "Bearer sk-from-env-0000000000"
     monkeypatch.delenv("OPENAI_API_KEY")
-    collect(OpenAIClient("m"), request())
+    collect_stream(OpenAIClient("m"), hi_request())
     assert "authorization" not in server.requests[1].headers
 
 
@@ -381,8 +338,8 @@ def test_set_model_and_per_request_override(server: FakeServer) -> None:
     c = client(server)
     assert c.set_model("gpt-b") is True and c.model == "gpt-b"
     server.push(Stream(openai_stream("a")), Stream(openai_stream("b")))
-    collect(c, request())
-    collect(c, request(options=RequestOptions(model="gpt-routed")))
+    collect_stream(c, hi_request())
+    collect_stream(c, hi_request(options=RequestOptions(model="gpt-routed")))
     assert [r.json["model"] for r in server.requests] == ["gpt-b", "gpt-routed"]
     assert c.model == "gpt-b"  # the override never mutates the client
 
@@ -392,6 +349,6 @@ def test_connection_refused_is_a_retryable_transport_error() -> None:
         url = s.openai_url
     c = OpenAIClient("m", api_key=KEY, base_url=url)
     with pytest.raises(ModelError) as info:
-        collect(c, request())
+        collect_stream(c, hi_request())
     assert info.value.retryable is True and error_kind(info.value) == "transport"
     assert KEY not in str(info.value)

@@ -11,35 +11,19 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-import pytest
-
-try:
-    from tests.fakeserver import (
-        FakeServer,
-        Hang,
-        Reply,
-        Stall,
-        Stream,
-        anthropic_stream,
-        oa_chunk,
-        open_fds,
-        openai_stream,
-    )
-except ImportError:  # tests/ itself on sys.path
-    from fakeserver import (  # type: ignore[no-redef]
-        FakeServer,
-        Hang,
-        Reply,
-        Stall,
-        Stream,
-        anthropic_stream,
-        oa_chunk,
-        open_fds,
-        openai_stream,
-    )
+from fakeserver import (
+    FakeServer,
+    Hang,
+    Reply,
+    Stall,
+    Stream,
+    anthropic_stream,
+    oa_chunk,
+    open_fds,
+    openai_stream,
+)
 
 from loopctl import (
     BareLoop,
@@ -58,12 +42,6 @@ from loopctl.providers.stream_handler import cancellable_complete
 
 BOUND = 1.0  # seconds; the contract is 100 ms, this leaves room for a loaded CI machine
 REQ = ModelRequest([Message.user("hi")], "sys")
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer() as s:
-        yield s
 
 
 def oa(server: FakeServer) -> OpenAIClient:

@@ -5,35 +5,20 @@ from __future__ import annotations
 import email.utils
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any, Optional
 
 import pytest
-
-try:
-    from tests.fakeserver import (
-        Cut,
-        FakeServer,
-        Hang,
-        Reply,
-        Stall,
-        Stream,
-        oa_chunk,
-        openai_completion,
-        openai_stream,
-    )
-except ImportError:  # tests/ itself on sys.path
-    from fakeserver import (  # type: ignore[no-redef]
-        Cut,
-        FakeServer,
-        Hang,
-        Reply,
-        Stall,
-        Stream,
-        oa_chunk,
-        openai_completion,
-        openai_stream,
-    )
+from fakeserver import (
+    Cut,
+    FakeServer,
+    Hang,
+    Reply,
+    Stall,
+    Stream,
+    oa_chunk,
+    openai_completion,
+    openai_stream,
+)
 
 from loopctl.errors import Cancelled, ConfigError, ModelError, RateLimitEscalation
 from loopctl.messages import Message, ModelRequest, ModelResponse
@@ -75,12 +60,6 @@ class RecordingCancel:
 
 
 FAST = dict(base_delay=0.01, max_delay=1.0, jitter=0.0, rate_limit_delay=0.5, rate_limit_max_delay=60.0)
-
-
-@pytest.fixture
-def server() -> Iterator[FakeServer]:
-    with FakeServer() as s:
-        yield s
 
 
 def client(server: FakeServer) -> OpenAIClient:

@@ -15,11 +15,7 @@ import threading
 from typing import Any, Callable, Optional
 
 import pytest
-
-try:
-    from tests.fakeserver import FakeServer, Stream, openai_stream
-except ImportError:  # tests/ itself on sys.path
-    from fakeserver import FakeServer, Stream, openai_stream  # type: ignore[no-redef]
+from fakeserver import FakeServer, Stream, openai_stream
 
 from loopctl import BareLoop, ConfigError, ModelError
 from loopctl.fallback import FallbackManager
