@@ -6,11 +6,11 @@ which is also a ``ValueError``.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import attrs
 import pytest
+from support import via_json
 
 from loopctl.config import ParallelDispatch, RunConfig, SessionConfig
 from loopctl.errors import ConfigError, LoopError
@@ -123,10 +123,6 @@ def test_run_config_parallel_accepts_a_mode_name_or_a_dict() -> None:
 
 
 # -- round trips -------------------------------------------------------------------------
-
-
-def via_json(data: Any) -> Any:
-    return json.loads(json.dumps(data))
 
 
 @pytest.mark.parametrize(

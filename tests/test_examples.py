@@ -19,12 +19,12 @@ from types import ModuleType
 from typing import Any, Callable
 
 import pytest
+from support import GatedAdd
 
 from loopctl import BareLoop
-from loopctl.demo_tools import AddTool, LookupTool, MultiplyTool
+from loopctl.demo_tools import LookupTool, MultiplyTool
 from loopctl.providers.offline import OfflineModel
 from loopctl.registry import RunRegistry
-from loopctl.tools.base import ToolContext
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -87,23 +87,13 @@ class Web:
         self.post, self.get, self.stream = post, get, stream
 
 
-class _GatedAdd(AddTool):
-    def __init__(self, gate: threading.Event) -> None:
-        super().__init__()
-        self.gate = gate
-
-    def call(self, input: Any, ctx: ToolContext) -> str:
-        assert self.gate.wait(10)
-        return super().call(input, ctx)
-
-
 @pytest.fixture
 def gate() -> threading.Event:
     return threading.Event()
 
 
 def _factory(gate: threading.Event) -> Callable[[], BareLoop]:
-    return lambda: BareLoop(OfflineModel(), [_GatedAdd(gate), MultiplyTool(delay=60), LookupTool()])
+    return lambda: BareLoop(OfflineModel(), [GatedAdd(gate), MultiplyTool(delay=60), LookupTool()])
 
 
 @pytest.fixture

@@ -6,13 +6,13 @@ dict that is not JSON-safe fails here, not in a Celery worker.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import via_json
 
 from loopctl.messages import (
     Message,
@@ -30,11 +30,6 @@ from loopctl.messages import (
     part_from_dict,
     part_to_dict,
 )
-
-
-def via_json(data: Any) -> Any:
-    return json.loads(json.dumps(data))
-
 
 # -- Role and StopReason ----------------------------------------------------------------
 

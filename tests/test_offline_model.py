@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import GatedAdd
 
 from loopctl import BareLoop, Cancelled, Message, ModelRequest, RequestOptions, StopReason
 from loopctl.demo_tools import AddTool, LookupTool, MultiplyTool, demo_tools
@@ -156,18 +157,6 @@ def test_cancel_during_a_delayed_stream_ends_the_run() -> None:
             handle.result(timeout=10)
 
 
-class _GatedAdd(AddTool):
-    """An add that waits until the test has pushed its guidance."""
-
-    def __init__(self, gate: threading.Event) -> None:
-        super().__init__()
-        self.gate = gate
-
-    def call(self, input: Any, ctx: ToolContext) -> str:
-        assert self.gate.wait(10)
-        return super().call(input, ctx)
-
-
 def _steered_run(question: str, guidance: str) -> tuple[Any, list[SteeringDelivered]]:
     gate = threading.Event()
     delivered: list[SteeringDelivered] = []
@@ -181,7 +170,7 @@ def _steered_run(question: str, guidance: str) -> tuple[Any, list[SteeringDelive
         def on_steering(self, event: SteeringDelivered) -> None:
             delivered.append(event)
 
-    with BareLoop(OfflineModel(), [_GatedAdd(gate), MultiplyTool(), LookupTool()]) as loop:
+    with BareLoop(OfflineModel(), [GatedAdd(gate), MultiplyTool(), LookupTool()]) as loop:
         loop.register_observer(Watch())
         run = loop.run(question)
     return run, delivered

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import pytest
+from support import via_json
 
 from loopctl.config import ParallelDispatch, RunConfig
 from loopctl.errors import (
@@ -21,10 +21,6 @@ from loopctl.errors import (
 )
 from loopctl.messages import StopReason, ToolCallPart
 from loopctl.records import Run, Session, Turn
-
-
-def via_json(data: Any) -> Any:
-    return json.loads(json.dumps(data))
 
 
 def two_turn_run() -> Run:

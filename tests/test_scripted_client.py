@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 import pytest
+from support import Echo
 
 from loopctl import (
     BareLoop,
@@ -33,7 +34,6 @@ from loopctl.providers.base import (
     StreamAccumulator,
 )
 from loopctl.testing import ScriptedClient, call, calls, reply
-from loopctl.tools import Tool, ToolContext
 
 WAIT = 10.0
 
@@ -244,14 +244,6 @@ def test_concurrent_callers_each_take_a_distinct_item() -> None:
 
 
 # -- through a loop ---------------------------------------------------------------------------------
-
-
-class Echo(Tool):
-    name = "echo"
-    description = "Echo."
-
-    def call(self, input: Any, ctx: ToolContext) -> str:
-        return f"echo:{input.get('x')}"
 
 
 @pytest.mark.parametrize("streaming", [True, False], ids=["streaming", "non_streaming"])

@@ -7,13 +7,13 @@ that is not JSON-safe fails here. Events are generated for every type in
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict
 
 import attrs
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import via_json
 
 from loopctl import (
     Cancelled,
@@ -55,11 +55,6 @@ from loopctl.serialization import (
     loads,
     status_from_dict,
 )
-
-
-def via_json(data: Any) -> Any:
-    return json.loads(json.dumps(data))
-
 
 text = st.text(max_size=20)
 json_scalar = st.one_of(st.none(), st.booleans(), st.integers(-1000, 1000), text)

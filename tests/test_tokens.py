@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 import pytest
+from support import CountingCounter
 
 from loopctl import BareLoop, SessionConfig
 from loopctl.context import (
@@ -56,16 +57,6 @@ def test_presets() -> None:
 def test_counter_validates(kwargs: dict[str, Any], bad: str) -> None:
     with pytest.raises(ConfigError, match=bad):
         HeuristicTokenCounter(**kwargs)
-
-
-class CountingCounter(HeuristicTokenCounter):
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    def count_message(self, message: Message) -> int:
-        self.calls += 1
-        return super().count_message(message)
 
 
 def test_meter_counts_only_new_messages() -> None:
