@@ -93,6 +93,16 @@ def wait_blocked_in_recv(match: Callable[[threading.Thread], bool], timeout: flo
     return False
 
 
+def start_blocked(server: FakeServer, fn: Callable[[], Any], stalls: int = 1) -> Reader:
+    """Run ``fn`` on a ``Reader`` and return once it is stuck: the server has
+    reached its ``stalls``-th stall and the reader sits in a socket read."""
+    reader = Reader(fn)
+    reader.start()
+    assert server.wait_stalls(stalls), "the server never reached the stall"
+    assert wait_blocked_in_recv(lambda t: t is reader), "the reader never blocked on its socket"
+    return reader
+
+
 def test_close_from_another_thread_unblocks_a_stalled_stream_50_times_without_leaks(server: FakeServer) -> None:
     c = oa(server)
     handler = StreamHandler(base_delay=0.01, jitter=0.0)
@@ -106,10 +116,7 @@ def test_close_from_another_thread_unblocks_a_stalled_stream_50_times_without_le
         cancel = CancelSignal()
         turn = handler.stream_turn(c, REQ, cancel)
         cancel.add_listener(turn.close)
-        reader = Reader(lambda turn=turn: consume(turn))  # type: ignore[misc]
-        reader.start()
-        assert server.wait_stalls(i + 1), "the server never reached the stall"
-        assert wait_blocked_in_recv(lambda t, r=reader: t is r), "the reader never blocked on its socket"
+        reader = start_blocked(server, lambda turn=turn: consume(turn), stalls=i + 1)  # type: ignore[misc]
         t0 = time.monotonic()
         cancel.cancel("test")
         reader.join(BOUND)
@@ -127,10 +134,7 @@ def test_close_from_another_thread_unblocks_a_stalled_stream_50_times_without_le
 def test_close_while_waiting_for_response_headers(server: FakeServer) -> None:
     server.push(Hang())
     stream = oa(server).stream(REQ)
-    reader = Reader(lambda: consume(stream))
-    reader.start()
-    assert server.wait_stalls(1)
-    assert wait_blocked_in_recv(lambda t: t is reader)
+    reader = start_blocked(server, lambda: consume(stream))
     t0 = time.monotonic()
     stream.close()
     reader.join(BOUND)
@@ -191,10 +195,7 @@ def test_cancel_during_the_non_streaming_rescue(server: FakeServer) -> None:
     handler = StreamHandler(event_timeout=0.1, max_retries=0, jitter=0.0)
     turn = handler.stream_turn(oa(server), REQ, cancel)
     cancel.add_listener(turn.close)
-    reader = Reader(lambda: consume(turn))
-    reader.start()
-    assert server.wait_stalls(2)  # the stream stalled, timed out, and the rescue hangs
-    assert wait_blocked_in_recv(lambda t: t is reader)
+    reader = start_blocked(server, lambda: consume(turn), stalls=2)  # stalled, timed out, the rescue hangs
     t0 = time.monotonic()
     cancel.cancel()
     reader.join(BOUND)
@@ -206,10 +207,7 @@ def test_cancel_during_the_non_streaming_rescue(server: FakeServer) -> None:
 def test_cancellable_complete_returns_cancelled_from_a_hung_call(server: FakeServer) -> None:
     server.push(Hang())
     cancel = CancelSignal()
-    reader = Reader(lambda: cancellable_complete(oa(server), REQ, cancel))
-    reader.start()
-    assert server.wait_stalls(1)
-    assert wait_blocked_in_recv(lambda t: t is reader)
+    reader = start_blocked(server, lambda: cancellable_complete(oa(server), REQ, cancel))
     t0 = time.monotonic()
     cancel.cancel()
     reader.join(BOUND)
