@@ -35,6 +35,8 @@ from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from run_all import report as result_line  # noqa: E402
+
 from loopctl import BareLoop, Cancelled, ModelError, StopReason, Tool  # noqa: E402
 from loopctl.driver.signals import CancelSignal  # noqa: E402
 from loopctl.messages import ModelRequest, ModelResponse  # noqa: E402
@@ -48,22 +50,19 @@ from loopctl.providers.base import (  # noqa: E402
     PartStop,
 )
 from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
-from run_all import report as result_line  # noqa: E402
+from tests.support import WAIT, Gate, join_run_threads  # noqa: E402
 
 N = 200
-WAIT = 10.0
 
 
-class Window:
-    """This iteration's gate: the blocked code enters, and is released after the cancel."""
+class Window(Gate):
+    """This iteration's gate: the blocked code enters, and is released after the cancel.
+
+    Not strict: a release that never comes leaves the abandoned run thread be.
+    """
 
     def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def block(self) -> None:
-        self.entered.set()
-        self.release.wait(WAIT)
+        super().__init__(strict=False)
 
 
 class Canceller:
@@ -99,12 +98,6 @@ class Canceller:
         self.thread.join(WAIT)
 
 
-def join_body(run_id: str) -> None:
-    for t in threading.enumerate():
-        if t.name.startswith(f"loopctl-run-{run_id[:12]}"):
-            t.join(WAIT)
-
-
 def measure(loop: BareLoop, make_window: Callable[[], Window], input: str = "go") -> list[float]:
     """N cancels: latency (µs) from cancel() to run() returning."""
     canceller = Canceller(loop)
@@ -121,7 +114,7 @@ def measure(loop: BareLoop, make_window: Callable[[], Window], input: str = "go"
                 run_id = exc.run.id
             out.append((returned - canceller.stamps[-1]) * 1e6)
             window.release.set()
-            join_body(run_id)
+            join_run_threads(run_id, check=False)
     finally:
         canceller.close()
     return out
@@ -139,7 +132,7 @@ class BlockingModel:
         self.window = Window()
 
     def complete(self, request: ModelRequest) -> ModelResponse:
-        self.window.block()
+        self.window.pass_through()
         return reply("late")
 
     def stream(self, request: ModelRequest) -> IteratorStream:
@@ -149,7 +142,7 @@ class BlockingModel:
             yield MessageStart(model="blocking")
             yield PartStart(0, "text")
             yield PartDelta(0, "text", "partial")
-            window.block()  # the read is stuck; close() does not help
+            window.pass_through()  # the read is stuck; close() does not help
             yield PartStop(0)
             yield MessageDelta(stop_reason=StopReason.END_TURN)
             yield MessageStop()
@@ -177,7 +170,7 @@ class StuckTool(Tool):
         self.window = Window()
 
     def call(self, input: Any, ctx: Any) -> str:
-        self.window.block()
+        self.window.pass_through()
         return "late"
 
 

@@ -34,9 +34,10 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from run_all import report  # noqa: E402
+
 from loopctl import BareLoop, Message, ModelRequest, RunConfig, Tool, ToolResultPart  # noqa: E402
 from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
-from run_all import report  # noqa: E402
 
 SIZES = (50, 200, 1000)
 REPEATS = 9
