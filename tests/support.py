@@ -19,6 +19,7 @@ import json
 import threading
 import time
 from collections.abc import Iterable
+from functools import partial
 from typing import Any, Callable, Optional
 
 from loopctl.context.tokens import HeuristicTokenCounter
@@ -218,6 +219,33 @@ class FakeClock:
 
 
 # -- threads ----------------------------------------------------------------------------
+
+
+def run_in_thread(fn: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
+    """Start ``fn`` on a new thread: (the thread, the list that will hold what it raised).
+
+    The caller joins the thread and checks the list.
+    """
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # surfaced by the caller
+            errors.append(exc)
+
+    t = threading.Thread(target=target)
+    t.start()
+    return t, errors
+
+
+def run_in_threads(fn: Callable[..., None], args: Iterable[tuple[Any, ...]]) -> list[BaseException]:
+    """Run ``fn(*a)`` on one thread for each ``a`` in ``args``, all at once; join every one
+    (no timeout) and return what they raised."""
+    started = [run_in_thread(partial(fn, *a)) for a in args]
+    for t, _ in started:
+        t.join()
+    return [exc for _, errors in started for exc in errors]
 
 
 def join_threads(*prefixes: str, check: bool = True) -> None:

@@ -21,10 +21,10 @@ import threading
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-from support import WAIT, Echoed, GatedReply, texts
+from support import WAIT, Echoed, GatedReply, run_in_thread, texts
 
 from loopctl import BareLoop, Cancelled, LoopBusy, LoopError, ModelError
 from loopctl.messages import ModelRequest, ModelResponse
@@ -46,20 +46,6 @@ def spin(n: int) -> None:
     """Seeded jitter: burn ``n`` loop iterations (not a wait for anything)."""
     for _ in range(n):
         pass
-
-
-def run_in_thread(fn: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            fn()
-        except BaseException as exc:  # surfaced by the caller
-            errors.append(exc)
-
-    t = threading.Thread(target=target)
-    t.start()
-    return t, errors
 
 
 def check_ended_once(reg: RunRegistry, rid: str) -> list[dict[str, Any]]:

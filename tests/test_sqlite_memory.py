@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import pytest
+from support import run_in_threads
 
 from loopctl import BareLoop, RunConfig
 from loopctl.context import InMemoryStore, MemoryEntry, SqliteMemoryStore
@@ -117,24 +118,15 @@ def test_one_store_shared_by_many_threads(db: Path) -> None:
     s = SqliteMemoryStore(db)
     n, per = 8, 60
     barrier = threading.Barrier(n)
-    errors: list[BaseException] = []
 
     def work(k: int) -> None:
-        try:
-            barrier.wait()
-            for i in range(per):
-                s.store(MemoryEntry(f"thread{k} note{i} common"))
-                if i % 5 == 0:
-                    s.retrieve("common", 3)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
+        barrier.wait()
+        for i in range(per):
+            s.store(MemoryEntry(f"thread{k} note{i} common"))
+            if i % 5 == 0:
+                s.retrieve("common", 3)
 
-    ts = [threading.Thread(target=work, args=(k,)) for k in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert errors == []
+    assert run_in_threads(work, [(k,) for k in range(n)]) == []
     assert len(s) == n * per
     assert len(s.retrieve("thread5", 1000)) == per
     s.close()
@@ -143,24 +135,15 @@ def test_one_store_shared_by_many_threads(db: Path) -> None:
 def test_many_stores_on_one_file_from_many_threads(db: Path) -> None:
     n, per = 6, 40
     barrier = threading.Barrier(n)
-    errors: list[BaseException] = []
 
     def work(k: int) -> None:
-        try:
-            barrier.wait()  # open and create the schema at the same moment
-            with SqliteMemoryStore(db) as own:
-                for i in range(per):
-                    own.store(MemoryEntry(f"writer{k} entry{i}"))
-                    own.retrieve(f"writer{(k + 1) % n}", 2)
-        except BaseException as exc:
-            errors.append(exc)
+        barrier.wait()  # open and create the schema at the same moment
+        with SqliteMemoryStore(db) as own:
+            for i in range(per):
+                own.store(MemoryEntry(f"writer{k} entry{i}"))
+                own.retrieve(f"writer{(k + 1) % n}", 2)
 
-    ts = [threading.Thread(target=work, args=(k,)) for k in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    assert errors == []
+    assert run_in_threads(work, [(k,) for k in range(n)]) == []
     with SqliteMemoryStore(db) as s:
         assert len(s) == n * per
 
@@ -186,34 +169,24 @@ def test_two_loops_on_two_threads_share_one_file(db: Path) -> None:
     rounds = 10
     written = threading.Barrier(2)
     results: dict[str, list[str]] = {}
-    errors: list[BaseException] = []
 
     def agent(name: str, other: str) -> None:
-        try:
-            store = SqliteMemoryStore(db)
-            script: list[Any] = []
-            for i in range(rounds):
-                script += [call("remember", fact=f"{name} fact number {i}"), reply("ok")]
-            script.append(reply("read done"))
-            client = ScriptedClient(script)
-            loop = BareLoop(client, [Remember(store)]).with_memory(store)
-            for i in range(rounds):
-                loop.run(f"note {i}", RunConfig(memory_top_k=0))
-            written.wait(30)
-            loop.run(f"what did {other} write", RunConfig(memory_top_k=50))
-            results[name] = [m.text for m in client.requests[-1].messages if m.text.startswith(MEMORY_PREFIX)]
-            loop.close()
-            store.close()
-        except BaseException as exc:
-            errors.append(exc)
+        store = SqliteMemoryStore(db)
+        script: list[Any] = []
+        for i in range(rounds):
+            script += [call("remember", fact=f"{name} fact number {i}"), reply("ok")]
+        script.append(reply("read done"))
+        client = ScriptedClient(script)
+        loop = BareLoop(client, [Remember(store)]).with_memory(store)
+        for i in range(rounds):
+            loop.run(f"note {i}", RunConfig(memory_top_k=0))
+        written.wait(30)
+        loop.run(f"what did {other} write", RunConfig(memory_top_k=50))
+        results[name] = [m.text for m in client.requests[-1].messages if m.text.startswith(MEMORY_PREFIX)]
+        loop.close()
+        store.close()
 
-    ta = threading.Thread(target=agent, args=("alpha", "beta"))
-    tb = threading.Thread(target=agent, args=("beta", "alpha"))
-    ta.start()
-    tb.start()
-    ta.join()
-    tb.join()
-    assert errors == []
+    assert run_in_threads(agent, [("alpha", "beta"), ("beta", "alpha")]) == []
     for name, other in (("alpha", "beta"), ("beta", "alpha")):
         (mem,) = results[name]
         for i in range(rounds):
