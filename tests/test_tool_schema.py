@@ -37,6 +37,18 @@ class Point:
     y: float = 0.0
 
 
+POINT_SCHEMA = {  # the golden schema of ``Point``
+    "type": "object",
+    "description": "A point on the plane.",
+    "properties": {
+        "x": {"type": "integer", "description": "horizontal position."},
+        "y": {"type": "number", "description": "vertical position.", "default": 0.0},
+    },
+    "required": ["x"],
+    "additionalProperties": False,
+}
+
+
 @attrs.define
 class Shape:
     """A named polygon."""
@@ -97,16 +109,7 @@ def prop(annotation: Any, **options: Any) -> dict[str, Any]:
         (typing.Annotated[int, "how many"], {"type": "integer", "description": "how many"}),
         (
             Point,
-            {
-                "type": "object",
-                "description": "A point on the plane.",
-                "properties": {
-                    "x": {"type": "integer", "description": "horizontal position."},
-                    "y": {"type": "number", "description": "vertical position.", "default": 0.0},
-                },
-                "required": ["x"],
-                "additionalProperties": False,
-            },
+            POINT_SCHEMA,
         ),
     ],
     ids=repr,
@@ -116,22 +119,12 @@ def test_annotation_maps_to_golden_schema(annotation: Any, expected: dict[str, A
 
 
 def test_nested_attrs_classes_compile_recursively() -> None:
-    point = {
-        "type": "object",
-        "description": "A point on the plane.",
-        "properties": {
-            "x": {"type": "integer", "description": "horizontal position."},
-            "y": {"type": "number", "description": "vertical position.", "default": 0.0},
-        },
-        "required": ["x"],
-        "additionalProperties": False,
-    }
     assert prop(Shape) == {
         "type": "object",
         "description": "A named polygon.",
         "properties": {
             "name": {"type": "string"},
-            "points": {"type": "array", "items": point},
+            "points": {"type": "array", "items": POINT_SCHEMA},
             "color": {
                 "anyOf": [{"type": "string", "enum": ["red", "green"]}, {"type": "null"}],
                 "default": None,
