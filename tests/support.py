@@ -67,6 +67,16 @@ class Gate:
         self.release.set()
 
 
+def gated(gate: Gate, response: ModelResponse) -> Callable[[ModelRequest], ModelResponse]:
+    """A ``ScriptedClient`` script item: the model call passes through ``gate``, then answers."""
+
+    def item(request: ModelRequest) -> ModelResponse:
+        gate.pass_through()
+        return response
+
+    return item
+
+
 class GatedReply:
     """A ``ScriptedClient`` script item: the model call blocks until released, then answers.
 

@@ -9,12 +9,11 @@ ahead of the conversation in one request only and are never persisted.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-from support import CountingCounter, Echo
+from support import CountingCounter, Echo, Gate, gated
 
 from loopctl import BareLoop, ConfigError, Message, RequestOptions, Role, RunConfig
 from loopctl.context.tokens import HeuristicTokenCounter
@@ -139,43 +138,32 @@ def test_temp_dir_setters_before_and_after_first_run(name: str, args: Any, tmp_p
 
 
 def test_setters_refused_while_the_first_run_is_in_flight() -> None:
-    entered, release = threading.Event(), threading.Event()
-
-    def blocked(request: ModelRequest) -> ModelResponse:
-        entered.set()
-        assert release.wait(WAIT)
-        return reply("done")
-
-    with BareLoop(ScriptedClient([blocked])) as loop:
+    gate = Gate()
+    with BareLoop(ScriptedClient([gated(gate, reply("done"))])) as loop:
         handle = loop.start("x")
-        assert entered.wait(WAIT)
+        gate.wait_entered()
         with pytest.raises(ConfigError):
             loop.set_turn_mode("non_streaming")
         with pytest.raises(ConfigError):
             loop.add_contributor(Contributor("late"))
-        release.set()
+        gate.open()
         handle.result(WAIT)
 
 
 def test_register_observer_between_runs_but_not_during() -> None:
-    entered, release = threading.Event(), threading.Event()
+    gate = Gate()
     got: list[Event] = []
-
-    def blocked(request: ModelRequest) -> ModelResponse:
-        entered.set()
-        assert release.wait(WAIT)
-        return reply("blocked one")
-
-    with BareLoop(ScriptedClient([reply("first answer"), blocked, reply("third")])) as loop:
+    script = [reply("first answer"), gated(gate, reply("blocked one")), reply("third")]
+    with BareLoop(ScriptedClient(script)) as loop:
         loop.run("one")
         assert loop.with_observer(CallbackObserver(got.append)) is loop  # between runs: fine
         handle = loop.start("two")
-        assert entered.wait(WAIT)
+        gate.wait_entered()
         with pytest.raises(ConfigError):
             loop.register_observer(CallbackObserver(got.append))
         with pytest.raises(ConfigError):
             loop.with_observer(CallbackObserver(got.append))
-        release.set()
+        gate.open()
         run2 = handle.result(WAIT)
         loop.register_observer(CallbackObserver(got.append))  # between runs again
         run3 = loop.run("three")

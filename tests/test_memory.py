@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 import pytest
+from support import run_in_threads
 
 from loopctl import BareLoop, RunConfig
 from loopctl.context import InMemoryStore, MemoryEntry
@@ -114,11 +115,7 @@ def test_concurrent_store_and_retrieve_lose_nothing() -> None:
             if i % 10 == 0:
                 assert len(s.retrieve("shared", 3)) == 3 or i == 0
 
-    threads = [threading.Thread(target=work, args=(k,)) for k in range(n_threads)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    assert run_in_threads(work, [(k,) for k in range(n_threads)]) == []
     assert len(s) == n_threads * per
     assert len(s.retrieve("worker3", 1000)) == per
 

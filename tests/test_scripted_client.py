@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 import pytest
-from support import Echo
+from support import Echo, Gate, gated
 
 from loopctl import (
     BareLoop,
@@ -202,20 +202,14 @@ def test_stream_close_stops_iteration() -> None:
 
 
 def test_a_callable_may_block_on_an_event_until_released() -> None:
-    entered, release = threading.Event(), threading.Event()
-
-    def gated(request: ModelRequest) -> ModelResponse:
-        entered.set()
-        assert release.wait(WAIT)
-        return reply("released")
-
-    client = ScriptedClient([gated])
+    gate = Gate()
+    client = ScriptedClient([gated(gate, reply("released"))])
     box: dict[str, Any] = {}
     t = threading.Thread(target=lambda: box.setdefault("r", client.complete(req())), name="test-caller")
     t.start()
-    assert entered.wait(WAIT)
+    gate.wait_entered()
     assert "r" not in box and len(client.requests) == 1
-    release.set()
+    gate.open()
     t.join(WAIT)
     assert box["r"].message.text == "released"
 

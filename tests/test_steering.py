@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
-from support import WAIT, Gate, Recorder
+from support import WAIT, Gate, Recorder, gated
 
 from loopctl import (
     BareLoop,
@@ -54,16 +54,6 @@ class GatedTool(Tool):
         if n < len(self.gates):
             self.gates[n].pass_through()
         return f"result {n}"
-
-
-def gated(gate: Gate, response: ModelResponse) -> Callable[[ModelRequest], ModelResponse]:
-    """A script item: the model call passes through ``gate``, then answers."""
-
-    def item(request: ModelRequest) -> ModelResponse:
-        gate.pass_through()
-        return response
-
-    return item
 
 
 def gated_raise(gate: Gate, exc: BaseException) -> Callable[[ModelRequest], ModelResponse]:
