@@ -26,7 +26,16 @@ from loopctl.context.tokens import HeuristicTokenCounter
 from loopctl.demo_tools import AddTool
 from loopctl.errors import ModelError
 from loopctl.messages import Message, ModelRequest, ModelResponse, ToolSchema
-from loopctl.observers import EVENT_METHODS, Event, Observer, RunEnd
+from loopctl.observers import (
+    EVENT_METHODS,
+    Event,
+    Fallback,
+    ModelSwitched,
+    Observer,
+    RunEnd,
+    StreamFailure,
+    StreamSuccess,
+)
 from loopctl.providers.base import StreamAccumulator
 from loopctl.tools import Tool, ToolContext
 
@@ -123,7 +132,8 @@ class Recorder(Observer):
     ``events``, ``times`` (``time.perf_counter()`` at arrival) and ``threads``
     (the emitting thread's name) are parallel lists; ``run_ended`` is set by
     each ``RunEnd``. Read them under ``lock`` while a run may still emit, or
-    use the snapshot accessors, which do.
+    use the accessors, which do (the model ones tell the fallback / switch
+    story: who served, who failed, which switches happened).
     """
 
     def __init__(self) -> None:
@@ -168,6 +178,22 @@ class Recorder(Observer):
     def count(self, kind: type) -> int:
         """How many events so far are instances of ``kind``."""
         return len(self.of(kind))
+
+    def fallbacks(self) -> list[tuple[str, str]]:
+        """``(from_model, to_model)`` of each ``Fallback`` so far."""
+        return [(e.from_model, e.to_model) for e in self.of(Fallback)]
+
+    def switches(self) -> list[tuple[str, str]]:
+        """``(from_model, to_model)`` of each ``ModelSwitched`` so far."""
+        return [(e.from_model, e.to_model) for e in self.of(ModelSwitched)]
+
+    def served(self) -> list[str]:
+        """The model of each ``StreamSuccess`` so far (who served each call)."""
+        return [e.model for e in self.of(StreamSuccess)]
+
+    def failed(self) -> list[str]:
+        """The model of each ``StreamFailure`` so far."""
+        return [e.model for e in self.of(StreamFailure)]
 
 
 # -- tools and other fakes ---------------------------------------------------------------

@@ -24,17 +24,13 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import pytest
-import support
-from support import WAIT, FakeClock, join_threads
+from support import WAIT, FakeClock, Recorder, join_threads
 
 from loopctl import BareLoop, Cancelled, FallbackExhausted, ModelError, RateLimitEscalation
 from loopctl.fallback import FallbackManager
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.observers import (
-    Fallback,
-    ModelSwitched,
     RunEnd,
-    StreamFailure,
     StreamSuccess,
     TurnStart,
 )
@@ -43,22 +39,6 @@ from loopctl.testing import ScriptedClient, reply
 
 COOLDOWN = 60.0
 MODES = ["non_streaming", "streaming", "streaming_passthrough"]
-
-
-class Recorder(support.Recorder):
-    """Every event, in arrival order, read as the breaker's story."""
-
-    def fallbacks(self) -> list[tuple[str, str]]:
-        return [(e.from_model, e.to_model) for e in self.of(Fallback)]
-
-    def switches(self) -> list[tuple[str, str]]:
-        return [(e.from_model, e.to_model) for e in self.of(ModelSwitched)]
-
-    def served(self) -> list[str]:
-        return [e.model for e in self.of(StreamSuccess)]
-
-    def failed(self) -> list[str]:
-        return [e.model for e in self.of(StreamFailure)]
 
 
 class Hold:

@@ -16,38 +16,15 @@ from typing import Any, Callable, Optional
 
 import pytest
 from fakeserver import FakeServer, Stream, openai_stream
+from support import WAIT, Recorder
 
 from loopctl import BareLoop, ConfigError, ModelError
 from loopctl.fallback import FallbackManager
 from loopctl.messages import ModelRequest, ModelResponse
-from loopctl.observers import CallbackObserver, Event, ModelSwitched, StreamSuccess
+from loopctl.observers import ModelSwitched
 from loopctl.providers import OpenAIClient, StreamHandler
 from loopctl.testing import ScriptedClient, call, reply
 from loopctl.tools import Tool, ToolContext
-
-WAIT = 10.0
-
-
-class Recorder:
-    """Every event, in order (observers run on the run's thread or the caller's)."""
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, event: Event) -> None:
-        with self.lock:
-            self.events.append(event)
-
-    def of(self, kind: type) -> list[Any]:
-        with self.lock:
-            return [e for e in self.events if isinstance(e, kind)]
-
-    def switches(self) -> list[tuple[str, str]]:
-        return [(e.from_model, e.to_model) for e in self.of(ModelSwitched)]
-
-    def served(self) -> list[str]:
-        return [e.model for e in self.of(StreamSuccess)]
 
 
 class Provider:
@@ -86,7 +63,7 @@ def scripted(model: str = "alpha", down: tuple[str, ...] = (), n: int = 20) -> t
 
 def new_loop(client: Any, mode: str = "non_streaming") -> tuple[BareLoop, Recorder]:
     rec = Recorder()
-    loop = BareLoop(client).with_observer(CallbackObserver(rec))
+    loop = BareLoop(client).with_observer(rec)
     loop.set_turn_mode(mode)
     if mode == "streaming":
         loop.set_stream_handler(StreamHandler.passthrough())
@@ -242,7 +219,7 @@ def test_switching_while_a_run_is_in_flight_raises_and_changes_nothing(phase: st
     client = ScriptedClient(script, model="alpha")
     fb = FallbackManager("alpha", ["backup"])
     rec = Recorder()
-    loop = BareLoop(client, [tool]).with_observer(CallbackObserver(rec)).with_fallback(fb)
+    loop = BareLoop(client, [tool]).with_observer(rec).with_fallback(fb)
     with loop:
         handle = loop.start("in flight")
         gate_entered, gate_release = (entered, release) if phase == "model_call" else (tool.entered, tool.release)
