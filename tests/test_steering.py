@@ -328,24 +328,31 @@ def test_clear_drops_sealed_and_live(make_loop: Callable[..., BareLoop]) -> None
 # -- what a drain invalidates -----------------------------------------------------------
 
 
-class GatedMemory:
+class _NoMemory:
+    """A memory that remembers nothing (makes the loop gather transients)."""
+
+    def store(self, entry: Any) -> None:
+        pass
+
+    def retrieve(self, query: str, limit: int) -> list[Any]:
+        return []
+
+    def consolidate(self) -> None:
+        pass
+
+
+class GatedMemory(_NoMemory):
     """A memory store whose first lookup blocks on a gate (the preparation window)."""
 
     def __init__(self, gate: Gate) -> None:
         self.gate = gate
         self.lookups = 0
 
-    def store(self, entry: Any) -> None:
-        pass
-
     def retrieve(self, query: str, limit: int) -> list[Any]:
         self.lookups += 1
         if self.lookups == 1:
             self.gate.pass_through()
         return []
-
-    def consolidate(self) -> None:
-        pass
 
 
 class GatedContributor:
@@ -432,19 +439,6 @@ def test_push_landing_right_after_the_drain_is_still_in_the_request_being_prepar
     loop.run("hi")
     assert steering.accepted == [True]
     assert list(client.requests[0].messages) == [user("hi"), user("squeezed in")]
-
-
-class _NoMemory:
-    """A memory that remembers nothing (makes the loop gather transients)."""
-
-    def store(self, entry: Any) -> None:
-        pass
-
-    def retrieve(self, query: str, limit: int) -> list[Any]:
-        return []
-
-    def consolidate(self) -> None:
-        pass
 
 
 class RecordingManager:
