@@ -1,11 +1,14 @@
 """Scaffolding shared by the tests (and the cancel benchmark): gates, recorders, small fakes.
 
-What lives here is what several test files used to define for themselves,
-word for word: the gate that opens an exact window, the observer that keeps
-every event, the ``echo`` tool, thread joins, a settable clock, the model
-request and stream collector of the provider tests. Test files import it as
-``from support import ...`` (``tests/conftest.py`` puts this folder on
-``sys.path``); the benchmarks import it as ``tests.support``.
+What lives here is what several test files used to define for themselves:
+the gate that opens an exact window, the observer that keeps every event,
+the ``echo`` tool, thread starts and joins, a settable clock, the model
+request and stream collector of the provider tests. Where the copies
+differed, the difference is a parameter (``Gate(strict=...)``,
+``FakeClock(start)``) or a small subclass in the test file. Test files
+import it as ``from support import ...`` (``tests/conftest.py`` puts this
+folder on ``sys.path``); ``benchmarks/cancel_latency.py`` imports it as
+``tests.support``.
 
 Rules it keeps: it imports only the standard library and ``loopctl`` (no
 pytest, no fake server), so both import paths work anywhere; nothing here
