@@ -363,3 +363,56 @@ def test_cr_at_the_end_of_a_bulk_read_and_lf_at_the_start_of_the_next() -> None:
     assert decode_all(data, [cut]) == [SSEEvent("a")] * 20
     cut2 = cut + 2  # between the second CR and its LF
     assert decode_all(data, [cut2]) == [SSEEvent("a")] * 20
+
+
+# -- one event per read (the path a server flushing per event takes) --------------
+
+
+@st.composite
+def event_reads(draw: st.DrawFn) -> list[bytes]:
+    """Reads that each end with a blank line, as a per-event flush sends them."""
+    reads = [b"data: warm-up\n\n"]  # the decoder has started and holds nothing
+    for _ in range(draw(st.integers(1, 8))):
+        lines = draw(st.lists(_line, min_size=1, max_size=4))
+        endings = st.sampled_from(["\n", "\n", "\r\n", "\r"])
+        text = "".join(line + draw(endings) for line in lines) + draw(st.sampled_from(["\n", "\n", "\r\n", "\r"]))
+        reads.append(text.encode())
+    return reads
+
+
+@settings(max_examples=300, deadline=None)
+@given(event_reads())
+def test_reads_of_one_event_each_match_the_reference(reads: list[bytes]) -> None:
+    dec = SSEDecoder()
+    for k, read in enumerate(reads):
+        got = dec.feed(read)
+        # Each read's events come out of that read, none later.
+        assert got == reference(b"".join(reads[: k + 1]))[len(reference(b"".join(reads[:k]))):]
+
+
+def test_a_carried_partial_line_is_not_skipped_by_a_whole_event_read() -> None:
+    dec = SSEDecoder()
+    assert dec.feed(b"data: a\n\ndata: b") == [SSEEvent("a")]
+    assert dec.feed(b"data: x\n\n") == [SSEEvent("bdata: x")]
+    assert dec.feed(b"data: c\n\n") == [SSEEvent("c")]
+
+
+def test_one_event_reads_carry_the_last_id() -> None:
+    dec = SSEDecoder()
+    assert dec.feed(b"id: 5\ndata: a\n\n") == [SSEEvent("a", None, "5")]
+    assert dec.feed(b"data: b\n\n") == [SSEEvent("b", None, "5")]
+    assert dec.feed(b"event: e\ndata: c\n\n") == [SSEEvent("c", "e", "5")]
+
+
+def test_one_event_read_with_a_cr_inside_is_framed_by_the_rules() -> None:
+    dec = SSEDecoder()
+    dec.feed(b"data: warm-up\n\n")
+    assert dec.feed(b"data: a\rdata: b\n\n") == [SSEEvent("a\nb")]
+    assert dec.feed(b"event: e\rdata: c\n\n") == [SSEEvent("c", "e")]
+
+
+def test_one_event_read_over_the_limit_raises() -> None:
+    dec = SSEDecoder(max_line=1024)
+    dec.feed(b"data: warm-up\n\n")
+    with pytest.raises(ModelError, match="longer than 1024"):
+        dec.feed(b"data: " + b"x" * 1019 + b"\n\n")

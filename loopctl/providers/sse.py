@@ -71,6 +71,7 @@ class SSEDecoder:
         "_buf",
         "_data",
         "_event",
+        "_idle",
         "_names",
         "_retry",
         "_skip_lf",
@@ -89,6 +90,7 @@ class SSEDecoder:
         self._retry: Optional[int] = None
         self._skip_lf = False
         self._started = False
+        self._idle = False  # started, and nothing carried over: the one-event path may run
         self._cut_char = b""
         self._names: dict[str, str] = {}  # "event: x" line -> "x", for the fast path
 
@@ -100,13 +102,31 @@ class SSEDecoder:
         """
         if not chunk:
             return []
+        if self._idle:
+            # Nothing carried over: a read holding exactly one event (what a
+            # server flushing per event sends) is framed right here.
+            text, used = _utf8_decode(chunk, "replace", False)
+            if used == len(chunk) and text[-2:] == "\n\n" and "\r" not in text and len(text) <= self.max_line:
+                last = len(text) - 2
+                nl = text.find("\n")
+                if nl == last:
+                    if text[:6] == "data: ":
+                        return [_new_event(SSEEvent, (text[6:nl], None, self.last_event_id, None))]
+                elif text[:7] == "event: " and text.startswith("data: ", nl + 1) and text.find("\n", nl + 1) == last:
+                    return [_new_event(SSEEvent, (text[nl + 7 : last], text[7:nl], self.last_event_id, None))]
+            return self._frame(text, chunk[used:])
         if self._cut_char:  # the start of a character cut off by the last read
             chunk = self._cut_char + chunk
         text, used = _utf8_decode(chunk, "replace", False)
-        self._cut_char = chunk[used:] if used < len(chunk) else b""
+        return self._frame(text, chunk[used:])
+
+    def _frame(self, text: str, cut_char: bytes) -> list[SSEEvent]:
+        # The general path: any text, any state; leaves ``_idle`` up to date.
+        self._cut_char = cut_char
+        out: list[SSEEvent] = []
         if not self._started:
             if not text:
-                return []
+                return out
             self._started = True
             if text[0] == "\ufeff":
                 text = text[1:]
@@ -123,33 +143,23 @@ class SSEDecoder:
         cut = buf.rfind("\n") + 1  # the complete lines end here
         if len(buf) > self.max_line:
             self._check_lines(buf, cut)
-        if not cut:
-            self._buf = buf
-            return []
-        pending = self._data is not None or self._event is not None or self._retry is not None
-        if cut == len(buf) and not pending and buf[-2:] == "\n\n":
-            # A read holding exactly one event, the usual shape when the
-            # server flushes per event: "data: x" or "event: n" + "data: x".
-            nl = buf.find("\n")
-            if nl == cut - 2 and buf[:6] == "data: ":
-                self._buf = ""
-                return [_new_event(SSEEvent, (buf[6:nl], None, self.last_event_id, None))]
-            if buf[:7] == "event: " and buf.startswith("data: ", nl + 1) and buf.find("\n", nl + 1) == cut - 2:
-                self._buf = ""
-                return [_new_event(SSEEvent, (buf[nl + 7 : cut - 2], buf[7:nl], self.last_event_id, None))]
         self._buf = buf[cut:] if cut < len(buf) else ""
-        out: list[SSEEvent] = []
-        pos = 0
-        if pending:
-            pos = self._finish_open(buf, cut, out)
-        if pos < cut:
-            end = buf.rfind("\n\n", pos, cut)
-            if end >= 0:
-                self._whole_events(buf, pos, end, out)
-                pos = end + 2
+        if cut:
+            pos = 0
+            if self._data is not None or self._event is not None or self._retry is not None:
+                pos = self._finish_open(buf, cut, out)
             if pos < cut:
-                # Lines of an event whose blank line has not come yet.
-                self._lines(buf[pos : cut - 1].split("\n"), out)
+                end = buf.rfind("\n\n", pos, cut)
+                if end >= 0:
+                    self._whole_events(buf, pos, end, out)
+                    pos = end + 2
+                if pos < cut:
+                    # Lines of an event whose blank line has not come yet.
+                    self._lines(buf[pos : cut - 1].split("\n"), out)
+        self._idle = not (
+            self._buf or cut_char or self._skip_lf
+            or self._data is not None or self._event is not None or self._retry is not None
+        )
         return out
 
     def _check_lines(self, buf: str, cut: int) -> None:
@@ -160,6 +170,7 @@ class SSEDecoder:
             self._too_long(longest)
 
     def _too_long(self, length: int) -> None:
+        self._idle = False
         self._buf = ""
         self._data = self._event = self._retry = None
         raise ModelError(f"SSE line longer than {self.max_line} characters (got {length})")
