@@ -60,7 +60,9 @@ class SSEDecoder:
     whole run before they are trusted; anything else (comments, ``id:``,
     multi-line data, missing spaces, extra blank lines) goes through the
     line-by-line rules. The lines of an event not yet ended are kept as
-    state, never re-read.
+    state, never re-read. Before all that, a read holding exactly one event
+    while nothing is carried over (a server flushing each event) is framed
+    with a few checks.
 
     Args:
         max_line: the longest line accepted, in characters (1 MiB by
@@ -69,6 +71,7 @@ class SSEDecoder:
 
     __slots__ = (
         "_buf",
+        "_cut_char",
         "_data",
         "_event",
         "_idle",
@@ -76,7 +79,6 @@ class SSEDecoder:
         "_retry",
         "_skip_lf",
         "_started",
-        "_cut_char",
         "last_event_id",
         "max_line",
     )
