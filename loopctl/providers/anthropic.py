@@ -353,43 +353,15 @@ class AnthropicClient(HTTPClientBase):
             self._apply_options(body, opts, {t.name for t in tools})
         return body
 
-    def _apply_options(self, body: dict[str, Any], opts: Any, tool_names: set[str]) -> None:
-        if opts.max_tokens is not None:
-            if isinstance(opts.max_tokens, bool) or not isinstance(opts.max_tokens, int) or opts.max_tokens < 1:
-                raise ConfigError(f"RequestOptions.max_tokens must be an int >= 1, got {opts.max_tokens!r}")
-            body["max_tokens"] = opts.max_tokens
-        if opts.temperature is not None:
-            if isinstance(opts.temperature, bool) or not isinstance(opts.temperature, (int, float)):
-                raise ConfigError(f"RequestOptions.temperature must be a number, got {opts.temperature!r}")
-            body["temperature"] = opts.temperature
-        choice = opts.tool_choice
-        if choice is not None:
-            if not isinstance(choice, str) or not choice:
-                raise ConfigError(f"RequestOptions.tool_choice must be a non-empty str, got {choice!r}")
-            if choice == "auto":
-                body["tool_choice"] = {"type": "auto"}
-            elif choice == "none":
-                body["tool_choice"] = {"type": "none"}
-            elif choice == "required":
-                if not tool_names:
-                    raise ConfigError("RequestOptions.tool_choice 'required' needs at least one tool")
-                body["tool_choice"] = {"type": "any"}
-            elif choice in tool_names:
-                body["tool_choice"] = {"type": "tool", "name": choice}
-            else:
-                raise ConfigError(
-                    f"RequestOptions.tool_choice {choice!r} is neither auto/none/required "
-                    "nor the name of a tool in this request"
-                )
-        fmt = opts.response_format
-        if fmt is not None:
-            if not isinstance(fmt, Mapping):
-                raise ConfigError(f"RequestOptions.response_format must be a JSON Schema dict, got {fmt!r:.80}")
-            body["output_config"] = {"format": {"type": "json_schema", "schema": dict(fmt)}}
-        if opts.extra_body is not None:
-            if not isinstance(opts.extra_body, Mapping):
-                raise ConfigError(f"RequestOptions.extra_body must be a dict, got {opts.extra_body!r:.80}")
-            body.update(opts.extra_body)
+    def _native_tool_choice(self, choice: str) -> Any:
+        if choice in ("auto", "none"):
+            return {"type": choice}
+        if choice == "required":
+            return {"type": "any"}
+        return {"type": "tool", "name": choice}
+
+    def _native_response_format(self, fmt: Mapping[str, Any]) -> tuple[str, Any]:
+        return "output_config", {"format": {"type": "json_schema", "schema": dict(fmt)}}
 
     def _response_from_json(self, data: Any) -> ModelResponse:
         label = f"{self.provider} ({self._model})"

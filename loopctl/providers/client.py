@@ -313,6 +313,54 @@ class HTTPClientBase:
         raise NotImplementedError
 
     # -- the calls
+    def _apply_options(self, body: dict[str, Any], opts: Any, tool_names: set[str]) -> None:
+        """Validate ``RequestOptions`` and write them into ``body`` (never dropped).
+
+        Subclasses say how a tool choice and a response format look on their
+        wire (``_native_tool_choice``, ``_native_response_format``).
+
+        Raises:
+            ConfigError: an option value this client cannot honour.
+        """
+        if opts.max_tokens is not None:
+            if isinstance(opts.max_tokens, bool) or not isinstance(opts.max_tokens, int) or opts.max_tokens < 1:
+                raise ConfigError(f"RequestOptions.max_tokens must be an int >= 1, got {opts.max_tokens!r}")
+            body["max_tokens"] = opts.max_tokens
+        if opts.temperature is not None:
+            if isinstance(opts.temperature, bool) or not isinstance(opts.temperature, (int, float)):
+                raise ConfigError(f"RequestOptions.temperature must be a number, got {opts.temperature!r}")
+            body["temperature"] = opts.temperature
+        choice = opts.tool_choice
+        if choice is not None:
+            if not isinstance(choice, str) or not choice:
+                raise ConfigError(f"RequestOptions.tool_choice must be a non-empty str, got {choice!r}")
+            if choice == "required" and not tool_names:
+                raise ConfigError("RequestOptions.tool_choice 'required' needs at least one tool")
+            if choice not in ("auto", "none", "required") and choice not in tool_names:
+                raise ConfigError(
+                    f"RequestOptions.tool_choice {choice!r} is neither auto/none/required "
+                    "nor the name of a tool in this request"
+                )
+            body["tool_choice"] = self._native_tool_choice(choice)
+        fmt = opts.response_format
+        if fmt is not None:
+            if not isinstance(fmt, Mapping):
+                raise ConfigError(f"RequestOptions.response_format must be a JSON Schema dict, got {fmt!r:.80}")
+            key, value = self._native_response_format(fmt)
+            body[key] = value
+        if opts.extra_body is not None:
+            if not isinstance(opts.extra_body, Mapping):
+                raise ConfigError(f"RequestOptions.extra_body must be a dict, got {opts.extra_body!r:.80}")
+            body.update(opts.extra_body)
+
+    def _native_tool_choice(self, choice: str) -> Any:
+        """The wire form of a validated tool choice (auto/none/required or a tool name)."""
+        raise NotImplementedError
+
+    def _native_response_format(self, fmt: Mapping[str, Any]) -> tuple[str, Any]:
+        """The body key and wire form of a JSON Schema response format."""
+        raise NotImplementedError
+
     def _label(self, body: Mapping[str, Any]) -> str:
         return f"{self.provider} ({body.get('model', self._model)})"
 

@@ -21,7 +21,7 @@ from typing import Any, Optional, cast
 
 import requests
 
-from loopctl.errors import ConfigError, ModelError
+from loopctl.errors import ModelError
 from loopctl.messages import (
     Message,
     ModelRequest,
@@ -362,45 +362,18 @@ class OpenAIClient(HTTPClientBase):
             self._apply_options(body, opts, {t.name for t in tools})
         return body
 
-    def _apply_options(self, body: dict[str, Any], opts: Any, tool_names: set[str]) -> None:
-        if opts.max_tokens is not None:
-            if isinstance(opts.max_tokens, bool) or not isinstance(opts.max_tokens, int) or opts.max_tokens < 1:
-                raise ConfigError(f"RequestOptions.max_tokens must be an int >= 1, got {opts.max_tokens!r}")
-            body["max_tokens"] = opts.max_tokens
-        if opts.temperature is not None:
-            if isinstance(opts.temperature, bool) or not isinstance(opts.temperature, (int, float)):
-                raise ConfigError(f"RequestOptions.temperature must be a number, got {opts.temperature!r}")
-            body["temperature"] = opts.temperature
-        choice = opts.tool_choice
-        if choice is not None:
-            if not isinstance(choice, str) or not choice:
-                raise ConfigError(f"RequestOptions.tool_choice must be a non-empty str, got {choice!r}")
-            if choice in _TOOL_CHOICES:
-                if choice == "required" and not tool_names:
-                    raise ConfigError("RequestOptions.tool_choice 'required' needs at least one tool")
-                body["tool_choice"] = choice
-            elif choice in tool_names:
-                body["tool_choice"] = {"type": "function", "function": {"name": choice}}
-            else:
-                raise ConfigError(
-                    f"RequestOptions.tool_choice {choice!r} is neither auto/none/required "
-                    "nor the name of a tool in this request"
-                )
-        fmt = opts.response_format
-        if fmt is not None:
-            if not isinstance(fmt, Mapping):
-                raise ConfigError(f"RequestOptions.response_format must be a JSON Schema dict, got {fmt!r:.80}")
-            if fmt.get("type") in ("json_schema", "json_object", "text") and "properties" not in fmt:
-                body["response_format"] = dict(fmt)  # already the native shape
-            else:
-                body["response_format"] = {
-                    "type": "json_schema",
-                    "json_schema": {"name": _schema_name(fmt), "schema": dict(fmt), "strict": True},
-                }
-        if opts.extra_body is not None:
-            if not isinstance(opts.extra_body, Mapping):
-                raise ConfigError(f"RequestOptions.extra_body must be a dict, got {opts.extra_body!r:.80}")
-            body.update(opts.extra_body)
+    def _native_tool_choice(self, choice: str) -> Any:
+        if choice in _TOOL_CHOICES:
+            return choice
+        return {"type": "function", "function": {"name": choice}}
+
+    def _native_response_format(self, fmt: Mapping[str, Any]) -> tuple[str, Any]:
+        if fmt.get("type") in ("json_schema", "json_object", "text") and "properties" not in fmt:
+            return "response_format", dict(fmt)  # already the native shape
+        return "response_format", {
+            "type": "json_schema",
+            "json_schema": {"name": _schema_name(fmt), "schema": dict(fmt), "strict": True},
+        }
 
     def _response_from_json(self, data: Any) -> ModelResponse:
         label = f"{self.provider} ({self._model})"
