@@ -161,6 +161,14 @@ def test_malformed_json_chunk_raises_model_error_naming_the_chunk(server: FakeSe
     assert isinstance(info.value.__cause__, ValueError)
 
 
+def test_json_chunk_of_the_wrong_shape_raises_model_error_over_http(server: FakeServer) -> None:
+    server.push(Stream([oa_chunk({"content": "ok"}), b'data: {"choices": [{"delta": "x"}]}\n\n', OA_DONE]))
+    with pytest.raises(ModelError, match="unexpected stream chunk shape") as info:
+        collect_stream(client(server), hi_request())
+    assert info.value.retryable is False
+    assert isinstance(info.value.__cause__, AttributeError)
+
+
 def test_stream_cut_mid_way_is_a_retryable_transport_error_never_a_reply(server: FakeServer) -> None:
     server.push(Stream([oa_chunk({"content": "partial"}), Cut()]))
     with pytest.raises(ModelError) as info:

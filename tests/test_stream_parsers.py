@@ -1,4 +1,4 @@
-"""Provider stream parsers turn well-formed JSON of the wrong shape into ModelError."""
+"""At the parser boundary, well-formed JSON of the wrong shape becomes a ModelError."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 
 from loopctl.errors import ModelError
 from loopctl.providers.anthropic import AnthropicStreamParser
+from loopctl.providers.client import feed_checked
 from loopctl.providers.openai import OpenAIStreamParser
 from loopctl.providers.sse import SSEEvent
 
@@ -16,7 +17,7 @@ from loopctl.providers.sse import SSEEvent
 )
 def test_openai_chunk_of_the_wrong_shape_is_a_model_error(data: str) -> None:
     with pytest.raises(ModelError, match="unexpected stream chunk shape") as info:
-        OpenAIStreamParser("openai").feed(SSEEvent(data))
+        feed_checked(OpenAIStreamParser("openai"), SSEEvent(data), "openai")
     assert info.value.__cause__ is not None
 
 
@@ -31,4 +32,4 @@ def test_anthropic_event_of_the_wrong_shape_is_a_model_error(data: str) -> None:
     parser = AnthropicStreamParser("anthropic")
     parser.feed(SSEEvent('{"type": "message_start", "message": {"model": "m"}}', "message_start"))
     with pytest.raises(ModelError, match="unexpected stream chunk shape"):
-        parser.feed(SSEEvent(data, "content_block_delta"))
+        feed_checked(parser, SSEEvent(data, "content_block_delta"), "anthropic")

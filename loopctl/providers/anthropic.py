@@ -121,19 +121,7 @@ class AnthropicStreamParser:
         self._skip: set[int] = set()
 
     def feed(self, event: SSEEvent) -> list[StreamEvent]:
-        """Stream events for one SSE event.
-
-        Raises:
-            ModelError: a chunk that is not JSON, or JSON of the wrong shape.
-        """
-        try:
-            return self._feed(event)
-        except (AttributeError, TypeError, KeyError, IndexError) as exc:
-            raise model_error(
-                f"{self._label}: unexpected stream chunk shape: {event.data[:200]!r}", kind=PROTOCOL
-            ) from exc
-
-    def _feed(self, event: SSEEvent) -> list[StreamEvent]:
+        """Stream events for one SSE event (see ``feed_checked`` for shape errors)."""
         text = event.data
         try:  # the usual shape: one JSON document and nothing else
             data, end = _scan_json(text, 0)

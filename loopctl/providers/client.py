@@ -24,12 +24,14 @@ from loopctl.errors import Cancelled, ConfigError, ModelError
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.providers.base import StreamEvent, response_events
 from loopctl.providers.http import (
+    PROTOCOL,
     READ_SIZE,
     CallScope,
     Secret,
     Timeout,
     current_scope,
     make_session,
+    model_error,
     post,
     read_json,
     status_error,
@@ -55,6 +57,21 @@ class StreamParser(Protocol):
     def finish(self) -> list[StreamEvent]:
         """At end of body: closing events, or raise the truncation error."""
         ...
+
+
+def feed_checked(parser: StreamParser, event: SSEEvent, label: str) -> list[StreamEvent]:
+    """``parser.feed(event)``, with JSON of the wrong shape turned into ``ModelError``.
+
+    Parsers index into provider JSON freely; this is the one boundary where a
+    chunk of an unexpected shape becomes a protocol error instead of a bare
+    ``KeyError`` or ``AttributeError``.
+    """
+    try:
+        return parser.feed(event)
+    except (AttributeError, TypeError, KeyError, IndexError) as exc:
+        raise model_error(
+            f"{label}: unexpected stream chunk shape: {event.data[:200]!r}", kind=PROTOCOL
+        ) from exc
 
 
 class SSEStream:
@@ -193,7 +210,7 @@ class SSEStream:
                     complete = True
                     break
                 for sse in decoder.feed(chunk):
-                    evs = parser.feed(sse)
+                    evs = feed_checked(parser, sse, self._label)
                     if evs:
                         yield from evs
                     if parser.done:
@@ -204,7 +221,7 @@ class SSEStream:
             if self._closed:
                 return
             for sse in decoder.flush():
-                yield from parser.feed(sse)
+                yield from feed_checked(parser, sse, self._label)
                 if parser.done:
                     return
             yield from parser.finish()

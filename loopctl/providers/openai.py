@@ -135,19 +135,7 @@ class OpenAIStreamParser:
         self._open = []
 
     def feed(self, event: SSEEvent) -> list[StreamEvent]:
-        """Stream events for one SSE event.
-
-        Raises:
-            ModelError: a chunk that is not JSON, or JSON of the wrong shape.
-        """
-        try:
-            return self._feed(event)
-        except (AttributeError, TypeError, KeyError, IndexError) as exc:
-            raise model_error(
-                f"{self._label}: unexpected stream chunk shape: {event.data[:200]!r}", kind=PROTOCOL
-            ) from exc
-
-    def _feed(self, event: SSEEvent) -> list[StreamEvent]:
+        """Stream events for one SSE event (see ``feed_checked`` for shape errors)."""
         data = event.data
         if data == DONE:
             self.done = True
