@@ -47,12 +47,10 @@ from loopctl.tools.recovery import (
     Skip,
 )
 from loopctl.tools.registry import ToolRegistry
-from loopctl.tools.timeout import CallCancel
 
 __all__ = [
     "MAX_RETRIES",
     "AskUser",
-    "CallCancel",
     "Correction",
     "CorrectionKind",
     "DispatchContext",
