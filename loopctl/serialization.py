@@ -25,6 +25,10 @@ from loopctl.messages import (
     SCHEMA_VERSION,
     Message,
     StopReason,
+    TextPart,
+    ThinkingPart,
+    ToolCallPart,
+    ToolResultPart,
     Usage,
     part_from_dict,
     part_to_dict,
@@ -247,33 +251,27 @@ _KINDS: Dict[str, Tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
 }
 
 
+# Checked in order: the first type ``obj`` is an instance of names its kind.
+_TYPE_KINDS: Tuple[Tuple[Union[type, Tuple[type, ...]], str], ...] = (
+    (Message, "message"),
+    (Usage, "usage"),
+    (Turn, "turn"),
+    (Run, "run"),
+    (RunConfig, "run_config"),
+    (SessionConfig, "session_config"),
+    (ParallelDispatch, "parallel_dispatch"),
+    (Event, "event"),
+    (LoopError, "error"),
+    ((TextPart, ThinkingPart, ToolCallPart, ToolResultPart), "part"),
+)
+
+
 def _kind_of(obj: Any) -> str:
-    if isinstance(obj, Message):
-        return "message"
-    if isinstance(obj, Usage):
-        return "usage"
-    if isinstance(obj, Turn):
-        return "turn"
-    if isinstance(obj, Run):
-        return "run"
-    if isinstance(obj, RunConfig):
-        return "run_config"
-    if isinstance(obj, SessionConfig):
-        return "session_config"
-    if isinstance(obj, ParallelDispatch):
-        return "parallel_dispatch"
-    if isinstance(obj, Event):
-        return "event"
-    if isinstance(obj, LoopError):
-        return "error"
+    for cls, kind in _TYPE_KINDS:
+        if isinstance(obj, cls):
+            return kind
     if type(obj).__name__ == "RunStatus" and hasattr(obj, "to_dict"):
-        return "run_status"
-    try:
-        part_to_dict(obj)
-    except TypeError:
-        pass
-    else:
-        return "part"
+        return "run_status"  # by name: the registry imports this module's siblings
     raise SchemaError(f"cannot serialize {type(obj).__name__}: {obj!r:.60}")
 
 
