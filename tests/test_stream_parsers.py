@@ -6,8 +6,8 @@ import pytest
 
 from loopctl.errors import ModelError
 from loopctl.providers.anthropic import AnthropicStreamParser
-from loopctl.providers.client import feed_checked
 from loopctl.providers.openai import OpenAIStreamParser
+from loopctl.providers.reader import feed_checked
 from loopctl.providers.sse import SSEEvent
 
 

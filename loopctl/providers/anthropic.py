@@ -90,6 +90,15 @@ _ERROR_TYPES = {
 }
 
 
+# Delta types -> (the key holding the delta's text, the delta's kind).
+_DELTAS = {
+    "text_delta": ("text", TEXT),
+    "input_json_delta": ("partial_json", TOOL_INPUT),
+    "thinking_delta": ("thinking", THINKING),
+    "signature_delta": ("signature", SIGNATURE),
+}
+
+
 def _usage(data: Any) -> Optional[Usage]:
     if not isinstance(data, Mapping):
         return None
@@ -117,11 +126,13 @@ class AnthropicStreamParser:
 
     def __init__(self, label: str = "anthropic") -> None:
         self.done = False
+        self.delta_field: Optional[str] = None
         self._label = label
         self._skip: set[int] = set()
 
     def feed(self, event: SSEEvent) -> list[StreamEvent]:
         """Stream events for one SSE event (see ``feed_checked`` for shape errors)."""
+        self.delta_field = None
         text = event.data
         try:  # the usual shape: one JSON document and nothing else
             data, end = _scan_json(text, 0)
@@ -138,15 +149,12 @@ class AnthropicStreamParser:
                 return []
             delta = data.get("delta") or {}
             dtype = delta.get("type")
-            if dtype == "text_delta":
-                return [PartDelta(idx, TEXT, delta.get("text", ""))]
-            if dtype == "input_json_delta":
-                return [PartDelta(idx, TOOL_INPUT, delta.get("partial_json", ""))]
-            if dtype == "thinking_delta":
-                return [PartDelta(idx, THINKING, delta.get("thinking", ""))]
-            if dtype == "signature_delta":
-                return [PartDelta(idx, SIGNATURE, delta.get("signature", ""))]
-            return []  # unknown deltas are ignored
+            known = _DELTAS.get(dtype) if type(dtype) is str else None
+            if known is None:
+                return []  # unknown deltas are ignored
+            field, kind = known
+            self.delta_field = field
+            return [PartDelta(idx, kind, delta.get(field, ""))]
         if etype == "content_block_start":
             return self._block_start(data.get("index", 0), data.get("content_block") or {})
         if etype == "content_block_stop":

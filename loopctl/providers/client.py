@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 import requests
 
@@ -24,54 +24,23 @@ from loopctl.errors import Cancelled, ConfigError, ModelError
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.providers.base import StreamEvent, response_events
 from loopctl.providers.http import (
-    PROTOCOL,
     READ_SIZE,
     CallScope,
     Secret,
     Timeout,
     current_scope,
     make_session,
-    model_error,
     post,
     read_json,
     status_error,
     transport_error,
 )
-from loopctl.providers.sse import SSEDecoder, SSEEvent
+from loopctl.providers.reader import StreamParser, StreamReader
 
 log = logging.getLogger("loopctl")
 
 
 # -- streamed bodies -------------------------------------------------------------
-
-
-class StreamParser(Protocol):
-    """Maps SSE events of one provider to stream events."""
-
-    done: bool
-
-    def feed(self, event: SSEEvent) -> list[StreamEvent]:
-        """Stream events for one SSE event (may raise ``ModelError``)."""
-        ...
-
-    def finish(self) -> list[StreamEvent]:
-        """At end of body: closing events, or raise the truncation error."""
-        ...
-
-
-def feed_checked(parser: StreamParser, event: SSEEvent, label: str) -> list[StreamEvent]:
-    """``parser.feed(event)``, with JSON of the wrong shape turned into ``ModelError``.
-
-    Parsers index into provider JSON freely; this is the one boundary where a
-    chunk of an unexpected shape becomes a protocol error instead of a bare
-    ``KeyError`` or ``AttributeError``.
-    """
-    try:
-        return parser.feed(event)
-    except (AttributeError, TypeError, KeyError, IndexError) as exc:
-        raise model_error(
-            f"{label}: unexpected stream chunk shape: {event.data[:200]!r}", kind=PROTOCOL
-        ) from exc
 
 
 class SSEStream:
@@ -200,8 +169,7 @@ class SSEStream:
             read1 = getattr(raw, "read1", None)
             if read1 is None:  # urllib3 < 2: read the http.client response directly
                 read1 = raw._fp.read1
-            decoder = SSEDecoder()
-            parser = self._parser
+            reader = StreamReader(self._parser, self._label)
             while True:
                 chunk = self._read(read1)
                 if chunk is None:
@@ -209,22 +177,13 @@ class SSEStream:
                 if not chunk:
                     complete = True
                     break
-                for sse in decoder.feed(chunk):
-                    evs = feed_checked(parser, sse, self._label)
-                    if evs:
-                        yield from evs
-                    if parser.done:
-                        break
-                if parser.done:
+                yield from reader.feed(chunk)
+                if reader.done:
                     complete = self._drain(read1)
                     return
             if self._closed:
                 return
-            for sse in decoder.flush():
-                yield from feed_checked(parser, sse, self._label)
-                if parser.done:
-                    return
-            yield from parser.finish()
+            yield from reader.finish()
         finally:
             self._release(resp, complete)
 

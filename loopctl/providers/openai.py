@@ -109,6 +109,7 @@ class OpenAIStreamParser:
 
     def __init__(self, label: str = "openai") -> None:
         self.done = False
+        self.delta_field: Optional[str] = None
         self._label = label
         self._started = False
         self._next = 0
@@ -136,6 +137,7 @@ class OpenAIStreamParser:
 
     def feed(self, event: SSEEvent) -> list[StreamEvent]:
         """Stream events for one SSE event (see ``feed_checked`` for shape errors)."""
+        self.delta_field = None
         data = event.data
         if data == DONE:
             self.done = True
@@ -155,39 +157,52 @@ class OpenAIStreamParser:
             self._started = True
             out.append(MessageStart(model=chunk.get("model")))
         choices = chunk.get("choices")
+        field: Optional[str] = None  # the key of the one plain delta, if that is all
         if choices:
             choice = choices[0]
             delta = choice.get("delta")
             if delta:
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                reasoning_content = delta.get("reasoning_content")
+                reasoning = reasoning_content or delta.get("reasoning")
                 if reasoning and isinstance(reasoning, str):
                     idx = self._thinking
                     if idx is None:
                         idx = self._thinking = self._open_part(out, THINKING)
                     out.append(PartDelta(idx, THINKING, reasoning))
+                    # An empty "reasoning_content" would fall back to "reasoning".
+                    if reasoning is not reasoning_content or not delta.get("reasoning"):
+                        field = "reasoning_content" if reasoning is reasoning_content else "reasoning"
                 content = delta.get("content")
                 if content and isinstance(content, str):
                     idx = self._text
                     if idx is None:
                         idx = self._text = self._open_part(out, TEXT)
                     out.append(PartDelta(idx, TEXT, content))
+                    field = "content"
                 tool_calls = delta.get("tool_calls")
                 if tool_calls:
                     for tc in tool_calls:
-                        self._tool_fragment(tc, out)
+                        field = self._tool_fragment(tc, out)
             reason = choice.get("finish_reason")
             if reason:
+                field = None
                 self._stop = FINISH_REASONS.get(reason, self._stop)
                 self._finished = True
                 self._close_all(out)
+            elif len(choices) > 1:
+                field = None
         usage = chunk.get("usage")
         if usage:
+            field = None
             self._usage = _usage(usage) or self._usage
+        if field is not None and len(out) == 1 and "error" not in chunk:
+            self.delta_field = field
         return out
 
-    def _tool_fragment(self, tc: Any, out: list[StreamEvent]) -> None:
+    def _tool_fragment(self, tc: Any, out: list[StreamEvent]) -> Optional[str]:
+        # Returns "arguments" when the fragment's arguments came as a string.
         if not isinstance(tc, Mapping):
-            return
+            return None
         fn = tc.get("function") or {}
         call_id = tc.get("id")
         i = tc.get("index")
@@ -206,10 +221,13 @@ class OpenAIStreamParser:
             self._tools[i] = idx
             self._tool_ids[cid] = i
         args = fn.get("arguments")
-        if args:
-            if not isinstance(args, str):  # some servers send the object itself
-                args = json.dumps(args)
-            out.append(PartDelta(idx, TOOL_INPUT, args))
+        if not args:
+            return None
+        if not isinstance(args, str):  # some servers send the object itself
+            out.append(PartDelta(idx, TOOL_INPUT, json.dumps(args)))
+            return None
+        out.append(PartDelta(idx, TOOL_INPUT, args))
+        return "arguments"
 
     def _end(self) -> list[StreamEvent]:
         out: list[StreamEvent] = []

@@ -233,6 +233,33 @@ class SSEDecoder:
                 names[head] = head[7:]
         return list(map(names.get, heads))
 
+    def take_pending(self) -> Optional[bytes]:
+        """Hand back what is carried over as bytes, leaving the decoder empty.
+
+        The carried partial line, the lines of an event not yet ended and a
+        cut character come back as bytes that, fed again later, frame to
+        the same events. For a reader that scans whole events itself and
+        feeds the decoder only what it does not take. None (nothing taken)
+        before the stream has started, or while a CR may still pair with a
+        LF of the next read.
+        """
+        if not self._started or self._skip_lf:
+            return None
+        parts: list[str] = []
+        if self._event is not None:
+            parts.append(f"event: {self._event}\n")
+        if self._retry is not None:
+            parts.append(f"retry: {self._retry}\n")
+        if self._data is not None:
+            parts += [f"data: {line}\n" for line in self._data]
+        parts.append(self._buf)
+        pending = "".join(parts).encode() + self._cut_char
+        self._buf = ""
+        self._cut_char = b""
+        self._data = self._event = self._retry = None
+        self._idle = True
+        return pending
+
     def flush(self) -> list[SSEEvent]:
         """At end of stream: the event whose lines all ended but whose blank
         line never came. A trailing partial line is dropped (it was cut)."""
