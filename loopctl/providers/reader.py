@@ -67,10 +67,12 @@ def feed_checked(parser: StreamParser, event: SSEEvent, label: str) -> list[Stre
 
 
 def _event_bytes(event: SSEEvent) -> bytes:
-    # The event as the usual framing sends it; a server framing it otherwise
-    # simply never matches the template learned from this.
+    # Bytes that frame to exactly this event (so bytes matching a template
+    # learned from them frame to this event with another value); a server
+    # framing it otherwise simply never matches.
     head = "" if event.event is None else f"event: {event.event}\n"
-    return f"{head}data: {event.data}\n\n".encode()
+    data = event.data.replace("\n", "\ndata: ")
+    return f"{head}data: {data}\n\n".encode()
 
 
 class StreamReader:
