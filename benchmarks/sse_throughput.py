@@ -1,28 +1,29 @@
-"""SSE decode throughput: the decoder and the accumulator beside a bytes.split floor.
+"""SSE decode throughput: the stream reader and the accumulator beside a bytes.split floor.
 
 Generates a ~20 MB stream in each provider's recorded wire format (chat
-completion chunks as OpenAI sends them, Anthropic message events) and times,
-in the same run:
+completion chunks as OpenAI-compatible servers send them, Anthropic message
+events) and times, in the same run:
 
 - floor: only split the reads into lines with ``bytes.split`` (carrying the
   partial last line), the least any line-based reader does;
 - decoder: ``SSEDecoder.feed`` (framing only, events out);
-- full: decoder + the provider's stream parser (JSON per event) +
-  ``StreamAccumulator`` (the reply assembled);
-- reference: bytes.split lines + ``json.loads`` of each data line. Parsing
-  each event's JSON is work no pure-Python consumer can skip, and it alone
-  costs far more than the floor, so the full path is also compared with
-  this second floor: how much it adds beyond the JSON it cannot avoid.
+- full: what the clients run, ``StreamReader`` (decoder + the provider's
+  parser + runs of same-envelope deltas read in bulk) + ``StreamAccumulator``
+  (the reply assembled; its text is checked against a plain JSON reading);
+- per event: decoder + parser + accumulator with every event's JSON parsed
+  on its own (the path a read takes when it is not a run);
+- reference: bytes.split lines + ``json.loads`` of each data line.
 
-Two read patterns: 16 KiB reads (what one ``read1`` returns on a busy
-socket: a fast local server, a replay) and one event per read (a model
+Two read patterns: 16 KiB reads (one TLS record, what ``read1`` returns
+from a provider over HTTPS on a busy stream) and one event per read (a model
 streaming tokens slower than the network, where the server flushes each
 event). The floor is measured on the same reads each time.
 
 Every figure is the best of several rounds, and the rounds interleave the
 floor with the figures, so a loaded machine slows both alike. Prints MB/s
-and deltas/s, and one ``RESULT`` line per figure for ``run_all.py``.
-Run: ``python benchmarks/sse_throughput.py`` (about 25 s).
+and deltas/s (the stream's own deltas, however many events carry them),
+and one ``RESULT`` line per figure for ``run_all.py``.
+Run: ``python benchmarks/sse_throughput.py`` (about 30 s).
 """
 
 from __future__ import annotations

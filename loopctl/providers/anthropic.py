@@ -153,8 +153,10 @@ class AnthropicStreamParser:
             if known is None:
                 return []  # unknown deltas are ignored
             field, kind = known
-            self.delta_field = field
-            return [PartDelta(idx, kind, delta.get(field, ""))]
+            value = delta.get(field, "")
+            if type(value) is str and field in delta:
+                self.delta_field = field
+            return [PartDelta(idx, kind, value)]
         if etype == "content_block_start":
             return self._block_start(data.get("index", 0), data.get("content_block") or {})
         if etype == "content_block_stop":

@@ -116,6 +116,10 @@ class DeltaTemplate:
             return None
         return template
 
+    def event_with(self, value: bytes) -> bytes:
+        """This event's bytes with ``value`` (a JSON string body) in the value's place."""
+        return self._lead + value + self._end
+
     def match(self, data: bytes, cut: int) -> Optional[str]:
         """The values of the run of events ``data[:cut]``, joined; else None.
 

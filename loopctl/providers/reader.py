@@ -18,6 +18,7 @@ Pure: no IO; mutates; one per stream.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Iterator
 from typing import Optional, Protocol
 
@@ -27,6 +28,8 @@ from loopctl.providers.http import PROTOCOL, model_error
 from loopctl.providers.sse import MAX_LINE, SSEDecoder, SSEEvent
 
 _MISSES_ALLOWED = 3  # reads in a row not taken in bulk before the stream stops trying
+_PROBE = "\u2063probe\u00e9"  # a value no event is likely to carry, with escapes to decode
+_PROBE_JSON = b"\\u2063probe\\u00e9"
 
 
 class StreamParser(Protocol):
@@ -113,6 +116,12 @@ class StreamReader:
         raw = self._raw
         if raw is None:
             return self._events(self._decoder.feed(chunk))
+        if b"\r" in chunk:
+            # CR or CRLF line ends: templates are learned LF-framed and never
+            # match, and a blank line need not be b"\n\n" here; read per event.
+            self._misses = _MISSES_ALLOWED
+            self._raw = None
+            return self._events(self._decoder.feed(raw + chunk))
         data = raw + chunk if raw else chunk
         cut = data.rfind(b"\n\n") + 2
         if cut > 1:
@@ -183,10 +192,27 @@ class StreamReader:
             self._raw = self._decoder.take_pending()  # None: not yet (a CR may pair with a LF)
 
     def _learn(self, sse: SSEEvent, field: str, delta: StreamEvent) -> None:
-        if type(delta) is not PartDelta:
-            self._template = None
-            return
-        self._template = DeltaTemplate.learn(_event_bytes(sse), field, delta.index, delta.kind, delta.text)
+        template = None
+        if type(delta) is PartDelta:
+            template = DeltaTemplate.learn(_event_bytes(sse), field, delta.index, delta.kind, delta.text)
+            if template is not None and not self._reads_value_at(template, field):
+                template = None
+        self._template = template
+
+    def _reads_value_at(self, template: DeltaTemplate, field: str) -> bool:
+        # The template found the field's bytes; the parser must take its
+        # delta from exactly there (not from a same-named key elsewhere, an
+        # escaped key, a default): fed the event with another value in that
+        # place, a copy of the parser must give a delta of that value alone.
+        events = SSEDecoder(self._max_line).feed(template.event_with(_PROBE_JSON))
+        if len(events) != 1:
+            return False
+        try:
+            parser = copy.deepcopy(self._parser)
+            out = parser.feed(events[0])
+        except Exception:  # a parser that cannot be copied, or rejects the probe
+            return False
+        return out == [PartDelta(template.index, template.kind, _PROBE)] and parser.delta_field == field
 
 
 __all__ = ["StreamParser", "StreamReader", "feed_checked"]
