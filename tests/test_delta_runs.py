@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from loopctl.providers.anthropic import AnthropicStreamParser
 from loopctl.providers.base import PartDelta, Ping, StreamAccumulator, StreamEvent
-from loopctl.providers.delta_runs import DeltaTemplate
+from loopctl.providers.delta_runs import DeltaTemplate, splits_runs_only_at_ends
 from loopctl.providers.openai import OpenAIStreamParser
 from loopctl.providers.reader import StreamParser, StreamReader, feed_checked
 from loopctl.providers.sse import MAX_LINE, SSEDecoder
@@ -1111,3 +1111,42 @@ def test_escaped_key_does_not_place_the_template_at_a_literal_key_elsewhere() ->
 
     assert_equivalent(PROVIDERS["openai"], [ev(b"x"), ev(b"x"), ev(b"x"), ev(b"SECRET")])
 
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    provider=st.sampled_from(["openai", "anthropic"]),
+    compact=st.booleans(),
+    # DEL in a value sends its read event by event (tested above); not here.
+    values=st.lists(st.text(st.characters(blacklist_characters="\x7f"), max_size=6), min_size=1, max_size=12),
+    partial=st.integers(min_value=0, max_value=400),
+    data=st.data(),
+)
+def test_every_split_needle_reads_a_run_alike(
+    provider: str, compact: bool, values: list[str], partial: int, data: st.DataObject
+) -> None:
+    # A template splits runs at the key or at the first bytes of the end,
+    # whichever its search model picks; every choice must read the same run
+    # (and the same partial event after the cut) to the same text or None.
+    make = openai_text if provider == "openai" else anthropic_text
+    events = make(["x", *values, "y"], compact=compact, ensure_ascii=data.draw(st.booleans()))
+    deltas = events[-len(values) - 5 : -3]  # "x", the values, "y": same shape
+    parser_field = "content" if provider == "openai" else "text"
+    template = DeltaTemplate.learn(deltas[0], parser_field, 0, "text", "x")
+    assert template is not None
+    run = b"".join(deltas[1:-1])
+    rest = deltas[-1][: partial % len(deltas[-1])]
+    data_bytes, cut = run + rest, len(run)
+    expected = "".join(values)
+    end = template._end  # noqa: SLF001 - the split choice is what this test varies
+    lead = template._lead  # noqa: SLF001
+    choices = [b""] + [end[:size] for size in range(2, len(end) + 1)]
+    for needle in choices:
+        template._needle = needle  # noqa: SLF001
+        template._after_needle = end[len(needle) :] + lead  # noqa: SLF001
+        got = template.match(data_bytes, cut)
+        if not needle or splits_runs_only_at_ends(needle, lead, end):
+            assert got == expected, needle
+        else:  # a needle that may also occur elsewhere: the run may be refused, never misread
+            assert got in (None, expected), needle
+    assert any(splits_runs_only_at_ends(end[:size], lead, end) for size in range(2, len(end) + 1))

@@ -21,6 +21,7 @@ beyond the learned bytes.
 
 from __future__ import annotations
 
+import functools
 import json.decoder
 from itertools import repeat
 from typing import Callable, Optional, cast
@@ -32,6 +33,70 @@ _strip_head = bytes.removeprefix
 # (decoded string, index after the closing quote); ValueError if malformed.
 _scan_string = cast(Callable[[str, int], "tuple[str, int]"], vars(json.decoder)["scanstring"])
 _WS_CHARS = (" ", "\t", "\r", "\n")
+
+
+@functools.lru_cache(maxsize=64)
+def _needle_size(lead: bytes, key: bytes, end: bytes) -> int:
+    """How many bytes of ``end`` to split runs at (0: split at ``key``).
+
+    ``bytes.split`` searches with a skip loop (CPython's fastsearch: compare
+    the window's last byte, skip past a byte the needle lacks), so how fast
+    a needle is found depends on its bytes and those around it. Each
+    candidate's steps are counted over a few copies of the event, as that
+    loop would take them; the fewest wins. Deterministic; cached per shape.
+    """
+    sample = (lead + end) * 4
+    best, best_steps = 0, _search_steps(key, sample)
+    for size in range(2, len(end) + 1):
+        needle = end[:size]
+        if splits_runs_only_at_ends(needle, lead, end):
+            steps = _search_steps(needle, sample)
+            if steps < best_steps:
+                best, best_steps = size, steps
+    return best
+
+
+def splits_runs_only_at_ends(needle: bytes, lead: bytes, end: bytes) -> bool:
+    """Whether ``needle`` (a prefix of ``end``) can occur in a run only where an end starts.
+
+    Not in the lead, once in the end, and holding, after its first byte, a
+    quote or a control byte, which no valid value holds raw: so it can
+    neither start at a value's opening quote nor lie inside a value. (Any
+    needle is safe, since ``match`` checks the whole run; this one also
+    finds every run.)
+    """
+    if needle in lead or end.count(needle) != 1:
+        return False
+    return any(c == 0x22 or c < 0x20 for c in needle[1:])
+
+
+def _search_steps(needle: bytes, hay: bytes) -> int:
+    # A model of CPython's default_find: one step per window, plus a quarter
+    # step per byte compared after the last byte matched.
+    m = len(needle)
+    mlast = m - 1
+    last = needle[mlast]
+    mask = 0
+    for c in needle:
+        mask |= 1 << (c & 63)
+    skip = mlast
+    for j in range(mlast):
+        if needle[j] == last:
+            skip = mlast - j - 1
+    n = len(hay)
+    i = steps = 0
+    while i <= n - m:
+        steps += 1
+        jump = m + 1 if i + m < n and not (mask >> (hay[i + m] & 63)) & 1 else 0
+        if hay[i + mlast] == last:
+            j = 0
+            while j < mlast and hay[i + j] == needle[j]:
+                j += 1
+            steps += j >> 2
+            i += m if j == mlast else (jump or skip + 1)
+        else:
+            i += jump or 1
+    return steps
 
 
 class DeltaTemplate:
@@ -46,7 +111,7 @@ class DeltaTemplate:
         kind: the delta kind ("text", "thinking", "tool_input", ...).
     """
 
-    __slots__ = ("_end", "_gap", "_head", "_key", "_lead", "_split_at_end", "index", "kind")
+    __slots__ = ("_after_needle", "_end", "_gap", "_head", "_key", "_lead", "_needle", "index", "kind")
 
     def __init__(self, head: bytes, key: bytes, end: bytes, index: int, kind: str) -> None:
         self._head = head  # an event's bytes before the key
@@ -54,10 +119,11 @@ class DeltaTemplate:
         self._end = end  # from the value's closing quote to the end of the event
         self._gap = end + head  # what lies between a value and the next key
         self._lead = head + key  # what lies before a value in its event
-        # Splitting at a short end (Anthropic's '"}}\n\n') searches faster
-        # than at the key and leaves one piece per event plus the rest;
-        # a long end (a chat-completion chunk's) is slower to search for.
-        self._split_at_end = len(end) <= len(key) + 4
+        # Where runs are split: at the start of the end (its first bytes,
+        # as many as search fastest), or at the key.
+        size = _needle_size(self._lead, key, end)
+        self._needle = end[:size]  # b"": split at the key
+        self._after_needle = end[size:] + self._lead  # between the needle and the next value
         self.index = index
         self.kind = kind
 
@@ -127,14 +193,34 @@ class DeltaTemplate:
         blank line (the start of an event the caller keeps for later).
         """
         end = self._end
-        if self._split_at_end:
-            # One piece per event, "head + key + value", then the rest.
+        needle = self._needle
+        if needle:
+            # "lead + v1", then per later event "rest of end + lead + v", then
+            # "rest of end + the partial event" (cut short at the needle's
+            # occurrence in that partial event, if any).
             if not data.endswith(end, 0, cut):
                 return None
-            pieces = data.split(end)
+            pieces = data.split(needle)
+            tail = len(data) - cut
+            if tail and len(needle) < len(end):
+                at = data.find(needle, cut)
+                if at >= 0:
+                    if data.find(needle, at + 1) >= 0:
+                        return self.match(data[:cut], cut)
+                    pieces.pop()
+                    tail = at - cut
             count = len(pieces) - 1
-            pieces[-1] = b'"'  # the rest, not read; the closing quote in its place
-            body = _DEL.join(map(_strip_head, pieces, repeat(self._lead)))
+            # The last needle is the last end's start iff the last piece is
+            # exactly the rest of that end and the partial event.
+            if count < 1 or len(pieces[-1]) != len(end) - len(needle) + tail:
+                return None
+            if len(needle) < len(end):  # the first value follows the lead alone
+                first = pieces[0]
+                if not first.startswith(self._lead):
+                    return None
+                pieces[0] = first[len(self._lead) :]
+            pieces[-1] = b'"'  # the closing quote after the last value
+            body = _DEL.join(map(_strip_head, pieces, repeat(self._after_needle)))
             # ``body`` is "v1 DEL v2 ... vN DEL \"", and every strip took
             # place iff the lengths add up.
             lead = 0
