@@ -130,12 +130,13 @@ class StreamReader:
                 text = template.match(data, cut)
                 if text is not None:
                     self._misses = 0
+                    out = [PartDelta(template.index, template.kind, text)] if text else []
                     rest = data[cut:]
                     if len(rest) <= self._max_line:
                         self._raw = rest
-                        return [PartDelta(template.index, template.kind, text)] if text else ()
+                        return out
                     self._raw = None
-                    return [PartDelta(template.index, template.kind, text), *self._events(self._decoder.feed(rest))]
+                    return [*out, *self._events(self._decoder.feed(rest))]
                 self._misses += 1
         elif len(data) <= self._max_line:
             self._raw = data  # no whole event yet
