@@ -27,7 +27,6 @@ from itertools import repeat
 from typing import Callable, Optional, cast
 
 _DEL = b"\x7f"
-_strip_gap = bytes.removesuffix
 _strip_head = bytes.removeprefix
 # The C string scanner behind json: (text, index after the opening quote) ->
 # (decoded string, index after the closing quote); ValueError if malformed.
@@ -36,18 +35,19 @@ _WS_CHARS = (" ", "\t", "\r", "\n")
 
 
 @functools.lru_cache(maxsize=64)
-def _needle_size(lead: bytes, key: bytes, end: bytes) -> int:
-    """How many bytes of ``end`` to split runs at (0: split at ``key``).
+def _needle_size(lead: bytes, end: bytes) -> int:
+    """How many bytes of ``end`` to split runs at.
 
     ``bytes.split`` searches with a skip loop (CPython's fastsearch: compare
     the window's last byte, skip past a byte the needle lacks), so how fast
-    a needle is found depends on its bytes and those around it. Each
+    a needle is found depends on its bytes and those around it. Each safe
     candidate's steps are counted over a few copies of the event, as that
-    loop would take them; the fewest wins. Deterministic; cached per shape.
+    loop would take them; the fewest wins (the whole end, always safe, by
+    default). Deterministic; cached per shape.
     """
     sample = (lead + end) * 4
-    best, best_steps = 0, _search_steps(key, sample)
-    for size in range(2, len(end) + 1):
+    best, best_steps = len(end), _search_steps(end, sample)
+    for size in range(2, len(end)):
         needle = end[:size]
         if splits_runs_only_at_ends(needle, lead, end):
             steps = _search_steps(needle, sample)
@@ -111,24 +111,21 @@ class DeltaTemplate:
         kind: the delta kind ("text", "thinking", "tool_input", ...).
     """
 
-    __slots__ = ("_after_needle", "_end", "_gap", "_head", "_key", "_lead", "_needle", "index", "kind")
+    __slots__ = ("_after_needle", "_end", "_lead", "_needle", "index", "kind")
 
-    def __init__(self, head: bytes, key: bytes, end: bytes, index: int, kind: str) -> None:
-        self._head = head  # an event's bytes before the key
-        self._key = key  # '"content": "': the key up to the value's opening quote
+    def __init__(self, lead: bytes, end: bytes, index: int, kind: str) -> None:
+        self._lead = lead  # what lies before a value in its event, up to its opening quote
         self._end = end  # from the value's closing quote to the end of the event
-        self._gap = end + head  # what lies between a value and the next key
-        self._lead = head + key  # what lies before a value in its event
-        # Where runs are split: at the start of the end (its first bytes,
-        # as many as search fastest), or at the key.
-        size = _needle_size(self._lead, key, end)
-        self._needle = end[:size]  # b"": split at the key
-        self._after_needle = end[size:] + self._lead  # between the needle and the next value
+        # Runs are split at the start of each end (its first bytes, as many
+        # as search fastest).
+        size = _needle_size(lead, end)
+        self._needle = end[:size]
+        self._after_needle = end[size:] + lead  # between the needle and the next value
         self.index = index
         self.kind = kind
 
-    def _shape(self) -> tuple[bytes, bytes, bytes, int, str]:
-        return (self._head, self._key, self._end, self.index, self.kind)
+    def _shape(self) -> tuple[bytes, bytes, int, str]:
+        return (self._lead, self._end, self.index, self.kind)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, DeltaTemplate):
@@ -139,7 +136,7 @@ class DeltaTemplate:
         return hash(self._shape())
 
     def __repr__(self) -> str:
-        return f"DeltaTemplate(index={self.index}, kind={self.kind!r}, key={self._key!r})"
+        return f"DeltaTemplate(index={self.index}, kind={self.kind!r}, end={self._end!r})"
 
     @classmethod
     def learn(cls, raw: bytes, field: str, index: int, kind: str, value: str) -> Optional[DeltaTemplate]:
@@ -177,7 +174,7 @@ class DeltaTemplate:
         if not raw.endswith(b"\n\n") or raw.count(b"\n\n") != 1:
             return None  # one event, ended by the blank line the reader cuts at
         end = text[after - 1 :].encode()
-        template = cls(text[:key_start].encode(), text[key_start : pos + 1].encode(), end, index, kind)
+        template = cls(text[: pos + 1].encode(), end, index, kind)
         if template.match(raw, len(raw)) != value:
             return None
         return template
@@ -194,64 +191,35 @@ class DeltaTemplate:
         """
         end = self._end
         needle = self._needle
-        if needle:
-            # "lead + v1", then per later event "rest of end + lead + v", then
-            # "rest of end + the partial event" (cut short at the needle's
-            # occurrence in that partial event, if any).
-            if not data.endswith(end, 0, cut):
+        # "lead + v1", then per later event "rest of end + lead + v", then
+        # "rest of end + the partial event" (cut short at the needle's
+        # occurrence in that partial event, if any).
+        if not data.endswith(end, 0, cut):
+            return None
+        pieces = data.split(needle)
+        tail = len(data) - cut
+        if tail and len(needle) < len(end):
+            at = data.find(needle, cut)
+            if at >= 0:
+                if data.find(needle, at + 1) >= 0:
+                    return self.match(data[:cut], cut)
+                pieces.pop()
+                tail = at - cut
+        count = len(pieces) - 1
+        # The last needle is the last end's start iff the last piece is
+        # exactly the rest of that end and the partial event.
+        if count < 1 or len(pieces[-1]) != len(end) - len(needle) + tail:
+            return None
+        if len(needle) < len(end):  # the first value follows the lead alone
+            first = pieces[0]
+            if not first.startswith(self._lead):
                 return None
-            pieces = data.split(needle)
-            tail = len(data) - cut
-            if tail and len(needle) < len(end):
-                at = data.find(needle, cut)
-                if at >= 0:
-                    if data.find(needle, at + 1) >= 0:
-                        return self.match(data[:cut], cut)
-                    pieces.pop()
-                    tail = at - cut
-            count = len(pieces) - 1
-            # The last needle is the last end's start iff the last piece is
-            # exactly the rest of that end and the partial event.
-            if count < 1 or len(pieces[-1]) != len(end) - len(needle) + tail:
-                return None
-            if len(needle) < len(end):  # the first value follows the lead alone
-                first = pieces[0]
-                if not first.startswith(self._lead):
-                    return None
-                pieces[0] = first[len(self._lead) :]
-            pieces[-1] = b'"'  # the closing quote after the last value
-            body = _DEL.join(map(_strip_head, pieces, repeat(self._after_needle)))
-            # ``body`` is "v1 DEL v2 ... vN DEL \"", and every strip took
-            # place iff the lengths add up.
-            lead = 0
-            size = cut - (len(self._lead) + len(end)) * count + count + 1
-        else:
-            # "head", then per event "value + end + head", the last one
-            # "value + end + rest" (or "value + end + head", then the key's
-            # side of the rest when the rest has reached its key).
-            key = self._key
-            pieces = data.split(key)
-            tail = len(data) - cut
-            if tail:
-                at = data.find(key, cut)
-                if at >= 0:
-                    if data.find(key, at + 1) >= 0:
-                        return self.match(data[:cut], cut)
-                    pieces.pop()
-                    tail = at - cut
-            count = len(pieces) - 1
-            if count < 1 or pieces[0] != self._head:
-                return None
-            last = pieces.pop()
-            stop = len(last) - tail
-            if not last.endswith(end, 0, stop):
-                return None
-            pieces[0] = b""  # a leading DEL (the scan starts after it)
-            pieces.append(last[: stop - len(end) + 1])  # the last value, its closing quote kept
-            body = _DEL.join(map(_strip_gap, pieces, repeat(self._gap)))
-            lead = 1
-            size = cut - (len(self._head) + len(key) + len(end) - 1) * count + 1
-        if len(body) != size or count < 1:
+            pieces[0] = first[len(self._lead) :]
+        pieces[-1] = b'"'  # the closing quote after the last value
+        body = _DEL.join(map(_strip_head, pieces, repeat(self._after_needle)))
+        # ``body`` is "v1 DEL v2 ... vN DEL \"", and every strip took
+        # place iff the lengths add up.
+        if len(body) != cut - (len(self._lead) + len(end)) * count + count + 1:
             return None
         # Every value is a whole JSON string body iff the values joined by
         # DEL (a plain character in JSON, and no character that may follow
@@ -259,16 +227,13 @@ class DeltaTemplate:
         # ends it early, an escape cut off at a value's end meets the DEL.
         try:
             doc = body.decode()
-            text, after = _scan_string(doc, lead)
+            text, after = _scan_string(doc, 0)
         except ValueError:  # a bad escape or control character; invalid UTF-8
             return None
         if after != len(doc):  # ended early: a quote outside an escape
             return None
-        dels = count - lead  # DELs the scanned text holds
-        if not dels:
-            return text
-        joined = text.replace("\x7f", "")
-        if len(joined) != len(text) - dels:
+        joined = text.replace("\x7f", "")  # one DEL after each value
+        if len(joined) != len(text) - count:
             return None  # a value holds DEL itself: read it event by event
         return joined
 
