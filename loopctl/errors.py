@@ -116,6 +116,53 @@ class ModelError(LoopError):
         super().__init__(message)
 
 
+class ContextOverflow(ModelError):
+    """The provider rejected the request as too long for the model's context window.
+
+    Classified once, at the provider boundary, from the provider's error
+    status and body; the driver reports it to the machine, which decides
+    whether to compact and retry.
+    """
+
+    def __init__(self, message: str, status: Optional[int] = None) -> None:
+        super().__init__(message, status=status, retryable=False)
+
+
+class RateLimited(ModelError):
+    """The provider asked for a wait longer than the client allows.
+
+    Attributes:
+        retry_after: the wait the server asked for, in seconds.
+        max_retry_wait: the longest wait the client accepts, in seconds.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        retry_after: Optional[float] = None,
+        max_retry_wait: Optional[float] = None,
+        status: Optional[int] = 429,
+    ) -> None:
+        self.retry_after = retry_after
+        self.max_retry_wait = max_retry_wait
+        super().__init__(message, status=status, retryable=False)
+
+
+class OutputValidationError(LoopError):
+    """The model's final answer did not fit the requested ``output_type``.
+
+    Attributes:
+        raw_text: the last reply's text, as the model sent it.
+        errors: the validation errors, each ``"path: message"``.
+    """
+
+    def __init__(self, raw_text: str, errors: tuple[str, ...] | list[str] = ()) -> None:
+        self.raw_text = raw_text
+        self.errors = tuple(errors)
+        shown = "; ".join(self.errors[:5]) or "no details"
+        super().__init__(f"output validation failed: {shown}")
+
+
 class RateLimitEscalation(LoopError):
     """The provider kept rate-limiting after every allowed retry."""
 
@@ -141,13 +188,16 @@ __all__ = [
     "Cancelled",
     "ConfigError",
     "ContextExceeded",
+    "ContextOverflow",
     "FallbackExhausted",
     "LoopBusy",
     "LoopDetected",
     "LoopError",
     "MaxTurnsExceeded",
     "ModelError",
+    "OutputValidationError",
     "RateLimitEscalation",
+    "RateLimited",
     "ToolRecoveryExhausted",
     "UserInputRequired",
 ]

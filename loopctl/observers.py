@@ -116,6 +116,25 @@ class AttemptReset(Event):
 
 
 @attrs.frozen
+class RetryScheduled(Event):
+    """A model call failed and will be retried after a wait.
+
+    ``cause`` says what happened in words a person reads ("rate limited
+    (429)", "connection refused at http://127.0.0.1:1/v1"); ``wait_s`` is
+    the wait before the next try; ``attempt`` is the try about to start
+    (2 for the first retry) of at most ``max_attempts``.
+    """
+
+    TYPE: ClassVar[str] = "retry_scheduled"
+    turn: int
+    model: str
+    cause: str
+    wait_s: float
+    attempt: int
+    max_attempts: int
+
+
+@attrs.frozen
 class Response(Event):
     """The assembled reply of a served turn (text only, no tool calls)."""
 
@@ -264,6 +283,7 @@ EVENT_METHODS: dict[type[Event], str] = {
     ThinkingDelta: "on_thinking_delta",
     ToolInputDelta: "on_tool_input_delta",
     AttemptReset: "on_attempt_reset",
+    RetryScheduled: "on_retry_scheduled",
     Response: "on_response",
     StreamSuccess: "on_stream_success",
     StreamFailure: "on_stream_failure",
@@ -309,6 +329,9 @@ class Observer:
 
     def on_attempt_reset(self, event: AttemptReset) -> None:
         """A stream attempt failed and a new one starts: drop its buffered text."""
+
+    def on_retry_scheduled(self, event: RetryScheduled) -> None:
+        """A failed model call will be retried after ``event.wait_s`` seconds."""
 
     def on_response(self, event: Response) -> None:
         """A served turn's reply was assembled."""
@@ -372,6 +395,7 @@ __all__ = [
     "ModelSwitched",
     "Observer",
     "Response",
+    "RetryScheduled",
     "RunEnd",
     "RunStart",
     "SteeringDelivered",

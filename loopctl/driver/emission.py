@@ -26,6 +26,7 @@ from loopctl.observers import (
     ModelSwitched,
     Observer,
     Response,
+    RetryScheduled,
     RunEnd,
     RunStart,
     SteeringDelivered,
@@ -136,6 +137,16 @@ class Emitter:
     def attempt_reset(self, turn: int, attempt: int) -> None:
         if self.wants(AttemptReset):
             self.emit(AttemptReset(self.session_id, self.run_id, turn, attempt))
+
+    def retry_scheduled(
+        self, turn: int, model: str, cause: str, wait_s: float, attempt: int, max_attempts: int
+    ) -> None:
+        if self.wants(RetryScheduled):
+            self.emit(
+                RetryScheduled(
+                    self.session_id, self.run_id, turn, model, cause, wait_s, attempt, max_attempts
+                )
+            )
 
     def response(self, turn: int, text: str, usage: Optional[Usage]) -> None:
         if self.wants(Response):
