@@ -67,7 +67,7 @@ class Bench:
     def __init__(self, url: str) -> None:
         import redis
 
-        from loopctl.registry import RunRegistry
+        from loopctl.hosting.registry import RunRegistry
         from tests import celery_app
 
         os.environ[celery_app.ENV_URL] = url  # in-process loops use the same Redis gates

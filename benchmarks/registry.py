@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from run_all import report as result_line  # noqa: E402
 
 from loopctl import BareLoop  # noqa: E402
-from loopctl import registry as registry_mod  # noqa: E402
+from loopctl.hosting import registry as registry_mod  # noqa: E402
 from loopctl.messages import ModelRequest, ModelResponse  # noqa: E402
 from loopctl.observers import Event, RunEnd  # noqa: E402
 from loopctl.testing import ScriptedClient, call, reply  # noqa: E402

@@ -53,9 +53,9 @@ from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
 from loopctl import BareLoop, LoopBusy
-from loopctl.demo_tools import demo_tools
-from loopctl.providers.offline import OfflineModel
-from loopctl.registry import RunRegistry
+from loopctl.demo.model import OfflineModel
+from loopctl.demo.tools import demo_tools
+from loopctl.hosting.registry import RunRegistry
 
 PAGE = Path(__file__).resolve().parent / "static" / "live.html"
 KEEPALIVE_S = 15.0

@@ -36,9 +36,9 @@ except ImportError:  # run from a checkout without ``pip install -e .``
 from flask import Flask, Response, jsonify, request
 
 from loopctl import BareLoop, LoopBusy
-from loopctl.demo_tools import demo_tools
-from loopctl.providers.offline import OfflineModel
-from loopctl.registry import RunRegistry
+from loopctl.demo.model import OfflineModel
+from loopctl.demo.tools import demo_tools
+from loopctl.hosting.registry import RunRegistry
 
 PAGE = Path(__file__).resolve().parent / "static" / "live.html"
 KEEPALIVE_S = 15.0

@@ -25,9 +25,9 @@ except ImportError:  # run from a checkout without ``pip install -e .``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loopctl import BareLoop, Cancelled, Observer
-from loopctl.demo_tools import demo_tools
+from loopctl.demo.model import OfflineModel
+from loopctl.demo.tools import demo_tools
 from loopctl.observers import ToolCallReceived, ToolPost
-from loopctl.providers.offline import OfflineModel
 
 
 class ShowTools(Observer):

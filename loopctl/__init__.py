@@ -30,6 +30,7 @@ from loopctl.errors import (
     ToolRecoveryExhausted,
     UserInputRequired,
 )
+from loopctl.hosting.registry import RunRegistry, RunStatus
 from loopctl.machine import MachineState
 from loopctl.messages import (
     Message,
@@ -46,7 +47,6 @@ from loopctl.messages import (
 )
 from loopctl.observers import Observer
 from loopctl.records import Run, Session, Turn
-from loopctl.registry import RunRegistry, RunStatus
 from loopctl.tools import Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, tool
 
 __version__ = "0.1.0.dev0"

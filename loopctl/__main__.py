@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from loopctl.cli import main
+from loopctl.demo.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

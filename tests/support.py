@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any, Callable, Optional
 
 from loopctl.context.tokens import HeuristicTokenCounter
-from loopctl.demo_tools import AddTool
+from loopctl.demo.tools import AddTool
 from loopctl.errors import ModelError
 from loopctl.messages import Message, ModelRequest, ModelResponse, ToolSchema
 from loopctl.observers import (

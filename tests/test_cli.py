@@ -19,8 +19,8 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from loopctl.cli import Command, StdinLines, build_parser, main
-from loopctl.demo_tools import AddTool
+from loopctl.demo.cli import Command, StdinLines, build_parser, main
+from loopctl.demo.tools import AddTool
 from loopctl.tools.base import ToolContext
 
 ANSI = re.compile(r"\x1b\[")
@@ -244,7 +244,7 @@ def test_openai_provider_talks_to_a_local_server(monkeypatch: pytest.MonkeyPatch
 
 
 def test_first_ctrl_c_cancels_the_run_a_second_exits_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from loopctl import cli
+    from loopctl.demo import cli
 
     exits: list[int] = []
     monkeypatch.setattr(cli.os, "_exit", exits.append)

@@ -22,9 +22,9 @@ import pytest
 from support import GatedAdd
 
 from loopctl import BareLoop
-from loopctl.demo_tools import LookupTool, MultiplyTool
-from loopctl.providers.offline import OfflineModel
-from loopctl.registry import RunRegistry
+from loopctl.demo.model import OfflineModel
+from loopctl.demo.tools import LookupTool, MultiplyTool
+from loopctl.hosting.registry import RunRegistry
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

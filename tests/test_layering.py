@@ -33,6 +33,7 @@ class Rule(NamedTuple):
     forbidden: tuple[str, ...] = ()
     allowed: Optional[tuple[str, ...]] = None
     exempt: tuple[str, ...] = ()
+    exempt_globs: tuple[str, ...] = ()
 
 
 LOWER_LAYERS = ("loopctl/providers/*", "loopctl/tools/*", "loopctl/context/*")
@@ -76,7 +77,7 @@ RULES: tuple[Rule, ...] = (
         "providers, tools and context never import the driver or the machine",
         files=LOWER_LAYERS,
         # ``loopctl`` itself is the facade, which imports the driver.
-        forbidden=("loopctl.driver", "loopctl.machine", "loopctl.registry", "loopctl.cli"),
+        forbidden=("loopctl.driver", "loopctl.machine", "loopctl.hosting", "loopctl.demo"),
     ),
     Rule(
         "providers, tools and context never import the facade (it imports the driver)",
@@ -87,7 +88,14 @@ RULES: tuple[Rule, ...] = (
         "library code never imports loopctl.testing",
         files=("loopctl/*",),
         forbidden=("loopctl.testing",),
-        exempt=("loopctl/testing.py", "loopctl/cli.py", "loopctl/providers/offline.py"),
+        exempt=("loopctl/testing.py", "loopctl/demo/cli.py", "loopctl/demo/model.py"),
+    ),
+    Rule(
+        "only the demo app and ``python -m loopctl`` import the demo app",
+        files=("loopctl/*",),
+        forbidden=("loopctl.demo",),
+        exempt=("loopctl/__main__.py",),
+        exempt_globs=("loopctl/demo/*",),
     ),
 )
 
@@ -157,7 +165,11 @@ def files_for(rule: Rule) -> list[Path]:
     out = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if any(fnmatch.fnmatch(rel, g) for g in rule.files) and rel not in rule.exempt:
+        if (
+            any(fnmatch.fnmatch(rel, g) for g in rule.files)
+            and rel not in rule.exempt
+            and not any(fnmatch.fnmatch(rel, g) for g in rule.exempt_globs)
+        ):
             out.append(path)
     return out
 

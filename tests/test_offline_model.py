@@ -17,12 +17,12 @@ import pytest
 from support import GatedAdd
 
 from loopctl import BareLoop, Cancelled, Message, ModelRequest, RequestOptions, StopReason
-from loopctl.demo_tools import AddTool, LookupTool, MultiplyTool, demo_tools
+from loopctl.demo.model import OfflineModel, Parser, plan_reply
+from loopctl.demo.tools import AddTool, LookupTool, MultiplyTool, demo_tools
 from loopctl.errors import ConfigError
 from loopctl.messages import ToolResultPart
 from loopctl.observers import Observer, SteeringDelivered
 from loopctl.providers.base import ModelClient, PartDelta, StreamAccumulator
-from loopctl.providers.offline import OfflineModel, Parser, plan_reply
 from loopctl.tools.base import ToolContext
 
 
@@ -278,7 +278,7 @@ def test_a_slow_demo_tool_returns_at_once_on_cancel() -> None:
 
 
 def test_offline_module_never_imports_the_testing_helpers() -> None:
-    src = Path(__file__).resolve().parent.parent / "loopctl" / "providers" / "offline.py"
+    src = Path(__file__).resolve().parent.parent / "loopctl" / "demo" / "model.py"
     tree = ast.parse(src.read_text())
     imported = {
         n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module

@@ -17,8 +17,8 @@ from support import WAIT, Echoed, FakeClock, GatedReply, texts
 
 from loopctl import BareLoop, Cancelled, LoopBusy, LoopError, Message, ModelError, Usage
 from loopctl.errors import ConfigError
+from loopctl.hosting.registry import RunRegistry, RunStatus
 from loopctl.messages import ModelResponse
-from loopctl.registry import RunRegistry, RunStatus
 from loopctl.testing import ScriptedClient, call, reply
 
 

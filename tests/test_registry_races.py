@@ -27,8 +27,8 @@ import pytest
 from support import WAIT, Echoed, GatedReply, run_in_thread, texts
 
 from loopctl import BareLoop, Cancelled, LoopBusy, LoopError, ModelError
+from loopctl.hosting.registry import RunRegistry
 from loopctl.messages import ModelRequest, ModelResponse
-from loopctl.registry import RunRegistry
 from loopctl.testing import ScriptedClient, call, reply
 from loopctl.tools import Tool, ToolContext
 

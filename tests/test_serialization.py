@@ -33,16 +33,8 @@ from loopctl import (
     Usage,
 )
 from loopctl.errors import ContextExceeded, LoopError
-from loopctl.observers import (
-    EVENT_TYPES,
-    Event,
-    RunEnd,
-    SteeringDelivered,
-    ToolCallReceived,
-    TurnEnd,
-)
-from loopctl.registry import RunStatus
-from loopctl.serialization import (
+from loopctl.hosting.registry import RunStatus
+from loopctl.hosting.serialization import (
     SCHEMA_VERSION,
     SchemaError,
     dump,
@@ -54,6 +46,14 @@ from loopctl.serialization import (
     load,
     loads,
     status_from_dict,
+)
+from loopctl.observers import (
+    EVENT_TYPES,
+    Event,
+    RunEnd,
+    SteeringDelivered,
+    ToolCallReceived,
+    TurnEnd,
 )
 
 text = st.text(max_size=20)

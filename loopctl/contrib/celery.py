@@ -71,10 +71,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from loopctl.config import RunConfig
 from loopctl.errors import ConfigError, LoopBusy, LoopError
+from loopctl.hosting.registry import RunStatus
+from loopctl.hosting.serialization import history_from_dict, message_from_dict
 from loopctl.messages import Message
 from loopctl.records import Run
-from loopctl.registry import RunStatus
-from loopctl.serialization import history_from_dict, message_from_dict
 
 from .celery_redis import (
     TERMINAL,

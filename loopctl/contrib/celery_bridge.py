@@ -23,8 +23,8 @@ from typing import Any, List, Optional
 from loopctl.driver.handle import RunHandle
 from loopctl.driver.signals import Steering
 from loopctl.errors import LoopError
+from loopctl.hosting.serialization import message_from_dict
 from loopctl.messages import Message
-from loopctl.serialization import message_from_dict
 
 from .celery_redis import RedisBackend, RegistryUnavailable
 

@@ -46,8 +46,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from loopctl.config import RunConfig
 from loopctl.errors import LoopError
+from loopctl.hosting.registry import RunStatus
 from loopctl.records import Run
-from loopctl.registry import RunStatus
 
 from . import celery_scripts as lua
 

@@ -48,10 +48,10 @@ from loopctl.config import RunConfig
 from loopctl.driver.handle import RunHandle
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
+from loopctl.hosting.serialization import history_from_dict, history_to_dict, message_from_dict
 from loopctl.messages import Message
 from loopctl.observers import Event, RunEnd
 from loopctl.records import Run
-from loopctl.serialization import history_from_dict, history_to_dict, message_from_dict
 
 from .celery_bridge import Bridge, SteerFeed
 from .celery_redis import Claim, RedisBackend, RegistryUnavailable, dumps

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from loopctl.demo.arithmetic import Parser, Plan, fmt, plan_reply, read_conversation
 from loopctl.errors import ConfigError
 from loopctl.messages import (
     Message,
@@ -46,7 +47,6 @@ from loopctl.providers.base import (
     StreamEvent,
     response_events,
 )
-from loopctl.providers.offline_reasoning import Parser, Plan, fmt, plan_reply, read_conversation
 
 _TOOL_CHOICES = (None, "auto", "none")
 

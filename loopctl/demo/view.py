@@ -7,7 +7,7 @@ never breaks the run) and draws the tool spinner on a terminal from its
 ``loopctl-cli-spinner`` thread; ``LiveView`` is the observer that turns a
 run's events into lines; ``StdinLines`` reads typed lines on a daemon
 ``loopctl-cli-stdin`` thread that ends at EOF or at ``stop()``. It never
-touches a loop: ``loopctl.cli`` wires these pieces to one.
+touches a loop: ``loopctl.demo.cli`` wires these pieces to one.
 """
 
 from __future__ import annotations

@@ -217,7 +217,7 @@ def status_from_dict(data: Mapping[str, Any]) -> Any:
     Raises:
         SchemaError: a missing field or an unknown state.
     """
-    from loopctl.registry import RunStatus
+    from loopctl.hosting.registry import RunStatus
 
     data = _mapping(data, "run status")
     _check_version(data, "run status")

@@ -10,7 +10,7 @@ once) and prints what guidance was never delivered. Exit codes: 0 success,
 130 cancelled or interrupted, 1 a ``LoopError``, 2 a usage error. Colours
 and the spinner appear only on a terminal, colours never with ``NO_COLOR``.
 The terminal view itself (``Console``, ``LiveView``, ``StdinLines``) lives
-in ``loopctl.cli_view`` and is re-exported here.
+in ``loopctl.demo.view`` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, Optional
 
-from loopctl.cli_view import Console, LiveView, StdinLines
 from loopctl.config import RunConfig, SessionConfig
-from loopctl.demo_tools import demo_tools
+from loopctl.demo.model import OfflineModel
+from loopctl.demo.tools import demo_tools
+from loopctl.demo.view import Console, LiveView, StdinLines
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
 from loopctl.observers import CallbackObserver, Observer, TurnStart
-from loopctl.providers.offline import OfflineModel
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 _DEFAULT_MODELS = {"openai": ("OPENAI_MODEL", "gpt-4o-mini"),
