@@ -64,7 +64,7 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 # the two marker phrases, matched loosely (any case, punctuation or spacing
 # between the words) on the NFKC form, so look-alike letters count too.
 _FENCE_MARKER = re.compile(
-    r"relevant\W*memory\W*reference\W*only|end\W*of\W*(?:the\W*)?relevant\W*memory",
+    r"relevant[\W_]*memory[\W_]*reference[\W_]*only|end[\W_]*of[\W_]*(?:the[\W_]*)?relevant[\W_]*memory",
     re.IGNORECASE,
 )
 _MARKER_REPLACEMENT = "[marker removed]"
