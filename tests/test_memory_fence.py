@@ -297,3 +297,21 @@ def test_a_huge_query_never_holds_up_a_concurrent_store(use_fts: bool, tmp_path:
     # Generous bounds, for a loaded machine: the old store held its lock ~4 s per search.
     assert max(stores) < 1.0, stores
     assert max(searches) < 1.0, searches
+
+
+@tool
+def note(text: str) -> str:
+    """Note some text."""
+    return "noted"
+
+
+def test_a_trajectory_with_a_lone_surrogate_is_stored_clean_not_lost(tmp_path: Path) -> None:
+    store = SqliteMemoryStore(tmp_path / "m.db")
+    client = ScriptedClient([call("note", text="half \ud800 pair"), reply("done")])
+    with BareLoop(client, [note]) as loop:
+        loop.set_memory(store)
+        loop.run("take a note")
+    [entry] = store.entries()
+    assert entry.category == "trajectory" and "half \ufffd pair" in entry.text
+    assert MemoryEntry("x\udfff").text == "x\ufffd"
+    store.close()

@@ -86,6 +86,17 @@ def _to_tags(value: Iterable[str]) -> tuple[str, ...]:
     return tags
 
 
+def _clean(text: str) -> str:
+    """``text`` with lone surrogates as U+FFFD: a str SQLite and every wire can encode."""
+    if type(text) is not str or text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
 def _new_id() -> str:
     return uuid.uuid4().hex
 
@@ -95,7 +106,7 @@ class MemoryEntry:
     """One remembered item.
 
     Args:
-        text: what is remembered.
+        text: what is remembered (a lone surrogate becomes U+FFFD).
         tags: labels used in scoring (a tag equal to a query word counts).
         category: ``"fact"`` by default; see ``CATEGORIES``.
         relevance: 0..1 weight in scoring; consolidation prunes near-zero ones.
@@ -103,7 +114,7 @@ class MemoryEntry:
         created_at: epoch seconds.
     """
 
-    text: str
+    text: str = attrs.field(converter=_clean)
     tags: tuple[str, ...] = attrs.field(default=(), converter=_to_tags)
     category: str = "fact"
     relevance: float = 1.0
@@ -235,8 +246,7 @@ def fence_line(text: str) -> str:
     the fence or open another (``MEMORY_PREFIX``, ``MEMORY_SUFFIX``, in any
     case or spacing, look-alike letters included) becomes ``[marker removed]``.
     """
-    if not text.isascii():
-        text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    text = _clean(text)
     if not text.isprintable():  # line breaks, tabs, controls, zero-width and bidi characters
         text = "".join(ch for ch in text if ch.isspace() or unicodedata.category(ch) not in _INVISIBLE)
     line = " ".join(text.split())
