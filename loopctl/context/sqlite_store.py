@@ -5,11 +5,11 @@
 - Durable: WAL journal, ``synchronous=FULL``, one transaction per write; an
   entry whose ``store`` returned survives the process being killed.
 - Concurrent: any thread may call any method. Writes go through one
-  connection guarded by a lock; searches through a second, read-only one
-  with its own lock, so a search never holds up a ``store()`` (WAL lets a
-  reader and a writer run at once). Several stores (several loops, threads
-  or processes) on one file coordinate through SQLite's own locking with a
-  busy timeout.
+  connection guarded by a lock; searches and other reads go through a
+  second, read-only one with its own lock, so a search never holds up a
+  ``store()`` (WAL lets a reader and a writer run at once). Several stores
+  (several loops, threads or processes) on one file coordinate through
+  SQLite's own locking with a busy timeout.
 - Bounded searches: the query is cut first (``memory_query``: 2,000
   characters, 64 distinct words), so a huge one is no slower than a short one.
 - Search: FTS5 when the SQLite build has it (candidates by bm25), else a
@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -232,6 +233,15 @@ class SqliteMemoryStore:
     def _write(self, con: sqlite3.Connection) -> SqliteMemoryStore._Tx:
         return SqliteMemoryStore._Tx(con)
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The read connection, held under the read lock (never the write lock)."""
+        with self._read_lock:
+            con = self._reader
+            if con is None:
+                raise LoopError(f"memory database {str(self.path)!r} is closed")
+            yield con
+
     def _conn(self) -> sqlite3.Connection:
         con = self._con
         if con is None:
@@ -279,10 +289,7 @@ class SqliteMemoryStore:
         qw = words(query)
         if limit == 0 or not qw:
             return []
-        with self._read_lock:
-            con = self._reader
-            if con is None:
-                raise LoopError(f"memory database {str(self.path)!r} is closed")
+        with self._reading() as con:
             try:
                 if self._fts:
                     match = " OR ".join('"' + w.replace('"', '""') + '"' for w in sorted(qw))
@@ -327,14 +334,14 @@ class SqliteMemoryStore:
 
     def get(self, entry_id: str) -> Optional[MemoryEntry]:
         """One entry by id, or None."""
-        with self._lock:
-            row = self._conn().execute(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (entry_id,)).fetchone()
+        with self._reading() as con:
+            row = con.execute(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (entry_id,)).fetchone()
         return None if row is None else _row_entry(row)
 
     def entries(self) -> list[MemoryEntry]:
         """Every entry, oldest first."""
-        with self._lock:
-            rows = self._conn().execute(f"SELECT {_COLUMNS} FROM memories ORDER BY created_at, rowid").fetchall()
+        with self._reading() as con:
+            rows = con.execute(f"SELECT {_COLUMNS} FROM memories ORDER BY created_at, rowid").fetchall()
         return [_row_entry(r) for r in rows]
 
     def delete(self, entry_id: str) -> bool:
@@ -346,8 +353,8 @@ class SqliteMemoryStore:
         return n > 0
 
     def __len__(self) -> int:
-        with self._lock:
-            return int(self._conn().execute("SELECT COUNT(*) FROM memories").fetchone()[0])
+        with self._reading() as con:
+            return int(con.execute("SELECT COUNT(*) FROM memories").fetchone()[0])
 
     def close(self) -> None:
         """Close the connection (idempotent); later calls raise ``LoopError``."""
