@@ -268,19 +268,46 @@ def test_the_driver_hands_a_custom_store_the_cut_query() -> None:
 
 
 @pytest.mark.parametrize("use_fts", [True, False], ids=["fts", "scan"])
+def test_a_search_paused_mid_query_does_not_hold_up_a_store(use_fts: bool, tmp_path: Path) -> None:
+    store = SqliteMemoryStore(tmp_path / "m.db", use_fts=use_fts)
+    store.store_many(MemoryEntry(f"tea fact {i}") for i in range(50))
+    in_query = threading.Event()
+    release = threading.Event()
+
+    def pause() -> int:  # SQLite calls this while the search's statement runs
+        in_query.set()
+        release.wait(WAIT)
+        return 0
+
+    store._reader.set_progress_handler(pause, 1)  # the gate (a white-box seam)
+    found: list[list[MemoryEntry]] = []
+    searcher, errors = run_in_thread(lambda: found.append(store.retrieve("tea", 3)))
+    assert in_query.wait(WAIT)
+    writer, write_errors = run_in_thread(lambda: store.store(MemoryEntry("coffee fact")))
+    writer.join(WAIT)
+    stored_while_paused = not writer.is_alive()
+    release.set()
+    searcher.join(WAIT)
+    writer.join(WAIT)
+    assert not errors and not write_errors
+    assert stored_while_paused  # the store went through while the search was mid-query
+    assert len(found[0]) == 3
+    store._reader.set_progress_handler(None, 1)
+    assert [e.text for e in store.retrieve("coffee", 3)] == ["coffee fact"]
+    store.close()
+
+
+@pytest.mark.parametrize("use_fts", [True, False], ids=["fts", "scan"])
 def test_a_huge_query_never_holds_up_a_concurrent_store(use_fts: bool, tmp_path: Path) -> None:
     store = SqliteMemoryStore(tmp_path / "m.db", use_fts=use_fts)
     store.store_many(MemoryEntry(" ".join(f"w{(i * 7 + j) % 5000}" for j in range(20))) for i in range(2000))
     huge = " ".join(f"w{i % 50_000}" for i in range(120_000))
     started = threading.Event()
-    searches: list[float] = []
 
     def search() -> None:
         started.set()
-        for _ in range(3):
-            t0 = time.perf_counter()
+        for _ in range(2):
             assert store.retrieve(huge, 3)
-            searches.append(time.perf_counter() - t0)
 
     thread, errors = run_in_thread(search)
     assert started.wait(WAIT)
@@ -292,11 +319,11 @@ def test_a_huge_query_never_holds_up_a_concurrent_store(use_fts: bool, tmp_path:
         if not thread.is_alive():
             break
     thread.join(WAIT)
-    assert not errors
+    assert not errors  # the old FTS5 search failed outright: "Expression tree is too large"
     store.close()
-    # Generous bounds, for a loaded machine: the old store held its lock ~4 s per search.
-    assert max(stores) < 1.0, stores
-    assert max(searches) < 1.0, searches
+    # A generous bound for a loaded machine: the old store held its lock for the
+    # whole search (~4 s per search on an idle machine).
+    assert max(stores) < 2.0, stores
 
 
 @tool
