@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("loopctl")
 
 
-
 def turn_query(run_input: str, turn: int, conversation: Sequence[Message]) -> str:
     """The display text a turn answers: the input on turn 0, else the last message's."""
     if turn == 0 or not conversation:
