@@ -40,6 +40,15 @@ def _optional_str(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> Non
         )
 
 
+def _optional_seconds(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(
+            f"{type(inst).__name__}.{attribute.name} must be a positive number of seconds or None, got {value!r:.80}"
+        )
+
+
 def _mode(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value not in _DISPATCH_MODES:
         raise ConfigError(
@@ -129,21 +138,28 @@ class RunConfig:
         parallel: tool dispatch policy.
         memory_top_k: memory entries retrieved per turn (0 disables).
         reset_managers: reset breaker and detectors at the start of the run.
+        approval_timeout: seconds a tool call may wait for a person's
+            approval before it is denied ("approval timed out"), unless its
+            tool sets its own; None (the default) waits for ever.
     """
 
     max_turns: int = attrs.field(default=200, validator=_int_range(0))
     parallel: ParallelDispatch = attrs.field(factory=ParallelDispatch, converter=_to_dispatch)
     memory_top_k: int = attrs.field(default=3, validator=_int_range(0))
     reset_managers: bool = attrs.field(default=False, validator=_bool)
+    approval_timeout: Optional[float] = attrs.field(default=None, validator=_optional_seconds)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict."""
-        return {
+        out: dict[str, Any] = {
             "max_turns": self.max_turns,
             "parallel": self.parallel.to_dict(),
             "memory_top_k": self.memory_top_k,
             "reset_managers": self.reset_managers,
         }
+        if self.approval_timeout is not None:  # older readers never see an unknown key
+            out["approval_timeout"] = self.approval_timeout
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:

@@ -274,6 +274,39 @@ class SteeringDelivered(Event):
     messages: tuple[Message, ...]
 
 
+@attrs.frozen
+class ApprovalRequested(Event):
+    """A tool call was parked until a person approves or denies it.
+
+    ``arguments`` are the validated arguments the model asked for;
+    ``timeout`` is the seconds it may wait (None: for ever).
+    """
+
+    TYPE: ClassVar[str] = "approval_requested"
+    turn: int
+    call_id: str
+    tool: str
+    arguments: Mapping[str, Any]
+    timeout: Optional[float]
+
+
+@attrs.frozen
+class ApprovalResolved(Event):
+    """A parked call was answered: ``approved``, by whom, and why not.
+
+    ``by`` is None when the runtime answered (a timeout, the run's end or
+    cancel); ``edited`` is True when the approver changed the arguments.
+    """
+
+    TYPE: ClassVar[str] = "approval_resolved"
+    call_id: str
+    tool: str
+    approved: bool
+    by: Optional[str]
+    reason: str
+    edited: bool
+
+
 #: Observer method name for each event class.
 EVENT_METHODS: dict[type[Event], str] = {
     RunStart: "on_run_start",
@@ -297,6 +330,8 @@ EVENT_METHODS: dict[type[Event], str] = {
     LoopDetectedEvent: "on_loop_detected",
     ConvergenceDetected: "on_convergence_detected",
     SteeringDelivered: "on_steering",
+    ApprovalRequested: "on_approval_requested",
+    ApprovalResolved: "on_approval_resolved",
 }
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.TYPE: cls for cls in EVENT_METHODS}
@@ -372,6 +407,12 @@ class Observer:
     def on_steering(self, event: SteeringDelivered) -> None:
         """Pushed guidance landed in the conversation."""
 
+    def on_approval_requested(self, event: ApprovalRequested) -> None:
+        """A tool call waits for a person's approval (answer it from any thread)."""
+
+    def on_approval_resolved(self, event: ApprovalResolved) -> None:
+        """A waiting tool call was approved or denied."""
+
 
 class CallbackObserver(Observer):
     """An observer that hands every event to one callable (``fn(event)``)."""
@@ -385,6 +426,8 @@ class CallbackObserver(Observer):
 __all__ = [
     "EVENT_METHODS",
     "EVENT_TYPES",
+    "ApprovalRequested",
+    "ApprovalResolved",
     "AttemptReset",
     "CallbackObserver",
     "Compaction",

@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 import attrs
 
 from loopctl import errors as _errors
+from loopctl.approvals import ApprovalDecision
 from loopctl.config import RunConfig
 from loopctl.errors import LoopError
 from loopctl.messages import StopReason, ToolCallPart, part_from_dict, part_to_dict
@@ -76,6 +77,8 @@ class Run:
 
     ``stop_reason`` is None on success and the ``LoopError`` on failure;
     ``start``/``end`` are wall-clock timestamps (``time.time()``).
+    ``approvals`` holds every approval decision of the run (who, when,
+    approved or denied and why), in the order they were taken.
     """
 
     id: str
@@ -86,6 +89,7 @@ class Run:
     start: float = attrs.field(factory=time.time)
     end: Optional[float] = None
     stop_reason: Optional[LoopError] = None
+    approvals: list[ApprovalDecision] = attrs.field(factory=list)
 
     @property
     def turn_count(self) -> int:
@@ -134,6 +138,7 @@ class Run:
             "start": self.start,
             "end": self.end,
             "stop_reason": None if err is None else _error_to_dict(err),
+            "approvals": [a.to_dict() for a in list(self.approvals)],
         }
 
     @classmethod
@@ -150,6 +155,7 @@ class Run:
             start=float(data.get("start") or 0.0),
             end=data.get("end"),
             stop_reason=err,
+            approvals=[ApprovalDecision.from_dict(a) for a in data.get("approvals", ())],
         )
 
 

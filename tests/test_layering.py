@@ -55,7 +55,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "leaves import nothing of loopctl",
-        files=("loopctl/errors.py", "loopctl/messages.py", "loopctl/cancel.py"),
+        files=("loopctl/errors.py", "loopctl/messages.py", "loopctl/cancel.py", "loopctl/approvals.py"),
         allowed=(),
     ),
     Rule(
@@ -66,7 +66,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "records import only the leaves and configs",
         files=("loopctl/records.py",),
-        allowed=("loopctl.errors", "loopctl.messages", "loopctl.config"),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.config", "loopctl.approvals"),
     ),
     Rule(
         "observer events and hooks import only the leaves",

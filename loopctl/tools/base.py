@@ -151,8 +151,10 @@ class Tool:
     ``concurrency_safe`` (may overlap other calls in a parallel wave),
     ``read_only`` (informational; permission policies may use it),
     ``timeout`` (seconds; enforced by the dispatcher, see
-    ``loopctl.tools.timeout``), and the per-call ``is_concurrency_safe`` /
-    ``resource_key`` overrides. ``call`` runs on a worker thread when calls
+    ``loopctl.tools.timeout``), ``requires_approval`` (every call waits for
+    a person's approval, see docs/approvals.md) with ``approval_timeout``
+    (seconds; None defers to ``RunConfig.approval_timeout``), and the
+    per-call ``is_concurrency_safe`` / ``resource_key`` overrides. ``call`` runs on a worker thread when calls
     overlap, so shared state needs its own lock.
     """
 
@@ -161,6 +163,8 @@ class Tool:
     concurrency_safe: bool = False
     read_only: bool = False
     timeout: Optional[float] = None
+    requires_approval: bool = False
+    approval_timeout: Optional[float] = None
 
     def input_schema(self) -> Mapping[str, Any]:
         """The JSON Schema of the input (an object schema)."""

@@ -64,6 +64,8 @@ class FunctionTool(Tool):
         read_only: bool = False,
         resource_key: Optional[ResourceKey] = None,
         timeout: Optional[float] = None,
+        requires_approval: bool = False,
+        approval_timeout: Optional[float] = None,
         localns: Optional[Mapping[str, Any]] = None,
     ) -> None:
         if not callable(func):
@@ -82,11 +84,23 @@ class FunctionTool(Tool):
         self.description = text.strip()
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ConfigError(f"{where}: timeout must be a positive number of seconds, got {timeout!r}")
+        if approval_timeout is not None and (
+            isinstance(approval_timeout, bool)
+            or not isinstance(approval_timeout, (int, float))
+            or not approval_timeout > 0
+        ):
+            raise ConfigError(
+                f"{where}: approval_timeout must be a positive number of seconds, got {approval_timeout!r}"
+            )
+        if not isinstance(requires_approval, bool):
+            raise ConfigError(f"{where}: requires_approval must be a bool, got {requires_approval!r}")
         if resource_key is not None and not (isinstance(resource_key, str) or callable(resource_key)):
             raise ConfigError(f"{where}: resource_key must be a str or a callable(input), got {resource_key!r:.80}")
         self.concurrency_safe = bool(concurrency_safe)
         self.read_only = bool(read_only)
         self.timeout = float(timeout) if timeout is not None else None
+        self.requires_approval = requires_approval
+        self.approval_timeout = float(approval_timeout) if approval_timeout is not None else None
         self._resource_key = resource_key
         self.func = func
         self.__wrapped__ = func
@@ -247,6 +261,8 @@ def tool(
     read_only: bool = False,
     resource_key: Optional[ResourceKey] = None,
     timeout: Optional[float] = None,
+    requires_approval: bool = False,
+    approval_timeout: Optional[float] = None,
 ) -> Callable[[F], FunctionTool]: ...
 
 
@@ -259,6 +275,8 @@ def tool(
     read_only: bool = False,
     resource_key: Optional[ResourceKey] = None,
     timeout: Optional[float] = None,
+    requires_approval: bool = False,
+    approval_timeout: Optional[float] = None,
 ) -> Any:
     """Turn a typed, documented function into a ``Tool``.
 
@@ -273,6 +291,11 @@ def tool(
         resource_key: calls sharing this key never run in the same wave; a
             str, or a callable ``(input) -> Optional[str]``.
         timeout: seconds after which a call gives up with a soft timeout error.
+        requires_approval: every call waits for a person's approval
+            (``handle.approve`` / ``handle.deny``) before it runs.
+        approval_timeout: seconds a call may wait for that approval before
+            it is denied ("approval timed out"); None defers to
+            ``RunConfig.approval_timeout`` (default: wait for ever).
 
     Raises:
         ConfigError: an unsupported or missing annotation, no description,
@@ -285,6 +308,8 @@ def tool(
         read_only=read_only,
         resource_key=resource_key,
         timeout=timeout,
+        requires_approval=requires_approval,
+        approval_timeout=approval_timeout,
     )
     if func is not None:
         return FunctionTool(func, localns=_caller_locals(), **options)  # type: ignore[arg-type]

@@ -1,0 +1,279 @@
+"""The approval slot: a run's tool calls parked until a person answers, from any thread.
+
+One ``ApprovalSlot`` per run, guarded by one ``Condition``. The run's
+thread parks a call (``request``) and waits for answers (``wait_any``; the
+driver calls it unfenced, so a cancel takes the run over at once); any
+thread lists what is pending (``pending``) and answers (``approve`` /
+``deny``). Rules it keeps:
+
+- an answer is taken once: a second answer, an unknown call id, an id of
+  another run, or an answer after the slot closed returns False and
+  changes nothing;
+- edited arguments are checked against the tool's schema on the answering
+  thread, outside the lock; an invalid edit raises ``ValueError`` naming
+  the field and the call stays pending;
+- a call's timeout (the tool's ``approval_timeout``, else the run's) is
+  measured from when it was parked; when it passes the call is denied
+  ("approval timed out");
+- the run's cancel closes the slot at once (the cancelling thread answers
+  every pending call "run cancelled"), so an approve that loses the race
+  returns False; the run's end closes it too ("run ended").
+
+Every decision is appended to the run's ``Run.approvals`` as it is taken,
+under the slot's lock, so the record always agrees with what each caller
+was told. Decisions not yet reported as events are handed out once by
+``wait_any`` (the run's thread) or ``take_unreported`` (finalize).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, Callable, Optional
+
+from loopctl.approvals import (
+    RUN_CANCELLED,
+    TIMED_OUT,
+    ApprovalDecision,
+    PendingApproval,
+)
+from loopctl.errors import Cancelled
+from loopctl.records import Run
+
+#: ``validate(arguments) -> problem``: a message naming the bad field, or None.
+Validator = Callable[[Mapping[str, Any]], Optional[str]]
+
+
+class _Entry:
+    __slots__ = ("pending", "deadline", "validate", "decision", "reported")
+
+    def __init__(self, pending: PendingApproval, deadline: Optional[float], validate: Optional[Validator]) -> None:
+        self.pending = pending
+        self.deadline = deadline
+        self.validate = validate
+        self.decision: Optional[ApprovalDecision] = None
+        self.reported = False
+
+
+class ApprovalSlot:
+    """A run's parked tool calls and their answers (see the module docstring).
+
+    Args:
+        run: the run's audit record; decisions are appended to ``run.approvals``.
+        cancel: the run's cancel signal; firing it closes the slot.
+        clock: a monotonic clock for deadlines (tests inject one).
+        wall: the wall clock for the record's timestamps.
+    """
+
+    def __init__(
+        self,
+        run: Run,
+        cancel: Any = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._entries: dict[str, _Entry] = {}
+        self._closed = False
+        self._run = run
+        self._clock = clock
+        self._wall = wall
+        self._cancel = cancel
+        if cancel is not None:
+            cancel.add_listener(self._on_cancel)
+
+    @property
+    def run_id(self) -> str:
+        """The id of the run this slot belongs to."""
+        return self._run.id
+
+    @property
+    def is_closed(self) -> bool:
+        """True once the run's end or cancel closed the slot."""
+        return self._closed
+
+    # -- the run's side -------------------------------------------------------------
+
+    def request(
+        self,
+        call_id: str,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        turn: int = 0,
+        timeout: Optional[float] = None,
+        validate: Optional[Validator] = None,
+    ) -> PendingApproval:
+        """Park a call until it is answered (the run's thread).
+
+        A call id answered earlier in the run may be parked again (a model
+        that reuses ids across turns): the new call replaces the old entry.
+
+        Raises:
+            Cancelled: the slot is closed (the run was cancelled or ended).
+        """
+        pending = PendingApproval(call_id, tool, dict(arguments), self._run.id, self._wall(), turn, timeout)
+        deadline = None if timeout is None else self._clock() + timeout
+        with self._cond:
+            if self._closed:
+                raise Cancelled(self._cancel_reason())
+            self._entries[call_id] = _Entry(pending, deadline, validate)
+        return pending
+
+    def wait_any(self, call_ids: Iterable[str]) -> list[ApprovalDecision]:
+        """Block until one or more of ``call_ids`` is answered; return those not yet reported.
+
+        Deadlines are applied here: a call past its timeout is denied
+        ("approval timed out"). Each decision is returned once.
+
+        Raises:
+            Cancelled: the run was cancelled (the slot closed) meanwhile.
+            KeyError: an id that was never parked.
+        """
+        ids = list(call_ids)
+        with self._cond:
+            entries = [self._entries[i] for i in ids]
+            while True:
+                if self._cancel is not None and self._cancel.is_cancelled():
+                    raise Cancelled(self._cancel_reason())
+                now = self._clock()
+                nearest: Optional[float] = None
+                for e in entries:
+                    if e.decision is None and e.deadline is not None:
+                        if e.deadline <= now:
+                            self._decide(e, False, None, TIMED_OUT, None)
+                        elif nearest is None or e.deadline < nearest:
+                            nearest = e.deadline
+                out = []
+                for e in entries:
+                    if e.decision is not None and not e.reported:
+                        e.reported = True
+                        out.append(e.decision)
+                if out:
+                    return out
+                if all(e.decision is not None for e in entries):
+                    return []  # every one was answered and already reported
+                if self._closed:
+                    raise Cancelled(self._cancel_reason())
+                self._cond.wait(None if nearest is None else max(0.0, nearest - now))
+
+    def close(self, reason: str) -> None:
+        """Answer every pending call denied with ``reason`` and refuse later answers (idempotent)."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            for e in self._entries.values():
+                if e.decision is None:
+                    self._decide(e, False, None, reason, None)
+            self._cond.notify_all()
+        if self._cancel is not None:
+            self._cancel.remove_listener(self._on_cancel)
+
+    def take_unreported(self) -> list[ApprovalDecision]:
+        """Decisions no event has reported yet, in the order they were parked (once)."""
+        with self._cond:
+            out = []
+            for e in self._entries.values():
+                if e.decision is not None and not e.reported:
+                    e.reported = True
+                    out.append(e.decision)
+            return out
+
+    def _on_cancel(self) -> None:
+        self.close(RUN_CANCELLED)
+
+    def _cancel_reason(self) -> Optional[str]:
+        return self._cancel.reason if self._cancel is not None else RUN_CANCELLED
+
+    # -- any thread -------------------------------------------------------------------
+
+    def pending(self) -> list[PendingApproval]:
+        """The calls waiting for an answer, in the order they were parked."""
+        with self._cond:
+            return [e.pending for e in self._entries.values() if e.decision is None]
+
+    def approve(
+        self, call_id: str, *, by: Optional[str] = None, arguments: Optional[Mapping[str, Any]] = None
+    ) -> bool:
+        """Let a pending call run, optionally with edited ``arguments``.
+
+        Returns:
+            True when this answer was taken; False when the call is not
+            pending here (unknown, answered already, or the run ended).
+
+        Raises:
+            ValueError: ``arguments`` do not fit the tool's schema (the
+                message names the field); the call stays pending.
+        """
+        _check_by(by)
+        if arguments is not None:
+            if not isinstance(arguments, Mapping):
+                raise ValueError(f"arguments must be a mapping of field to value, got {type(arguments).__name__}")
+            with self._cond:
+                entry = self._entries.get(call_id)
+                if entry is None or entry.decision is not None or self._closed:
+                    return False
+                validate = entry.validate
+            edited = dict(arguments)
+            problem = validate(edited) if validate is not None else None
+            if problem is not None:
+                raise ValueError(f"invalid arguments for tool '{entry.pending.tool}': {problem}")
+        with self._cond:
+            entry = self._entries.get(call_id)
+            if entry is None or entry.decision is not None or self._closed:
+                return False
+            self._decide(entry, True, by, "", None if arguments is None else edited)
+            self._cond.notify_all()
+            return True
+
+    def deny(self, call_id: str, reason: str, *, by: Optional[str] = None) -> bool:
+        """Refuse a pending call; the model sees "the user denied this call: <reason>".
+
+        Returns:
+            True when this answer was taken; False when the call is not
+            pending here (unknown, answered already, or the run ended).
+        """
+        if not isinstance(reason, str):
+            raise TypeError(f"deny reason must be a str, got {type(reason).__name__}")
+        _check_by(by)
+        with self._cond:
+            entry = self._entries.get(call_id)
+            if entry is None or entry.decision is not None or self._closed:
+                return False
+            self._decide(entry, False, by, reason, None)
+            self._cond.notify_all()
+            return True
+
+    def _decide(
+        self,
+        entry: _Entry,
+        approved: bool,
+        by: Optional[str],
+        reason: str,
+        edited: Optional[dict[str, Any]],
+    ) -> None:
+        # Under the lock: the decision and the audit record change together.
+        p = entry.pending
+        decision = ApprovalDecision(
+            p.call_id,
+            p.tool,
+            approved,
+            by,
+            reason,
+            edited if edited is not None else p.arguments,
+            edited is not None,
+            p.requested_at,
+            self._wall(),
+        )
+        entry.decision = decision
+        self._run.approvals.append(decision)
+
+
+def _check_by(by: Optional[str]) -> None:
+    if by is not None and not isinstance(by, str):
+        raise TypeError(f"by must be a str or None, got {type(by).__name__}")
+
+
+__all__ = ["ApprovalSlot", "Validator"]
