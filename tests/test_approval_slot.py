@@ -120,29 +120,33 @@ def test_wait_returns_each_decision_once_as_they_come() -> None:
 
 def test_cancel_wakes_the_wait_within_100ms_and_closes_the_slot() -> None:
     for _ in range(20):
-        slot, run, cancel = make_slot()
-        park(slot)
-        waiting = threading.Event()
-        raised: list[BaseException] = []
+        _cancel_trial()
 
-        def wait() -> None:
-            waiting.set()
-            try:
-                slot.wait_any(["c1"])
-            except BaseException as exc:
-                raised.append(exc)
 
-        t = threading.Thread(target=wait)
-        t.start()
-        assert waiting.wait(WAIT)
-        t0 = time.perf_counter()
-        cancel.cancel("stop")
-        t.join(WAIT)
-        assert time.perf_counter() - t0 < 0.1
-        assert len(raised) == 1 and isinstance(raised[0], Cancelled)
-        assert slot.approve("c1") is False
-        [d] = run.approvals
-        assert (d.approved, d.reason) == (False, "run cancelled")
+def _cancel_trial() -> None:
+    slot, run, cancel = make_slot()
+    park(slot)
+    waiting = threading.Event()
+    raised: list[BaseException] = []
+
+    def wait() -> None:
+        waiting.set()
+        try:
+            slot.wait_any(["c1"])
+        except BaseException as exc:
+            raised.append(exc)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    assert waiting.wait(WAIT)
+    t0 = time.perf_counter()
+    cancel.cancel("stop")
+    t.join(WAIT)
+    assert time.perf_counter() - t0 < 0.1
+    assert len(raised) == 1 and isinstance(raised[0], Cancelled)
+    assert slot.approve("c1") is False
+    [d] = run.approvals
+    assert (d.approved, d.reason) == (False, "run cancelled")
 
 
 def test_close_answers_leftovers_run_ended_and_refuses_later_answers() -> None:
@@ -174,49 +178,55 @@ def test_an_id_from_another_run_is_refused() -> None:
 
 def test_eight_threads_approving_at_once_one_wins() -> None:
     for _ in range(50):
-        slot, run, _ = make_slot()
-        park(slot)
-        barrier = threading.Barrier(8)
-        answers: list[bool] = []
-        lock = threading.Lock()
+        _eight_threads_trial()
 
-        def approve(who: str) -> None:
-            barrier.wait(WAIT)
-            ok = slot.approve("c1", by=who)
-            with lock:
-                answers.append(ok)
 
-        errors = run_in_threads(approve, [(f"p{i}",) for i in range(8)])
-        assert not errors
-        assert sorted(answers) == [False] * 7 + [True]
-        [d] = run.approvals
-        assert d.approved and d.by is not None
+def _eight_threads_trial() -> None:
+    slot, run, _ = make_slot()
+    park(slot)
+    barrier = threading.Barrier(8)
+    answers: list[bool] = []
+    lock = threading.Lock()
+
+    def approve(who: str) -> None:
+        barrier.wait(WAIT)
+        ok = slot.approve("c1", by=who)
+        with lock:
+            answers.append(ok)
+
+    errors = run_in_threads(approve, [(f"p{i}",) for i in range(8)])
+    assert not errors
+    assert sorted(answers) == [False] * 7 + [True]
+    [d] = run.approvals
+    assert d.approved and d.by is not None
 
 
 def test_approve_and_cancel_racing_exactly_one_decides_the_call() -> None:
-    outcomes = set()
-    for _ in range(100):
-        slot, run, cancel = make_slot()
-        park(slot)
-        barrier = threading.Barrier(2)
-        told: list[bool] = []
-
-        def approve() -> None:
-            barrier.wait(WAIT)
-            told.append(slot.approve("c1", by="alice"))
-
-        def fire() -> None:
-            barrier.wait(WAIT)
-            cancel.cancel("stop")
-
-        errors = run_in_threads(lambda f: f(), [(approve,), (fire,)])
-        assert not errors
-        [d] = run.approvals
-        assert told == [d.approved]
-        assert d.reason == ("" if d.approved else "run cancelled")
-        assert slot.approve("c1") is False
-        outcomes.add(d.approved)
+    outcomes = {_race_trial() for _ in range(100)}
     assert outcomes  # both orders are legal; each trial agrees with itself
+
+
+def _race_trial() -> bool:
+    slot, run, cancel = make_slot()
+    park(slot)
+    barrier = threading.Barrier(2)
+    told: list[bool] = []
+
+    def approve() -> None:
+        barrier.wait(WAIT)
+        told.append(slot.approve("c1", by="alice"))
+
+    def fire() -> None:
+        barrier.wait(WAIT)
+        cancel.cancel("stop")
+
+    errors = run_in_threads(lambda f: f(), [(approve,), (fire,)])
+    assert not errors
+    [d] = run.approvals
+    assert told == [d.approved]
+    assert d.reason == ("" if d.approved else "run cancelled")
+    assert slot.approve("c1") is False
+    return d.approved
 
 
 def test_decision_round_trips_through_the_run_record() -> None:

@@ -49,6 +49,7 @@ class BuilderMixin:
     _loop_detector: Any
     _convergence: Any
     _client: Any
+    _approval_policy: Optional[Callable[[Any], bool]]
 
     def _model_name(self) -> str:
         return str(getattr(self._client, "model", "") or "")
@@ -253,6 +254,26 @@ class BuilderMixin:
     def with_convergence_detector(self: _L, detector: Any) -> _L:
         """Fluent ``set_convergence_detector``."""
         self.set_convergence_detector(detector)
+        return self
+
+    def set_approval(self: _L, policy: Optional[Callable[[Any], bool]]) -> None:
+        """Ask a person before the calls ``policy(ctx)`` picks (allowed between runs).
+
+        ``policy`` receives an ``ApprovalContext`` (``ctx.tool``,
+        ``ctx.arguments`` already validated against the tool's schema, ...)
+        and returns True when the call must wait for ``handle.approve`` /
+        ``handle.deny``; a policy that raises counts as True. Tools marked
+        ``@tool(requires_approval=True)`` always wait. None removes the policy.
+        """
+        if self._active is not None:
+            raise ConfigError("set_approval() cannot be called while a run is in flight")
+        if policy is not None and not callable(policy):
+            raise ConfigError(f"an approval policy must be callable(ctx) -> bool, got {policy!r:.80}")
+        self._approval_policy = policy
+
+    def with_approval(self: _L, policy: Optional[Callable[[Any], bool]]) -> _L:
+        """Fluent ``set_approval``."""
+        self.set_approval(policy)
         return self
 
     def register_observer(self: _L, observer: Observer) -> None:

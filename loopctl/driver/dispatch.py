@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import attrs
 
+from loopctl.driver.approval_gate import ParkedBatch, dispatch_parked, park_batch
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
@@ -118,7 +119,15 @@ class Dispatcher:
         if not calls:
             return []
         parallel = self.loop._run_config_now.parallel
-        if parallel.mode == "sequential" or parallel.max_concurrency == 1 or len(calls) == 1:
+        sequential = parallel.mode == "sequential" or parallel.max_concurrency == 1 or len(calls) == 1
+        parked = self._park(rc, turn, calls)
+        if parked is not None:  # some calls wait for a person: see approval_gate
+            waves = [[i] for i in range(len(calls))] if sequential else self._plan_waves(calls, parallel.max_concurrency)
+            return dispatch_parked(
+                parked, calls, waves, lambda group: self._run_group(rc, turn, group),
+                lambda: self._check_cancel(rc), rc.unfenced,
+            )
+        if sequential:
             return [self._run_one(rc, turn, _Call(c)) for c in calls]
         results: list[Optional[ToolResultPart]] = [None] * len(calls)
         for wave in self._plan_waves(calls, parallel.max_concurrency):
@@ -130,6 +139,19 @@ class Dispatcher:
                 for i, r in zip(wave, self._run_wave(rc, turn, [calls[i] for i in wave])):
                     results[i] = r
         return results  # type: ignore[return-value]
+
+    def _park(self, rc: RunContext, turn: int, calls: Sequence[ToolCallPart]) -> Optional[ParkedBatch]:
+        loop = self.loop
+        return park_batch(
+            rc.approvals, loop._tools, loop._approval_policy, calls, events=loop._emitter,
+            session_id=loop.session.id, turn=turn,
+            default_timeout=loop._run_config_now.approval_timeout, unfenced=rc.unfenced,
+        )
+
+    def _run_group(self, rc: RunContext, turn: int, calls: Sequence[ToolCallPart]) -> list[ToolResultPart]:
+        if len(calls) == 1:
+            return [self._run_one(rc, turn, _Call(calls[0]))]
+        return self._run_wave(rc, turn, calls)
 
     def _check_cancel(self, rc: RunContext) -> None:
         if rc.cancel.is_cancelled():

@@ -9,7 +9,9 @@
    ``on_run_end`` (run-end hooks first, then observers);
 5. re-arm the cancel signal, last, and free the loop for the next run.
 
-The steering slot closes first, so a push from ``on_run_end`` is refused.
+The steering slot closes first, so a push from ``on_run_end`` is refused;
+the approval slot with it (calls still waiting are denied "run ended" and
+reported by ``on_approval_resolved`` before the run's last events).
 Steps 5's bookkeeping runs even if an observer or a store misbehaves.
 """
 
@@ -19,6 +21,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Optional
 
+from loopctl.approvals import RUN_ENDED
+from loopctl.driver.approval_gate import report_unreported
 from loopctl.errors import LoopError
 
 if TYPE_CHECKING:
@@ -34,6 +38,7 @@ def finalize_run(loop: BareLoop, rc: RunContext, error: Optional[LoopError]) -> 
         rc.ending = True
     try:
         loop._steering._close_and_seal()
+        rc.approvals.close(RUN_ENDED)  # calls still waiting are denied "run ended"
         run = rc.run
         run.end = time.time()
         run.stop_reason = error
@@ -50,6 +55,7 @@ def finalize_run(loop: BareLoop, rc: RunContext, error: Optional[LoopError]) -> 
             error.run = run
         if loop._loop_detector is not None:
             loop._loop_detector.consume_pending_stop()
+        report_unreported(rc.approvals, loop._emitter, loop._session.id)
         phase = loop._open_phase
         if phase is not None:  # a phase cut short (cancel, an escape): close it, failed
             loop._open_phase = None

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import contextvars
 import threading
+from collections.abc import Mapping
 from typing import Any, Callable, Literal, Optional
 
+from loopctl.approvals import PendingApproval
+from loopctl.driver.approvals import ApprovalSlot
 from loopctl.errors import LoopError
 from loopctl.records import Run
 
@@ -41,6 +44,7 @@ class RunContext:
         "tap",
         "thread",
         "context",
+        "approvals",
     )
 
     def __init__(self, run: Run, cancel: Any, waiter: bool, tap: Any = None) -> None:
@@ -58,6 +62,8 @@ class RunContext:
         self.tap = tap
         self.thread: Optional[threading.Thread] = None
         self.context: Optional[contextvars.Context] = None
+        # The run's approval slot; closed by a cancel or by finalize.
+        self.approvals = ApprovalSlot(run, cancel)
 
     def unfenced(self) -> Unfenced:
         """A context manager that releases the fence around blocking work."""
@@ -131,6 +137,34 @@ class RunHandle:
         It never cancels a later run of the same loop.
         """
         return self._cancel(reason)
+
+    def pending_approvals(self) -> list[PendingApproval]:
+        """The run's tool calls waiting for a person's answer, in request order (any thread)."""
+        return self._rc.approvals.pending()
+
+    def approve(
+        self, call_id: str, *, by: Optional[str] = None, arguments: Optional[Mapping[str, Any]] = None
+    ) -> bool:
+        """Let a waiting call run (any thread), optionally with edited ``arguments``.
+
+        Returns:
+            True when this answer was taken; False when the call is not
+            waiting in this run (unknown id, answered already, run ended).
+
+        Raises:
+            ValueError: ``arguments`` do not fit the tool's schema (the
+                message names the field); the call stays pending.
+        """
+        return self._rc.approvals.approve(call_id, by=by, arguments=arguments)
+
+    def deny(self, call_id: str, reason: str, *, by: Optional[str] = None) -> bool:
+        """Refuse a waiting call (any thread); the model reads "the user denied this call: <reason>".
+
+        Returns:
+            True when this answer was taken; False when the call is not
+            waiting in this run (unknown id, answered already, run ended).
+        """
+        return self._rc.approvals.deny(call_id, reason, by=by)
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"

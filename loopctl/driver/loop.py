@@ -118,6 +118,7 @@ class BareLoop(BuilderMixin, ViewsMixin):
         self._routed_model: Optional[str] = None
         self._loop_detector: Any = _default_loop_detector()
         self._convergence: Any = _default_convergence_detector()
+        self._approval_policy: Optional[Callable[[Any], bool]] = None
 
         self._busy = threading.Lock()
         self._active: Optional[RunContext] = None
