@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Un
 
 import attrs
 
+from loopctl.approvals import ApprovalDecision, PendingApproval
 from loopctl.config import RunConfig
 from loopctl.errors import Cancelled, ConfigError, LoopBusy, LoopError
 from loopctl.messages import Message
@@ -65,6 +66,9 @@ class RunStatus:
         output_tokens: output tokens reported so far.
         started_at: wall-clock start (``time.time()``).
         ended_at: wall-clock end, None while running.
+        pending_approvals: tool calls waiting for a person's answer now.
+        approvals: the approval decisions so far (calls still waiting when
+            the run ended are here, denied "run ended").
     """
 
     run_id: str
@@ -77,6 +81,8 @@ class RunStatus:
     output_tokens: int
     started_at: float
     ended_at: Optional[float]
+    pending_approvals: Tuple[PendingApproval, ...] = ()
+    approvals: Tuple[ApprovalDecision, ...] = ()
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-safe dict of the fields."""
@@ -336,6 +342,53 @@ class RunRegistry:
             return False
         return handle.cancel(reason)
 
+    # -- approvals -----------------------------------------------------------------
+
+    def pending_approvals(self, run_id: str) -> List[PendingApproval]:
+        """The run's tool calls waiting for a person's answer (empty once it ended).
+
+        Raises:
+            KeyError: unknown ``run_id``.
+        """
+        return self._handle(run_id).pending_approvals()
+
+    def approve(
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        by: Optional[str] = None,
+        arguments: Optional[Dict[str, Any]] = None,
+    ) -> bool:
+        """Let the run's waiting call run, optionally with edited ``arguments``.
+
+        Returns:
+            True when this answer was taken; False when the call is not
+            waiting (unknown id, answered already, or the run ended).
+
+        Raises:
+            KeyError: unknown ``run_id``.
+            ValueError: ``arguments`` do not fit the tool's schema (the
+                message names the field); the call stays pending.
+        """
+        return self._handle(run_id).approve(call_id, by=by, arguments=arguments)
+
+    def deny(self, run_id: str, call_id: str, reason: str, *, by: Optional[str] = None) -> bool:
+        """Refuse the run's waiting call; the model reads "the user denied this call: <reason>".
+
+        Returns:
+            True when this answer was taken; False when the call is not waiting.
+
+        Raises:
+            KeyError: unknown ``run_id``.
+        """
+        return self._handle(run_id).deny(call_id, reason, by=by)
+
+    def _handle(self, run_id: str) -> RunHandle:
+        handle = self._get(run_id).handle
+        assert handle is not None
+        return handle
+
     # -- looking at runs -------------------------------------------------------------
 
     def status(self, run_id: str) -> RunStatus:
@@ -523,6 +576,8 @@ def _status(entry: _Entry) -> RunStatus:
         output_tokens=sum(t.output_tokens for t in turns),
         started_at=run.start,
         ended_at=run.end if state != "running" else None,
+        pending_approvals=tuple(handle.pending_approvals()),
+        approvals=tuple(run.approvals),
     )
 
 

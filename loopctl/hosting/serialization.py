@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import attrs
 
+from loopctl.approvals import ApprovalDecision, PendingApproval
 from loopctl.config import ParallelDispatch, RunConfig, SessionConfig
 from loopctl.errors import LoopError
 from loopctl.messages import (
@@ -221,13 +222,17 @@ def status_from_dict(data: Mapping[str, Any]) -> Any:
 
     data = _mapping(data, "run status")
     _check_version(data, "run status")
-    names = [f.name for f in attrs.fields(RunStatus)]
-    missing = [n for n in names if n not in data]
+    fields = attrs.fields(RunStatus)
+    missing = [f.name for f in fields if f.name not in data and f.default is attrs.NOTHING]
     if missing:
         raise SchemaError(f"run status is missing {', '.join(map(repr, missing))}")
     if data["state"] not in _RUN_STATES:
         raise SchemaError(f"unknown run state {data['state']!r}: expected one of {_RUN_STATES}")
-    return RunStatus(**{n: data[n] for n in names})
+    kw = {f.name: data[f.name] for f in fields if f.name in data}
+    # The approval fields came later: absent in older dicts, rebuilt from theirs.
+    kw["pending_approvals"] = tuple(PendingApproval.from_dict(p) for p in data.get("pending_approvals") or ())
+    kw["approvals"] = tuple(ApprovalDecision.from_dict(d) for d in data.get("approvals") or ())
+    return RunStatus(**kw)
 
 
 # -- the envelope -----------------------------------------------------------------------------
