@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -79,12 +80,45 @@ class SSE:
         raise AssertionError(f"stream ended before a {kind!r} event")
 
 
-class Web:
-    """One app under test: JSON requests and SSE streams, Flask or Django."""
+class Client:
+    """One browser session against the app under test: JSON requests and SSE streams.
 
-    def __init__(self, post: Callable[..., tuple[int, Any]], get: Callable[..., tuple[int, Any]],
-                 stream: Callable[..., Any]) -> None:
-        self.post, self.get, self.stream = post, get, stream
+    ``open_page()`` loads the page as a browser does and keeps the CSRF
+    token it carries; every ``post`` then sends it in ``X-CSRFToken``
+    (``csrf=False`` leaves it out).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.token = ""
+
+    def open_page(self) -> str:
+        code, page = self.get("/")
+        assert code == 200
+        found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+        assert found, "the page carries no CSRF token"
+        self.token = found.group(1)
+        return page  # type: ignore[no-any-return]
+
+    def post(self, url: str, body: Any = None, csrf: bool = True) -> tuple[int, Any]:
+        return self.app.post(url, body or {}, {"X-CSRFToken": self.token} if csrf else {})
+
+    def get(self, url: str) -> tuple[int, Any]:
+        return self.app.get(url)  # type: ignore[no-any-return]
+
+    def stream(self, url: str, headers: Any = None) -> SSE:
+        return self.app.stream(url, headers or {})  # type: ignore[no-any-return]
+
+
+class Web:
+    """One app under test (Flask or Django), its registry, and a first session on it."""
+
+    def __init__(self, registry: RunRegistry, new_client: Callable[[], Client]) -> None:
+        self.registry = registry
+        self.new_client = new_client
+        self.owner = new_client()
+        self.owner.open_page()
+        self.post, self.get, self.stream = self.owner.post, self.owner.get, self.owner.stream
 
 
 @pytest.fixture
@@ -96,29 +130,64 @@ def _factory(gate: threading.Event) -> Callable[[], BareLoop]:
     return lambda: BareLoop(OfflineModel(), [GatedAdd(gate), MultiplyTool(delay=60), LookupTool()])
 
 
+class _FlaskSession:
+    def __init__(self, app: Any, opened: list[Any]) -> None:
+        self.client = app.test_client()
+        self.opened = opened
+
+    def post(self, url: str, body: Any, headers: Any) -> tuple[int, Any]:
+        r = self.client.post(url, json=body, headers=headers)
+        return r.status_code, r.get_json()
+
+    def get(self, url: str) -> tuple[int, Any]:
+        r = self.client.get(url)
+        return r.status_code, (r.get_json() if r.is_json else r.get_data(as_text=True))
+
+    def stream(self, url: str, headers: Any) -> SSE:
+        r = self.client.get(url, headers=headers, buffered=False)
+        assert r.status_code == 200 and r.mimetype == "text/event-stream"
+        self.opened.append(r)
+        return SSE(r.response)
+
+
+class _DjangoSession:
+    def __init__(self, opened: list[Any]) -> None:
+        from django.test import Client as DjangoClient
+
+        # Django's test client skips the CSRF check unless told otherwise.
+        self.client = DjangoClient(enforce_csrf_checks=True)
+        self.opened = opened
+
+    @staticmethod
+    def _meta(headers: Any) -> dict[str, str]:
+        return {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in headers.items()}
+
+    def post(self, url: str, body: Any, headers: Any) -> tuple[int, Any]:
+        r = self.client.post(url, data=json.dumps(body), content_type="application/json",
+                             **self._meta(headers))
+        return r.status_code, json.loads(r.content)
+
+    def get(self, url: str) -> tuple[int, Any]:
+        r = self.client.get(url)
+        if r["Content-Type"].startswith("application/json"):
+            return r.status_code, json.loads(r.content)
+        return r.status_code, r.content.decode()
+
+    def stream(self, url: str, headers: Any) -> SSE:
+        r = self.client.get(url, **self._meta(headers))
+        assert r.status_code == 200 and r["Content-Type"] == "text/event-stream"
+        self.opened.append(r)
+        return SSE(r.streaming_content)
+
+
 @pytest.fixture
 def flask_web(gate: threading.Event) -> Iterator[Web]:
     pytest.importorskip("flask")
     app_module = _load("flask_app")
     registry = RunRegistry()
-    client = app_module.create_app(registry, _factory(gate)).test_client()
+    app = app_module.create_app(registry, _factory(gate), secret_key="test-secret")
     opened: list[Any] = []
-
-    def post(url: str, body: Any = None) -> tuple[int, Any]:
-        r = client.post(url, json=body or {})
-        return r.status_code, r.get_json()
-
-    def get(url: str) -> tuple[int, Any]:
-        r = client.get(url)
-        return r.status_code, (r.get_json() if r.is_json else r.get_data(as_text=True))
-
-    def stream(url: str, headers: Any = None) -> SSE:
-        r = client.get(url, headers=headers or {}, buffered=False)
-        assert r.status_code == 200 and r.mimetype == "text/event-stream"
-        opened.append(r)
-        return SSE(r.response)
-
-    yield Web(post, get, stream)
+    yield Web(registry, lambda: Client(_FlaskSession(app, opened)))
     gate.set()
     for r in opened:
         r.close()
@@ -129,32 +198,11 @@ def flask_web(gate: threading.Event) -> Iterator[Web]:
 def django_web(gate: threading.Event) -> Iterator[Web]:
     pytest.importorskip("django")
     view = _load("django_view")
-    from django.test import Client
-
     registry = RunRegistry()
     saved = view.REGISTRY, view.LOOP_FACTORY
     view.REGISTRY, view.LOOP_FACTORY = registry, _factory(gate)
-    client = Client()
     opened: list[Any] = []
-
-    def post(url: str, body: Any = None) -> tuple[int, Any]:
-        r = client.post(url, data=json.dumps(body or {}), content_type="application/json")
-        return r.status_code, json.loads(r.content)
-
-    def get(url: str) -> tuple[int, Any]:
-        r = client.get(url)
-        if r["Content-Type"].startswith("application/json"):
-            return r.status_code, json.loads(r.content)
-        return r.status_code, r.content.decode()
-
-    def stream(url: str, headers: Any = None) -> SSE:
-        extra = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in (headers or {}).items()}
-        r = client.get(url, **extra)
-        assert r.status_code == 200 and r["Content-Type"] == "text/event-stream"
-        opened.append(r)
-        return SSE(r.streaming_content)
-
-    yield Web(post, get, stream)
+    yield Web(registry, lambda: Client(_DjangoSession(opened)))
     gate.set()
     for r in opened:
         r.close()
