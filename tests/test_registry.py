@@ -170,23 +170,23 @@ def test_an_owned_run_is_an_unknown_id_to_any_other_owner(
     loop = make_loop(g)
     rid = reg.start(loop, "hi", owner="alice")
     g.wait_entered()
+    ops: list[Callable[[Any], Any]] = [
+        lambda who: reg.status(rid, owner=who),
+        lambda who: reg.result(rid, timeout=0, owner=who),
+        lambda who: reg.steer(rid, "hijack", owner=who),
+        lambda who: reg.cancel(rid, "hijack", owner=who),
+        lambda who: reg.leftovers(rid, owner=who),
+        lambda who: reg.events(rid, owner=who),
+    ]
+    unknown_id = "nope-" + rid[5:]
+    with pytest.raises(KeyError) as unknown:
+        reg.status(unknown_id)
     for stranger in ("bob", None):
-        for op in (
-            lambda: reg.status(rid, owner=stranger),
-            lambda: reg.result(rid, timeout=0, owner=stranger),
-            lambda: reg.steer(rid, "hijack", owner=stranger),
-            lambda: reg.cancel(rid, "hijack", owner=stranger),
-            lambda: reg.leftovers(rid, owner=stranger),
-            lambda: reg.events(rid, owner=stranger),
-        ):
+        for op in ops:
             with pytest.raises(KeyError) as refused:
-                op()
-            with pytest.raises(KeyError) as unknown:
-                reg.status("nope-" + rid[5:])
+                op(stranger)
             # The same answer as an unknown id, so ids cannot be probed.
-            assert str(refused.value).replace(rid, "ID") == str(unknown.value).replace(
-                "nope-" + rid[5:], "ID"
-            )
+            assert str(refused.value).replace(rid, "ID") == str(unknown.value).replace(unknown_id, "ID")
     # The stranger's steer and cancel changed nothing: the run goes on, and
     # its owner's requests work.
     assert reg.status(rid, owner="alice").state == "running"
