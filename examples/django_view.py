@@ -79,7 +79,7 @@ if not settings.configured:
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.middleware.csrf import get_token
 from django.urls import path
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from loopctl import BareLoop, LoopBusy
 from loopctl.demo import OfflineModel, demo_tools
@@ -133,7 +133,7 @@ def _by_id(view: Callable[[HttpRequest, str, str], HttpResponse]) -> Callable[..
     return wrapped
 
 
-@require_GET
+@require_safe
 def page(request: HttpRequest) -> HttpResponse:
     """The live page, with this session's CSRF token in it."""
     token = html.escape(get_token(request), quote=True)
@@ -181,7 +181,7 @@ def cancel(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
     return JsonResponse({"cancelled": REGISTRY.cancel(run_id, reason, owner=owner)})
 
 
-@require_GET
+@require_safe
 @_by_id
 def status(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
     """The run's status and its undelivered guidance."""
@@ -207,7 +207,7 @@ def _frames(run_id: str, owner: Hashable, after: int) -> Iterator[str]:
         yield ": keep-alive\n\n"
 
 
-@require_GET
+@require_safe
 @_by_id
 def events(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
     """Server-sent events until ``run_end``; resumes after ``Last-Event-ID``."""
