@@ -28,8 +28,9 @@ from support import GatedAdd
 
 from loopctl import BareLoop
 from loopctl.demo import OfflineModel
-from loopctl.demo.tools import LookupTool, MultiplyTool
+from loopctl.demo.tools import AddTool, LookupTool, MultiplyTool
 from loopctl.hosting.registry import RunRegistry
+from loopctl.tools import ToolContext
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra has it)")
 from selenium.webdriver.chrome.service import Service  # noqa: E402
@@ -90,10 +91,18 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         driver.quit()
 
 
+class HeldAdd(GatedAdd):
+    """``add`` held until the test opens the gate: a browser under load may take a while."""
+
+    def call(self, input: Any, ctx: ToolContext) -> str:
+        assert self.gate.wait(3 * WAIT_S), "the test never opened the gate"
+        return AddTool.call(self, input, ctx)
+
+
 def _factory(gate: threading.Event) -> Callable[[], BareLoop]:
     # Slowed a little so text visibly streams, as the examples' default loop is.
     return lambda: BareLoop(
-        OfflineModel(delay=0.005), [GatedAdd(gate), MultiplyTool(delay=60), LookupTool()]
+        OfflineModel(delay=0.005), [HeldAdd(gate), MultiplyTool(delay=60), LookupTool()]
     )
 
 
