@@ -14,6 +14,7 @@ them); the test skips, saying so, only where they are absent.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import shutil
 import sys
@@ -30,6 +31,8 @@ from loopctl import BareLoop
 from loopctl.demo import OfflineModel
 from loopctl.demo.tools import AddTool, LookupTool, MultiplyTool
 from loopctl.hosting.registry import RunRegistry
+from loopctl.messages import ModelRequest, ModelResponse
+from loopctl.testing import ScriptedClient, reply
 from loopctl.tools import ToolContext
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra has it)")
@@ -127,17 +130,15 @@ class Served:
         self.url, self.registry, self.gate = url, registry, gate
 
 
-@pytest.fixture(params=["flask", "django"])
-def served(request: pytest.FixtureRequest) -> Iterator[Served]:
-    gate = threading.Event()
+@contextlib.contextmanager
+def _serve(kind: str, factory: Callable[[], BareLoop], gate: threading.Event) -> Iterator[Served]:
     registry = RunRegistry()
-    make_app = _flask_app if request.param == "flask" else _django_app
     saved = None
-    if request.param == "django":
+    if kind == "django":
         view = _load("django_view")
         saved = view.REGISTRY, view.LOOP_FACTORY
     try:
-        app = make_app(registry, _factory(gate))
+        app = (_flask_app if kind == "flask" else _django_app)(registry, factory)
         server = make_server("127.0.0.1", 0, app, threaded=True)
         thread = threading.Thread(target=server.serve_forever, name="browser-test-http", daemon=True)
         thread.start()
@@ -152,6 +153,13 @@ def served(request: pytest.FixtureRequest) -> Iterator[Served]:
     finally:
         if saved is not None:
             view.REGISTRY, view.LOOP_FACTORY = saved
+
+
+@pytest.fixture(params=["flask", "django"])
+def served(request: pytest.FixtureRequest) -> Iterator[Served]:
+    gate = threading.Event()
+    with _serve(request.param, _factory(gate), gate) as app:
+        yield app
 
 
 class Page:
@@ -240,3 +248,30 @@ def test_browser_runs_steers_and_stops_a_run(browser: Any, served: Served) -> No
     assert browser.execute_script("return window.pwned") is None
     assert page.el("log").find_elements(By.CSS_SELECTOR, "script, b, #bold") == []
     assert page.enabled() == {"run": True, "send": False, "stop": False}
+
+
+def test_browser_shows_the_wait_for_the_model_and_stops_it(browser: Any) -> None:
+    gate = threading.Event()
+
+    def slow_model(request: ModelRequest) -> ModelResponse:
+        assert gate.wait(3 * WAIT_S), "the test never released the model"
+        return reply("hello from a slow model")
+
+    factory = lambda: BareLoop(ScriptedClient([slow_model, slow_model]), [])  # noqa: E731
+    with _serve("flask", factory, gate) as served:
+        page = Page(browser)
+        browser.delete_all_cookies()
+        browser.get(served.url)
+        page.type_into("question", "hi")
+        page.el("run").click()
+        page.activity_shows("waiting for the model")  # before the first token
+        page.wait.until(ec.element_to_be_clickable((By.ID, "stop")))
+        page.el("stop").click()
+        page.log_shows("cancelled (stopped by the user)")
+        page.wait.until(ec.invisibility_of_element_located((By.ID, "activity")))
+
+        gate.set()  # the next run's model answers at once
+        page.el("run").click()
+        page.status_is("done in 1 turn")
+        page.log_shows("hello from a slow model")
+        assert page.log_lines()[-1] == "hello from a slow model"
