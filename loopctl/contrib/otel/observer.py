@@ -1,0 +1,588 @@
+"""``OTelObserver``: loopctl's observer events as OpenTelemetry GenAI spans and metrics.
+
+The span tree is built from the events themselves (run id, turn, call id),
+never from ambient context: a run's ``invoke_agent`` span is opened on
+``on_run_start`` with the caller's current span as its parent (events are
+delivered inside a copy of the caller's contextvars, for ``run()`` and
+``start()`` alike), and every ``chat {model}`` and ``execute_tool {name}``
+span is made a child of that run span explicitly, whichever thread the
+work ran on. Chat and tool spans are created when they end, with the start
+time stamped by the event that opened them, so parallel tool spans overlap
+exactly as the calls did and a span's attributes are all known when the
+sampler sees it.
+
+Rules it keeps: per-run state lives on a per-run object keyed by run id
+(one observer may watch many loops at once); message content (inputs,
+replies, tool arguments and results, steering text) is recorded only with
+``record_content=True``; error text is redacted and cut short; a run that
+ends by any path (cancel takeover included) closes every span it opened.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from loopctl.observers import (
+    AttemptReset,
+    Compaction,
+    ConvergenceDetected,
+    Fallback,
+    LoopDetectedEvent,
+    ModelSwitched,
+    Observer,
+    Response,
+    RetryScheduled,
+    RunEnd,
+    RunStart,
+    SteeringDelivered,
+    StreamFailure,
+    StreamSuccess,
+    ToolCallReceived,
+    ToolPost,
+    ToolPre,
+    TurnEnd,
+    TurnStart,
+)
+
+from . import conventions as cv
+from .instruments import Instruments
+
+_SCOPE = "loopctl"
+_MAX_PENDING_CANCELS = 4096
+#: Observer methods that only serve recorded content: skipped entirely unless opted in.
+_CONTENT_METHODS = ("on_response", "on_tool_call_received")
+
+
+def _scope_version() -> str:
+    try:
+        from loopctl import __version__
+    except ImportError:  # pragma: no cover - a broken install
+        return "unknown"
+    return str(__version__)
+
+
+class _Chat:
+    """One model call in flight: what its span will say when it ends."""
+
+    __slots__ = ("turn", "start_ns", "model", "usage_known", "events", "text")
+
+    def __init__(self, turn: int, start_ns: int) -> None:
+        self.turn = turn
+        self.start_ns = start_ns
+        self.model: Optional[str] = None
+        self.usage_known = False
+        self.events: list[tuple[str, dict[str, Any], int]] = []
+        self.text: Optional[str] = None
+
+
+class _RunState:
+    """One run's spans and tallies (touched only by the thread delivering its events)."""
+
+    __slots__ = (
+        "span",
+        "parent",
+        "session_id",
+        "provider",
+        "model",
+        "chat",
+        "tools",
+        "arguments",
+        "input_tokens",
+        "output_tokens",
+        "text",
+    )
+
+    def __init__(self, span: Any, session_id: str, provider: Optional[str]) -> None:
+        self.span = span
+        self.parent = trace.set_span_in_context(span)
+        self.session_id = session_id
+        self.provider = provider
+        self.model: Optional[str] = None  # the last model seen in this run
+        self.chat: Optional[_Chat] = None
+        self.tools: dict[tuple[str, int], tuple[int, int, str]] = {}  # (call, attempt) -> (ns, turn, tool)
+        self.arguments: dict[str, str] = {}  # call id -> JSON arguments (content only)
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.text: Optional[str] = None  # the last reply's text (content only)
+
+
+class OTelObserver(Observer):
+    """Turns a loop's events into OpenTelemetry GenAI spans and metrics.
+
+    Register it like any observer (``loop.register_observer(OTelObserver())``),
+    or with ``instrument(loop)``, which also watches the loop's cancel signal
+    (the cancel's own time on the span, and the cancel latency metric) and
+    names the loop's provider. Spans: ``invoke_agent`` per run (a child of
+    the caller's current span), ``chat {model}`` per model call and
+    ``execute_tool {name}`` per tool call attempt (children of the run's
+    span). Compaction, retries, steering, fallbacks, detections, approvals
+    and cancel are span events; a failed run or call has an error status,
+    an ``error.type`` and a redacted ``exception`` event. A cancelled run is
+    not an error: its spans say ``loopctl.cancelled`` / ``loopctl.run.outcome``.
+
+    Args:
+        tracer_provider: the provider to use (default: the global one, as
+            set by ``opentelemetry.trace.set_tracer_provider``).
+        meter_provider: the provider for metrics (default: the global one).
+        agent_name: ``gen_ai.agent.name`` on every run span.
+        provider_name: ``gen_ai.provider.name`` (e.g. ``"openai"``); by
+            default taken from the client by ``instrument(loop)``, else left out.
+        record_content: also record message content (run input and reply,
+            each turn's reply, tool arguments and results, steering text).
+            Off by default: content may hold personal data.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        agent_name: str = "loopctl",
+        provider_name: Optional[str] = None,
+        record_content: bool = False,
+    ) -> None:
+        version = _scope_version()
+        if tracer_provider is None:
+            self._tracer = trace.get_tracer(_SCOPE, version)
+        else:
+            self._tracer = tracer_provider.get_tracer(_SCOPE, version)
+        if meter_provider is None:
+            meter = metrics.get_meter(_SCOPE, version)
+        else:
+            meter = meter_provider.get_meter(_SCOPE, version)
+        self._metrics = Instruments(meter)
+        self.agent_name = agent_name
+        self.provider_name = provider_name
+        self.record_content = bool(record_content)
+        self._runs: dict[str, _RunState] = {}
+        self._providers: dict[str, str] = {}  # session id -> provider (from instrument)
+        self._cancels: dict[str, int] = {}  # session id -> ns of the pending cancel request
+        self._cancels_lock = threading.Lock()
+        if not self.record_content:
+            for name in _CONTENT_METHODS:
+                # The base no-op, bound: the loop then skips the event entirely.
+                setattr(self, name, getattr(Observer, name).__get__(self))
+
+    # -- wiring -------------------------------------------------------------------------------
+
+    def instrument(self, loop: Any) -> Any:
+        """Register on ``loop`` and watch its cancel signal; returns the loop.
+
+        Watching the signal puts each cancel's request time on the run's
+        ``loopctl.cancel`` event and records the cancel latency metric;
+        the loop's client names ``gen_ai.provider.name`` (its ``provider``).
+        """
+        session_id = loop.session.id
+        provider = getattr(loop.client, "provider", None)
+        if isinstance(provider, str) and provider:
+            self._providers[session_id] = provider
+        loop.cancel_signal().add_listener(lambda: self._cancel_requested(session_id))
+        loop.register_observer(self)
+        return loop
+
+    def _cancel_requested(self, session_id: str) -> None:
+        # On the cancelling thread: only a timestamp, never a span call.
+        with self._cancels_lock:
+            if len(self._cancels) >= _MAX_PENDING_CANCELS:
+                self._cancels.pop(next(iter(self._cancels)))
+            self._cancels[session_id] = time.time_ns()
+
+    def _take_cancel(self, session_id: str) -> Optional[int]:
+        with self._cancels_lock:
+            return self._cancels.pop(session_id, None)
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def on_run_start(self, event: RunStart) -> None:
+        """Open the run's ``invoke_agent`` span under the caller's current span."""
+        provider = self.provider_name or self._providers.get(event.session_id)
+        attrs: dict[str, Any] = {
+            cv.OPERATION_NAME: cv.OP_AGENT,
+            cv.AGENT_NAME: self.agent_name,
+            cv.CONVERSATION_ID: event.session_id,
+            cv.RUN_ID: event.run_id,
+        }
+        if provider:
+            attrs[cv.PROVIDER_NAME] = provider
+        if self.record_content:
+            attrs[cv.INPUT_MESSAGES] = _messages_json("user", event.input)
+        span = self._tracer.start_span(
+            cv.OP_AGENT,
+            context=otel_context.get_current(),
+            kind=SpanKind.INTERNAL,
+            attributes=attrs,
+            start_time=time.time_ns(),
+        )
+        self._runs[event.run_id] = _RunState(span, event.session_id, provider)
+        self._metrics.runs_started.add(1, {cv.AGENT_NAME: self.agent_name})
+
+    def on_run_end(self, event: RunEnd) -> None:
+        """Close whatever the run left open, then its span; count the outcome."""
+        st = self._runs.pop(event.run_id, None)
+        cancel_ns = self._take_cancel(event.session_id)
+        if st is None:
+            return
+        now = time.time_ns()
+        error = event.error
+        if event.success:
+            outcome = "completed"
+        elif error is not None and error.startswith("run cancelled"):
+            outcome = "cancelled"
+        else:
+            outcome = "failed"
+        if st.chat is not None:
+            self._end_chat(st, st.chat, now, error, event.success, None)
+        self._end_open_tools(st, now, outcome == "cancelled", error)
+        span = st.span
+        attrs: dict[str, Any] = {cv.RUN_OUTCOME: outcome, cv.RUN_TURNS: event.total_turns}
+        if st.input_tokens or st.output_tokens:
+            attrs[cv.INPUT_TOKENS] = st.input_tokens
+            attrs[cv.OUTPUT_TOKENS] = st.output_tokens
+        if self.record_content and event.success and st.text is not None:
+            attrs[cv.OUTPUT_MESSAGES] = _messages_json("assistant", st.text)
+        metric_attrs: dict[str, Any] = {cv.AGENT_NAME: self.agent_name, cv.RUN_OUTCOME: outcome}
+        if outcome == "cancelled":
+            attrs[cv.CANCELLED] = True
+            reason = cv.cancel_reason(error)
+            span.add_event(
+                cv.EV_CANCEL, {"loopctl.cancel.reason": reason} if reason else {},
+                timestamp=cancel_ns if cancel_ns is not None else now,
+            )
+            if cancel_ns is not None:
+                self._metrics.cancel_latency.record(max(0, now - cancel_ns) / 1e9, {cv.AGENT_NAME: self.agent_name})
+        elif outcome == "failed":
+            kind = cv.error_type(error)
+            attrs[cv.ERROR_TYPE] = kind
+            metric_attrs[cv.ERROR_TYPE] = kind
+            _record_error(span, kind, error, now)
+        span.set_attributes(attrs)
+        span.end(end_time=now)
+        self._metrics.runs_ended.add(1, metric_attrs)
+
+    # -- model calls ----------------------------------------------------------------------------
+
+    def on_turn_start(self, event: TurnStart) -> None:
+        """A model call begins: remember when (its span is made when it ends)."""
+        st = self._runs.get(event.run_id)
+        if st is not None:
+            st.chat = _Chat(event.turn, time.time_ns())
+
+    def on_attempt_reset(self, event: AttemptReset) -> None:
+        """A stream attempt failed and another starts: an event on the call's span."""
+        chat = self._chat(event.run_id, event.turn)
+        if chat is not None:
+            chat.events.append((cv.EV_ATTEMPT_RESET, {cv.ATTEMPT: event.attempt}, time.time_ns()))
+
+    def on_retry_scheduled(self, event: RetryScheduled) -> None:
+        """A failed call will be retried: an event with the cause and the wait."""
+        chat = self._chat(event.run_id, event.turn)
+        if chat is None:
+            return
+        chat.model = event.model or chat.model
+        chat.events.append(
+            (
+                cv.EV_RETRY,
+                {
+                    cv.ATTEMPT: event.attempt,
+                    "loopctl.retry.max_attempts": event.max_attempts,
+                    "loopctl.retry.wait_s": float(event.wait_s),
+                    "loopctl.retry.cause": cv.redact(event.cause),
+                },
+                time.time_ns(),
+            )
+        )
+
+    def on_stream_success(self, event: StreamSuccess) -> None:
+        """The call succeeded: note the model that served it."""
+        chat = self._chat(event.run_id, event.turn)
+        if chat is not None:
+            chat.model = event.model or chat.model
+            chat.usage_known = event.usage is not None
+
+    def on_stream_failure(self, event: StreamFailure) -> None:
+        """The call failed: note the model (the error arrives with the turn's end)."""
+        chat = self._chat(event.run_id, event.turn)
+        if chat is not None:
+            chat.model = event.model or chat.model
+
+    def on_response(self, event: Response) -> None:
+        """The reply's text (subscribed only with ``record_content``)."""
+        chat = self._chat(event.run_id, event.turn)
+        if chat is not None:
+            chat.text = event.text
+        st = self._runs.get(event.run_id)
+        if st is not None:
+            st.text = event.text
+
+    def on_turn_end(self, event: TurnEnd) -> None:
+        """End the model call's span (``phase="llm"``) or close tools a phase cut short."""
+        st = self._runs.get(event.run_id)
+        if st is None:
+            return
+        now = time.time_ns()
+        if event.phase == "llm":
+            chat = st.chat
+            if chat is not None and chat.turn == event.turn:
+                self._end_chat(st, chat, now, event.error, event.success, event)
+        elif not event.success and st.tools:
+            cancelled = event.error is not None and event.error.startswith("run cancelled")
+            self._end_open_tools(st, now, cancelled, event.error)
+
+    def _chat(self, run_id: str, turn: int) -> Optional[_Chat]:
+        st = self._runs.get(run_id)
+        if st is None:
+            return None
+        chat = st.chat
+        return chat if chat is not None and chat.turn == turn else None
+
+    def _end_chat(
+        self, st: _RunState, chat: _Chat, now: int, error: Optional[str], success: bool, end: Optional[TurnEnd]
+    ) -> None:
+        st.chat = None
+        model = chat.model or st.model
+        if chat.model:
+            st.model = chat.model
+        attrs: dict[str, Any] = {cv.OPERATION_NAME: cv.OP_CHAT, cv.TURN: chat.turn}
+        if st.provider:
+            attrs[cv.PROVIDER_NAME] = st.provider
+        if model:
+            attrs[cv.REQUEST_MODEL] = model
+        cancelled = not success and error is not None and error.startswith("run cancelled")
+        if success and end is not None:
+            if chat.model:
+                attrs[cv.RESPONSE_MODEL] = chat.model
+            if chat.usage_known:
+                attrs[cv.INPUT_TOKENS] = end.input_tokens
+                attrs[cv.OUTPUT_TOKENS] = end.output_tokens
+                st.input_tokens += end.input_tokens
+                st.output_tokens += end.output_tokens
+            if end.stop_reason is not None:
+                attrs[cv.FINISH_REASONS] = (cv.FINISH_REASON_OF.get(end.stop_reason, str(end.stop_reason)),)
+            if self.record_content and chat.text is not None:
+                attrs[cv.OUTPUT_MESSAGES] = _messages_json("assistant", chat.text)
+        elif cancelled:
+            attrs[cv.CANCELLED] = True
+        kind: Optional[str] = None
+        if not success and not cancelled:
+            kind = cv.error_type(error, "ModelError")
+            attrs[cv.ERROR_TYPE] = kind
+        span = self._tracer.start_span(
+            f"{cv.OP_CHAT} {model}" if model else cv.OP_CHAT,
+            context=st.parent,
+            kind=SpanKind.CLIENT,
+            attributes=attrs,
+            start_time=chat.start_ns,
+        )
+        for name, event_attrs, ts in chat.events:
+            span.add_event(name, event_attrs, timestamp=ts)
+        if kind is not None:
+            _record_error(span, kind, error, now)
+        span.end(end_time=now)
+        # Metrics: the conventions' attributes only (low cardinality).
+        m_attrs: dict[str, Any] = {cv.OPERATION_NAME: cv.OP_CHAT}
+        if st.provider:
+            m_attrs[cv.PROVIDER_NAME] = st.provider
+        if model:
+            m_attrs[cv.REQUEST_MODEL] = model
+        if success and chat.model:
+            m_attrs[cv.RESPONSE_MODEL] = chat.model
+        if kind is not None:
+            m_attrs[cv.ERROR_TYPE] = kind
+        seconds = end.duration_ms / 1000.0 if end is not None else max(0, now - chat.start_ns) / 1e9
+        self._metrics.duration.record(seconds, m_attrs)
+        if success and end is not None and chat.usage_known:
+            usage = self._metrics.token_usage
+            usage.record(end.input_tokens, {**m_attrs, cv.TOKEN_TYPE: "input"})
+            usage.record(end.output_tokens, {**m_attrs, cv.TOKEN_TYPE: "output"})
+
+    # -- tool calls ----------------------------------------------------------------------------
+
+    def on_tool_call_received(self, event: ToolCallReceived) -> None:
+        """The call's arguments (subscribed only with ``record_content``)."""
+        st = self._runs.get(event.run_id)
+        if st is not None:
+            st.arguments[event.call_id] = _json(event.input)
+
+    def on_tool_pre(self, event: ToolPre) -> None:
+        """An attempt starts: remember when (its span is made when it ends)."""
+        st = self._runs.get(event.run_id)
+        if st is not None:
+            st.tools[(event.call_id, event.attempt)] = (time.time_ns(), event.turn, event.tool)
+
+    def on_tool_post(self, event: ToolPost) -> None:
+        """An attempt ended: its span runs from its start for the attempt's measured duration."""
+        st = self._runs.get(event.run_id)
+        if st is None:
+            return
+        opened = st.tools.pop((event.call_id, event.attempt), None)
+        now = time.time_ns()
+        if opened is None:
+            return
+        start_ns = opened[0]
+        # Parallel calls all post after the wave: the measured duration, not the
+        # post's time, says when each one really finished.
+        end_ns = min(now, start_ns + int(event.duration_ms * 1e6))
+        output = event.output if event.is_error or self.record_content else None
+        self._tool_span(st, event.call_id, event.attempt, opened, end_ns, event.is_error, output)
+
+    def _tool_span(
+        self,
+        st: _RunState,
+        call_id: str,
+        attempt: int,
+        opened: tuple[int, int, str],
+        end_ns: int,
+        is_error: bool,
+        output: Optional[str],
+        cancelled: bool = False,
+        error: Optional[str] = None,
+    ) -> None:
+        start_ns, turn, tool = opened
+        attrs: dict[str, Any] = {
+            cv.OPERATION_NAME: cv.OP_TOOL,
+            cv.TOOL_NAME: tool,
+            cv.TOOL_CALL_ID: call_id,
+            cv.TOOL_TYPE: "function",
+            cv.TURN: turn,
+            cv.ATTEMPT: attempt,
+        }
+        if self.record_content:
+            args = st.arguments.get(call_id)
+            if args is not None:
+                attrs[cv.TOOL_ARGUMENTS] = args
+            if output is not None:
+                attrs[cv.TOOL_RESULT] = cv.clean(output)
+        if cancelled:
+            attrs[cv.CANCELLED] = True
+        elif is_error:
+            attrs[cv.ERROR_TYPE] = "tool_error" if error is None else cv.error_type(error)
+        span = self._tracer.start_span(
+            f"{cv.OP_TOOL} {tool}", context=st.parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
+        )
+        if is_error and not cancelled:
+            # A soft error result is content (the tool's own text): the status says only that.
+            span.set_status(Status(StatusCode.ERROR, cv.redact(error) if error else "the tool returned an error result"))
+        span.end(end_time=max(start_ns, end_ns))
+
+    def _end_open_tools(self, st: _RunState, now: int, cancelled: bool, error: Optional[str]) -> None:
+        """Attempts that never posted (cancel, a hard stop): end them now."""
+        if not st.tools:
+            return
+        open_tools, st.tools = st.tools, {}
+        for (call_id, attempt), opened in open_tools.items():
+            self._tool_span(st, call_id, attempt, opened, now, not cancelled, None, cancelled, error or "no result")
+
+    # -- events on the run's span ---------------------------------------------------------------
+
+    def _run_event(self, run_id: str, name: str, attrs: dict[str, Any]) -> None:
+        st = self._runs.get(run_id)
+        if st is not None:
+            st.span.add_event(name, attrs, timestamp=time.time_ns())
+
+    def on_compaction(self, event: Compaction) -> None:
+        """The conversation was compacted."""
+        self._run_event(
+            event.run_id,
+            cv.EV_COMPACTION,
+            {
+                "loopctl.compaction.reason": event.reason,
+                "loopctl.compaction.tokens_before": event.tokens_before,
+                "loopctl.compaction.tokens_after": event.tokens_after,
+            },
+        )
+
+    def on_steering(self, event: SteeringDelivered) -> None:
+        """Guidance landed in the conversation (its text only with ``record_content``)."""
+        attrs: dict[str, Any] = {cv.TURN: event.turn, "loopctl.steering.count": len(event.messages)}
+        if self.record_content:
+            attrs["loopctl.steering.messages"] = tuple(cv.clean(m.text) for m in event.messages)
+        self._run_event(event.run_id, cv.EV_STEERING, attrs)
+
+    def on_fallback(self, event: Fallback) -> None:
+        """Requests moved to a fallback model."""
+        self._run_event(
+            event.run_id, cv.EV_FALLBACK, {"loopctl.model.from": event.from_model, "loopctl.model.to": event.to_model}
+        )
+
+    def on_model_switched(self, event: ModelSwitched) -> None:
+        """The serving model changed."""
+        self._run_event(
+            event.run_id,
+            cv.EV_MODEL_SWITCHED,
+            {"loopctl.model.from": event.from_model, "loopctl.model.to": event.to_model},
+        )
+
+    def on_loop_detected(self, event: LoopDetectedEvent) -> None:
+        """A repeating tool pattern (the pattern's text, which quotes inputs, only with content)."""
+        attrs: dict[str, Any] = {"loopctl.loop.repetitions": event.repetitions}
+        if self.record_content:
+            attrs["loopctl.loop.pattern"] = cv.clean(event.pattern)
+        self._run_event(event.run_id, cv.EV_LOOP_DETECTED, attrs)
+
+    def on_convergence_detected(self, event: ConvergenceDetected) -> None:
+        """The final answers converged."""
+        self._run_event(
+            event.run_id,
+            cv.EV_CONVERGENCE,
+            {
+                "loopctl.convergence.action": event.action,
+                "loopctl.convergence.similarity": float(event.similarity),
+                "loopctl.convergence.count": event.count,
+            },
+        )
+
+    def on_approval_requested(self, event: Any) -> None:
+        """A tool call waits for a person's approval."""
+        self._run_event(event.run_id, cv.EV_APPROVAL_REQUESTED, _approval_attrs(event))
+
+    def on_approval_resolved(self, event: Any) -> None:
+        """A pending approval was granted or denied."""
+        attrs = _approval_attrs(event)
+        approved = getattr(event, "approved", None)
+        if isinstance(approved, bool):
+            attrs["loopctl.approval.approved"] = approved
+        self._run_event(event.run_id, cv.EV_APPROVAL_RESOLVED, attrs)
+
+
+def _approval_attrs(event: Any) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    call_id = getattr(event, "call_id", None)
+    tool = getattr(event, "tool", None)
+    if isinstance(call_id, str):
+        attrs[cv.TOOL_CALL_ID] = call_id
+    if isinstance(tool, str):
+        attrs[cv.TOOL_NAME] = tool
+    return attrs
+
+
+def _record_error(span: Any, kind: str, error: Optional[str], now: int) -> None:
+    """Error status plus the conventions' ``exception`` event, both redacted."""
+    text = cv.redact(error) or kind
+    span.set_status(Status(StatusCode.ERROR, text))
+    span.add_event(cv.EV_EXCEPTION, {"exception.type": kind, "exception.message": text}, timestamp=now)
+
+
+def _json(value: Mapping[str, Any]) -> str:
+    try:
+        text = json.dumps(dict(value), ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return cv.clean(text)
+
+
+def _messages_json(role: str, text: str) -> str:
+    """One message in the conventions' ``gen_ai.*.messages`` shape."""
+    return json.dumps(
+        [{"role": role, "parts": [{"type": "text", "content": cv.clean(text)}]}], ensure_ascii=False
+    )
+
+
+__all__ = ["OTelObserver"]
