@@ -47,6 +47,7 @@ RUN_TURNS = "loopctl.run.turns"
 TURN = "loopctl.turn"
 ATTEMPT = "loopctl.attempt"
 CANCELLED = "loopctl.cancelled"
+TOOL_DURATION = "loopctl.tool.duration_ms"
 
 # -- operations and span names ---------------------------------------------------------------
 

@@ -20,15 +20,13 @@ ends by any path (cancel takeover included) closes every span it opened.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Mapping
 from typing import Any, Optional
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from loopctl.observers import (
     AttemptReset,
@@ -54,6 +52,7 @@ from loopctl.observers import (
 
 from . import conventions as cv
 from .instruments import Instruments
+from .spans import ChatCall, RunState, SpanWriter, is_cancel, json_text, messages_json, record_error
 
 _SCOPE = "loopctl"
 _MAX_PENDING_CANCELS = 4096
@@ -67,51 +66,6 @@ def _scope_version() -> str:
     except ImportError:  # pragma: no cover - a broken install
         return "unknown"
     return str(__version__)
-
-
-class _Chat:
-    """One model call in flight: what its span will say when it ends."""
-
-    __slots__ = ("turn", "start_ns", "model", "usage_known", "events", "text")
-
-    def __init__(self, turn: int, start_ns: int) -> None:
-        self.turn = turn
-        self.start_ns = start_ns
-        self.model: Optional[str] = None
-        self.usage_known = False
-        self.events: list[tuple[str, dict[str, Any], int]] = []
-        self.text: Optional[str] = None
-
-
-class _RunState:
-    """One run's spans and tallies (touched only by the thread delivering its events)."""
-
-    __slots__ = (
-        "span",
-        "parent",
-        "session_id",
-        "provider",
-        "model",
-        "chat",
-        "tools",
-        "arguments",
-        "input_tokens",
-        "output_tokens",
-        "text",
-    )
-
-    def __init__(self, span: Any, session_id: str, provider: Optional[str]) -> None:
-        self.span = span
-        self.parent = trace.set_span_in_context(span)
-        self.session_id = session_id
-        self.provider = provider
-        self.model: Optional[str] = None  # the last model seen in this run
-        self.chat: Optional[_Chat] = None
-        self.tools: dict[tuple[str, int], tuple[int, int, str]] = {}  # (call, attempt) -> (ns, turn, tool)
-        self.arguments: dict[str, str] = {}  # call id -> JSON arguments (content only)
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.text: Optional[str] = None  # the last reply's text (content only)
 
 
 class OTelObserver(Observer):
@@ -159,10 +113,11 @@ class OTelObserver(Observer):
         else:
             meter = meter_provider.get_meter(_SCOPE, version)
         self._metrics = Instruments(meter)
+        self._spans = SpanWriter(self._tracer, self._metrics, bool(record_content))
         self.agent_name = agent_name
         self.provider_name = provider_name
         self.record_content = bool(record_content)
-        self._runs: dict[str, _RunState] = {}
+        self._runs: dict[str, RunState] = {}
         self._providers: dict[str, str] = {}  # session id -> provider (from instrument)
         self._cancels: dict[str, int] = {}  # session id -> ns of the pending cancel request
         self._cancels_lock = threading.Lock()
@@ -213,7 +168,7 @@ class OTelObserver(Observer):
         if provider:
             attrs[cv.PROVIDER_NAME] = provider
         if self.record_content:
-            attrs[cv.INPUT_MESSAGES] = _messages_json("user", event.input)
+            attrs[cv.INPUT_MESSAGES] = messages_json("user", event.input)
         span = self._tracer.start_span(
             cv.OP_AGENT,
             context=otel_context.get_current(),
@@ -221,7 +176,7 @@ class OTelObserver(Observer):
             attributes=attrs,
             start_time=time.time_ns(),
         )
-        self._runs[event.run_id] = _RunState(span, event.session_id, provider)
+        self._runs[event.run_id] = RunState(span, event.session_id, provider)
         self._metrics.runs_started.add(1, {cv.AGENT_NAME: self.agent_name})
 
     def on_run_end(self, event: RunEnd) -> None:
@@ -234,20 +189,20 @@ class OTelObserver(Observer):
         error = event.error
         if event.success:
             outcome = "completed"
-        elif error is not None and error.startswith("run cancelled"):
+        elif is_cancel(error):
             outcome = "cancelled"
         else:
             outcome = "failed"
         if st.chat is not None:
-            self._end_chat(st, st.chat, now, error, event.success, None)
-        self._end_open_tools(st, now, outcome == "cancelled", error)
+            self._spans.chat(st, st.chat, now, event.success, error, None)
+        self._spans.open_tools(st, now, error)
         span = st.span
         attrs: dict[str, Any] = {cv.RUN_OUTCOME: outcome, cv.RUN_TURNS: event.total_turns}
         if st.input_tokens or st.output_tokens:
             attrs[cv.INPUT_TOKENS] = st.input_tokens
             attrs[cv.OUTPUT_TOKENS] = st.output_tokens
         if self.record_content and event.success and st.text is not None:
-            attrs[cv.OUTPUT_MESSAGES] = _messages_json("assistant", st.text)
+            attrs[cv.OUTPUT_MESSAGES] = messages_json("assistant", st.text)
         metric_attrs: dict[str, Any] = {cv.AGENT_NAME: self.agent_name, cv.RUN_OUTCOME: outcome}
         if outcome == "cancelled":
             attrs[cv.CANCELLED] = True
@@ -262,7 +217,7 @@ class OTelObserver(Observer):
             kind = cv.error_type(error)
             attrs[cv.ERROR_TYPE] = kind
             metric_attrs[cv.ERROR_TYPE] = kind
-            _record_error(span, kind, error, now)
+            record_error(span, kind, error, now)
         span.set_attributes(attrs)
         span.end(end_time=now)
         self._metrics.runs_ended.add(1, metric_attrs)
@@ -273,7 +228,7 @@ class OTelObserver(Observer):
         """A model call begins: remember when (its span is made when it ends)."""
         st = self._runs.get(event.run_id)
         if st is not None:
-            st.chat = _Chat(event.turn, time.time_ns())
+            st.chat = ChatCall(event.turn, time.time_ns())
 
     def on_attempt_reset(self, event: AttemptReset) -> None:
         """A stream attempt failed and another starts: an event on the call's span."""
@@ -331,77 +286,16 @@ class OTelObserver(Observer):
         if event.phase == "llm":
             chat = st.chat
             if chat is not None and chat.turn == event.turn:
-                self._end_chat(st, chat, now, event.error, event.success, event)
-        elif not event.success and st.tools:
-            cancelled = event.error is not None and event.error.startswith("run cancelled")
-            self._end_open_tools(st, now, cancelled, event.error)
+                self._spans.chat(st, chat, now, event.success, event.error, event)
+        elif not event.success:
+            self._spans.open_tools(st, now, event.error)
 
-    def _chat(self, run_id: str, turn: int) -> Optional[_Chat]:
+    def _chat(self, run_id: str, turn: int) -> Optional[ChatCall]:
         st = self._runs.get(run_id)
         if st is None:
             return None
         chat = st.chat
         return chat if chat is not None and chat.turn == turn else None
-
-    def _end_chat(
-        self, st: _RunState, chat: _Chat, now: int, error: Optional[str], success: bool, end: Optional[TurnEnd]
-    ) -> None:
-        st.chat = None
-        model = chat.model or st.model
-        if chat.model:
-            st.model = chat.model
-        attrs: dict[str, Any] = {cv.OPERATION_NAME: cv.OP_CHAT, cv.TURN: chat.turn}
-        if st.provider:
-            attrs[cv.PROVIDER_NAME] = st.provider
-        if model:
-            attrs[cv.REQUEST_MODEL] = model
-        cancelled = not success and error is not None and error.startswith("run cancelled")
-        if success and end is not None:
-            if chat.model:
-                attrs[cv.RESPONSE_MODEL] = chat.model
-            if chat.usage_known:
-                attrs[cv.INPUT_TOKENS] = end.input_tokens
-                attrs[cv.OUTPUT_TOKENS] = end.output_tokens
-                st.input_tokens += end.input_tokens
-                st.output_tokens += end.output_tokens
-            if end.stop_reason is not None:
-                attrs[cv.FINISH_REASONS] = (cv.FINISH_REASON_OF.get(end.stop_reason, str(end.stop_reason)),)
-            if self.record_content and chat.text is not None:
-                attrs[cv.OUTPUT_MESSAGES] = _messages_json("assistant", chat.text)
-        elif cancelled:
-            attrs[cv.CANCELLED] = True
-        kind: Optional[str] = None
-        if not success and not cancelled:
-            kind = cv.error_type(error, "ModelError")
-            attrs[cv.ERROR_TYPE] = kind
-        span = self._tracer.start_span(
-            f"{cv.OP_CHAT} {model}" if model else cv.OP_CHAT,
-            context=st.parent,
-            kind=SpanKind.CLIENT,
-            attributes=attrs,
-            start_time=chat.start_ns,
-        )
-        for name, event_attrs, ts in chat.events:
-            span.add_event(name, event_attrs, timestamp=ts)
-        if kind is not None:
-            _record_error(span, kind, error, now)
-        span.end(end_time=now)
-        # Metrics: the conventions' attributes only (low cardinality).
-        m_attrs: dict[str, Any] = {cv.OPERATION_NAME: cv.OP_CHAT}
-        if st.provider:
-            m_attrs[cv.PROVIDER_NAME] = st.provider
-        if model:
-            m_attrs[cv.REQUEST_MODEL] = model
-        if success and chat.model:
-            m_attrs[cv.RESPONSE_MODEL] = chat.model
-        if kind is not None:
-            m_attrs[cv.ERROR_TYPE] = kind
-        seconds = end.duration_ms / 1000.0 if end is not None else max(0, now - chat.start_ns) / 1e9
-        self._metrics.duration.record(seconds, m_attrs)
-        if success and end is not None and chat.usage_known:
-            usage = self._metrics.token_usage
-            usage.record(end.input_tokens, {**m_attrs, cv.TOKEN_TYPE: "input"})
-            usage.record(end.output_tokens, {**m_attrs, cv.TOKEN_TYPE: "output"})
 
     # -- tool calls ----------------------------------------------------------------------------
 
@@ -409,7 +303,7 @@ class OTelObserver(Observer):
         """The call's arguments (subscribed only with ``record_content``)."""
         st = self._runs.get(event.run_id)
         if st is not None:
-            st.arguments[event.call_id] = _json(event.input)
+            st.arguments[event.call_id] = json_text(event.input)
 
     def on_tool_pre(self, event: ToolPre) -> None:
         """An attempt starts: remember when (its span is made when it ends)."""
@@ -418,67 +312,22 @@ class OTelObserver(Observer):
             st.tools[(event.call_id, event.attempt)] = (time.time_ns(), event.turn, event.tool)
 
     def on_tool_post(self, event: ToolPost) -> None:
-        """An attempt ended: its span runs from its start for the attempt's measured duration."""
+        """An attempt ended: its span runs from its ``on_tool_pre`` to now.
+
+        A parallel wave fires every pre before any call runs and every post
+        after all have returned, so the wave's spans always overlap, as the
+        calls did; each call's own run time is ``loopctl.tool.duration_ms``.
+        """
         st = self._runs.get(event.run_id)
         if st is None:
             return
         opened = st.tools.pop((event.call_id, event.attempt), None)
-        now = time.time_ns()
         if opened is None:
             return
-        start_ns = opened[0]
-        # Parallel calls all post after the wave: the measured duration, not the
-        # post's time, says when each one really finished.
-        end_ns = min(now, start_ns + int(event.duration_ms * 1e6))
-        output = event.output if event.is_error or self.record_content else None
-        self._tool_span(st, event.call_id, event.attempt, opened, end_ns, event.is_error, output)
-
-    def _tool_span(
-        self,
-        st: _RunState,
-        call_id: str,
-        attempt: int,
-        opened: tuple[int, int, str],
-        end_ns: int,
-        is_error: bool,
-        output: Optional[str],
-        cancelled: bool = False,
-        error: Optional[str] = None,
-    ) -> None:
-        start_ns, turn, tool = opened
-        attrs: dict[str, Any] = {
-            cv.OPERATION_NAME: cv.OP_TOOL,
-            cv.TOOL_NAME: tool,
-            cv.TOOL_CALL_ID: call_id,
-            cv.TOOL_TYPE: "function",
-            cv.TURN: turn,
-            cv.ATTEMPT: attempt,
-        }
-        if self.record_content:
-            args = st.arguments.get(call_id)
-            if args is not None:
-                attrs[cv.TOOL_ARGUMENTS] = args
-            if output is not None:
-                attrs[cv.TOOL_RESULT] = cv.clean(output)
-        if cancelled:
-            attrs[cv.CANCELLED] = True
-        elif is_error:
-            attrs[cv.ERROR_TYPE] = "tool_error" if error is None else cv.error_type(error)
-        span = self._tracer.start_span(
-            f"{cv.OP_TOOL} {tool}", context=st.parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
+        output = event.output if self.record_content else None
+        self._spans.tool(
+            st, event.call_id, event.attempt, opened, time.time_ns(), event.is_error, output, event.duration_ms
         )
-        if is_error and not cancelled:
-            # A soft error result is content (the tool's own text): the status says only that.
-            span.set_status(Status(StatusCode.ERROR, cv.redact(error) if error else "the tool returned an error result"))
-        span.end(end_time=max(start_ns, end_ns))
-
-    def _end_open_tools(self, st: _RunState, now: int, cancelled: bool, error: Optional[str]) -> None:
-        """Attempts that never posted (cancel, a hard stop): end them now."""
-        if not st.tools:
-            return
-        open_tools, st.tools = st.tools, {}
-        for (call_id, attempt), opened in open_tools.items():
-            self._tool_span(st, call_id, attempt, opened, now, not cancelled, None, cancelled, error or "no result")
 
     # -- events on the run's span ---------------------------------------------------------------
 
@@ -561,28 +410,6 @@ def _approval_attrs(event: Any) -> dict[str, Any]:
     if isinstance(tool, str):
         attrs[cv.TOOL_NAME] = tool
     return attrs
-
-
-def _record_error(span: Any, kind: str, error: Optional[str], now: int) -> None:
-    """Error status plus the conventions' ``exception`` event, both redacted."""
-    text = cv.redact(error) or kind
-    span.set_status(Status(StatusCode.ERROR, text))
-    span.add_event(cv.EV_EXCEPTION, {"exception.type": kind, "exception.message": text}, timestamp=now)
-
-
-def _json(value: Mapping[str, Any]) -> str:
-    try:
-        text = json.dumps(dict(value), ensure_ascii=False, default=str)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return cv.clean(text)
-
-
-def _messages_json(role: str, text: str) -> str:
-    """One message in the conventions' ``gen_ai.*.messages`` shape."""
-    return json.dumps(
-        [{"role": role, "parts": [{"type": "text", "content": cv.clean(text)}]}], ensure_ascii=False
-    )
 
 
 __all__ = ["OTelObserver"]
