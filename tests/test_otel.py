@@ -37,6 +37,10 @@ from loopctl.contrib.otel import OTelObserver  # noqa: E402
 from loopctl.errors import RateLimitEscalation  # noqa: E402
 from loopctl.observers import (  # noqa: E402
     Compaction,
+    ConvergenceDetected,
+    Fallback,
+    LoopDetectedEvent,
+    ModelSwitched,
     RetryScheduled,
     RunEnd,
     RunStart,
@@ -542,3 +546,58 @@ def test_events_of_no_known_run_are_ignored(traced: Traced) -> None:
     obs.on_compaction(Compaction("s", "nobody", "threshold", 10, 5))
     obs.on_run_end(RunEnd("s", "nobody", True, None, 0, 1.0))
     assert traced.spans() == []
+
+
+@attrs.frozen
+class ApprovalEvent:
+    """The shape SPEC §14 fixes for the approval events (their classes come with the approvals issue)."""
+
+    session_id: str
+    run_id: str
+    call_id: str
+    tool: str
+    approved: Any = None
+
+
+@pytest.mark.parametrize("record_content", [False, True])
+def test_run_level_happenings_are_events_on_the_run_span(record_content: bool) -> None:
+    t = Traced(record_content=record_content)
+    obs = t.observer
+    sid, rid = "s-1", "r-1"
+    obs.on_run_start(RunStart(sid, rid, "go"))
+    obs.on_compaction(Compaction(sid, rid, "threshold", 900, 400))
+    obs.on_fallback(Fallback(sid, rid, "big", "small"))
+    obs.on_model_switched(ModelSwitched(sid, rid, "big", "small"))
+    obs.on_loop_detected(LoopDetectedEvent(sid, rid, "search({'q': 'my secret'})", 3))
+    obs.on_convergence_detected(ConvergenceDetected(sid, rid, "warn", 0.97, 3))
+    obs.on_approval_requested(ApprovalEvent(sid, rid, "c-1", "delete_file"))
+    obs.on_approval_resolved(ApprovalEvent(sid, rid, "c-1", "delete_file", approved=False))
+    obs.on_run_end(RunEnd(sid, rid, False, "max turns exceeded: the run used all 3 turns", 3, 9.0))
+    root = t.one("invoke_agent")
+    assert event_names(root) == [
+        "loopctl.compaction", "loopctl.fallback", "loopctl.model_switched", "loopctl.loop_detected",
+        "loopctl.convergence_detected", "loopctl.approval_requested", "loopctl.approval_resolved", "exception",
+    ]
+    compaction = event(root, "loopctl.compaction").attributes
+    assert (compaction["loopctl.compaction.reason"], compaction["loopctl.compaction.tokens_before"],
+            compaction["loopctl.compaction.tokens_after"]) == ("threshold", 900, 400)
+    assert event(root, "loopctl.fallback").attributes["loopctl.model.to"] == "small"
+    assert event(root, "loopctl.convergence_detected").attributes["loopctl.convergence.similarity"] == 0.97
+    resolved = event(root, "loopctl.approval_resolved").attributes
+    assert (resolved["gen_ai.tool.call.id"], resolved["gen_ai.tool.name"]) == ("c-1", "delete_file")
+    assert resolved["loopctl.approval.approved"] is False
+    assert "loopctl.approval.approved" not in event(root, "loopctl.approval_requested").attributes
+    assert ("my secret" in t.dump()) is record_content
+    assert root.status.status_code is StatusCode.ERROR
+    assert root.attributes["error.type"] == "MaxTurnsExceeded"
+    assert root.attributes["loopctl.run.outcome"] == "failed"
+    t.tracer_provider.shutdown()
+    t.meter_provider.shutdown()
+
+
+def test_instrumenting_a_loop_twice_registers_once(traced: Traced) -> None:
+    with BareLoop(ScriptedClient([reply("ok")])) as loop:
+        assert traced.observer.instrument(loop) is loop
+        traced.observer.instrument(loop)
+        loop.run("go")
+    assert len(traced.named("invoke_agent")) == 1 and len(traced.named("chat scripted")) == 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import Any, Optional
 
 from opentelemetry import context as otel_context
@@ -118,7 +119,8 @@ class OTelObserver(Observer):
         self.provider_name = provider_name
         self.record_content = bool(record_content)
         self._runs: dict[str, RunState] = {}
-        self._providers: dict[str, str] = {}  # session id -> provider (from instrument)
+        # session id -> the loop ``instrument`` wired (weakly: a closed loop leaves nothing here)
+        self._loops: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self._cancels: dict[str, int] = {}  # session id -> ns of the pending cancel request
         self._cancels_lock = threading.Lock()
         if not self.record_content:
@@ -136,12 +138,18 @@ class OTelObserver(Observer):
         the loop's client names ``gen_ai.provider.name`` (its ``provider``).
         """
         session_id = loop.session.id
-        provider = getattr(loop.client, "provider", None)
-        if isinstance(provider, str) and provider:
-            self._providers[session_id] = provider
+        with self._cancels_lock:
+            if self._loops.get(session_id) is loop:
+                return loop  # once per loop: a second registration would double every span
+            self._loops[session_id] = loop
         loop.cancel_signal().add_listener(lambda: self._cancel_requested(session_id))
         loop.register_observer(self)
         return loop
+
+    def _provider_of(self, session_id: str) -> Optional[str]:
+        loop = self._loops.get(session_id)
+        provider = getattr(getattr(loop, "client", None), "provider", None)
+        return provider if isinstance(provider, str) and provider else None
 
     def _cancel_requested(self, session_id: str) -> None:
         # On the cancelling thread: only a timestamp, never a span call.
@@ -158,7 +166,7 @@ class OTelObserver(Observer):
 
     def on_run_start(self, event: RunStart) -> None:
         """Open the run's ``invoke_agent`` span under the caller's current span."""
-        provider = self.provider_name or self._providers.get(event.session_id)
+        provider = self.provider_name or self._provider_of(event.session_id)
         attrs: dict[str, Any] = {
             cv.OPERATION_NAME: cv.OP_AGENT,
             cv.AGENT_NAME: self.agent_name,
