@@ -601,3 +601,22 @@ def test_instrumenting_a_loop_twice_registers_once(traced: Traced) -> None:
         traced.observer.instrument(loop)
         loop.run("go")
     assert len(traced.named("invoke_agent")) == 1 and len(traced.named("chat scripted")) == 1
+
+
+@pytest.mark.parametrize("how", ["run", "start"])
+def test_the_callers_current_span_is_the_runs_parent(traced: Traced, how: str) -> None:
+    caller = trace.get_tracer("test", tracer_provider=traced.tracer_provider)
+    script = [call("alpha"), reply("ok")] * 3
+    with BareLoop(ScriptedClient(script), [Rendezvous("alpha", threading.Barrier(1))]) as loop:
+        traced.observer.instrument(loop)
+        for _ in range(3):
+            traced.exporter.clear()
+            with caller.start_as_current_span("request") as request:
+                if how == "run":
+                    loop.run("go")
+                else:
+                    loop.start("go").result(WAIT)
+            root = traced.one("invoke_agent")
+            assert root.parent is not None and root.parent.span_id == request.get_span_context().span_id
+            assert {s.parent.span_id for s in traced.children(root)} == {root.context.span_id}
+            assert len(traced.children(root)) == 3
