@@ -620,3 +620,27 @@ def test_the_callers_current_span_is_the_runs_parent(traced: Traced, how: str) -
             assert root.parent is not None and root.parent.span_id == request.get_span_context().span_id
             assert {s.parent.span_id for s in traced.children(root)} == {root.context.span_id}
             assert len(traced.children(root)) == 3
+
+
+def test_trace_context_travels_as_a_w3c_carrier() -> None:
+    from loopctl.contrib.otel.propagation import attached, current_carrier
+
+    provider = TracerProvider()
+    tracer = trace.get_tracer("test", tracer_provider=provider)
+    assert current_carrier() is None  # no span: nothing to carry
+    with tracer.start_as_current_span("web") as web:
+        carrier = current_carrier()
+    assert carrier is not None
+    ctx = web.get_span_context()
+    assert carrier["traceparent"].startswith(f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-")
+    assert not trace.get_current_span().get_span_context().is_valid
+    with attached(carrier):
+        remote = trace.get_current_span().get_span_context()
+        assert (remote.trace_id, remote.span_id, remote.is_remote) == (ctx.trace_id, ctx.span_id, True)
+    assert not trace.get_current_span().get_span_context().is_valid  # detached after the block
+    with tracer.start_as_current_span("task", context=trace.set_span_in_context(web)) as task:
+        with attached(carrier):  # already inside that trace: the closer parent stays current
+            assert trace.get_current_span() is task
+    with attached({}), attached(None):
+        assert not trace.get_current_span().get_span_context().is_valid
+    provider.shutdown()

@@ -7,9 +7,10 @@ delivered inside a copy of the caller's contextvars, for ``run()`` and
 ``start()`` alike), and every ``chat {model}`` and ``execute_tool {name}``
 span is made a child of that run span explicitly, whichever thread the
 work ran on. Chat and tool spans are created when they end, with the start
-time stamped by the event that opened them, so parallel tool spans overlap
-exactly as the calls did and a span's attributes are all known when the
-sampler sees it.
+time stamped by the event that opened them (a tool attempt runs from its
+``on_tool_pre`` to its ``on_tool_post``, so a parallel wave's spans overlap
+as the calls did), and a span's attributes are all known when the sampler
+sees it.
 
 Rules it keeps: per-run state lives on a per-run object keyed by run id
 (one observer may watch many loops at once); message content (inputs,

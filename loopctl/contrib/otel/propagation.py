@@ -5,7 +5,8 @@ propagator (``traceparent``/``tracestate``, by default) into a plain dict
 that travels with the run; ``attached(carrier)`` makes the extracted
 context current around the worker's work, so a run started inside it sees
 that remote span as the caller's span and its ``invoke_agent`` span joins
-the caller's trace. ``loopctl.contrib.celery`` imports this module only
+the caller's trace (unless a span of that trace is already current there,
+as Celery's own OpenTelemetry instrumentation makes its task span). ``loopctl.contrib.celery`` imports this module only
 when ``opentelemetry`` is importable.
 """
 
@@ -16,7 +17,7 @@ from contextlib import contextmanager
 from typing import Optional
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 
 
 def current_carrier() -> Optional[dict[str, str]]:
@@ -33,7 +34,14 @@ def attached(carrier: Optional[Mapping[str, str]]) -> Iterator[None]:
         yield
         return
     clean = {str(k): str(v) for k, v in carrier.items() if isinstance(k, str) and isinstance(v, str)}
-    token = otel_context.attach(propagate.extract(clean))
+    extracted = propagate.extract(clean)
+    current = trace.get_current_span().get_span_context()
+    if current.is_valid and current.trace_id == trace.get_current_span(extracted).get_span_context().trace_id:
+        # Already inside that trace (an instrumented worker made its task span
+        # current): keep the more precise parent.
+        yield
+        return
+    token = otel_context.attach(extracted)
     try:
         yield
     finally:
