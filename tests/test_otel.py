@@ -644,3 +644,24 @@ def test_trace_context_travels_as_a_w3c_carrier() -> None:
     with attached({}), attached(None):
         assert not trace.get_current_span().get_span_context().is_valid
     provider.shutdown()
+
+
+def test_a_call_blocked_by_a_hook_ends_with_its_tool_phase(traced: Traced) -> None:
+    from loopctl.hooks import Hook, HookDecision, HookExecutor
+
+    class NoBeta(Hook):
+        def on_pre_tool_use(self, ctx: Any) -> Any:
+            return HookDecision.block("not beta") if ctx.tool == "beta" else None
+
+    barrier = threading.Barrier(1)
+    script = [calls(("alpha", {}), ("beta", {})), reply("ok")]
+    with BareLoop(ScriptedClient(script), [Rendezvous("alpha", barrier), Rendezvous("beta", barrier)]) as loop:
+        loop.set_hook_executor(HookExecutor([NoBeta()]))
+        traced.observer.instrument(loop)
+        loop.run("go")
+    alpha, beta = traced.one("execute_tool alpha"), traced.one("execute_tool beta")
+    assert alpha.status.status_code is StatusCode.UNSET
+    assert beta.status.status_code is StatusCode.ERROR and beta.attributes["error.type"] == "no_result"
+    assert "not beta" not in traced.dump()
+    final = max(traced.named("chat scripted"), key=lambda s: s.attributes["loopctl.turn"])
+    assert beta.end_time <= final.start_time  # closed with its tool phase, not at the run's end

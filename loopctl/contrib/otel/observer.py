@@ -296,8 +296,8 @@ class OTelObserver(Observer):
             chat = st.chat
             if chat is not None and chat.turn == event.turn:
                 self._spans.chat(st, chat, now, event.success, event.error, event)
-        elif not event.success:
-            self._spans.open_tools(st, now, event.error)
+        elif st.tools:
+            self._spans.open_tools(st, now, None if event.success else event.error)
 
     def _chat(self, run_id: str, turn: int) -> Optional[ChatCall]:
         st = self._runs.get(run_id)

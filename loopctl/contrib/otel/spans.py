@@ -158,6 +158,7 @@ class SpanWriter:
         duration_ms: Optional[float] = None,
         cancelled: bool = False,
         error: Optional[str] = None,
+        kind: Optional[str] = None,
     ) -> None:
         """One tool call attempt's span, from ``opened`` to ``end_ns``.
 
@@ -185,7 +186,7 @@ class SpanWriter:
         if cancelled:
             attrs[cv.CANCELLED] = True
         elif is_error:
-            attrs[cv.ERROR_TYPE] = "tool_error" if error is None else cv.error_type(error)
+            attrs[cv.ERROR_TYPE] = kind or ("tool_error" if error is None else cv.error_type(error))
         span = self.tracer.start_span(
             f"{cv.OP_TOOL} {tool}", context=st.parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
         )
@@ -195,15 +196,25 @@ class SpanWriter:
         span.end(end_time=max(start_ns, end_ns))
 
     def open_tools(self, st: RunState, now: int, error: Optional[str]) -> None:
-        """End the attempts that never posted (a cancel, a hard stop) at ``now``."""
+        """End the attempts that never posted at ``now``.
+
+        ``error`` is what cut them short (a cancel, a hard stop); None when
+        the tool phase ended well, which leaves only attempts a pre-tool
+        hook blocked (a soft refusal without ``on_tool_post``).
+        """
         if not st.tools:
             return
         open_tools, st.tools = st.tools, {}
         cancelled = is_cancel(error)
         for (call_id, attempt), opened in open_tools.items():
             self.tool(
-                st, call_id, attempt, opened, now, not cancelled, cancelled=cancelled, error=error or "no result"
+                st, call_id, attempt, opened, now, not cancelled, cancelled=cancelled,
+                error=error or NO_RESULT, kind=None if error else "no_result",
             )
+
+
+#: The status of an attempt that ended without ``on_tool_post`` while its phase went on.
+NO_RESULT = "the call ended without a result (blocked before it ran)"
 
 
 def record_error(span: Any, kind: str, error: Optional[str], now: int) -> None:
