@@ -3,4 +3,6 @@
 ``loopctl.contrib.celery``: the ``RunRegistry`` API with runs on Celery
 workers and cancel, steering, events and history carried through Redis
 (extra ``[celery]``).
+``loopctl.contrib.otel``: OpenTelemetry GenAI spans and metrics from a
+loop's events (extra ``[otel]``).
 """
