@@ -14,6 +14,8 @@ the latest PLAN message. Plan keys (all optional but ``tag``):
 - ``record``: push every request's turn, steer texts and clock on
   ``t:<tag>:requests`` (JSON).
 - ``count``: ``INCR t:<tag>:tools`` per tool call (side-effect witness).
+- ``tool: "pay"``: a tool that needs a person's approval; when it runs it
+  counts itself and pushes its start clock on ``t:<tag>:paid``.
 
 Timing is gated by these Redis-visible signals, never by sleeps.
 """
@@ -122,10 +124,30 @@ class Work(Tool):
         return "worked"
 
 
+class Pay(Tool):
+    """A side effect that waits for approval: pushes its start clock on ``t:<tag>:paid``."""
+
+    name = "pay"
+    description = "Pay (needs a person's approval)."
+    requires_approval = True
+
+    def input_schema(self) -> Mapping[str, Any]:
+        return {
+            "type": "object",
+            "properties": {"i": {"type": "integer"}, "tag": {"type": "string"}},
+            "required": ["i", "tag"],
+            "additionalProperties": True,
+        }
+
+    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+        signals().rpush(f"t:{input['tag']}:paid", json.dumps({"t": time.monotonic(), "i": input.get("i")}))
+        return "paid"
+
+
 def make_loop(conversation: str, history: List[Message]) -> BareLoop:
-    """The test factory: the deterministic model, echo and work tools."""
+    """The test factory: the deterministic model, echo, work and pay tools."""
     client = ScriptedClient([respond] * 100_000, chunk=32)
-    return BareLoop.from_history(client, [Echo(), Work()], SessionConfig(), history)
+    return BareLoop.from_history(client, [Echo(), Work(), Pay()], SessionConfig(), history)
 
 
 def make_timed_loop(conversation: str, history: List[Message]) -> BareLoop:

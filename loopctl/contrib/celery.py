@@ -30,6 +30,9 @@ The guarantees are the in-process registry's:
   accepted returned as a leftover. Keep Celery's defaults
   ``task_acks_late=False`` (the task option is forced here) and use
   ``worker_prefetch_multiplier=1`` so a dying worker holds no extra tasks.
+- Approvals: ``pending_approvals``, ``approve`` and ``deny`` by run id from
+  any process; the answer travels to the run's worker, whose slot decides
+  (see ``celery_approvals``).
 - Redis unreachable: every call raises ``RegistryUnavailable`` (a
   ``LoopError``) within ``socket_timeout``, never hangs.
 
@@ -69,6 +72,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+import attrs
+
 from loopctl.config import RunConfig
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.registry import RunStatus
@@ -76,6 +81,7 @@ from loopctl.hosting.serialization import history_from_dict, message_from_dict
 from loopctl.messages import Message
 from loopctl.records import Run
 
+from .celery_approvals import ApprovalsMixin, decisions_of, read_pending
 from .celery_redis import (
     TERMINAL,
     RedisBackend,
@@ -173,7 +179,7 @@ def _number(name: str, value: Any, minimum: float) -> float:
     return float(value)
 
 
-class CeleryRunRegistry:
+class CeleryRunRegistry(ApprovalsMixin):
     """Runs on Celery workers, addressed by id from any process (SPEC §12).
 
     Args:
@@ -360,7 +366,11 @@ class CeleryRunRegistry:
             KeyError: unknown (or expired) ``run_id``.
             RegistryUnavailable: Redis could not be reached.
         """
-        return status_from_fields(run_id, self._fields(run_id))
+        fields = self._fields(run_id)
+        status = status_from_fields(run_id, fields)
+        if status.state == "running":
+            return attrs.evolve(status, pending_approvals=tuple(read_pending(self._backend, run_id)))
+        return attrs.evolve(status, approvals=decisions_of(fields))
 
     def result(self, run_id: str, timeout: Optional[float] = None) -> Run:
         """The finished ``Run`` (as ``RunHandle.result``), waiting without polling.

@@ -3,8 +3,9 @@
 ``Bridge`` subscribes to the run's control channel BEFORE the run is claimed
 (so nothing published after the claim is missed) and, once the run is
 started, its thread ``loopctl-celery-bridge-<id>`` turns ``c`` (cancel)
-into the ``RunHandle``'s cancel and ``s<index> <json>`` (steer) into a
-delivery. Steers are addressed by their index in the run's Redis steer
+into the ``RunHandle``'s cancel, ``s<index> <json>`` (steer) into a
+delivery and ``a<json>`` (an approval answer) into the handle's
+``approve``/``deny``, replying with the verdict (see ``celery_approvals``). Steers are addressed by their index in the run's Redis steer
 list: ``cursor`` is the next index this worker has not taken, so a steer is
 taken once whether it came with the claim, on the channel, or by a
 catch-up read after a broken subscription; the finish step returns every
@@ -26,6 +27,7 @@ from loopctl.errors import LoopError
 from loopctl.hosting.serialization import message_from_dict
 from loopctl.messages import Message
 
+from .celery_approvals import answer_here
 from .celery_redis import RedisBackend, RegistryUnavailable
 
 try:
@@ -205,6 +207,8 @@ class Bridge:
             elif op == "s":
                 idx, _, payload = data[1:].partition(" ")
                 self._on_steer(int(idx), payload)
+            elif op == "a":
+                answer_here(self._backend, handle, data[1:])
             elif op in ("e", "x"):
                 return
 

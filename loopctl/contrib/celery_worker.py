@@ -53,6 +53,7 @@ from loopctl.messages import Message
 from loopctl.observers import Event, RunEnd
 from loopctl.records import Run
 
+from . import celery_approvals as approvals
 from .celery_bridge import Bridge, SteerFeed
 from .celery_redis import Claim, RedisBackend, RegistryUnavailable, dumps
 
@@ -198,6 +199,8 @@ class EventWriter:
             if batch and not self.lost:
                 try:
                     data = [(seq, dumps(ev.to_dict())) for seq, ev in batch]
+                    # The pending list first: whoever reads an approval event finds it mirrored.
+                    approvals.mirror(self._backend, self._run_id, batch)
                     if not self._backend.append(self._run_id, self._token, self.progress(), data):
                         self._fenced_out()
                     failures = 0
@@ -321,6 +324,8 @@ def execute_run(
             return "lost"
         return _finish(backend, run_id, token, fields, left)
     finally:
+        if handle is not None:
+            approvals.drop(backend, run_id)
         if loop is not None:
             loop.close()
 
