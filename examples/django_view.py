@@ -7,6 +7,9 @@ continue its history.
     POST /runs                 {"input": "...", "conversation": key?} -> 201 {"run_id", "conversation"}
     POST /runs/<id>/steer      {"text": "..."} -> {"accepted": bool}
     POST /runs/<id>/cancel     {"reason": "..."?} -> {"cancelled": bool}
+    POST /runs/<id>/approvals/<call_id>
+                               {"approve": bool, "reason": "..."?, "arguments": {...}?}
+                               -> {"answered": bool}; 400 for arguments the tool refuses
     GET  /runs/<id>            -> status and undelivered guidance
     GET  /runs/<id>/events     -> server-sent events (resumes after Last-Event-ID)
     GET  /                     -> the live page (examples/static/live.html)
@@ -90,8 +93,9 @@ KEEPALIVE_S = 15.0
 
 
 def default_loop() -> BareLoop:
-    """A loop on the offline demo model, slowed so streaming is visible."""
-    return BareLoop(OfflineModel(delay=0.02), demo_tools(delay=0.5))
+    """A loop on the offline demo model, slowed so streaming is visible; ``multiply`` needs approval."""
+    loop = BareLoop(OfflineModel(delay=0.02), demo_tools(delay=0.5))
+    return loop.with_approval(lambda ctx: ctx.tool == "multiply")
 
 
 #: The process's runs. Tests swap these two for their own.
@@ -181,6 +185,27 @@ def cancel(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
     return JsonResponse({"cancelled": REGISTRY.cancel(run_id, reason, owner=owner)})
 
 
+@require_POST
+def answer(request: HttpRequest, run_id: str, call_id: str) -> HttpResponse:
+    """A person's answer to a call the run waits on (from any page of the session); first answer wins."""
+    data = _body(request)
+    owner = _owner(request)
+    try:
+        if data.get("approve") is True:
+            arguments = data.get("arguments")
+            if arguments is not None and not isinstance(arguments, dict):
+                return JsonResponse({"error": "'arguments' must be an object"}, status=400)
+            answered = REGISTRY.approve(run_id, call_id, by="web", arguments=arguments, owner=owner)
+        else:
+            reason = str(data.get("reason") or "denied from the web")
+            answered = REGISTRY.deny(run_id, call_id, reason, by="web", owner=owner)
+    except KeyError:
+        return JsonResponse({"error": "unknown run"}, status=404)
+    except ValueError as exc:  # edited arguments the tool's schema refuses; still pending
+        return JsonResponse({"error": str(exc)}, status=400)
+    return JsonResponse({"answered": answered})
+
+
 @require_safe
 @_by_id
 def status(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
@@ -227,6 +252,7 @@ urlpatterns = [
     path("runs/<str:run_id>/steer", steer),
     path("runs/<str:run_id>/cancel", cancel),
     path("runs/<str:run_id>/events", events),
+    path("runs/<str:run_id>/approvals/<str:call_id>", answer),
 ]
 
 

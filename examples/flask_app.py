@@ -6,10 +6,14 @@ streams it, so every route talks to one ``RunRegistry`` by run id:
     POST /runs                 {"input": "...", "conversation": key?} -> 201 {"run_id", "conversation"}
     POST /runs/<id>/steer      {"text": "..."} -> {"accepted": bool}
     POST /runs/<id>/cancel     {"reason": "..."?} -> {"cancelled": bool}
+    POST /runs/<id>/approvals/<call_id>
+                               {"approve": bool, "reason": "..."?, "arguments": {...}?}
+                               -> {"answered": bool}; 400 for arguments the tool refuses
     GET  /runs/<id>            -> the run's status and its undelivered guidance
     GET  /runs/<id>/events     -> server-sent events, one per observer event;
                                   resumes after the Last-Event-ID header
-    GET  /                     -> a page with the live run, a guidance box, a Stop button
+    GET  /                     -> a page with the live run, a guidance box, a Stop button,
+                                  and Approve / Deny buttons for calls that wait for a person
 
 Safe to copy, with the protections a real app needs:
 
@@ -63,8 +67,9 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def default_loop() -> BareLoop:
-    """A loop on the offline demo model, slowed so streaming is visible."""
-    return BareLoop(OfflineModel(delay=0.02), demo_tools(delay=0.5))
+    """A loop on the offline demo model, slowed so streaming is visible; ``multiply`` needs approval."""
+    loop = BareLoop(OfflineModel(delay=0.02), demo_tools(delay=0.5))
+    return loop.with_approval(lambda ctx: ctx.tool == "multiply")
 
 
 def sse_lines(
@@ -192,6 +197,27 @@ def create_app(
     def cancel(run_id: str, owner: str) -> Any:
         reason = body().get("reason") or "cancelled from the web"
         return jsonify(cancelled=registry.cancel(run_id, str(reason), owner=owner))
+
+    @app.post("/runs/<run_id>/approvals/<call_id>")
+    def answer(run_id: str, call_id: str) -> Any:
+        # A person answers a call the run is waiting on, from this page or any
+        # other page of the same session; the registry takes the first answer.
+        data = body()
+        owner = session_secret("owner")
+        try:
+            if data.get("approve") is True:
+                arguments = data.get("arguments")
+                if arguments is not None and not isinstance(arguments, dict):
+                    return jsonify(error="'arguments' must be an object"), 400
+                answered = registry.approve(run_id, call_id, by="web", arguments=arguments, owner=owner)
+            else:
+                reason = str(data.get("reason") or "denied from the web")
+                answered = registry.deny(run_id, call_id, reason, by="web", owner=owner)
+        except KeyError:
+            return jsonify(error="unknown run"), 404
+        except ValueError as exc:  # edited arguments the tool's schema refuses; still pending
+            return jsonify(error=str(exc)), 400
+        return jsonify(answered=answered)
 
     @app.get("/runs/<run_id>")
     @by_id

@@ -275,3 +275,79 @@ def test_browser_shows_the_wait_for_the_model_and_stops_it(browser: Any) -> None
         page.status_is("done in 1 turn")
         page.log_shows("hello from a slow model")
         assert page.log_lines()[-1] == "hello from a slow model"
+
+
+@pytest.fixture(params=["flask", "django"])
+def approving(request: pytest.FixtureRequest) -> Iterator[Served]:
+    """An app whose loop asks a person before every ``add``."""
+    gate = threading.Event()
+
+    def factory() -> BareLoop:
+        loop = BareLoop(OfflineModel(delay=0.005), [AddTool(), MultiplyTool(), LookupTool()])
+        return loop.with_approval(lambda ctx: ctx.tool == "add")
+
+    with _serve(request.param, factory, gate) as app:
+        yield app
+
+
+ANSWER_FROM_THIS_SESSION = """
+const [runId, callId, done] = arguments;
+fetch(`/runs/${encodeURIComponent(runId)}/approvals/${encodeURIComponent(callId)}`, {
+  method: "POST", credentials: "same-origin",
+  headers: {"Content-Type": "application/json",
+            "X-CSRFToken": document.querySelector("[name=csrfmiddlewaretoken]").value},
+  body: JSON.stringify({approve: false, reason: "from another page"}),
+}).then((r) => r.json()).then(done, (err) => done({error: String(err)}));
+"""
+
+
+def test_browser_approves_and_denies_calls_from_this_page_and_another(browser: Any, approving: Served) -> None:
+    page = Page(browser)
+    browser.delete_all_cookies()
+    browser.get(approving.url)
+
+    def boxes() -> list[Any]:
+        return list(page.el("approvals").find_elements(By.CSS_SELECTOR, ".approval"))
+
+    page.type_into("question", "What is (1 + 2) * (3 + 4) * (5 + 6)?")
+    page.el("run").click()
+    page.wait.until(lambda _: len(boxes()) == 3, "the three add calls never asked for approval")
+    assert [b.find_element(By.CLASS_NAME, "label").text for b in boxes()] == [
+        "add(a=1, b=2) needs approval",
+        "add(a=3, b=4) needs approval",
+        "add(a=5, b=6) needs approval",
+    ]
+    page.activity_shows("waiting for your approval (3)")
+
+    boxes()[0].find_element(By.CLASS_NAME, "approve").click()
+    page.log_shows("[approved by web: add(a=1, b=2)]")
+    page.wait.until(lambda _: len(boxes()) == 2)
+
+    second = boxes()[0]
+    second.find_element(By.CLASS_NAME, "reason").send_keys("not that one")
+    second.find_element(By.CLASS_NAME, "deny").click()
+    page.log_shows("[denied by web: add(a=3, b=4): not that one]")
+    page.wait.until(lambda _: len(boxes()) == 1)
+
+    # The last call is denied from another page of the same session: its
+    # buttons go from this page when the run reports the answer.
+    call_id = boxes()[0].get_attribute("data-call-id")
+    [status] = approving.registry.list()
+    here = browser.current_window_handle
+    browser.switch_to.new_window("tab")
+    try:
+        browser.get(approving.url)
+        assert browser.execute_async_script(ANSWER_FROM_THIS_SESSION, status.run_id, call_id) == {"answered": True}
+    finally:
+        browser.close()
+        browser.switch_to.window(here)
+    page.log_shows("[denied by web: add(a=5, b=6): from another page]")
+    page.wait.until(lambda _: len(boxes()) == 0)
+    page.status_is("done in 2 turns")
+    page.log_shows("add(3, 4) failed with the user denied this call: not that one")
+    [status] = approving.registry.list()
+    assert [(d.approved, d.by, d.reason) for d in status.approvals] == [
+        (True, "web", ""),
+        (False, "web", "not that one"),
+        (False, "web", "from another page"),
+    ]

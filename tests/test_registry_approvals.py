@@ -128,3 +128,18 @@ def test_unknown_run_id_raises_key_error(reg: RunRegistry) -> None:
         reg.approve("nope", "c")
     with pytest.raises(KeyError):
         reg.deny("nope", "c", "r")
+
+
+def test_an_owned_runs_approvals_are_unknown_to_another_owner(reg: RunRegistry) -> None:
+    loop, asked = make_loop(call("send_email", to="a@b.c", body="hi"), reply("ok"))
+    rid = reg.start(loop, "mail", owner="alice")
+    assert asked.asked.wait(WAIT)
+    with pytest.raises(KeyError):
+        reg.pending_approvals(rid, owner="mallory")
+    [pending] = reg.pending_approvals(rid, owner="alice")
+    with pytest.raises(KeyError):
+        reg.approve(rid, pending.call_id, owner="mallory")
+    with pytest.raises(KeyError):
+        reg.deny(rid, pending.call_id, "no", owner="mallory")
+    assert reg.approve(rid, pending.call_id, owner="alice", by="alice")
+    reg.result(rid, WAIT, owner="alice")

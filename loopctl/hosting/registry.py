@@ -359,13 +359,13 @@ class RunRegistry:
 
     # -- approvals -----------------------------------------------------------------
 
-    def pending_approvals(self, run_id: str) -> List[PendingApproval]:
+    def pending_approvals(self, run_id: str, *, owner: Optional[Hashable] = None) -> List[PendingApproval]:
         """The run's tool calls waiting for a person's answer (empty once it ended).
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
         """
-        return self._handle(run_id).pending_approvals()
+        return self._handle(run_id, owner).pending_approvals()
 
     def approve(
         self,
@@ -374,6 +374,7 @@ class RunRegistry:
         *,
         by: Optional[str] = None,
         arguments: Optional[Dict[str, Any]] = None,
+        owner: Optional[Hashable] = None,
     ) -> bool:
         """Let the run's waiting call run, optionally with edited ``arguments``.
 
@@ -382,25 +383,27 @@ class RunRegistry:
             waiting (unknown id, answered already, or the run ended).
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
             ValueError: ``arguments`` do not fit the tool's schema (the
                 message names the field); the call stays pending.
         """
-        return self._handle(run_id).approve(call_id, by=by, arguments=arguments)
+        return self._handle(run_id, owner).approve(call_id, by=by, arguments=arguments)
 
-    def deny(self, run_id: str, call_id: str, reason: str, *, by: Optional[str] = None) -> bool:
+    def deny(
+        self, run_id: str, call_id: str, reason: str, *, by: Optional[str] = None, owner: Optional[Hashable] = None
+    ) -> bool:
         """Refuse the run's waiting call; the model reads "the user denied this call: <reason>".
 
         Returns:
             True when this answer was taken; False when the call is not waiting.
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
         """
-        return self._handle(run_id).deny(call_id, reason, by=by)
+        return self._handle(run_id, owner).deny(call_id, reason, by=by)
 
-    def _handle(self, run_id: str) -> RunHandle:
-        handle = self._get(run_id).handle
+    def _handle(self, run_id: str, owner: Optional[Hashable]) -> RunHandle:
+        handle = self._get(run_id, owner).handle
         assert handle is not None
         return handle
 
