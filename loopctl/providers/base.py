@@ -6,7 +6,8 @@ below in this order: ``MessageStart``, then per part ``PartStart`` ->
 ``Ping`` may come anywhere. A stream that ends without ``MessageStop`` was
 truncated and is never taken as a complete reply. The stream handler adds
 ``StreamAttemptReset`` (a new attempt starts) and ``StreamRescue`` (a
-complete reply from the non-streaming rescue).
+complete reply from the non-streaming rescue, or the reply of a
+non-streaming call) and ``RetryWait`` (a backoff is about to start).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from loopctl.messages import (
     ToolCallPart,
     Usage,
 )
+from loopctl.providers.boundary import MAX_JSON_DEPTH, json_depth_exceeds, redact_key_shapes
 
 # Part kinds of ``PartStart``; delta kinds add "tool_input" and "signature".
 TEXT = "text"
@@ -103,6 +105,21 @@ class StreamAttemptReset:
 
 
 @attrs.frozen
+class RetryWait:
+    """The stream handler waits ``wait_s`` seconds before retrying a failed call.
+
+    ``cause`` says what failed in a few words ("rate limited (429)",
+    "connection refused at http://127.0.0.1:1/v1"); ``attempt`` is the try
+    about to start (2 for the first retry) of at most ``max_attempts``.
+    """
+
+    cause: str
+    wait_s: float
+    attempt: int
+    max_attempts: int
+
+
+@attrs.frozen
 class StreamRescue:
     """A complete reply obtained by the non-streaming rescue."""
 
@@ -110,7 +127,7 @@ class StreamRescue:
 
 
 StreamEvent = Union[MessageStart, PartStart, PartDelta, PartStop, MessageDelta, MessageStop, Ping]
-HandlerEvent = Union[StreamEvent, StreamAttemptReset, StreamRescue]
+HandlerEvent = Union[StreamEvent, StreamAttemptReset, StreamRescue, RetryWait]
 
 
 @runtime_checkable
@@ -184,6 +201,50 @@ def response_events(response: ModelResponse, chunk: int = 8) -> Iterator[StreamE
     yield MessageStop()
 
 
+_SHOWN = 120  # characters of offending arguments quoted back to the model
+
+
+def _quote(text: str) -> str:
+    shown = redact_key_shapes(text[:_SHOWN])
+    more = f" ... ({len(text)} characters)" if len(text) > _SHOWN else ""
+    return f"{shown!r}{more}"
+
+
+def tool_call_part(call_id: str, name: str, arguments: Any) -> ToolCallPart:
+    """A well-formed ``ToolCallPart`` from a provider's tool call.
+
+    ``arguments`` is the JSON text the model sent (or an already parsed
+    value). Arguments that are not one JSON object (malformed, a list, nested
+    deeper than ``MAX_JSON_DEPTH``) or a missing name give a part with
+    ``input == {}`` and ``invalid`` saying what is wrong (the offending text
+    cut short, key-shaped strings masked): a soft error for the model to fix,
+    never an exception.
+    """
+    name = name if isinstance(name, str) else ""
+    problem: Optional[str] = None
+    data: Any = {}
+    if isinstance(arguments, str):
+        if arguments.strip():
+            if json_depth_exceeds(arguments):
+                problem = f"arguments for tool {name!r} nest deeper than {MAX_JSON_DEPTH} levels"
+            else:
+                try:
+                    data = json.loads(arguments)
+                except (ValueError, RecursionError):
+                    problem = f"invalid JSON arguments for tool {name!r}: {_quote(arguments)}"
+            if problem is None and not isinstance(data, dict):
+                problem = f"arguments for tool {name!r} are not a JSON object: {_quote(arguments)}"
+    elif arguments is not None:
+        data = arguments
+        if not isinstance(data, dict):
+            problem = f"arguments for tool {name!r} are not a JSON object: {_quote(repr(arguments))}"
+    if not name.strip():
+        problem = "the tool call has no tool name" + (f" ({problem})" if problem else "")
+    if problem is not None:
+        return ToolCallPart(call_id, name, {}, f"{problem}; send a call with a tool name and a JSON object")
+    return ToolCallPart(call_id, name, data)
+
+
 @attrs.define
 class _Slot:
     kind: str
@@ -199,8 +260,9 @@ class StreamAccumulator:
     """Assembles stream events into a ``ModelResponse``.
 
     Slots are fixed at ``PartStart`` and routed by (kind, index); tool JSON is
-    parsed once when its part closes (empty -> ``{}``; invalid -> ``ModelError``
-    naming the tool). Thinking stays out of the assembled text.
+    parsed once when its part closes (empty -> ``{}``; invalid JSON, a
+    non-object or no name -> a part marked ``invalid``, see
+    ``tool_call_part``). Thinking stays out of the assembled text.
     """
 
     def __init__(self) -> None:
@@ -261,21 +323,8 @@ class StreamAccumulator:
         slot.closed = True
         text = "".join(slot.chunks)
         if slot.kind == TOOL_CALL:
-            name = slot.name or ""
-            if not name:
-                return
-            if text.strip():
-                try:
-                    data = json.loads(text)
-                except ValueError as exc:
-                    raise ModelError(
-                        f"invalid JSON arguments for tool {name!r}: {text[:200]!r}"
-                    ) from exc
-                if not isinstance(data, dict):
-                    raise ModelError(f"arguments for tool {name!r} are not a JSON object: {text[:200]!r}")
-            else:
-                data = {}
-            slot.part = ToolCallPart(slot.call_id or f"call_{id(slot):x}", name, data)
+            # A bad call is kept, marked invalid: the model gets a soft error for it.
+            slot.part = tool_call_part(slot.call_id or f"call_{id(slot):x}", slot.name or "", text)
         elif slot.kind == THINKING:
             slot.part = ThinkingPart(text, slot.signature)
         elif text:
@@ -321,9 +370,11 @@ __all__ = [
     "PartStart",
     "PartStop",
     "Ping",
+    "RetryWait",
     "StreamAccumulator",
     "StreamAttemptReset",
     "StreamEvent",
     "StreamRescue",
     "response_events",
+    "tool_call_part",
 ]
