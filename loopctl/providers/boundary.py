@@ -24,6 +24,7 @@ import re
 import socket
 import ssl
 import time
+import traceback
 from collections.abc import Iterable
 from typing import Any, NoReturn, Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -144,8 +145,9 @@ class Secret:
     def scrub(self, err: BaseException) -> BaseException:
         """Redact ``err`` and its whole cause/context chain in place; returns ``err``.
 
-        A ``LoopError`` keeps its traceback (our frames hold no credentials);
-        a foreign exception keeps its type and redacted text, not its
+        A ``LoopError`` keeps its traceback's frames (file, line, function)
+        but not their locals, which may hold the headers or text the server
+        echoed; a foreign exception keeps its type and redacted text, not its
         traceback (frames of ``requests``/``urllib3`` hold the headers).
         """
         seen: set[int] = set()
@@ -158,6 +160,8 @@ class Secret:
             if isinstance(exc, LoopError):
                 exc.message = self.redact(exc.message)
                 exc.args = (exc.message,)
+                if exc.__traceback__ is not None:
+                    traceback.clear_frames(exc.__traceback__)  # frames still running are kept
             else:
                 try:
                     text = self.redact(str(exc))
