@@ -302,6 +302,8 @@ def raise_mapped(exc: BaseException, call: CallInfo, *, deadline_hit: bool = Fal
     the cause quotes the header value.
     """
     err = map_exception(exc, call, deadline_hit=deadline_hit)
+    if err is exc:
+        raise call.secret.scrub(err)
     call.secret.scrub(exc)
     if isinstance(err, ConfigError):
         call.secret.scrub(err)

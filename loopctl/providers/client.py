@@ -35,6 +35,7 @@ from loopctl.providers.http import (
     READ_SIZE,
     CallScope,
     Timeout,
+    check_deadline,
     current_scope,
     make_session,
     post,
@@ -128,10 +129,18 @@ class SSEStream:
             self._reading = True
         t, deadline_hit = read_bound(self._call.read_timeout, scope.deadline)
         try:
+            try:
+                check_deadline(scope, self._call)
+            except ModelError:
+                if self._closed:
+                    return None
+                raise
             sock = scope.sock
             if sock is not None:
                 sock.settimeout(t)
             return read1(READ_SIZE)
+        except ModelError:
+            raise
         except Exception as exc:
             if self._closed:
                 return None

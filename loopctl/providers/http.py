@@ -223,6 +223,18 @@ def read_bound(read_timeout: Optional[float], deadline: Optional[float]) -> tupl
     return read_timeout, False
 
 
+def check_deadline(scope: CallScope, call: CallInfo) -> None:
+    """Raise the timeout error once the scope's deadline has passed.
+
+    Between reads: a server trickling bytes never lets one read time out.
+    """
+    if scope.deadline is not None and time.monotonic() >= scope.deadline:
+        err = model_error(f"{call.label}: timed out: the call's deadline passed", retryable=True, kind=TIMEOUT,
+                          summary="the call's deadline passed")
+        err.__dict__["deadline_hit"] = True
+        raise err
+
+
 # -- request bodies ---------------------------------------------------------------
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -324,14 +336,17 @@ def read_json(resp: requests.Response, scope: CallScope, call: CallInfo, limit: 
     """
     chunks: list[bytes] = []
     size = 0
+    raw: Any = resp.raw
+    read = getattr(raw, "read1", None) or raw.read  # read1: what has arrived, so the deadline is checked
     try:
         while True:
+            check_deadline(scope, call)
             t, deadline_hit = read_bound(call.read_timeout, scope.deadline)
             sock = scope.sock
             if sock is not None:
                 sock.settimeout(t)
             try:
-                chunk = resp.raw.read(READ_SIZE)
+                chunk = read(READ_SIZE)
             except Exception as exc:
                 if scope.closed:
                     raise Cancelled("model call closed") from None
@@ -371,6 +386,7 @@ __all__ = [
     "Secret",
     "Timeout",
     "TrackingAdapter",
+    "check_deadline",
     "current_scope",
     "encode_body",
     "error_kind",
