@@ -165,7 +165,7 @@ def test_the_rescue_keeps_the_clients_read_timeout_and_the_message_names_it(serv
     with pytest.raises(ModelError) as info:
         collect_turn(handler, oa(server, timeout=(5.0, 0.3)))
     elapsed = time.monotonic() - t0
-    assert elapsed < 5.0  # two 0.3 s reads, never the rescue's 120 s
+    assert elapsed < 30.0  # two 0.3 s reads, never the rescue's 120 s
     assert "read timeout of 0.3s" in str(info.value)
     assert str(info.value).count("read timeout") == 1  # the rescue's failure is not repeated
 
@@ -173,14 +173,14 @@ def test_the_rescue_keeps_the_clients_read_timeout_and_the_message_names_it(serv
 def test_a_trickling_non_streaming_reply_is_cut_at_the_total_timeout(server: FakeServer) -> None:
     never = threading.Event()
     trickle: list[Any] = [b"{"]
-    for _ in range(100):
+    for _ in range(1200):  # a minute of trickle unless the deadline cuts it
         trickle += [Gate(never, 0.05), b" "]
     server.push(Stream(trickle))
     handler = StreamHandler(total_timeout=0.5, max_retries=0, **FAST)
     t0 = time.monotonic()
     with pytest.raises(ModelError, match=r"total timeout of 0.5s"):
         collect_turn(handler, oa(server, timeout=(5.0, 1.0)), streaming=False)
-    assert time.monotonic() - t0 < 3.0
+    assert time.monotonic() - t0 < 20.0
     never.set()
 
 
@@ -192,7 +192,7 @@ def test_a_retry_after_beyond_max_retry_wait_fails_at_once_naming_the_wait(serve
     t0 = time.monotonic()
     with pytest.raises(RateLimited) as info:
         collect_turn(StreamHandler(max_retry_wait=60.0, **FAST), oa(server))
-    assert time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 < 30.0  # not the hour the server asked for
     err = info.value
     assert err.retry_after == 3600.0 and err.max_retry_wait == 60.0 and err.status == 429
     assert "3600s" in str(err) and "quota exhausted for today" in str(err) and "max_retry_wait" in str(err)
