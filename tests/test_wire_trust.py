@@ -396,3 +396,32 @@ def collect_turn(handler: StreamHandler, client: Any, streaming: bool = True) ->
             acc.feed(ev)
     return rescued if rescued is not None else acc.build()
 
+
+
+def test_the_cli_shows_each_retry_with_its_cause(server: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from loopctl.demo.cli import main
+
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    server.push(Reply(502, {"error": {"message": "bad gateway"}}), Stream(openai_stream("recovered")))
+    out, err = io.StringIO(), io.StringIO()
+    code = main(["run", "hi", "--provider", "openai", "--model", "gpt-test", "--base-url", server.openai_url],
+                stdin=io.StringIO(""), stdout=out, stderr=err, env={})
+    assert code == 0, err.getvalue()
+    text = out.getvalue() + err.getvalue()
+    assert "server error (502); retry 2/4" in text and "recovered" in text
+    assert "stream interrupted" not in text
+
+
+def test_secret_masks_every_form_of_each_credential_and_nothing_plain() -> None:
+    from loopctl.providers.boundary import header_secrets, url_credentials
+
+    clean, creds = url_credentials("https://user:p%40ss-word-9@api.example.test/v1")
+    assert clean == "https://api.example.test/v1" and creds == ["p%40ss-word-9"]
+    secret = Secret("tok-abc-123\n", [*header_secrets({"X-Team": "team-token-77", "anthropic-beta": "tools-1"}),
+                                      *creds])
+    text = secret.redact("key 'tok-abc-123\\n' / tok-abc-123 / team-token-77 / p@ss-word-9 / tools-1 / user")
+    assert "tok-abc" not in text and "team-token" not in text and "ss-word" not in text
+    assert "tools-1" in text and "user" in text
+    assert "tok" not in repr(secret) and "tok" not in str(secret)

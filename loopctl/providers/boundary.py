@@ -25,7 +25,7 @@ import socket
 import ssl
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NoReturn, Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -176,6 +176,16 @@ class Secret:
         return err
 
 
+# Header names whose values describe the request, never authorise it.
+PLAIN_HEADERS = frozenset(("accept", "accept-encoding", "content-type", "user-agent", "anthropic-version",
+                           "anthropic-beta", "openai-beta"))
+
+
+def header_secrets(headers: Mapping[str, str]) -> list[str]:
+    """The values of ``headers`` that may be credentials (all but the plain ones)."""
+    return [str(v) for k, v in headers.items() if str(k).lower() not in PLAIN_HEADERS]
+
+
 def url_credentials(url: str) -> tuple[str, list[str]]:
     """``url`` without its ``user:password@`` part, and the credentials removed."""
     parts = urlsplit(url)
@@ -185,7 +195,9 @@ def url_credentials(url: str) -> tuple[str, list[str]]:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     clean = urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
-    return clean, [s for s in (parts.password, parts.username) if s]
+    # A short user name ("user", "admin") is not a secret and would mask ordinary words.
+    user = parts.username if parts.username and len(parts.username) >= 8 else None
+    return clean, [s for s in (parts.password, user) if s]
 
 
 # -- the mapping of foreign exceptions -------------------------------------------
@@ -447,6 +459,7 @@ __all__ = [
     "Secret",
     "error_kind",
     "error_summary",
+    "header_secrets",
     "is_context_overflow",
     "json_depth_exceeds",
     "map_exception",

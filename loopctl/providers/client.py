@@ -27,6 +27,7 @@ from loopctl.providers.boundary import (
     PROTOCOL,
     CallInfo,
     Secret,
+    header_secrets,
     model_error,
     raise_mapped,
     url_credentials,
@@ -274,7 +275,7 @@ class HTTPClientBase:
         self._base_url = base_url.rstrip("/")
         self._shown_url, url_secrets = url_credentials(self._base_url)
         # Every secret the client was given is masked in every error it raises.
-        self._secret = Secret(api_key, [*(extra_headers or {}).values(), *url_secrets])
+        self._secret = Secret(api_key, [*header_secrets(extra_headers or {}), *url_secrets])
         self._owns_session = session is None
         self._session = session if session is not None else make_session()
         self._timeout: Timeout = timeout
