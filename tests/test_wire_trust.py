@@ -425,3 +425,10 @@ def test_secret_masks_every_form_of_each_credential_and_nothing_plain() -> None:
     assert "tok-abc" not in text and "team-token" not in text and "ss-word" not in text
     assert "tools-1" in text and "user" in text
     assert "tok" not in repr(secret) and "tok" not in str(secret)
+
+
+def test_a_bad_call_quoting_a_header_secret_is_masked_by_the_client(server: FakeServer) -> None:
+    server.push(Reply(200, openai_completion(tool_calls=[("c1", "add", '{"t": "team-token-77", ')])))
+    reply = oa(server, extra_headers={"x-team": "team-token-77"}).complete(hi_request())
+    [call] = reply.message.tool_calls
+    assert call.invalid is not None and "team-token" not in call.invalid and "invalid JSON" in call.invalid

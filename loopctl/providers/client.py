@@ -18,10 +18,11 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional
 
+import attrs
 import requests
 
 from loopctl.errors import Cancelled, ConfigError, LoopError, ModelError
-from loopctl.messages import ModelRequest, ModelResponse
+from loopctl.messages import ModelRequest, ModelResponse, ToolCallPart
 from loopctl.providers.base import StreamEvent, response_events
 from loopctl.providers.boundary import (
     PROTOCOL,
@@ -420,6 +421,17 @@ class HTTPClientBase:
 
         return SSEStream(open_response, self._parser(), call, on_json, self.stream_hint)
 
+    def _redact_calls(self, response: ModelResponse) -> ModelResponse:
+        # The reason of an invalid tool call quotes the model's text: mask this client's secrets in it.
+        parts = response.message.parts
+        if not any(type(p) is ToolCallPart and p.invalid for p in parts):
+            return response
+        fixed = tuple(
+            attrs.evolve(p, invalid=self._secret.redact(p.invalid)) if type(p) is ToolCallPart and p.invalid else p
+            for p in parts
+        )
+        return attrs.evolve(response, message=attrs.evolve(response.message, parts=fixed))
+
     def complete(self, request: ModelRequest) -> ModelResponse:
         """The whole reply from one non-streaming call.
 
@@ -438,7 +450,7 @@ class HTTPClientBase:
         scope = current_scope() or CallScope()
         try:
             resp = self._post(body, scope, call, False)
-            return self._response_from_json(read_json(resp, scope, call))
+            return self._redact_calls(self._response_from_json(read_json(resp, scope, call)))
         except LoopError as err:
             self._secret.scrub(err)  # the one redaction point of a whole call
             raise
