@@ -415,7 +415,7 @@ def test_the_cli_shows_each_retry_with_its_cause(server: FakeServer, monkeypatch
 
 
 def test_secret_masks_every_form_of_each_credential_and_nothing_plain() -> None:
-    from loopctl.providers.boundary import header_secrets, url_credentials
+    from loopctl.providers.secrets import header_secrets, url_credentials
 
     clean, creds = url_credentials("https://user:p%40ss-word-9@api.example.test/v1")
     assert clean == "https://api.example.test/v1" and creds == ["p%40ss-word-9"]

@@ -28,7 +28,6 @@ from loopctl.providers.boundary import (
     PROTOCOL,
     CallInfo,
     Secret,
-    header_secrets,
     model_error,
     raise_mapped,
     url_credentials,
@@ -47,6 +46,7 @@ from loopctl.providers.http import (
     split_timeout,
 )
 from loopctl.providers.reader import StreamParser, StreamReader
+from loopctl.providers.secrets import header_secrets
 
 log = logging.getLogger("loopctl")
 
