@@ -432,3 +432,30 @@ def test_a_bad_call_quoting_a_header_secret_is_masked_by_the_client(server: Fake
     reply = oa(server, extra_headers={"x-team": "team-token-77"}).complete(hi_request())
     [call] = reply.message.tool_calls
     assert call.invalid is not None and "team-token" not in call.invalid and "invalid JSON" in call.invalid
+
+
+def test_close_ends_a_backoff_wait_at_once(server: FakeServer) -> None:
+    from loopctl.errors import Cancelled
+    from loopctl.providers.base import RetryWait
+
+    server.push(Reply(502, {"error": {"message": "bad gateway"}}))
+    turn = StreamHandler(base_delay=600.0, max_delay=600.0, jitter=0.0).stream_turn(oa(server), hi_request(), None)
+    waiting = threading.Event()
+    outcome: list[BaseException] = []
+
+    def consume() -> None:
+        try:
+            for ev in turn:
+                if isinstance(ev, RetryWait):
+                    assert ev.wait_s > 100.0  # capped by the 300 s total timeout
+                    waiting.set()
+        except BaseException as exc:  # noqa: BLE001 - the outcome is the test's
+            outcome.append(exc)
+
+    reader = threading.Thread(target=consume, name="test-backoff-reader")
+    reader.start()
+    assert waiting.wait(10)
+    turn.close()
+    reader.join(10)
+    assert not reader.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], Cancelled)

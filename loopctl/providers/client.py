@@ -174,7 +174,7 @@ class SSEStream:
             if closed:
                 return
             ctype = resp.headers.get("content-type", "").lower()
-            if not ctype.startswith("text/event-stream") and not (
+            if ctype and not ctype.startswith("text/event-stream") and not (
                 self._on_json is not None and ctype.startswith("application/json")
             ):
                 raise model_error(

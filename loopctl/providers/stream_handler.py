@@ -164,6 +164,7 @@ class TurnStream:
         self._streaming = streaming
         self._lock = threading.Lock()
         self._closed = False
+        self._woken = threading.Event()  # set by close(): ends a backoff wait
         self._stream: Any = None
         self._scope: Optional[CallScope] = None
         self._transport_failures = 0
@@ -178,6 +179,7 @@ class TurnStream:
             self._closed = True
             stream = self._stream
             scope = self._scope
+        self._woken.set()
         if stream is not None:
             stream.close()
         if scope is not None:
@@ -387,7 +389,8 @@ class TurnStream:
         return RetryWait(error_summary(failure), delay, n + 1, of + 1)
 
     def _sleep(self, seconds: float) -> None:
-        fired = self._cancel.wait(seconds) if self._cancel is not None else False
+        # The driver closes the call from its cancel listener, so either wait ends early on cancel.
+        fired = self._cancel.wait(seconds) if self._cancel is not None else self._woken.wait(seconds)
         if fired or self._closed:
             raise self._cancelled()
 
