@@ -459,3 +459,12 @@ def test_close_ends_a_backoff_wait_at_once(server: FakeServer) -> None:
     reader.join(10)
     assert not reader.is_alive()
     assert len(outcome) == 1 and isinstance(outcome[0], Cancelled)
+
+
+def test_a_rescue_cut_by_its_own_deadline_names_the_rescue_timeout(server: FakeServer) -> None:
+    server.push(Stream([Stall()]), Hang())
+    handler = StreamHandler(first_event_timeout=0.2, max_retries=0, rescue_timeout=0.3, **FAST)
+    with pytest.raises(ModelError) as info:
+        collect_turn(handler, oa(server))
+    text = str(info.value)
+    assert "no first event within 0.2s" in text and "the rescue timeout of 0.3s passed" in text

@@ -414,10 +414,14 @@ class TurnStream:
             raise
         except LoopError as err:
             first, second = error_summary(cause), error_summary(err)
+            shown: str = str(err)
+            if error_kind(err) == TIMEOUT and getattr(err, "deadline_hit", False):
+                second = f"the rescue timeout of {self._h.rescue_timeout:g}s passed"
+                shown = f"timed out: {second}"
             if first == second:
                 text = f"{cause} (the non-streaming rescue failed the same way)"
             else:
-                text = f"{cause}; the non-streaming rescue failed too: {err}"
+                text = f"{cause}; the non-streaming rescue failed too: {shown}"
             raise tag(
                 ModelError(text, getattr(err, "status", None), False), error_kind(err) or TRANSPORT, None, second
             ) from err
