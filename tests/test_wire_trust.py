@@ -468,3 +468,14 @@ def test_a_rescue_cut_by_its_own_deadline_names_the_rescue_timeout(server: FakeS
         collect_turn(handler, oa(server))
     text = str(info.value)
     assert "no first event within 0.2s" in text and "the rescue timeout of 0.3s passed" in text
+
+
+def test_already_parsed_arguments_nested_too_deep_are_a_soft_error() -> None:
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(200):
+        node["x"] = {}
+        node = node["x"]
+    part = tool_call_part("t1", "add", deep)
+    assert part.input == {} and part.invalid is not None and f"deeper than {MAX_JSON_DEPTH}" in part.invalid
+    assert tool_call_part("t2", "add", {"a": [[1]]}).invalid is None

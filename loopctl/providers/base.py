@@ -31,7 +31,12 @@ from loopctl.messages import (
     ToolCallPart,
     Usage,
 )
-from loopctl.providers.boundary import MAX_JSON_DEPTH, json_depth_exceeds, redact_key_shapes
+from loopctl.providers.boundary import (
+    MAX_JSON_DEPTH,
+    json_depth_exceeds,
+    redact_key_shapes,
+    value_depth_exceeds,
+)
 
 # Part kinds of ``PartStart``; delta kinds add "tool_input" and "signature".
 TEXT = "text"
@@ -237,7 +242,9 @@ def tool_call_part(call_id: str, name: str, arguments: Any) -> ToolCallPart:
     elif arguments is not None:
         data = arguments
         if not isinstance(data, dict):
-            problem = f"arguments for tool {name!r} are not a JSON object: {_quote(repr(arguments))}"
+            problem = f"arguments for tool {name!r} are not a JSON object: {_quote(repr(arguments)[:_SHOWN])}"
+        elif value_depth_exceeds(data):
+            problem = f"arguments for tool {name!r} nest deeper than {MAX_JSON_DEPTH} levels"
     if not name.strip():
         problem = "the tool call has no tool name" + (f" ({problem})" if problem else "")
     if problem is not None:

@@ -245,6 +245,19 @@ def json_depth_exceeds(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+def value_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when a parsed JSON value nests lists/dicts deeper than ``limit`` (no recursion)."""
+    todo: list[tuple[Any, int]] = [(value, 0)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, (dict, list)):
+            if depth + 1 > limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            todo.extend((child, depth + 1) for child in children)
+    return False
+
+
 # -- HTTP statuses -------------------------------------------------------------------
 
 
@@ -348,5 +361,6 @@ __all__ = [
     "redact_key_shapes",
     "status_error",
     "tag",
+    "value_depth_exceeds",
     "url_credentials",
 ]
