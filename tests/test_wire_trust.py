@@ -479,3 +479,10 @@ def test_already_parsed_arguments_nested_too_deep_are_a_soft_error() -> None:
     part = tool_call_part("t1", "add", deep)
     assert part.input == {} and part.invalid is not None and f"deeper than {MAX_JSON_DEPTH}" in part.invalid
     assert tool_call_part("t2", "add", {"a": [[1]]}).invalid is None
+
+
+def test_a_json_reply_to_a_stream_keeps_why_a_call_is_invalid(server: FakeServer) -> None:
+    server.push(Reply(200, openai_completion(tool_calls=[("c1", "add", "[1, 2]")])))
+    _, reply = collect_stream(oa(server), hi_request())
+    [call] = reply.message.tool_calls
+    assert call.input == {} and call.invalid is not None and "not a JSON object" in call.invalid

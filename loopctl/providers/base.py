@@ -62,6 +62,7 @@ class PartStart:
     kind: str
     call_id: Optional[str] = None
     name: Optional[str] = None
+    invalid: Optional[str] = None  # a tool call already known to be unusable, and why
 
 
 @attrs.frozen
@@ -197,7 +198,7 @@ def response_events(response: ModelResponse, chunk: int = 8) -> Iterator[StreamE
             if part.signature:
                 yield PartDelta(i, SIGNATURE, part.signature)
         elif isinstance(part, ToolCallPart):
-            yield PartStart(i, TOOL_CALL, call_id=part.id, name=part.name)
+            yield PartStart(i, TOOL_CALL, call_id=part.id, name=part.name, invalid=part.invalid)
             yield PartDelta(i, TOOL_INPUT, json.dumps(dict(part.input)))
         else:
             continue
@@ -259,6 +260,7 @@ class _Slot:
     name: Optional[str] = None
     chunks: list[str] = attrs.field(factory=list)
     signature: Optional[str] = None
+    invalid: Optional[str] = None
     part: Optional[Part] = None
     closed: bool = False
 
@@ -298,6 +300,7 @@ class StreamAccumulator:
             slot = self._open(event.index, event.kind)
             slot.call_id = event.call_id
             slot.name = event.name
+            slot.invalid = event.invalid
         elif isinstance(event, PartStop):
             idx = event.index
             found = (
@@ -331,7 +334,11 @@ class StreamAccumulator:
         text = "".join(slot.chunks)
         if slot.kind == TOOL_CALL:
             # A bad call is kept, marked invalid: the model gets a soft error for it.
-            slot.part = tool_call_part(slot.call_id or f"call_{id(slot):x}", slot.name or "", text)
+            call_id = slot.call_id or f"call_{id(slot):x}"
+            if slot.invalid is not None:
+                slot.part = ToolCallPart(call_id, slot.name or "", {}, slot.invalid)
+            else:
+                slot.part = tool_call_part(call_id, slot.name or "", text)
         elif slot.kind == THINKING:
             slot.part = ThinkingPart(text, slot.signature)
         elif text:

@@ -179,9 +179,9 @@ class SSEStream:
             ):
                 raise model_error(
                     f"{self._label}: expected an event stream from {self._call.url}, got "
-                    f"{ctype.split(';')[0] or 'no content type'}{self._hint}",
+                    f"{ctype.split(';')[0]}{self._hint}",
                     kind=PROTOCOL,
-                    summary=f"not an event stream ({ctype.split(';')[0] or 'no content type'})",
+                    summary=f"not an event stream ({ctype.split(';')[0]})",
                 )
             if self._on_json is not None and ctype.startswith("application/json"):
                 # A server that ignored "stream": true answered with one JSON body.
@@ -417,7 +417,7 @@ class HTTPClientBase:
             return self._post(body, scope, call, True)
 
         def on_json(data: Any) -> Iterator[StreamEvent]:
-            return response_events(self._response_from_json(data))
+            return response_events(self._redact_calls(self._response_from_json(data)))
 
         return SSEStream(open_response, self._parser(), call, on_json, self.stream_hint)
 
