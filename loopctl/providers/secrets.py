@@ -14,7 +14,7 @@ import json
 import re
 import traceback
 from collections.abc import Iterable, Mapping
-from typing import Any, Optional
+from typing import Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from loopctl.errors import LoopError
@@ -66,9 +66,6 @@ class Secret:
         return "Secret(<redacted>)" if self._value else "Secret(None)"
 
     __str__ = __repr__
-
-    def __reduce__(self) -> Any:
-        raise TypeError("a Secret is not picklable")
 
     def redact(self, text: str) -> str:
         """``text`` with every credential of this client and anything key-shaped masked."""
