@@ -486,3 +486,20 @@ def test_a_json_reply_to_a_stream_keeps_why_a_call_is_invalid(server: FakeServer
     _, reply = collect_stream(oa(server), hi_request())
     [call] = reply.message.tool_calls
     assert call.input == {} and call.invalid is not None and "not a JSON object" in call.invalid
+
+
+# -- 8. one plain per-event path ---------------------------------------------------------------------
+
+
+def test_every_event_of_a_read_is_its_own_delta() -> None:
+    from fakeserver import oa_chunk
+
+    from loopctl.providers.base import PartDelta
+    from loopctl.providers.openai import OpenAIStreamParser
+    from loopctl.providers.reader import StreamReader
+
+    words = [f"w{i} " for i in range(300)]
+    read = b"".join(oa_chunk({"content": w}) for w in words)  # one big read of same-shaped events
+    reader = StreamReader(OpenAIStreamParser("openai"), "openai")
+    deltas = [ev.text for ev in reader.feed(read) if isinstance(ev, PartDelta)]
+    assert deltas == words  # one delta per event, as sent: never merged per read
