@@ -20,11 +20,11 @@ from loopctl.observers import TextDelta
 from loopctl.providers.base import (
     PartDelta,
     PartStart,
+    RetryWait,
     StreamAccumulator,
     StreamAttemptReset,
     StreamRescue,
 )
-from loopctl.providers.stream_handler import cancellable_complete
 
 if TYPE_CHECKING:
     from loopctl.driver.handle import RunContext
@@ -100,17 +100,7 @@ def call_model(loop: BareLoop, rc: RunContext, turn: int, request: ModelRequest)
     cancel = rc.cancel
     if cancel.is_cancelled():
         raise Cancelled(loop._cancel.reason)
-    client = loop._client
-    if loop._turn_mode == "non_streaming":
-        try:
-            with rc.unfenced():
-                response: ModelResponse = cancellable_complete(client, request, rc.cancel)
-        except LoopError:
-            raise
-        except Exception as exc:
-            raise ModelError(f"model call failed: {type(exc).__name__}: {exc}") from exc
-    else:
-        response = _stream_turn(loop, rc, turn, request)
+    response = _stream_turn(loop, rc, turn, request)
     if cancel.is_cancelled():
         raise Cancelled(loop._cancel.reason)
     return response
@@ -120,7 +110,10 @@ def _stream_turn(loop: BareLoop, rc: RunContext, turn: int, request: ModelReques
     em = loop._emitter
     streamer = loop._text_streamer
     handler = loop._stream_handler
-    events = handler.stream_turn(loop._client, request, rc.cancel)
+    if loop._turn_mode == "non_streaming":  # the same retries, one whole reply
+        events = handler.complete_turn(loop._client, request, rc.cancel)
+    else:
+        events = handler.stream_turn(loop._client, request, rc.cancel)
     acc = StreamAccumulator()
     rescued: Optional[ModelResponse] = None
     tool_slots: dict[int, tuple[str, str]] = {}
@@ -167,6 +160,8 @@ def _stream_turn(loop: BareLoop, rc: RunContext, turn: int, request: ModelReques
                 em.attempt_reset(turn, ev.attempt)
             elif isinstance(ev, StreamRescue):
                 rescued = ev.response
+            elif isinstance(ev, RetryWait):
+                em.retry_scheduled(turn, loop._model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts)
             else:
                 acc.feed(ev)
     finally:

@@ -283,7 +283,8 @@ class LoopMachine:
         """Record a model reply (mutates).
 
         A reply without tool calls completes the run. Otherwise each call to a
-        tool not in ``available_tools`` gets a soft pre-answer in its slot.
+        tool not in ``available_tools``, and each call marked ``invalid``,
+        gets a soft pre-answer in its slot.
 
         Raises:
             RuntimeError: when tool results or a compaction are still awaited.
@@ -307,7 +308,9 @@ class LoopMachine:
             available_tools
         )
         self._pending_tools = tuple(
-            PendingToolCall(c)
+            PendingToolCall(c, ToolResultPart(c.id, c.name, c.invalid, True))
+            if c.invalid is not None  # a malformed call: the model's to fix
+            else PendingToolCall(c)
             if c.name in known
             else PendingToolCall(
                 c, ToolResultPart(c.id, c.name, f"tool '{c.name}' is not available", True)
