@@ -150,8 +150,13 @@ class BlocklistHook(Hook):
 class ConfirmationHook(Hook):
     """Ask ``confirm(ctx) -> bool`` before the listed tools run (all when empty).
 
-    ``confirm`` runs on the run's thread and may block; a False answer (or
-    an exception) blocks with ``User denied permission``.
+    The same-thread variant of approvals: ``confirm`` runs on the run's
+    thread and may block (the driver calls pre-tool hooks outside the run's
+    fence, so a cancel still ends the run at once); a False answer (or an
+    exception) blocks with ``User denied permission``. Nothing outside the
+    run sees what it waits for. To let another thread, request or process
+    answer, use ``@tool(requires_approval=True)`` or ``loop.with_approval``
+    with ``handle.approve`` / ``handle.deny`` (docs/approvals.md).
     """
 
     def __init__(self, confirm: Callable[[ToolHookContext], bool], tools: Iterable[str] = ()) -> None:

@@ -387,3 +387,38 @@ def _race_trial() -> None:
         assert outcome == "cancelled"
     else:
         assert outcome == "completed" and told["approve"]
+
+
+def test_a_confirmation_hook_waiting_for_a_person_never_holds_a_cancel() -> None:
+    from loopctl.hooks import ConfirmationHook, HookExecutor
+
+    for _ in range(10):
+        _confirmation_trial(ConfirmationHook, HookExecutor)
+
+
+def _confirmation_trial(hook_cls: Any, executor_cls: Any) -> None:
+    p = Payments()
+    asking = threading.Event()
+    released = threading.Event()
+
+    def confirm(ctx: Any) -> bool:
+        asking.set()
+        released.wait(WAIT)  # a person who never answers
+        return True
+
+    @tool
+    def noop() -> str:
+        """Do nothing."""
+        return "ok"
+
+    loop, _, _ = loop_with([call("noop"), reply("never")], noop, p.tool)
+    loop.set_hook_executor(executor_cls([hook_cls(confirm, tools=["noop"])]))
+    with loop:
+        h = loop.start("go")
+        assert asking.wait(WAIT)
+        t0 = time.perf_counter()
+        h.cancel("stop")
+        with pytest.raises(Cancelled):
+            h.result(WAIT)
+        assert time.perf_counter() - t0 < 0.1
+        released.set()

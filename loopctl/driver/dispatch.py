@@ -270,7 +270,9 @@ class Dispatcher:
         loop._emitter.tool_pre(turn, call.id, call.name, st.attempt)
         hooks = loop._hooks
         if hooks is not None and hooks.hooks:
-            decision = hooks.pre_tool_use(self._hook_ctx(rc, turn, st))
+            hctx = self._hook_ctx(rc, turn, st)
+            with rc.unfenced():  # a hook may wait for a person (ConfirmationHook): never hold a cancel
+                decision = hooks.pre_tool_use(hctx)
             if decision.blocks:
                 st.out = ToolOutput.error(f"Tool '{call.name}' blocked: {decision.reason or 'blocked by hook'}")
                 return _BLOCKED
