@@ -57,7 +57,7 @@ from loopctl.testing import ScriptedClient, call, calls, reply  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "sk-test-secret-0123456789abcdef"
-FAST = dict(base_delay=0.001, max_delay=0.01, jitter=0.0, rate_limit_delay=0.001, rate_limit_max_delay=0.01)
+FAST = dict(base_delay=0.001, max_delay=0.01, jitter=0.0, rate_limit_delay=0.001, max_retry_wait=0.01)
 
 
 class Traced:
@@ -336,11 +336,12 @@ def test_a_503_then_success_is_one_chat_span_with_the_retry_as_an_event(traced: 
     assert chat.attributes["gen_ai.request.model"] == chat.attributes["gen_ai.response.model"] == "gpt-test"
     assert (chat.attributes["gen_ai.usage.input_tokens"], chat.attributes["gen_ai.usage.output_tokens"]) == (11, 7)
     assert chat.status.status_code is StatusCode.UNSET
-    # The stream handler announces a retry with on_attempt_reset (RetryScheduled is not
-    # emitted by the providers yet; it is covered by feeding the event below).
+    # The stream handler announces the wait (RetryScheduled) and then the new attempt.
+    retry = event(chat, "loopctl.retry_scheduled")
+    assert "503" in retry.attributes["loopctl.retry.cause"]
     reset = event(chat, "loopctl.attempt_reset")
     assert reset.attributes["loopctl.attempt"] == 1
-    assert chat.start_time <= reset.timestamp <= chat.end_time
+    assert chat.start_time <= retry.timestamp <= reset.timestamp <= chat.end_time
     assert root.attributes["gen_ai.provider.name"] == "openai"
     assert len(server.requests) == 2
 
