@@ -94,18 +94,24 @@ def in_process() -> List[float]:
     return out
 
 
+def _waiter(ready: threading.Event, go: threading.Event, woke: List[float]) -> None:
+    ready.set()
+    go.wait()
+    woke.append(time.perf_counter())
+
+
+def _popper(client: Any, ready: threading.Event, woke: List[float]) -> None:
+    ready.set()
+    client.blpop(["bench:hop"], timeout=WAIT)
+    woke.append(time.monotonic())
+
+
 def event_floor() -> List[float]:
     out: List[float] = []
     for _ in range(N):
         go, ready = threading.Event(), threading.Event()
         woke: List[float] = []
-
-        def waiter() -> None:
-            ready.set()
-            go.wait()
-            woke.append(time.perf_counter())
-
-        t = threading.Thread(target=waiter)
+        t = threading.Thread(target=_waiter, args=(ready, go, woke))
         t.start()
         ready.wait()
         time.sleep(0.0005)  # the waiter is blocked in wait(), as the run's thread is
@@ -164,14 +170,8 @@ def through_celery() -> tuple[List[float], List[float]]:
         other = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
         for _ in range(N_CELERY):
             ready = threading.Event()
-            woke: List[float] = []
-
-            def pop() -> None:
-                ready.set()
-                other.blpop(["bench:hop"], timeout=WAIT)
-                woke.append(time.monotonic())
-
-            t = threading.Thread(target=pop)
+            woke = []
+            t = threading.Thread(target=_popper, args=(other, ready, woke))
             t.start()
             ready.wait()
             time.sleep(0.002)  # let the BLPOP reach the server before the push
