@@ -138,7 +138,11 @@ class MCPServer:
     # -- lifecycle ------------------------------------------------------------------
 
     def __enter__(self) -> MCPServer:
-        self.connect()
+        try:
+            self.connect()
+        except BaseException:
+            self.close()  # ``__exit__`` will not run: release the loop thread now
+            raise
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -293,11 +297,17 @@ class MCPServer:
                     fut = self._start_locked(conn)
             if not wait_future(fut, cancel):
                 raise _Interrupted()
+            idle: Optional[LoopThread] = None
             with self._lock:
                 if self._pending is fut:
                     self._pending = None
                     if not fut.cancelled() and fut.exception() is None:
                         self._conn = fut.result()
+                    elif self._conn is None:
+                        # Nothing runs on the loop now: stop its thread until the next start.
+                        idle, self._thread = self._thread, None
+            if idle is not None:
+                idle.stop()
             if fut.cancelled():
                 raise MCPServerError(f"MCP server {self.description!r} is closed", self.description)
             exc = fut.exception()
@@ -317,7 +327,7 @@ class MCPServer:
                     f"{self._restarts} times without a successful call; not restarting it again",
                     self.description, dead.stderr_tail())
             self._restarts += 1
-            self.logger.warning("MCP server %s lost its connection; reconnecting (%d/%d)",
+            self.logger.info("MCP server %s lost its connection; reconnecting (%d/%d)",
                                 self.name, self._restarts, self.max_restarts)
             self._thread.submit(dead.close())
         fut = self._thread.submit(self._open())
