@@ -7,6 +7,8 @@ default). Its tools:
 - ``block(tag)``: waits until the client cancels it; writes ``block started
   <tag>`` to stderr when it begins (tests wait for that line through the
   client's stderr logger) and counts the cancellation it receives;
+- ``wait_block(tag, cancelled=False)``: returns once ``block(tag)`` has
+  started (or been cancelled) — the synchronisation point over HTTP;
 - ``cancellations()``: how many ``block`` calls were cancelled, and their tags;
 - ``crash()``: writes ``crashing`` to stderr and exits mid-call (code 3);
 - ``fail(reason)``: an ``isError`` result;
@@ -38,6 +40,11 @@ PNG_1X1 = base64.b64decode(
 
 server = MCPServer("loopctl-suite", version="1.0")
 cancelled_tags: list[str] = []
+events: dict[tuple[str, str], anyio.Event] = {}
+
+
+def event(kind: str, tag: str) -> anyio.Event:
+    return events.setdefault((kind, tag), anyio.Event())
 
 
 def say(text: str) -> None:
@@ -52,13 +59,22 @@ def echo(text: str) -> str:
 @server.tool(description="Block until the client cancels the call.")
 async def block(tag: str) -> str:
     say(f"block started {tag}")
+    event("started", tag).set()
     try:
         await anyio.sleep_forever()
     except anyio.get_cancelled_exc_class():
         cancelled_tags.append(tag)
         say(f"block cancelled {tag}")
+        event("cancelled", tag).set()
         raise
     return "unreachable"
+
+
+@server.tool(description="Wait until block(tag) has started, or (cancelled=true) was cancelled.")
+async def wait_block(tag: str, cancelled: bool = False) -> str:
+    with anyio.fail_after(10):
+        await event("cancelled" if cancelled else "started", tag).wait()
+    return "cancelled" if cancelled else "started"
 
 
 @server.tool(description="How many block calls were cancelled, and their tags.")

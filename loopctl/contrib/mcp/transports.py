@@ -68,7 +68,7 @@ class StdioSpec:
 class HttpSpec:
     """A server reached over streamable HTTP."""
 
-    url: str
+    url: str = attrs.field(repr=safe_url)
     headers: Optional[Mapping[str, str]] = attrs.field(default=None, repr=_hidden)
 
     def describe(self) -> str:
