@@ -109,7 +109,8 @@ def test_a_cancel_returns_the_blocked_caller_within_100ms(suite: MCPServer) -> N
         for i in range(5):
             cancel = CancelSignal()
             box: list[object] = []
-            t = threading.Thread(target=lambda: box.append(suite.call_tool("block", {"tag": f"direct{i}"}, _ctx(cancel))))
+            args = ("block", {"tag": f"direct{i}"}, _ctx(cancel))
+            t = threading.Thread(target=lambda a=args, b=box: b.append(suite.call_tool(*a)))
             t.start()
             stderr.wait_for(f"block started direct{i}")
             t0 = time.monotonic()

@@ -9,15 +9,22 @@ Environment values and HTTP header values are never part of a message.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from loopctl.errors import LoopError
 
-try:  # Python 3.11+
-    _GROUP: tuple[type[BaseException], ...] = (BaseExceptionGroup,)  # type: ignore[name-defined]
-except NameError:  # pragma: no cover - 3.9/3.10 (the SDK needs 3.10 anyway)
-    _GROUP = ()
+_GROUP: tuple[type[BaseException], ...] = ()
+if sys.version_info >= (3, 11):
+    _GROUP = (BaseExceptionGroup,)  # noqa: F821 - a builtin since 3.11
+else:  # pragma: no cover - anyio brings the backport on 3.10
+    try:
+        from exceptiongroup import BaseExceptionGroup as _Backport
+
+        _GROUP = (_Backport,)
+    except ImportError:
+        pass
 
 
 class MCPServerError(LoopError):
@@ -42,7 +49,7 @@ def _indent(text: str) -> str:
 
 def root_cause(exc: BaseException) -> BaseException:
     """The first leaf of an exception group (task groups wrap what failed)."""
-    while _GROUP and isinstance(exc, _GROUP) and exc.exceptions:  # type: ignore[attr-defined]
+    while _GROUP and isinstance(exc, _GROUP) and getattr(exc, "exceptions", ()):
         exc = exc.exceptions[0]  # type: ignore[attr-defined]
     return exc
 

@@ -16,7 +16,7 @@ import asyncio
 import collections
 import logging
 import os
-from typing import IO, Optional
+from typing import Optional, TextIO
 
 #: Lines kept for error messages, and the length each is cut to.
 TAIL_LINES = 20
@@ -31,7 +31,7 @@ class StderrSink:
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
         self._read_fd: Optional[int] = read_fd
-        self.errlog: IO[str] = os.fdopen(write_fd, "w")
+        self.errlog: TextIO = os.fdopen(write_fd, "w")
         self._partial = b""
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self._eof: Optional[asyncio.Event] = None
