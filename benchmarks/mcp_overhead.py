@@ -33,8 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from run_all import report as result_line  # noqa: E402
 
 from loopctl.cancel import CancelSignal  # noqa: E402
-from loopctl.contrib.mcp import MCPServer  # noqa: E402
 from loopctl.tools.base import ToolContext  # noqa: E402
+
+try:
+    from loopctl.contrib.mcp import MCPServer
+except ImportError:  # pragma: no cover - the [mcp] extra is missing
+    print("skipped: needs the [mcp] extra (pip install 'loopctl[mcp]', Python >= 3.10)")
+    sys.exit(0)
 
 SERVER = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_servers" / "suite_server.py")
 ROUNDS, CALLS, WARMUP, CANCELS = 4, 150, 20, 40
