@@ -207,8 +207,9 @@ def test_a_list_change_is_picked_up_by_the_next_tools_call() -> None:
         before = {t.name for t in server.tools()}
         assert "late" not in before and not server.tools_changed
         assert server.call_tool("grow", {}).text == "grown"
-        # The notification is sent before the call's answer, on the same stream.
-        assert server.tools_changed
+        # The notification comes before the call's answer, on the same stream;
+        # the SDK hands it to us on a task of its own, so wait for it (bounded).
+        assert server.wait_tools_changed(WAIT) and server.tools_changed
         after = {t.name: t for t in server.tools()}
         assert set(after) == before | {"late"} and not server.tools_changed
         # Between turns: a loop built with the new list (or given it) can call the tool.

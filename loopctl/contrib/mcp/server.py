@@ -186,6 +186,10 @@ class MCPServer:
         """True when the server announced a new tool list that ``tools()`` has not read yet."""
         return self._changed.is_set()
 
+    def wait_tools_changed(self, timeout: Optional[float] = None) -> bool:
+        """Block until the server announces a new tool list (True) or ``timeout`` passes."""
+        return self._changed.wait(timeout)
+
     def tools(self, prefix: str = "", *, timeout: Optional[float] = None) -> list[MCPTool]:
         """The server's tools as loopctl ``Tool``s (re-listed when the list changed).
 
