@@ -282,3 +282,15 @@ def test_bad_arguments_are_refused_when_building() -> None:
         MCPServer.stdio("python", "-m x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="http"):
         MCPServer.http("ftp://example.com/mcp")
+
+
+def test_a_server_dropped_without_close_stops_its_thread_when_collected() -> None:
+    import gc
+
+    server = suite_stdio(name="dropped")
+    server.connect()
+    [thread] = [t for t in threading.enumerate() if t.name == "loopctl-mcp-dropped"]
+    del server
+    gc.collect()
+    thread.join(WAIT)
+    assert not thread.is_alive()

@@ -33,7 +33,7 @@ def test_mcp_is_repeatable() -> None:
 
 def test_offline_model_says_it_cannot_use_the_servers_tools() -> None:
     code, out, err = _main("run", "--json", "--mcp", TIME, "What time is it in Tokyo?")
-    assert code == 0, err
+    assert code == 0, (out, err)
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     [response] = [e for e in events if e["type"] == "response"]
     assert "I can't use the other tools I was given ('convert_time' and 'get_current_time')" in response["text"]
@@ -42,7 +42,7 @@ def test_offline_model_says_it_cannot_use_the_servers_tools() -> None:
 def test_the_servers_tools_are_offered_next_to_the_demo_tools() -> None:
     suite = f"{shlex.quote(sys.executable)} {shlex.quote(SUITE)}"
     code, out, err = _main("run", "--mcp", TIME, "--mcp", suite, "What is 2 + 3?")
-    assert code == 0, err
+    assert code == 0, (out, err)
     assert "5" in out  # the demo tools still work with MCP tools beside them
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from contextlib import AsyncExitStack
 from typing import Any, Callable, Optional
 
@@ -103,7 +104,7 @@ class Connection:
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = loop.create_future()
         self._closing = asyncio.Event()
-        if isinstance(self.spec, StdioSpec):
+        if isinstance(self.spec, StdioSpec) and os.name == "posix":  # add_reader on a pipe
             self._stderr = StderrSink(self._logger)
             self._stderr.attach()
         self._task = loop.create_task(self._serve(ready))

@@ -24,6 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, TypeVar, Union
@@ -323,6 +324,9 @@ class MCPServer:
     def _start_locked(self, dead: Optional[Connection]) -> concurrent.futures.Future[Connection]:
         if self._thread is None:
             self._thread = LoopThread(thread_label(self.name))
+            # A server dropped without close(): stop its thread (and so its
+            # subprocess) when it is collected, or at interpreter exit.
+            weakref.finalize(self, self._thread.stop)
         if dead is not None:
             self._conn = None
             if self._restarts >= self.max_restarts:
