@@ -212,11 +212,16 @@ def test_a_list_change_is_picked_up_by_the_next_tools_call() -> None:
         assert server.wait_tools_changed(WAIT) and server.tools_changed
         after = {t.name: t for t in server.tools()}
         assert set(after) == before | {"late"} and not server.tools_changed
-        # Between turns: a loop built with the new list (or given it) can call the tool.
-        client = ScriptedClient([call("late"), reply("ok")])
-        with BareLoop(client, list(after.values())) as loop:
+        # Between runs: sync() registers what is new into a loop's registry.
+        client = ScriptedClient([reply("first"), call("late"), reply("ok")])
+        with BareLoop(client, [after["echo"]]) as loop:
             loop.run("go")
-            assert _results(loop) == [("late", "late tool here", False)]
+            assert "late" not in {t.name for t in client.requests[0].tools}
+            assert server.sync(loop.tools) == [n for n in after if n != "echo"]
+            assert server.sync(loop.tools) == []  # unchanged: nothing registered again
+            loop.run("again")
+            assert "late" in {t.name for t in client.requests[1].tools}
+            assert _results(loop)[-1] == ("late", "late tool here", False)
 
 
 def test_a_server_that_fails_to_start_raises_naming_the_command_and_stderr_tail() -> None:

@@ -45,6 +45,7 @@ from loopctl.contrib.mcp.loop_thread import LoopThread
 from loopctl.contrib.mcp.tool import MCPTool
 from loopctl.contrib.mcp.transports import Spec, StdioSpec, http_spec, stdio_spec
 from loopctl.tools.base import ToolContext, ToolOutput
+from loopctl.tools.registry import ToolRegistry
 
 T = TypeVar("T")
 
@@ -208,6 +209,27 @@ class MCPServer:
             listing = (conn, self._run(conn.list_tools(), "list its tools"))
             self._listing = listing
         return [MCPTool(self, t, prefix, timeout) for t in listing[1]]
+
+    def sync(self, registry: ToolRegistry, prefix: str = "", *, timeout: Optional[float] = None) -> list[str]:
+        """Register the server's current tools into ``registry`` (e.g. ``loop.tools``).
+
+        Only tools that are new, or whose schema changed, are registered (a
+        same-named tool is replaced in place). Call it between runs: a run's
+        tools are fixed when it starts.
+
+        Returns:
+            The names registered, in the server's order.
+
+        Raises:
+            MCPServerError: the server did not start or could not list its tools.
+        """
+        added: list[str] = []
+        for t in self.tools(prefix, timeout=timeout):
+            old = registry.get(t.name)
+            if old is None or old.schema() != t.schema() or old.timeout != t.timeout:
+                registry.register(t)
+                added.append(t.name)
+        return added
 
     def _run(self, coro: Any, what: str) -> Any:
         thread = self._thread
