@@ -8,6 +8,8 @@ the server's logger (``StderrLines``), never sleeps.
 
 from __future__ import annotations
 
+import os
+import signal
 import statistics
 import sys
 import threading
@@ -299,3 +301,14 @@ def test_a_server_dropped_without_close_stops_its_thread_when_collected() -> Non
     gc.collect()
     thread.join(WAIT)
     assert not thread.is_alive()
+
+
+def test_a_server_that_exits_between_calls_is_restarted_by_the_next_call_transparently() -> None:
+    with suite_stdio(name="idle-exit") as server:
+        first_pid = server.call_tool("pid", {}).text
+        conn = server._conn  # noqa: SLF001 - to wait for the moment the exit is noticed
+        assert conn is not None
+        os.kill(int(first_pid), signal.SIGKILL)  # no call in flight
+        assert conn.ended.wait(WAIT), "the connection never noticed the exit"
+        out = server.call_tool("pid", {})
+        assert not out.is_error and out.text.isdigit() and out.text != first_pid

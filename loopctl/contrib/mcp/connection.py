@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from contextlib import AsyncExitStack
 from typing import Any, Callable, Optional
 
@@ -54,6 +55,50 @@ class CallHandle:
             self._scope.cancel()
 
 
+class WatchedReadStream:
+    """The transport's read stream, telling the connection when it ends.
+
+    The session reads it with ``async for``; when that ends (a stdio server
+    exited, an HTTP stream closed) ``on_end`` marks the connection lost at
+    once, so the next call reconnects instead of failing on a dead one.
+    Everything else is delegated.
+    """
+
+    def __init__(self, inner: Any, on_end: Callable[[], None]) -> None:
+        self._inner = inner
+        self._on_end = on_end
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._on_end()
+            raise
+
+    def __aiter__(self) -> WatchedReadStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._inner.__anext__()
+        except StopAsyncIteration:
+            self._on_end()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> WatchedReadStream:
+        await self._inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self._inner.__aexit__(*exc)
+
+
 def is_connection_lost(exc: BaseException) -> bool:
     """Whether ``exc`` says the transport is gone (not a per-call failure)."""
     if isinstance(exc, MCPError):
@@ -74,6 +119,8 @@ class Connection:
         self._closing: Optional[asyncio.Event] = None
         self._task: Optional[asyncio.Task[None]] = None
         self._lost = False
+        #: Set (from the loop thread) once the connection is lost or closed.
+        self.ended = threading.Event()
         self.server_info: Optional[types.Implementation] = None
 
     # -- state (read from any thread) --------------------------------------------
@@ -85,8 +132,9 @@ class Connection:
         return self._session is not None and not self._lost and task is not None and not task.done()
 
     def mark_lost(self) -> None:
-        """Record that the transport is gone (a call saw it close)."""
+        """Record that the transport is gone (its stream ended, or a call saw it close)."""
         self._lost = True
+        self.ended.set()
 
     def stderr_tail(self) -> str:
         """The last lines a stdio server wrote to stderr ("" for HTTP)."""
@@ -125,7 +173,8 @@ class Connection:
             async with AsyncExitStack() as stack:
                 read, write = await self.spec.open(stack, self._stderr)
                 session = await stack.enter_async_context(
-                    ClientSession(read, write, message_handler=self._on_message)
+                    ClientSession(WatchedReadStream(read, self.mark_lost), write,
+                                  message_handler=self._on_message)
                 )
                 init = await session.initialize()
                 self.server_info = init.server_info
@@ -135,7 +184,7 @@ class Connection:
         except BaseException as exc:  # reported through ``ready`` or ``is_alive``
             error = exc
         finally:
-            self._lost = True
+            self.mark_lost()
             if self._stderr is not None:
                 await self._stderr.drain(STDERR_DRAIN_S if not ready.done() else 0.2)
             if not ready.done():

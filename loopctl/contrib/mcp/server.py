@@ -265,16 +265,17 @@ class MCPServer:
             return ToolOutput.error(str(exc))
         handle = CallHandle()
         thread = self._thread
+        if thread is None:  # closed between the two lines above
+            return ToolOutput.error(f"MCP server '{self.name}' is closed")
         try:
-            assert thread is not None
             fut = thread.submit(conn.call(name, arguments, handle))
-        except (RuntimeError, AssertionError):
+        except RuntimeError:  # its loop stopped: closed meanwhile
             return ToolOutput.error(f"MCP server '{self.name}' is closed")
         if not wait_future(fut, cancel):
             thread.call_soon(handle.cancel)
             try:  # give the loop a moment to send notifications/cancelled
                 fut.result(CANCEL_FLUSH_S)
-            except BaseException:  # noqa: B012 - the call is over either way
+            except BaseException:  # the call is over for us either way
                 pass
             return ToolOutput.error(f"MCP tool '{name}' on server '{self.name}' cancelled")
         return self._outcome(name, conn, fut, ctx)
