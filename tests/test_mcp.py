@@ -312,3 +312,42 @@ def test_a_server_that_exits_between_calls_is_restarted_by_the_next_call_transpa
         assert conn.ended.wait(WAIT), "the connection never noticed the exit"
         out = server.call_tool("pid", {})
         assert not out.is_error and out.text.isdigit() and out.text != first_pid
+
+
+@pytest.mark.slow
+def test_many_calls_and_cancels_interleaved_on_one_connection(suite: MCPServer) -> None:
+    """Echo calls from several threads while block calls are cancelled one after another."""
+    stop = threading.Event()
+    wrong: list[str] = []
+
+    def chatter(k: int) -> None:
+        j = 0
+        while not stop.is_set():
+            out = suite.call_tool("echo", {"text": f"{k}:{j}"})
+            if out.text != f"{k}:{j}" or out.is_error:
+                wrong.append(out.text)
+            j += 1
+
+    threads = [threading.Thread(target=chatter, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        with StderrLines(suite) as stderr:
+            for i in range(20):
+                cancel = CancelSignal()
+                box: list[object] = []
+                args = ("block", {"tag": f"stress{i}"}, _ctx(cancel))
+                t = threading.Thread(target=lambda a=args, b=box: b.append(suite.call_tool(*a)))
+                t.start()
+                stderr.wait_for(f"block started stress{i}")
+                cancel.cancel()
+                t.join(WAIT)
+                assert not t.is_alive() and "cancelled" in box[0].text  # type: ignore[attr-defined]
+                stderr.wait_for(f"block cancelled stress{i}")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(WAIT)
+    assert wrong == []
+    out = suite.call_tool("cancellations", {})
+    assert all(f"stress{i}" in out.text for i in range(20))

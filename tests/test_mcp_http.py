@@ -63,3 +63,12 @@ def test_http_server_that_is_not_there_fails_without_leaking_headers() -> None:
     text = "\n".join(f"{e!r} {e}" for e in chain)
     for secret in ("sk-http-secret", "q-secret", "pw@"):
         assert secret not in text and secret not in repr(server) and secret not in repr(server.spec)
+
+
+def test_an_http_server_that_dies_mid_call_gives_soft_errors_naming_it() -> None:
+    with http_suite_server() as url, MCPServer.http(url, name="dying") as server:
+        out = server.call_tool("crash", {})
+        assert out.is_error and "MCP server 'dying'" in out.text and "crash" in out.text
+        # The next call tries to reconnect; nobody listens any more: a soft error naming the URL.
+        again = server.call_tool("echo", {"text": "x"})
+        assert again.is_error and url in again.text

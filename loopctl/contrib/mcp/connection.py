@@ -28,6 +28,13 @@ from mcp.shared.exceptions import MCPError
 from loopctl.contrib.mcp.stderr import StderrSink
 from loopctl.contrib.mcp.transports import Spec, StdioSpec
 
+# The SDK logs transport trouble (a failed session DELETE, a stray stdout
+# line) at WARNING; with no logging configured Python's last-resort handler
+# would print that on the user's terminal. A NullHandler keeps it off the
+# terminal and changes nothing for apps that configure logging (records
+# still propagate to their handlers).
+logging.getLogger("mcp").addHandler(logging.NullHandler())
+
 #: How long a closing or failed connection waits for the server's stderr to end.
 STDERR_DRAIN_S = 1.0
 
