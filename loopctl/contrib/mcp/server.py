@@ -101,7 +101,8 @@ class MCPServer:
         self.description = spec.describe()
         self.start_timeout = float(start_timeout)
         self.max_restarts = max_restarts
-        self.logger = logging.getLogger(f"loopctl.mcp.{thread_label(self.name)}")
+        # One child logger per server; dots would nest it under made-up parents.
+        self.logger = logging.getLogger(f"loopctl.mcp.{thread_label(self.name).replace('.', '_')}")
         self._lock = threading.Lock()
         self._thread: Optional[LoopThread] = None
         self._conn: Optional[Connection] = None
