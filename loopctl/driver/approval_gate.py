@@ -116,7 +116,8 @@ def park_batch(
         except Exception:
             continue
         if not needs:
-            needs = _ask_policy(policy, ApprovalContext(call.name, call.input, call.id, slot.run_id, session_id, turn), unfenced)
+            ctx = ApprovalContext(call.name, dict(call.input), call.id, slot.run_id, session_id, turn)
+            needs = _ask_policy(policy, ctx, unfenced)  # a copy: a policy cannot change what runs
         if not needs:
             continue
         if call.id in ids.values():  # a model that repeats an id: one answer serves both
