@@ -349,7 +349,6 @@ def _eight_threads_trial() -> None:
     assert p.paid == [(1, "a")]
 
 
-@pytest.mark.slow
 def test_approve_and_cancel_racing_100_trials_record_agrees_with_each_caller() -> None:
     for _ in range(100):
         _race_trial()
