@@ -421,3 +421,31 @@ def _confirmation_trial(hook_cls: Any, executor_cls: Any) -> None:
             h.result(WAIT)
         assert time.perf_counter() - t0 < 0.1
         released.set()
+
+
+def test_approval_timeouts_are_validated_and_round_trip() -> None:
+    from loopctl import ConfigError
+
+    cfg = RunConfig(approval_timeout=2.5)
+    assert RunConfig.from_dict(cfg.to_dict()) == cfg
+    assert "approval_timeout" not in RunConfig().to_dict()  # older readers never see it unset
+    for bad in (0, -1, "5", True, float("nan")):
+        with pytest.raises(ConfigError, match="approval_timeout"):
+            RunConfig(approval_timeout=bad)
+        with pytest.raises(ConfigError, match="approval_timeout"):
+
+            @tool(approval_timeout=bad)
+            def t() -> str:
+                """T."""
+                return ""
+
+    with pytest.raises(ConfigError, match="requires_approval"):
+
+        @tool(requires_approval="yes")  # type: ignore[arg-type]
+        def u() -> str:
+            """U."""
+            return ""
+
+    loop = BareLoop(ScriptedClient([]))
+    with pytest.raises(ConfigError, match="callable"):
+        loop.with_approval("always")  # type: ignore[arg-type]
