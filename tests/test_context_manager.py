@@ -22,7 +22,7 @@ from loopctl.context import (
     count_messages,
 )
 from loopctl.context.compactors import EXTRA_CONTEXT_PREFIX, SUMMARY_PREFIX, CompactionRequest
-from loopctl.errors import ConfigError, ModelError
+from loopctl.errors import ConfigError, ContextOverflow, ModelError
 from loopctl.hooks import CompactHookContext, Hook, HookExecutor, PreCompactDecision
 from loopctl.messages import Message, ModelRequest, ModelResponse
 from loopctl.observers import CallbackObserver, Compaction, Event, TurnEnd
@@ -210,7 +210,7 @@ def test_deferral_reserves_room_for_the_extras() -> None:
 def test_overflow_rejection_compacts_and_retries_once() -> None:
     cfg = SessionConfig(context_window=100_000)
     hist = history(12, 400)
-    client = ScriptedClient([ModelError("prompt is too long: 250000 tokens > 200000 maximum"), reply("ok")])
+    client = ScriptedClient([ContextOverflow("prompt is too long: 250000 tokens > 200000 maximum"), reply("ok")])
     loop = BareLoop(client, config=cfg, history=hist)
     events = observed(loop)
     assert loop.run("go").output == "ok"
@@ -226,10 +226,22 @@ def test_overflow_rejection_compacts_and_retries_once() -> None:
 
 def test_second_overflow_on_the_same_turn_is_context_exceeded() -> None:
     cfg = SessionConfig(context_window=100_000)
-    client = ScriptedClient([ModelError("maximum context length exceeded")] * 2)
+    client = ScriptedClient([ContextOverflow("maximum context length exceeded")] * 2)
     loop = BareLoop(client, config=cfg, history=history(12, 400))
-    with pytest.raises(ContextExceeded):
+    with pytest.raises(ContextExceeded) as info:
         loop.run("go")
+    assert info.value.limit == 100_000  # the real window
+    assert isinstance(info.value.__cause__, ContextOverflow)
+
+
+def test_overflow_text_in_a_plain_model_error_is_not_an_overflow() -> None:
+    """The driver recognises a ContextOverflow by type only, never by its text."""
+    cfg = SessionConfig(context_window=100_000)
+    client = ScriptedClient([ModelError("maximum context length exceeded"), reply("never")])
+    loop = BareLoop(client, config=cfg, history=history(12, 400))
+    with pytest.raises(ModelError, match="maximum context length"):
+        loop.run("go")
+    assert len(client.requests) == 1
 
 
 # -- hooks --------------------------------------------------------------------------

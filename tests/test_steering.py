@@ -30,6 +30,7 @@ from loopctl import (
     SessionConfig,
     Steering,
 )
+from loopctl.driver.run import RunDriver
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.observers import Compaction, RunEnd, RunStart, SteeringDelivered
 from loopctl.testing import ScriptedClient, call, reply
@@ -583,10 +584,10 @@ def test_slot_closes_even_when_an_exception_escapes_before_finalize(
     client = ScriptedClient([gated_raise(gate, ModelError("boom", retryable=False))])
     loop = make_loop(client)
 
-    def broken(error: LoopError) -> None:
+    def broken(self: RunDriver, error: LoopError) -> None:
         raise RuntimeError("driver bug while recording the failure")
 
-    monkeypatch.setattr(loop, "_set_error_state", broken)
+    monkeypatch.setattr(RunDriver, "set_error_state", broken)
     s = loop.steering()
     handle = loop.start("hi")
     gate.wait_entered()
@@ -738,7 +739,7 @@ def test_a_cancel_before_the_run_seals_nothing_and_refuses_nothing_later(
     client = ScriptedClient([reply("done")])
     loop = make_loop(client)
     s = loop.steering()
-    loop.cancel()
+    loop.cancel_signal().cancel()
     assert s.push("while idle, even with a cancel armed") is False
     with pytest.raises(Cancelled):
         loop.run("hi")

@@ -41,6 +41,9 @@ class RunContext:
         "tap",
         "thread",
         "context",
+        "tools_running",
+        "tools_abandoned",
+        "driver",
     )
 
     def __init__(self, run: Run, cancel: Any, waiter: bool, tap: Any = None) -> None:
@@ -58,6 +61,9 @@ class RunContext:
         self.tap = tap
         self.thread: Optional[threading.Thread] = None
         self.context: Optional[contextvars.Context] = None
+        self.tools_running = 0  # calls executing now (guarded by the loop's tally lock)
+        self.tools_abandoned = False  # set when a cancel abandoned them
+        self.driver: Any = None  # the run's RunDriver
 
     def unfenced(self) -> Unfenced:
         """A context manager that releases the fence around blocking work."""

@@ -2,8 +2,12 @@
 
 Rules it keeps:
 1. No threads, clock, IO or logging. Token figures arrive as arguments.
-2. ``next_step`` only reports; asked twice with no feed between, it answers
-   the same. Every other public method that is not a property mutates.
+2. ``next_step`` only reports: it changes nothing, so asked twice with no
+   feed between, it answers the same. Every other public method that is not
+   a property mutates; the driver reports what it measured or met
+   (``prepare_turn``: the request's measured size; ``context_overflow``: the
+   provider refused the request as too long; ``conclude``: it acts on a
+   ``Done``) and the machine decides.
 3. Terminal is forever: feeds after it are no-ops, except ``accept_input``
    (the next run), ``commit_pending`` and ``discard_pending`` (finalize).
 4. History (the committed notebook) changes only through ``commit_pending``
@@ -17,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Optional, Union, overload
 
-from loopctl.errors import ContextExceeded, LoopError
+from loopctl.errors import ContextExceeded, LoopError, ModelError
 from loopctl.machine.steps import (
     CallLLM,
     CallTools,
@@ -142,6 +146,7 @@ class LoopMachine:
         self._compact_reason: Optional[str] = None
         self._history_epoch = 0
         self._pending_epoch = 0
+        self._overflow_turn: Optional[int] = None  # the turn that used its overflow retry
 
     @classmethod
     def from_history(cls, history: Iterable[Message]) -> LoopMachine:
@@ -216,7 +221,7 @@ class LoopMachine:
     # -- the decision ----------------------------------------------------------
 
     def next_step(self, policy: MachinePolicy) -> Step:
-        """Decide what the driver does next; records the transition it reports.
+        """Report what the driver does next; changes nothing.
 
         Order: terminal; cancel flag; awaiting tools; awaiting compaction;
         then for a model turn: max turns, emergency line (>= 95%, inclusive),
@@ -227,30 +232,32 @@ class LoopMachine:
             assert self._outcome is not None
             return Done(self._outcome)
         if self._cancelled:
-            return Done(self._terminate(CancelledOutcome()))
+            return _CANCELLED_DONE  # pragma: no cover - cancel() terminates at once
         if state is MachineState.AWAITING_TOOLS:
             return CallTools(self._tool_turn, self._pending_tools)
         if state is MachineState.AWAITING_COMPACTION:
             assert self._compact_reason is not None
             return Compact(self._compact_reason)
-        # START or AWAITING_MODEL: (re)evaluate the limits against the estimate.
+        # START or AWAITING_MODEL: evaluate the limits against the estimate.
+        return self._model_turn(policy)
+
+    def _model_turn(self, policy: MachinePolicy) -> Step:
+        """The model-turn decision from the turn count and the estimate (pure)."""
         if self._turns_taken >= policy.max_turns:
-            return Done(self._terminate(MaxTurnsReached()))
+            return _MAX_TURNS_DONE
         window = policy.context_window
         if window > 0:
             tokens = self._context_tokens
             if tokens >= window * 95 // 100:
-                return self._compact("emergency")
+                return _EMERGENCY
             threshold = policy.compact_threshold
             if policy.auto_compact and threshold > 0 and tokens > window * threshold // 100:
-                return self._compact("threshold")
-        self._state = MachineState.AWAITING_MODEL
+                return _THRESHOLD
         return CallLLM(self._turns_taken)
 
-    def _compact(self, reason: str) -> Compact:
+    def _await_compaction(self, reason: str) -> None:
         self._state = MachineState.AWAITING_COMPACTION
         self._compact_reason = reason
-        return Compact(reason)
 
     def _terminate(self, outcome: Outcome) -> Outcome:
         self._state = MachineState.TERMINAL
@@ -260,6 +267,71 @@ class LoopMachine:
         return outcome
 
     # -- feeds -----------------------------------------------------------------
+
+    def prepare_turn(self, request_tokens: int, policy: MachinePolicy) -> Step:
+        """The driver measured the request it is about to send: call the model, or compact first?
+
+        ``request_tokens`` is the request's calibrated size with this turn's
+        transient extras (contributors, memory) counted. It becomes the
+        estimate; the answer is ``CallLLM`` (the model call is awaited) or
+        ``Compact`` (the turn defers; the compaction is awaited), and
+        ``next_step`` reports the same until the next feed. Terminal: the
+        same ``Done``; awaiting tools or a compaction: what is awaited.
+        """
+        state = self._state
+        if state is MachineState.TERMINAL or state is MachineState.AWAITING_TOOLS:
+            return self.next_step(policy)
+        if state is MachineState.AWAITING_COMPACTION:
+            return self.next_step(policy)
+        self._context_tokens = request_tokens
+        step = self._model_turn(policy)
+        if type(step) is CallLLM:
+            self._state = MachineState.AWAITING_MODEL
+        elif type(step) is Compact:
+            self._await_compaction(step.reason)
+        return step
+
+    def context_overflow(self, error: ModelError, request_tokens: int, policy: MachinePolicy) -> Step:
+        """The provider refused the request as too long for its window (mutates).
+
+        The first refusal of a turn awaits an emergency compaction, after
+        which the same turn is asked again; a second refusal of that turn
+        ends the run with ``ContextExceeded`` naming the window. Without a
+        window (0) there is nothing to compact: the run fails with ``error``.
+
+        Returns:
+            What ``next_step`` now reports: ``Compact`` or ``Done``.
+        """
+        if self._state is MachineState.TERMINAL:
+            return self.next_step(policy)
+        self._check_not_awaiting_tools("context_overflow")
+        window = policy.context_window
+        if window <= 0:
+            self._terminate(Failed(error))
+        elif self._overflow_turn == self._turns_taken:
+            self._terminate(Failed(ContextExceeded(used=max(request_tokens, window + 1), limit=window)))
+        else:
+            self._overflow_turn = self._turns_taken
+            self._context_tokens = request_tokens
+            self._await_compaction("emergency")
+        return self.next_step(policy)
+
+    def conclude(self, policy: MachinePolicy) -> Outcome:
+        """The driver acts on the ``Done`` that ``next_step(policy)`` reports: it becomes terminal.
+
+        Returns:
+            The run's outcome (the same one for every later call).
+
+        Raises:
+            RuntimeError: ``next_step(policy)`` does not report ``Done``.
+        """
+        step = self.next_step(policy)
+        if type(step) is not Done:
+            raise RuntimeError(f"conclude() while the machine reports {step!r}")
+        if self._state is not MachineState.TERMINAL:
+            self._terminate(step.outcome)
+        assert self._outcome is not None
+        return self._outcome
 
     def accept_input(self, text: str) -> None:
         """Start a run: pending := [user(text)]; turns, estimate and cancel reset.
@@ -276,6 +348,7 @@ class LoopMachine:
         self._cancelled = False
         self._pending_tools = ()
         self._compact_reason = None
+        self._overflow_turn = None
 
     def model_response(
         self, response: ModelResponse, context_tokens: int, available_tools: Iterable[str]
@@ -416,12 +489,13 @@ class LoopMachine:
         return False
 
     def cancel(self) -> None:
-        """Set the cancel flag; the next decision ends the run as cancelled.
+        """Set the cancel flag: the run ends as cancelled at once (mutates).
 
         A no-op when terminal: a finished run keeps its outcome.
         """
         if self._state is not MachineState.TERMINAL:
             self._cancelled = True
+            self._terminate(_CANCELLED)
 
     def fail(self, error: LoopError) -> None:
         """End the run as ``Failed(error)`` at once; no-op when already terminal."""
@@ -449,5 +523,11 @@ class LoopMachine:
         """A JSON-safe picture of the committed history (for checkpoints)."""
         return {"history": [m.to_dict() for m in self._history]}
 
+
+_CANCELLED = CancelledOutcome()
+_CANCELLED_DONE = Done(_CANCELLED)
+_MAX_TURNS_DONE = Done(MaxTurnsReached())
+_EMERGENCY = Compact("emergency")
+_THRESHOLD = Compact("threshold")
 
 __all__ = ["ConversationSnapshot", "LoopMachine", "MessagesView"]
