@@ -207,7 +207,9 @@ def test_two_cancels_a_few_ms_apart_cancel_one_run_and_the_next_completes() -> N
         entered = threading.Event()
         release = threading.Event()
 
-        def held(request: ModelRequest) -> ModelResponse:
+        def held(
+            request: ModelRequest, entered: threading.Event = entered, release: threading.Event = release
+        ) -> ModelResponse:
             entered.set()
             release.wait(WAIT)
             return reply("abandoned")
