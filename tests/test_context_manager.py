@@ -390,3 +390,25 @@ def test_cancel_while_summarizing_keeps_the_uncompacted_history() -> None:
     assert loop.conversation() == hist
     assert not any(isinstance(e, Compaction) for e in events)
     loop.close()
+
+
+def test_a_result_too_big_to_compact_names_the_real_window() -> None:
+    """A 5 MB tool result: no compaction makes progress; the error's limit is the window."""
+    from loopctl import Tool
+    from loopctl.testing import call
+
+    class Huge(Tool):
+        name = "huge"
+        description = "Returns megabytes."
+
+        def call(self, input: Any, ctx: Any) -> str:
+            return "x" * 5_000_000
+
+    cfg = SessionConfig(context_window=100_000)
+    client = ScriptedClient([call("huge"), reply("never")])
+    with BareLoop(client, [Huge()], cfg) as loop:
+        with pytest.raises(ContextExceeded) as info:
+            loop.run("go")
+    assert info.value.limit == 100_000
+    assert info.value.used > 1_000_000
+    assert "limit 100000" in str(info.value)

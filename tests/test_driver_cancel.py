@@ -23,6 +23,7 @@ from support import WAIT, Echo, Gate, Recorder, join_run_threads, join_threads, 
 from loopctl import (
     BareLoop,
     Cancelled,
+    CancelSignal,
     LoopError,
     Message,
     ModelError,
@@ -868,3 +869,62 @@ def test_tool_sees_the_cancel_reason_through_its_context() -> None:
         gate.open()
         join_run_threads(err.run.id)
     assert reasons == ["test cancel"]
+
+
+def test_abandoned_tool_threads_are_counted_and_logged_past_the_threshold(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from loopctl.driver import resources as res_mod
+    from loopctl.driver.handle import RunContext
+    from loopctl.records import Run
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    res = res_mod.LoopResources(owner, "sessionid")
+    rc = RunContext(Run(id="r", input="x", config=RunConfig()), CancelSignal().view(), True)
+    n = res_mod.ABANDONED_WARN_EVERY
+    for _ in range(n):
+        res.tool_started(rc)
+    assert res.abandoned_tool_threads == 0  # running, not abandoned
+    with caplog.at_level("WARNING", logger="loopctl"):
+        res.abandon(rc)
+    assert res.abandoned_tool_threads == n
+    assert f"{n} abandoned tool calls are still running" in caplog.text
+    for _ in range(n):
+        res.tool_ended(rc)
+    assert res.abandoned_tool_threads == 0
+    res.close()
+
+
+def test_past_the_thread_bound_a_wave_runs_on_the_run_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the abandoned-thread bound reached, no thread is started: the wave still completes."""
+    from loopctl.driver import resources as res_mod
+
+    monkeypatch.setattr(res_mod, "MAX_ABANDONED_TOOL_THREADS", 1)
+    gate = Gate()
+    stuck = Stuck(gate)
+    ran_on: list[str] = []
+
+    class Where(Tool):
+        name = "where"
+        description = "Records its thread."
+        concurrency_safe = True
+
+        def call(self, input: Any, ctx: ToolContext) -> str:
+            ran_on.append(threading.current_thread().name)
+            return "here"
+
+    client = ScriptedClient([calls(("stuck", {})), calls(("where", {"i": 1}), ("where", {"i": 2})), reply("ok")])
+    cfg = RunConfig(parallel=ParallelDispatch("parallel", 2))
+    loop = BareLoop(client, [stuck, Where()]).with_turn_mode("non_streaming")
+    try:
+        run_cancelled(loop, "run 1", stuck.all_entered, cfg)
+        assert loop.abandoned_tool_threads == 1
+        assert loop.run("run 2", cfg).output == "ok"
+        assert len(ran_on) == 2 and all(name.startswith("loopctl-run-") for name in ran_on)
+    finally:
+        gate.open()
+        loop.close()
+    join_threads("loopctl-", check=False)

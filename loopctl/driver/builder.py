@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
+from loopctl.cancel import CancelSignal
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.context.manager import ContextManager, TruncatingCompactor
 from loopctl.context.tokens import HeuristicTokenCounter, TokenCounter
@@ -30,7 +31,7 @@ from loopctl.driver.handle import RunContext
 from loopctl.driver.meter import TokenMeter
 from loopctl.driver.parts import LoopParts
 from loopctl.driver.resources import LoopResources
-from loopctl.driver.signals import CancelSignal, Steering
+from loopctl.driver.signals import Steering
 from loopctl.errors import ConfigError
 from loopctl.hooks import HookExecutor
 from loopctl.machine import LoopMachine, MachineState

@@ -50,6 +50,7 @@ def run_compaction(
 ) -> None:
     """Compact the conversation and feed the outcome to the machine."""
     m = machine
+    window = parts.session_config.context_window
     messages = m.full_history()
     before = meter.figure(m)
     reserved = deferred_tokens + meter.overhead
@@ -64,11 +65,11 @@ def run_compaction(
             decision = hooks.pre_compact(hook_ctx)  # type: ignore[union-attr]
         if decision.abort:
             log.info("compaction (%s) vetoed by a pre-compact hook", reason)
-            m.compaction_noop(before, before)
+            m.compaction_noop(before, before, window)
             return
         instructions, extra = decision.instructions, decision.extra_context
     if manager is None:
-        m.compaction_noop(before, before)
+        m.compaction_noop(before, before, window)
         return
     if rc.cancel.is_cancelled():
         raise Cancelled(rc.cancel.reason)
@@ -90,14 +91,14 @@ def run_compaction(
         except Exception as exc:  # a custom manager's bug: the pass failed
             compacted, failure = None, exc
     if failure is not None:
-        raise ContextExceeded(before, parts.session_config.context_window) from failure
+        raise ContextExceeded(before, window) from failure
     if rc.cancel.is_cancelled():
         raise Cancelled(rc.cancel.reason)
     if compacted is None:
-        m.compaction_noop(before, before)
+        m.compaction_noop(before, before, window)
         return
     after = meter.figure_for(compacted)
-    m.compaction_result(compacted, before, after)
+    m.compaction_result(compacted, before, after, window)
     if m.is_terminal:
         return
     events.compaction(reason, before, after)

@@ -438,11 +438,12 @@ class LoopMachine:
             self._context_tokens = tokens
 
     def compaction_result(
-        self, messages: Iterable[Message], tokens_before: int, tokens_after: int
+        self, messages: Iterable[Message], tokens_before: int, tokens_after: int, window: int = 0
     ) -> None:
         """Adopt a compacted conversation as history; clears pending (a commit point).
 
-        ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``.
+        ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``
+        naming ``window`` as the limit (``tokens_before`` when no window is given).
 
         Raises:
             RuntimeError: when tool results are awaited (clearing pending
@@ -451,7 +452,7 @@ class LoopMachine:
         if self._state is MachineState.TERMINAL:
             return
         self._check_not_awaiting_tools("compaction_result")
-        if self._no_progress(tokens_before, tokens_after):
+        if self._no_progress(tokens_before, tokens_after, window):
             return
         self._history = list(messages)
         self._pending = []
@@ -461,10 +462,11 @@ class LoopMachine:
         self._compact_reason = None
         self._state = MachineState.START
 
-    def compaction_noop(self, tokens_before: int, tokens_after: int) -> None:
+    def compaction_noop(self, tokens_before: int, tokens_after: int, window: int = 0) -> None:
         """A pass that changed nothing; history and pending stay as they are.
 
-        ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``.
+        ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``
+        naming ``window`` as the limit (``tokens_before`` when no window is given).
 
         Raises:
             RuntimeError: when tool results are awaited.
@@ -472,7 +474,7 @@ class LoopMachine:
         if self._state is MachineState.TERMINAL:
             return
         self._check_not_awaiting_tools("compaction_noop")
-        if self._no_progress(tokens_before, tokens_after):
+        if self._no_progress(tokens_before, tokens_after, window):
             return
         self._context_tokens = tokens_after
         self._compact_reason = None
@@ -482,9 +484,9 @@ class LoopMachine:
         if self._state is MachineState.AWAITING_TOOLS:
             raise RuntimeError(f"{feed} fed while tool results are awaited")
 
-    def _no_progress(self, before: int, after: int) -> bool:
+    def _no_progress(self, before: int, after: int, window: int) -> bool:
         if after >= before:
-            self._terminate(Failed(ContextExceeded(used=after, limit=before)))
+            self._terminate(Failed(ContextExceeded(used=after, limit=window if window > 0 else before)))
             return True
         return False
 
