@@ -45,7 +45,7 @@ import attrs
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
-from loopctl.observers import ToolPost
+from loopctl.observers import ToolPost, ToolPre
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.pipeline import DispatchContext, invoke_tool, not_found_text
 from loopctl.tools.recovery import (
@@ -173,24 +173,31 @@ class Dispatcher:
     def _run_one(self, run: ToolRun, turn: int, st: _Call) -> ToolResultPart:
         """The whole per-call pipeline, inline on the run's thread, retries included."""
         rc = run.rc
-        resources = self.resources
         while True:
             kind = self._begin(run, turn, st)
             if kind == _BLOCKED:
                 return st.result()
             if kind == _RUN:
-                resources.tool_started(rc)
-                try:
-                    with rc.unfenced():
-                        self._execute(turn, st)
-                finally:
-                    resources.tool_ended(rc)
-                self._check_interrupted(rc, (st,))
-                self._check_cancel(rc)
+                self._execute_inline(rc, turn, st)
+                if st.interrupted:
+                    self._check_interrupted(rc, (st,))
+                if rc.cancel.is_cancelled():
+                    raise Cancelled(rc.cancel.reason)
             retry = self._finish(run, turn, st, kind == _GATED)
             if retry is None:
                 return st.result()
             self._prepare_retry(rc, st, retry)
+
+    def _execute_inline(self, rc: RunContext, turn: int, st: _Call) -> None:
+        """Run the attempt on the run's thread, unfenced (a cancel may abandon it)."""
+        rc.inline_tool = True
+        try:
+            with rc.unfenced():
+                self._execute(turn, st)
+        finally:
+            rc.inline_tool = False
+            if rc.tools_abandoned:  # rare: the run was abandoned meanwhile
+                self.resources.inline_ended(rc)
 
     def _plan_waves(self, calls: Sequence[ToolCallPart], limit: int) -> list[list[int]]:
         """Group call indices into waves, keeping request order across waves.
@@ -256,12 +263,7 @@ class Dispatcher:
             # Past the bound on abandoned tool threads: no new threads; the
             # wave's calls run one by one on the run's thread.
             for st in states:
-                resources.tool_started(rc)
-                try:
-                    with rc.unfenced():
-                        self._execute(turn, st)
-                finally:
-                    resources.tool_ended(rc)
+                self._execute_inline(rc, turn, st)
                 if st.interrupted or rc.cancel.is_cancelled():
                     return
             return
@@ -304,11 +306,16 @@ class Dispatcher:
     def _begin(self, run: ToolRun, turn: int, st: _Call) -> int:
         """Run thread: cancel check, pre event, the gate, detector pre-check, health gate."""
         rc = run.rc
-        self._check_cancel(rc)
+        cancel = rc.cancel
+        if cancel.is_cancelled():
+            raise Cancelled(cancel.reason)
         parts = self.parts
         call = st.call
-        run.events.tool_pre(turn, call.id, call.name, st.attempt)
-        if self._gate(run, turn, st):
+        em = run.events
+        if ToolPre in em._wanted:
+            em.tool_pre(turn, call.id, call.name, st.attempt)
+        hooks = parts.hooks
+        if hooks is not None and hooks.hooks and self._gate(run, turn, st):
             return _BLOCKED
         detector = parts.loop_detector
         if detector is not None:
@@ -324,7 +331,8 @@ class Dispatcher:
         st.ctx = ToolContext(
             run.session_id, rc.run.id, turn, call.id, self.resources.ensure_temp_dir(), rc.cancel, parts.tool_extras
         )
-        self._check_cancel(rc)  # biased: a cancel from on_tool_pre or a hook means it never starts
+        if cancel.is_cancelled():  # biased: a cancel from on_tool_pre or a hook means it never starts
+            raise Cancelled(cancel.reason)
         return _RUN
 
     def _gate(self, run: ToolRun, turn: int, st: _Call) -> bool:
@@ -334,8 +342,7 @@ class Dispatcher:
         the run over at once. Its soft answer, when blocked, is in ``st.out``.
         """
         hooks = self.parts.hooks
-        if hooks is None or not hooks.hooks:
-            return False
+        assert hooks is not None
         ctx = self._hook_ctx(run, turn, st)
         with run.rc.unfenced():
             decision = hooks.pre_tool_use(ctx)
@@ -387,7 +394,7 @@ class Dispatcher:
             found = detector.record(call.name, call.input, out.text, out.is_error)
             if found is not None:
                 em.loop_detected(found[0], found[1])
-        if em.wants(ToolPost):  # hashing costs more than the check
+        if ToolPost in em._wanted:  # hashing costs more than the check
             em.tool_post(turn, call.id, call.name, st.attempt, out.is_error, st.ms, out.text, result_hash(out.text))
         hooks = parts.hooks
         if hooks is not None and hooks.hooks:

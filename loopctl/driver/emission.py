@@ -214,6 +214,27 @@ class PhaseScope:
         return False
 
 
+class _NullPhase:
+    """The phase of a run nobody watches turn ends of: fields are written, never read."""
+
+    __slots__ = ("input_tokens", "output_tokens", "stop_reason", "context_tokens")
+
+
+class _NullScope:
+    """``phase()`` when no ``on_turn_end`` would reach anyone: no clock, no event."""
+
+    __slots__ = ("phase",)
+
+    def __init__(self) -> None:
+        self.phase = _NullPhase()
+
+    def __enter__(self) -> Any:
+        return self.phase
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
+        return False
+
+
 class RunEvents:
     """One run's binding of the emitter: run id, tap, fence, the open phase."""
 
@@ -234,10 +255,15 @@ class RunEvents:
         self.window = window
         self.open_phase: Optional[Phase] = None
         self._table = emitter._table
+        # Observers are fixed while a run is in flight, and so is the tap:
+        # the event types anyone listens to, decided once per run.
+        table = self._table
+        self._wanted = frozenset(cls for cls in table if table[cls] or tap is not None)
+        self._null_scope: Optional[_NullScope] = None if self.wants(TurnEnd) else _NullScope()
 
     def wants(self, cls: type[Event]) -> bool:
         """True when an event of ``cls`` would reach anyone."""
-        return bool(self._table[cls]) or self.tap is not None
+        return cls in self._wanted
 
     def emit(self, event: Event) -> None:
         """Tap first (inline), then observers (queued, one at a time)."""
@@ -257,8 +283,11 @@ class RunEvents:
 
     # -- phases ------------------------------------------------------------------
 
-    def phase(self, turn: int, name: str, context_tokens: int) -> PhaseScope:
+    def phase(self, turn: int, name: str, context_tokens: int) -> Any:
         """Open a phase; the scope sends its ``on_turn_end`` on every exit."""
+        null = self._null_scope
+        if null is not None:
+            return null
         return PhaseScope(self, Phase(turn, name, context_tokens))
 
     def close_phase(self, phase: Phase, error: Optional[str]) -> None:
@@ -284,7 +313,7 @@ class RunEvents:
     # -- one method per event (build only when someone listens) ---------------
 
     def run_start(self, input: str) -> None:
-        if self.wants(RunStart):
+        if RunStart in self._wanted:
             self.emit(RunStart(self.session_id, self.run_id, input))
         hooks = self.emitter.hooks
         if hooks is not None and hooks.hooks:
@@ -298,33 +327,33 @@ class RunEvents:
         if hooks is not None and hooks.hooks:
             ctx = RunHookContext(self.session_id, self.run_id, input)
             self.emitter.deliver(lambda c: hooks.run_end(c, success, error), ctx, self.fence, self.handoff)
-        if self.wants(RunEnd):
+        if RunEnd in self._wanted:
             self.emit(RunEnd(self.session_id, self.run_id, success, error, total_turns, duration_ms))
 
     def turn_start(self, turn: int, query: str) -> None:
-        if self.wants(TurnStart):
+        if TurnStart in self._wanted:
             self.emit(TurnStart(self.session_id, self.run_id, turn, query))
 
     def text_delta(self, turn: int, delta: str) -> None:
-        if self.wants(TextDelta):
+        if TextDelta in self._wanted:
             self.emit(TextDelta(self.session_id, self.run_id, turn, delta))
 
     def thinking_delta(self, turn: int, delta: str) -> None:
-        if self.wants(ThinkingDelta):
+        if ThinkingDelta in self._wanted:
             self.emit(ThinkingDelta(self.session_id, self.run_id, turn, delta))
 
     def tool_input_delta(self, turn: int, call_id: str, tool: str, delta: str) -> None:
-        if self.wants(ToolInputDelta):
+        if ToolInputDelta in self._wanted:
             self.emit(ToolInputDelta(self.session_id, self.run_id, turn, call_id, tool, delta))
 
     def attempt_reset(self, turn: int, attempt: int) -> None:
-        if self.wants(AttemptReset):
+        if AttemptReset in self._wanted:
             self.emit(AttemptReset(self.session_id, self.run_id, turn, attempt))
 
     def retry_scheduled(
         self, turn: int, model: str, cause: str, wait_s: float, attempt: int, max_attempts: int
     ) -> None:
-        if self.wants(RetryScheduled):
+        if RetryScheduled in self._wanted:
             self.emit(
                 RetryScheduled(
                     self.session_id, self.run_id, turn, model, cause, wait_s, attempt, max_attempts
@@ -332,15 +361,15 @@ class RunEvents:
             )
 
     def response(self, turn: int, text: str, usage: Optional[Usage]) -> None:
-        if self.wants(Response):
+        if Response in self._wanted:
             self.emit(Response(self.session_id, self.run_id, turn, text, usage))
 
     def stream_success(self, turn: int, model: str, usage: Optional[Usage]) -> None:
-        if self.wants(StreamSuccess):
+        if StreamSuccess in self._wanted:
             self.emit(StreamSuccess(self.session_id, self.run_id, turn, model, usage))
 
     def stream_failure(self, turn: int, model: str, error: str) -> None:
-        if self.wants(StreamFailure):
+        if StreamFailure in self._wanted:
             self.emit(StreamFailure(self.session_id, self.run_id, turn, model, error))
 
     def turn_end(
@@ -356,7 +385,7 @@ class RunEvents:
         context_tokens: int,
         context_window: Optional[int],
     ) -> None:
-        if self.wants(TurnEnd):
+        if TurnEnd in self._wanted:
             self.emit(
                 TurnEnd(
                     self.session_id,
@@ -377,11 +406,11 @@ class RunEvents:
     def tool_call_received(
         self, turn: int, call_id: str, tool: str, input: Mapping[str, Any]
     ) -> None:
-        if self.wants(ToolCallReceived):
+        if ToolCallReceived in self._wanted:
             self.emit(ToolCallReceived(self.session_id, self.run_id, turn, call_id, tool, input))
 
     def tool_pre(self, turn: int, call_id: str, tool: str, attempt: int) -> None:
-        if self.wants(ToolPre):
+        if ToolPre in self._wanted:
             self.emit(ToolPre(self.session_id, self.run_id, turn, call_id, tool, attempt))
 
     def tool_post(
@@ -395,7 +424,7 @@ class RunEvents:
         output: str,
         result_hash: str,
     ) -> None:
-        if self.wants(ToolPost):
+        if ToolPost in self._wanted:
             self.emit(
                 ToolPost(
                     self.session_id,
@@ -412,27 +441,27 @@ class RunEvents:
             )
 
     def compaction(self, reason: str, tokens_before: int, tokens_after: int) -> None:
-        if self.wants(Compaction):
+        if Compaction in self._wanted:
             self.emit(Compaction(self.session_id, self.run_id, reason, tokens_before, tokens_after))
 
     def fallback(self, from_model: str, to_model: str) -> None:
-        if self.wants(Fallback):
+        if Fallback in self._wanted:
             self.emit(Fallback(self.session_id, self.run_id, from_model, to_model))
 
     def model_switched(self, from_model: str, to_model: str) -> None:
-        if self.wants(ModelSwitched):
+        if ModelSwitched in self._wanted:
             self.emit(ModelSwitched(self.session_id, self.run_id, from_model, to_model))
 
     def loop_detected(self, pattern: str, repetitions: int) -> None:
-        if self.wants(LoopDetectedEvent):
+        if LoopDetectedEvent in self._wanted:
             self.emit(LoopDetectedEvent(self.session_id, self.run_id, pattern, repetitions))
 
     def convergence_detected(self, action: str, similarity: float, count: int) -> None:
-        if self.wants(ConvergenceDetected):
+        if ConvergenceDetected in self._wanted:
             self.emit(ConvergenceDetected(self.session_id, self.run_id, action, similarity, count))
 
     def steering(self, turn: int, messages: Sequence[Message]) -> None:
-        if self.wants(SteeringDelivered):
+        if SteeringDelivered in self._wanted:
             self.emit(SteeringDelivered(self.session_id, self.run_id, turn, tuple(messages)))
 
 

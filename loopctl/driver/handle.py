@@ -43,7 +43,10 @@ class RunContext:
         "context",
         "tools_running",
         "tools_abandoned",
+        "inline_tool",
+        "inline_counted",
         "driver",
+        "call_scope",
     )
 
     def __init__(self, run: Run, cancel: Any, waiter: bool, tap: Any = None) -> None:
@@ -61,9 +64,12 @@ class RunContext:
         self.tap = tap
         self.thread: Optional[threading.Thread] = None
         self.context: Optional[contextvars.Context] = None
-        self.tools_running = 0  # calls executing now (guarded by the loop's tally lock)
+        self.tools_running = 0  # pool calls executing now (guarded by the loop's tally lock)
         self.tools_abandoned = False  # set when a cancel abandoned them
+        self.inline_tool = False  # a call runs on the run's own thread now (lock-free flag)
+        self.inline_counted = False  # that call was counted as abandoned
         self.driver: Any = None  # the run's RunDriver
+        self.call_scope: Any = None  # the model call in flight (a CallScope), for cancel to shut
 
     def unfenced(self) -> Unfenced:
         """A context manager that releases the fence around blocking work."""

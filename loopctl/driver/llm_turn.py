@@ -26,7 +26,7 @@ from loopctl.providers.base import (
     StreamAttemptReset,
     StreamRescue,
 )
-from loopctl.providers.stream_handler import cancellable_complete
+from loopctl.providers.http import CallScope
 
 if TYPE_CHECKING:
     from loopctl.driver.emission import RunEvents
@@ -114,13 +114,23 @@ def call_model(
         raise Cancelled(cancel.reason)
     client = parts.client
     if parts.turn_mode == "non_streaming":
+        # The call's sockets join a fresh scope that the run's one cancel
+        # listener (``close_call``) shuts: no listener churn per call.
+        scope = CallScope()
+        rc.call_scope = scope
         try:
-            with rc.unfenced():
-                response: ModelResponse = cancellable_complete(client, request, rc.cancel)
+            if cancel.is_cancelled():  # after publishing the scope: a cancel is never missed
+                raise Cancelled(cancel.reason)
+            with rc.unfenced(), scope.bound():
+                response: ModelResponse = client.complete(request)
         except LoopError:
             raise
         except Exception as exc:
+            if cancel.is_cancelled():
+                raise Cancelled(cancel.reason) from exc
             raise ModelError(f"model call failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            rc.call_scope = None
     else:
         response = _stream_turn(parts, rc, events, turn, request)
     if cancel.is_cancelled():
@@ -196,9 +206,17 @@ def _noop() -> None:
     return None
 
 
+def close_call(rc: RunContext) -> None:
+    """The run's cancel listener: shut the model call in flight (if any)."""
+    scope = rc.call_scope
+    if scope is not None:
+        scope.close()
+
+
 __all__ = [
     "MEMORY_PREFIX",
     "build_request",
+    "close_call",
     "call_model",
     "gather_transients",
     "turn_query",

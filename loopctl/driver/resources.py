@@ -85,11 +85,23 @@ class LoopResources:
             if rc.tools_abandoned:
                 self._abandoned -= 1
 
+    def inline_ended(self, rc: RunContext) -> None:
+        """An inline call (on the run's thread) of an abandoned run returned: uncount it."""
+        with self._tally:
+            if rc.inline_counted:
+                rc.inline_counted = False
+                self._abandoned -= 1
+
     def abandon(self, rc: RunContext) -> None:
         """``rc``'s run was cancelled away from its tools: count them, retire the pool."""
         with self._tally:
+            # Written before ``inline_tool`` is read; the run's thread writes
+            # ``inline_tool`` before it reads this: one of the two sees the other.
             rc.tools_abandoned = True
             stuck = rc.tools_running
+            if rc.inline_tool:
+                rc.inline_counted = True
+                stuck += 1
             before = self._abandoned
             self._abandoned = before + stuck
         if stuck <= 0:

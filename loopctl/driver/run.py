@@ -33,7 +33,13 @@ from loopctl.driver.compaction import run_compaction
 from loopctl.driver.dispatch import Dispatcher, ToolRun
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import Abandoned, RunContext
-from loopctl.driver.llm_turn import build_request, call_model, gather_transients, turn_query
+from loopctl.driver.llm_turn import (
+    build_request,
+    call_model,
+    close_call,
+    gather_transients,
+    turn_query,
+)
 from loopctl.driver.meter import TokenMeter
 from loopctl.driver.parts import LoopParts
 from loopctl.errors import (
@@ -59,6 +65,7 @@ from loopctl.machine import (
     Outcome,
 )
 from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, StopReason
+from loopctl.observers import Response, StreamSuccess, ToolCallReceived, TurnStart
 from loopctl.providers.stream_handler import cancellable_complete
 from loopctl.records import Turn
 
@@ -119,6 +126,8 @@ class RunDriver:
         self.base_options: Optional[RequestOptions] = None
         self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
         self.deferred_tokens = 0  # the extras' cost a deferred turn reserves for the compaction
+        self.gathers = False  # contributors or memory: transient extras to gather each turn
+        self._close_call = lambda: close_call(rc)  # one cancel listener for every model call
 
     # -- the body: the seed's run() ----------------------------------------------------
 
@@ -181,6 +190,7 @@ class RunDriver:
         run = rc.run
         m = self.machine
         self.session.runs.append(run)
+        rc.cancel.add_listener(self._close_call)
         self.begin()
         self.events.run_start(run.input)
         m.accept_input(run.input)
@@ -218,6 +228,7 @@ class RunDriver:
                 reset = getattr(part, "reset", None)
                 if reset is not None:
                     reset()
+        self.gathers = bool(parts.contributors) or (parts.memory is not None and self.config.memory_top_k > 0)
         opts = parts.request_options
         self.base_options = None if opts.is_empty() else opts
         self.tool_names = parts.tools.name_set()
@@ -241,13 +252,14 @@ class RunDriver:
         conv_last = m.pending if len(m.pending) else m.history
         query = turn_query(self.run_input, turn, conv_last)
         steering = self.steering
-        top_k = self.config.memory_top_k
-        gather = bool(parts.contributors) or (parts.memory is not None and top_k > 0)
+        gather = self.gathers
         while True:
             arrived = steering._arrived  # before the drain: a push landing after it is seen below
             self.drain_steering(turn)
             transients = (
-                gather_transients(parts, m, self.rc, turn, query, self.run_input, top_k) if gather else []
+                gather_transients(parts, m, self.rc, turn, query, self.run_input, self.config.memory_top_k)
+                if gather
+                else []
             )
             if steering._arrived == arrived:
                 break
@@ -259,8 +271,10 @@ class RunDriver:
             self.deferred_tokens = extra
             return
         meter.calibration.note_prediction(raw)
-        self.route_model()
-        em.turn_start(turn, query)
+        if parts.fallback is not None:
+            self.route_model()
+        if TurnStart in em._wanted:
+            em.turn_start(turn, query)
         request = build_request(parts, m, transients, self.options())
         try:
             with em.phase(turn, "llm", figure) as phase:
@@ -303,11 +317,14 @@ class RunDriver:
             self.meter.calibration.observe(usage.input_tokens)
         if parts.fallback is not None:
             parts.fallback.record_success()
-        em.stream_success(turn, response.model or parts.model_name(), usage)
+        wanted = em._wanted
+        if StreamSuccess in wanted:
+            em.stream_success(turn, response.model or parts.model_name(), usage)
         message = response.message
         if not message.tool_calls and parts.convergence is not None:
             self.check_convergence(message.text)
-        em.response(turn, message.text, usage)
+        if Response in wanted:
+            em.response(turn, message.text, usage)
         m.model_response(response, figure, self.tool_names)
         figure_after = self.meter.figure(m)
         m.set_context_tokens(figure_after)
@@ -374,8 +391,9 @@ class RunDriver:
         turn = step.turn
         em = self.events
         m = self.machine
-        for p in step.calls:
-            em.tool_call_received(turn, p.call.id, p.call.name, p.call.input)
+        if ToolCallReceived in em._wanted:
+            for p in step.calls:
+                em.tool_call_received(turn, p.call.id, p.call.name, p.call.input)
         results = [p.preresolved for p in step.calls]
         todo = [i for i, p in enumerate(step.calls) if p.preresolved is None]
         with em.phase(turn, "tools", m.context_tokens) as phase:
@@ -462,6 +480,7 @@ class RunDriver:
                 (run.end - run.start) * 1000.0,
             )
         finally:
+            rc.cancel.remove_listener(self._close_call)
             self.slot.release(rc, error)
 
 

@@ -20,9 +20,9 @@ from typing import Union
 from loopctl.messages import Message
 
 #: Default cap on guidance waiting to be drained (messages).
-MAX_PENDING_MESSAGES = 1000
+MAX_PENDING_MESSAGES = 10_000
 #: Default cap on guidance waiting to be drained (bytes of UTF-8 text).
-MAX_PENDING_BYTES = 4 * 1024 * 1024
+MAX_PENDING_BYTES = 8 * 1024 * 1024
 
 
 def _size(message: Message) -> int:

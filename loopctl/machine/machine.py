@@ -176,6 +176,11 @@ class LoopMachine:
         return self._pending_epoch
 
     @property
+    def size_key(self) -> tuple[int, int, int, int]:
+        """(history epoch, history length, pending epoch, pending length): equal keys, equal lists."""
+        return (self._history_epoch, len(self._history), self._pending_epoch, len(self._pending))
+
+    @property
     def state(self) -> MachineState:
         """The current state."""
         return self._state
