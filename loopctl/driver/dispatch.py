@@ -37,11 +37,10 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-import attrs
-
+from loopctl.driver.recovery import corrected, decide
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
@@ -50,12 +49,8 @@ from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.pipeline import DispatchContext, invoke_tool, not_found_text
 from loopctl.tools.recovery import (
     MAX_RETRIES,
-    CorrectionKind,
     ExponentialBackoffRecovery,
-    Fail,
-    FailureAnalysis,
     NoopReflector,
-    RecoveryAction,
     ReflectionContext,
     Retry,
 )
@@ -440,7 +435,7 @@ class Dispatcher:
         rctx = ReflectionContext(st.attempt, max_attempts, run.run_input, turn, st.call.id)
         call, text = st.call, st.out.text
         with run.rc.unfenced():  # a reflector may ask a model: blocking work
-            analysis, action = _decide(reflector, strategy, text, call, schema, rctx, st.attempt, max_attempts)
+            analysis, action = decide(reflector, strategy, text, call, schema, rctx, st.attempt, max_attempts)
         if type(action) is not Retry:
             return None
         st.correction = analysis.correction
@@ -455,52 +450,9 @@ class Dispatcher:
             with rc.unfenced():
                 self.sleep(rc.cancel, delay)
         self._check_cancel(rc)
-        st.call = _corrected(st.call, st.correction)
+        st.call = corrected(st.call, st.correction)
         st.correction = None
         st.attempt += 1
-
-
-def _decide(
-    reflector: Any,
-    strategy: Any,
-    error: str,
-    call: ToolCallPart,
-    schema: Any,
-    rctx: ReflectionContext,
-    attempt: int,
-    max_attempts: int,
-) -> tuple[FailureAnalysis, RecoveryAction]:
-    try:
-        analysis = reflector.analyze(error, call.name, call.input, schema, rctx)
-        if not isinstance(analysis, FailureAnalysis):
-            raise TypeError(f"analyze() returned {type(analysis).__name__}, not FailureAnalysis")
-    except Exception as exc:
-        log.exception("reflector failed on tool %r; treated as not recoverable", call.name)
-        return FailureAnalysis(False, f"reflector failed: {exc}"), Fail("reflector failed")
-    try:
-        action = strategy.decide(analysis, attempt, max_attempts)
-    except Exception as exc:
-        log.exception("recovery strategy failed on tool %r; giving up", call.name)
-        return analysis, Fail(f"strategy failed: {exc}")
-    return analysis, action
-
-
-def _corrected(call: ToolCallPart, correction: Any) -> ToolCallPart:
-    """Apply an input fix or a tool change; anything else (or a bad fix) is skipped."""
-    if correction is None:
-        return call
-    kind = getattr(correction, "kind", None)
-    if kind == CorrectionKind.INPUT_FIX:
-        new = getattr(correction, "modified_input", None)
-        if isinstance(new, Mapping):
-            return attrs.evolve(call, input=dict(new))
-        log.warning("input fix for tool %r is not an object (%r); retrying uncorrected", call.name, new)
-    elif kind == CorrectionKind.TOOL_CHANGE:
-        name = getattr(correction, "alternative_tool", None)
-        if isinstance(name, str) and name:
-            return attrs.evolve(call, name=name)
-        log.warning("tool change for %r names no tool; retrying uncorrected", call.name)
-    return call
 
 
 __all__ = ["Dispatcher", "ToolRun", "result_hash"]
