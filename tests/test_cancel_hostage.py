@@ -102,10 +102,24 @@ def build(where: str, blocker: Blocker) -> BareLoop:
                 return None
 
         loop.add_contributor(SlowContributor())
+    elif where == "memory":
+
+        class SlowMemory:
+            def retrieve(self, query: str, limit: int) -> list[Any]:
+                blocker.block()
+                return []
+
+            def store(self, entry: Any) -> None:
+                return None
+
+            def consolidate(self) -> None:
+                return None
+
+        loop.set_memory(SlowMemory())
     return loop
 
 
-WHERE = ["observer", "text_streamer", "pre_tool_hook", "confirmation_hook", "contributor"]
+WHERE = ["observer", "text_streamer", "pre_tool_hook", "confirmation_hook", "contributor", "memory"]
 
 
 @pytest.mark.parametrize("entry", ["run", "start"])
