@@ -44,6 +44,11 @@ class RunContext:
         "tap",
         "thread",
         "context",
+        "tools_running",
+        "tools_abandoned",
+        "inline_tool",
+        "inline_counted",
+        "driver",
         "approvals",
     )
 
@@ -62,6 +67,11 @@ class RunContext:
         self.tap = tap
         self.thread: Optional[threading.Thread] = None
         self.context: Optional[contextvars.Context] = None
+        self.tools_running = 0  # pool calls executing now (guarded by the loop's tally lock)
+        self.tools_abandoned = False  # set when a cancel abandoned them
+        self.inline_tool = False  # a call runs on the run's own thread now (lock-free flag)
+        self.inline_counted = False  # that call was counted as abandoned
+        self.driver: Any = None  # the run's RunDriver
         # The run's approval slot; closed by a cancel or by finalize.
         self.approvals = ApprovalSlot(run, cancel)
 
