@@ -446,6 +446,10 @@ class RunDriver:
         rc = self.rc
         with self.slot.busy:
             rc.ending = True
+        if error is not None and not rc.tools_abandoned:
+            # The body itself ends a run whose cancel woke it from a wave before
+            # the takeover could: the tools it gave up on are abandoned all the same.
+            self.resources.abandon(rc)
         try:
             self.steering._close_and_seal()
             run = rc.run
