@@ -246,6 +246,11 @@ class RunDriver:
         em = self.events
         parts = self.parts
         meter = self.meter
+        tools = parts.tools
+        if tools.has_refreshers:
+            with self.rc.unfenced():  # a tool source's own IO (an MCP list): never holds a cancel
+                tools.refresh()
+            self.tool_names = tools.name_set()
         conv_last = m.pending if len(m.pending) else m.history
         query = turn_query(self.run_input, turn, conv_last)
         steering = self.steering
