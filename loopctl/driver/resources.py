@@ -77,6 +77,8 @@ class LoopResources:
         """A call of ``rc``'s run starts executing (any thread)."""
         with self._tally:
             rc.tools_running += 1
+            if rc.tools_abandoned:  # started after its run was given up: stuck all the same
+                self._abandoned += 1
 
     def tool_ended(self, rc: RunContext) -> None:
         """A call of ``rc``'s run stopped executing (any thread)."""
