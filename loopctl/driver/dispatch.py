@@ -264,7 +264,7 @@ class Dispatcher:
                 st.out, st.ms, st.resolved = ToolOutput.error(refusal), 0.0, call.name
                 return _GATED
         st.ctx = ToolContext(
-            loop.session.id, rc.run.id, turn, call.id, loop._ensure_temp_dir(), rc.cancel, loop.tool_extras
+            loop.session.id, rc.run.id, turn, call.id, loop._resources.ensure_temp_dir, rc.cancel, loop.tool_extras
         )
         self._check_cancel(rc)  # biased: a cancel from on_tool_pre or a hook means it never starts
         return _RUN
