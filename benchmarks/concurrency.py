@@ -38,6 +38,7 @@ with the load; CPU figures are steadier. Run:
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
@@ -56,6 +57,7 @@ from run_all import report  # noqa: E402
 
 SEED = 22
 CANCEL_SHARE = 0.10
+GC_OFF = False  # --gc off: the cyclic GC disabled during the runs (a host's choice)
 FRESH_RUNS = 400
 
 
@@ -75,6 +77,29 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return 0
+
+
+class GcClock:
+    """Time spent in cyclic-GC collections (all generations), and the longest one."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.longest = 0.0
+        self.full = 0
+        self._t = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+            return
+        dt = time.perf_counter() - self._t
+        self.total += dt
+        self.longest = max(self.longest, dt)
+        self.full += info.get("generation") == 2
+
+    def figures(self) -> dict[str, float]:
+        return {"gc_total": self.total, "gc_longest": self.longest, "gc_full": self.full}
 
 
 class Sampler:
@@ -154,8 +179,11 @@ def floor_child(n: int, mean: float) -> None:
         _ = 1 + 2  # the tool
         ev.wait(lat[i][1])
 
+    if GC_OFF:
+        gc.disable()
     rss0 = rss_bytes()
     sampler = Sampler()
+    gcc = GcClock()
     cpu0 = usage()
     t0 = time.perf_counter()
     started = []
@@ -173,7 +201,7 @@ def floor_child(n: int, mean: float) -> None:
     latencies = cancel_all([(started[i] + off, i) for i, off in cancels.items()], cancel, lambda i: threads[i].join())
     for t in threads:
         t.join()
-    finish("floor", n, t0, cpu0, rss0, sampler, latencies, {"starts": starts})
+    finish("floor", n, t0, cpu0, rss0, sampler, latencies, {"starts": starts, **gcc.figures()})
 
 
 # -- loopctl --------------------------------------------------------------------------------
@@ -212,11 +240,14 @@ def loopctl_child(n: int, mean: float) -> None:
         return loop
 
     make(0)  # warm-up: imports, first-use costs
+    if GC_OFF:
+        gc.disable()
     registry = RunRegistry(max_active=n, keep_finished_s=600)
     ids: list[str] = []
     started: list[float] = []
     rss0 = rss_bytes()
     sampler = Sampler()
+    gcc = GcClock()
     cpu0 = usage()
     t0 = time.perf_counter()
     for i in range(n):
@@ -245,7 +276,7 @@ def loopctl_child(n: int, mean: float) -> None:
         except LoopError as exc:
             key = f"{type(exc).__name__}: {exc}"[:200]
             failed[key] = failed.get(key, 0) + 1
-    extra = {"starts": starts, "failed": failed, "fresh_us": fresh[0], "fresh_floor_us": fresh[1]}
+    extra = {"starts": starts, "failed": failed, **gcc.figures(), "fresh_us": fresh[0], "fresh_floor_us": fresh[1]}
     finish("loopctl", n, t0, cpu0, rss0, sampler, latencies, extra)
     registry.close()
 
@@ -288,12 +319,12 @@ def fresh_loop_us(BareLoop: Any, ScriptedClient: Any, call: Any, reply: Any, add
 # -- the parent ----------------------------------------------------------------------------------
 
 
-def child(kind: str, n: int, mean: float) -> dict[str, Any]:
+def child(kind: str, n: int, mean: float, gc_mode: str) -> dict[str, Any]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--runs", str(n), "--mean", str(mean)],
+        [sys.executable, __file__, "--child", kind, "--runs", str(n), "--mean", str(mean), "--gc", gc_mode],
         capture_output=True, text=True, env=env,
     )
     if proc.returncode != 0:
@@ -313,8 +344,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None, help="concurrent runs (default 10,000; --quick 1,000)")
     parser.add_argument("--mean", type=float, default=None, help="mean model latency, s (default 5; --quick 1)")
     parser.add_argument("--quick", action="store_true", help="1,000 runs, mean 1 s")
+    parser.add_argument("--gc", choices=["on", "off"], default="on",
+                        help="off: gc.disable() in both children during the runs")
     parser.add_argument("--child", choices=["floor", "loopctl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global GC_OFF
+    GC_OFF = args.gc == "off"
     n = args.runs or (1_000 if args.quick else 10_000)
     mean = args.mean or (1.0 if args.quick else 5.0)
     if args.child == "floor":
@@ -325,9 +360,10 @@ def main() -> None:
     ideal = max(sum(lat[i]) for i in range(n) if i not in cancels)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{n} concurrent runs (model -> tool -> answer), latency {mean:g} s +-50 %, "
-          f"{len(cancels)} cancelled mid-flight; load average {load:.1f} on {os.cpu_count()} CPUs")
-    fl = child("floor", n, mean)
-    lc = child("loopctl", n, mean)
+          f"{len(cancels)} cancelled mid-flight; cyclic GC {args.gc}; "
+          f"load average {load:.1f} on {os.cpu_count()} CPUs")
+    fl = child("floor", n, mean, args.gc)
+    lc = child("loopctl", n, mean, args.gc)
     if lc["failed"]:
         raise SystemExit(f"runs failed: {lc['failed']}")
     for name, r in (("floor (plain threads)", fl), ("loopctl (RunRegistry)", lc)):
@@ -336,10 +372,11 @@ def main() -> None:
             f"starts {r['starts']:.2f} s), CPU/run user {r['user'] / n * 1e3:.3f} ms system "
             f"{r['system'] / n * 1e3:.3f} ms, peak threads {r['threads']}, RSS/run "
             f"{r['rss_per_run'] / 1024:.1f} KiB, cancel p50 {pct(r['cancel'], 0.5) * 1e3:.2f} ms "
-            f"p99 {pct(r['cancel'], 0.99) * 1e3:.2f} ms"
+            f"p99 {pct(r['cancel'], 0.99) * 1e3:.2f} ms; GC {r['gc_total']:.2f} s in all, "
+            f"{r['gc_full']} full, longest {r['gc_longest'] * 1e3:.0f} ms"
         )
     print(f"fresh loop 2-turn run: {lc['fresh_us']:.0f} us (hand-written {lc['fresh_floor_us']:.0f} us; target < 400)")
-    tag = f"N={n}"
+    tag = f"N={n}" + (", GC off" if GC_OFF else "")
     report(f"wall / ideal {tag} (target <= 1.2x)", lc["wall"] / ideal, fl["wall"] / ideal, unit="x")
     report(f"CPU per run, user+system {tag} (target <= 1 ms)",
            (lc["user"] + lc["system"]) / n * 1e3, (fl["user"] + fl["system"]) / n * 1e3, unit="ms")
@@ -351,6 +388,7 @@ def main() -> None:
     for q in (0.5, 0.99):
         report(f"cancel latency p{int(q * 100)} {tag} (target p99 <= 10 ms)",
                pct(lc["cancel"], q) * 1e3, pct(fl["cancel"], q) * 1e3, unit="ms")
+    report(f"longest GC pause {tag}", lc["gc_longest"] * 1e3, fl["gc_longest"] * 1e3, unit="ms")
     report("fresh loop 2-turn run wall (target < 400 us)", lc["fresh_us"], lc["fresh_floor_us"], unit="us")
 
 
