@@ -28,6 +28,17 @@ Figures, each beside the floor's:
   close), median wall of 400, against a hand-written loop doing the same
   calls; target < 400 us.
 
+- GC: time in cyclic-GC collections and the longest one (``gc.callbacks``).
+
+What it showed (issue 22): with the temp dir made lazily and finished runs
+compacted, 1,000 runs meet every target; at 10,000 runs in flight a full
+collection of the ~170 GC-tracked objects per run (about 1.7 M) holds the
+GIL for a second or more, the model replies due meanwhile queue thousands
+of threads on the GIL, their 5 ms wake-ups eat the CPU the collection
+needs, and the stall feeds on itself (one collection took 268 s). With
+``--gc off`` (``gc.disable()`` during the runs, a host's choice) the same
+10,000 runs finish in about 1.5x the ideal on a loaded machine.
+
 The machine may be shared: wall-clock figures (wall, cancel latency) move
 with the load; CPU figures are steadier. Run:
 ``python benchmarks/concurrency.py`` (10,000 runs, mean 5 s: ~1 min),
@@ -276,13 +287,13 @@ def loopctl_child(n: int, mean: float) -> None:
         except LoopError as exc:
             key = f"{type(exc).__name__}: {exc}"[:200]
             failed[key] = failed.get(key, 0) + 1
-    extra = {"starts": starts, "failed": failed, **gcc.figures(), "fresh_us": fresh[0], "fresh_floor_us": fresh[1]}
+    extra = {"starts": starts, "failed": failed, **gcc.figures(), "fresh_us": fresh[0], "fresh_floor_us": fresh[1], "fresh_best_us": fresh[2]}
     finish("loopctl", n, t0, cpu0, rss0, sampler, latencies, extra)
     registry.close()
 
 
-def fresh_loop_us(BareLoop: Any, ScriptedClient: Any, call: Any, reply: Any, add: Any) -> tuple[float, float]:
-    """Median wall of a fresh loop's 2-turn run (build, run, close), and of a hand-written one."""
+def fresh_loop_us(BareLoop: Any, ScriptedClient: Any, call: Any, reply: Any, add: Any) -> tuple[float, float, float]:
+    """Median wall of a fresh loop's 2-turn run (build, run, close), of a hand-written one; best of the first."""
     from loopctl import Message, ModelRequest, ToolResultPart
 
     def driver() -> float:
@@ -311,9 +322,9 @@ def fresh_loop_us(BareLoop: Any, ScriptedClient: Any, call: Any, reply: Any, add
 
     for _ in range(50):
         driver(), floor()
-    d = statistics.median(driver() for _ in range(FRESH_RUNS))
+    ds = [driver() for _ in range(FRESH_RUNS)]
     f = statistics.median(floor() for _ in range(FRESH_RUNS))
-    return d * 1e6, f * 1e6
+    return statistics.median(ds) * 1e6, f * 1e6, min(ds) * 1e6
 
 
 # -- the parent ----------------------------------------------------------------------------------
@@ -375,7 +386,8 @@ def main() -> None:
             f"p99 {pct(r['cancel'], 0.99) * 1e3:.2f} ms; GC {r['gc_total']:.2f} s in all, "
             f"{r['gc_full']} full, longest {r['gc_longest'] * 1e3:.0f} ms"
         )
-    print(f"fresh loop 2-turn run: {lc['fresh_us']:.0f} us (hand-written {lc['fresh_floor_us']:.0f} us; target < 400)")
+    print(f"fresh loop 2-turn run: median {lc['fresh_us']:.0f} us, best {lc['fresh_best_us']:.0f} us "
+          f"(hand-written {lc['fresh_floor_us']:.0f} us; target < 400)")
     tag = f"N={n}" + (", GC off" if GC_OFF else "")
     report(f"wall / ideal {tag} (target <= 1.2x)", lc["wall"] / ideal, fl["wall"] / ideal, unit="x")
     report(f"CPU per run, user+system {tag} (target <= 1 ms)",
