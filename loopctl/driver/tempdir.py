@@ -74,7 +74,10 @@ class _ProcessDir:
         staging = self.path / f".{LOCK_NAME}.{os.getpid()}"
         fd = os.open(staging, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # a filesystem without flock: a sweeper cannot lock it either
+                log.debug("cannot lock %s; it will not be swept after a crash", staging)
             os.rename(staging, self.path / LOCK_NAME)
         except BaseException:
             os.close(fd)

@@ -35,7 +35,7 @@ import uuid
 import weakref
 import zlib
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 import attrs
@@ -135,13 +135,13 @@ class _Entry:
         self.loop: Optional[BareLoop] = loop
         self.handle: Optional[RunHandle] = None
         self.lock = threading.Lock()
-        self.waiters: List[Any] = []  # parked follower locks, released by the tap
+        self.waiters: Optional[List[Any]] = None  # parked follower locks, released by the tap
         # Events only (no (seq, event) tuples: half the objects the cyclic GC
         # must walk); the newest has seq ``self.seq``, the rest count down.
         self.buf: Union[deque[Event], Tuple[Event, ...], bytes] = deque(maxlen=size)
         self.seq = 0
         self.ended = False
-        self.leftovers: List[Message] = []
+        self.leftovers: Sequence[Message] = ()
         self.final: Optional[_Final] = None
         self._ending = ending
         self._clock = clock
@@ -158,7 +158,7 @@ class _Entry:
                 # open it until this one has left finalize: these are ours.
                 loop = self.loop
                 assert loop is not None
-                self.leftovers = loop.steering().take_leftovers()
+                self.leftovers = loop.steering().take_leftovers() or ()
                 self.ended = True
                 try:
                     ended_at = self._clock()
@@ -166,15 +166,18 @@ class _Entry:
                     log.exception("RunRegistry clock raised; run %s is pruned early", self.run_id)
                     ended_at = -math.inf
                 self._ending.append((ended_at, self))
-            if self.waiters:
-                for waiter in self.waiters:
+            waiters = self.waiters
+            if waiters is not None:
+                self.waiters = None
+                for waiter in waiters:
                     waiter.release()
-                self.waiters = []
 
     def park(self) -> Any:
         """A locked lock the tap will release (call with ``self.lock`` held)."""
         waiter = threading.Lock()
         waiter.acquire()
+        if self.waiters is None:
+            self.waiters = []
         self.waiters.append(waiter)
         return waiter
 
@@ -488,7 +491,7 @@ class RunRegistry:
                         finally:
                             lock.acquire()
                         if not woken:
-                            if waiter in entry.waiters:
+                            if entry.waiters is not None and waiter in entry.waiters:
                                 entry.waiters.remove(waiter)
                             if entry.seq <= pos and not entry.ended:
                                 return
