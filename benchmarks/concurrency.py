@@ -41,9 +41,9 @@ needs, and the stall feeds on itself (one collection took 268 s). With
 
 The machine may be shared: wall-clock figures (wall, cancel latency) move
 with the load; CPU figures are steadier. Run:
-``python benchmarks/concurrency.py`` (10,000 runs, mean 5 s: ~1 min),
-``--quick`` (1,000 runs, mean 1 s: what ``run_all.py`` runs), or
-``--runs N --mean S``.
+``python benchmarks/concurrency.py`` (10,000 runs, mean 5 s: ~1 min with
+``--gc off``, minutes with the GC on), ``--quick`` (1,000 runs: ~40 s,
+what ``run_all.py`` runs), or ``--runs N --mean S``.
 """
 
 from __future__ import annotations
@@ -353,8 +353,8 @@ def pct(xs: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=None, help="concurrent runs (default 10,000; --quick 1,000)")
-    parser.add_argument("--mean", type=float, default=None, help="mean model latency, s (default 5; --quick 1)")
-    parser.add_argument("--quick", action="store_true", help="1,000 runs, mean 1 s")
+    parser.add_argument("--mean", type=float, default=5.0, help="mean model latency, s (default 5)")
+    parser.add_argument("--quick", action="store_true", help="1,000 runs")
     parser.add_argument("--gc", choices=["on", "off"], default="on",
                         help="off: gc.disable() in both children during the runs")
     parser.add_argument("--child", choices=["floor", "loopctl"], help=argparse.SUPPRESS)
@@ -362,7 +362,7 @@ def main() -> None:
     global GC_OFF
     GC_OFF = args.gc == "off"
     n = args.runs or (1_000 if args.quick else 10_000)
-    mean = args.mean or (1.0 if args.quick else 5.0)
+    mean = args.mean
     if args.child == "floor":
         return floor_child(n, mean)
     if args.child == "loopctl":
