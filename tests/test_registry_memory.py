@@ -2,9 +2,9 @@
 
 Once a run has ended and its thread is done, the next registry call
 compacts its entry: the loop, its thread state and the handle are dropped
-(a per-run loop becomes garbage), the events are kept as one compressed
-blob, and ``status``, ``result``, ``leftovers`` and ``events`` answer
-exactly as before.
+(a per-run loop becomes garbage), the events are kept as a tuple, and
+``status``, ``result``, ``leftovers`` and ``events`` answer exactly as
+before.
 """
 
 from __future__ import annotations
@@ -114,4 +114,4 @@ def test_finished_runs_keep_a_few_kib_each() -> None:
             tracemalloc.stop()
         assert all(runs.status(rid).state == "completed" for rid in ids)
     # Before compaction a finished run kept its loop: ~26 KiB each.
-    assert per_run < 6 * 1024, f"{per_run / 1024:.1f} KiB per finished run"
+    assert per_run < 8 * 1024, f"{per_run / 1024:.1f} KiB per finished run"
