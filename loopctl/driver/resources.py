@@ -2,10 +2,10 @@
 
 The temp dir (``loopctl.driver.tempdir``) is made when a tool first reads
 ``ctx.temp_dir`` and removed by ``close()`` or when the loop is
-garbage-collected; if it cannot be made, tools get the system temp dir. The
-``ThreadPoolExecutor`` for
-parallel tool waves is made on first use (threads ``loopctl-tools-...``)
-and shut down without waiting, so a stuck tool never blocks ``close()``.
+garbage-collected; if it cannot be made, tools get the system temp dir.
+The ``ThreadPoolExecutor`` for parallel tool waves is made on first use
+(threads ``loopctl-tools-...``) and shut down without waiting, so a stuck
+tool never blocks ``close()``.
 """
 
 from __future__ import annotations
