@@ -143,3 +143,17 @@ def test_an_owned_runs_approvals_are_unknown_to_another_owner(reg: RunRegistry) 
         reg.deny(rid, pending.call_id, "no", owner="mallory")
     assert reg.approve(rid, pending.call_id, owner="alice", by="alice")
     reg.result(rid, WAIT, owner="alice")
+
+
+def test_a_compacted_finished_run_has_nothing_pending_and_refuses_answers(reg: RunRegistry) -> None:
+    loop, asked = make_loop(call("send_email", to="a@b.c", body="hi"), reply("ok"))
+    rid = reg.start(loop, "mail")
+    assert asked.asked.wait(WAIT)
+    [pending] = reg.pending_approvals(rid)
+    assert reg.deny(rid, pending.call_id, "no", by="ops")
+    reg.result(rid, WAIT)
+    reg.list()  # any access compacts a run whose thread is done
+    assert reg.pending_approvals(rid) == []
+    assert reg.approve(rid, pending.call_id) is False
+    assert reg.deny(rid, pending.call_id, "again") is False
+    assert [d.reason for d in reg.status(rid).approvals] == ["no"]

@@ -429,7 +429,8 @@ class RunRegistry:
         Raises:
             KeyError: unknown ``run_id``, or another ``owner``'s run.
         """
-        return self._handle(run_id, owner).pending_approvals()
+        handle = self._get(run_id, owner).handle
+        return [] if handle is None else handle.pending_approvals()  # None: finished and compacted
 
     def approve(
         self,
@@ -451,7 +452,8 @@ class RunRegistry:
             ValueError: ``arguments`` do not fit the tool's schema (the
                 message names the field); the call stays pending.
         """
-        return self._handle(run_id, owner).approve(call_id, by=by, arguments=arguments)
+        handle = self._get(run_id, owner).handle
+        return False if handle is None else handle.approve(call_id, by=by, arguments=arguments)
 
     def deny(
         self, run_id: str, call_id: str, reason: str, *, by: Optional[str] = None, owner: Optional[Hashable] = None
@@ -464,12 +466,8 @@ class RunRegistry:
         Raises:
             KeyError: unknown ``run_id``, or another ``owner``'s run.
         """
-        return self._handle(run_id, owner).deny(call_id, reason, by=by)
-
-    def _handle(self, run_id: str, owner: Optional[Hashable]) -> RunHandle:
         handle = self._get(run_id, owner).handle
-        assert handle is not None
-        return handle
+        return False if handle is None else handle.deny(call_id, reason, by=by)
 
     # -- looking at runs -------------------------------------------------------------
 
