@@ -6,7 +6,9 @@ Owns threads, the clock and IO; ties providers, tools and context together.
 ``RunDriver`` (the seed's handlers in timeline order, then ``finalize``);
 ``llm_turn``, ``dispatch`` and ``compaction`` do one handler's IO each;
 ``emission`` is the only caller of observers and hooks; ``handle`` holds a
-run's fence and ``RunHandle``; ``signals`` the ``Steering`` slot.
+run's fence and ``RunHandle``; ``signals`` the ``Steering`` slot;
+``approvals`` a run's approval slot and ``approval_gate`` which calls of a
+batch wait for a person and how the batch runs around them.
 """
 
 from __future__ import annotations
