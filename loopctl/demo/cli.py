@@ -122,13 +122,14 @@ class Command:
         self.stdin = stdin
         self.streaming = not args.no_stream
         self.config = RunConfig() if args.max_turns is None else RunConfig(max_turns=args.max_turns)
-        self.facts = RunFacts()
+        self.facts = RunFacts(on_first_turn=self._first_turn)
         self.loop = self._make_loop(env, tty)
         self.prompts: queue.Queue[Optional[str]] = queue.Queue()
         self._cond = threading.Condition()
         self._armed = False
         self._pushing = 0  # on_line calls between taking a line as guidance and reporting it
         self._not_sent: list[str] = []
+        self._early: list[str] = []
         # Piped input to ``chat`` is a script of prompts; typed lines steer.
         self.steer_from_stdin = args.command == "run" or _isatty(stdin)
 
@@ -158,9 +159,17 @@ class Command:
     # -- stdin ------------------------------------------------------------------
 
     def on_line(self, line: Optional[str]) -> None:
-        """A typed line: guidance for the run in flight, else the next prompt."""
+        """A typed line: guidance for the run in flight, else the next prompt.
+
+        It never blocks: a line that comes before the run's first turn (the
+        steering slot is not open yet) waits in a list that the first turn
+        pushes.
+        """
         with self._cond:
             is_guidance = self._armed and self.steer_from_stdin and line is not None
+            if is_guidance and not self.facts.started.is_set():
+                self._early.append(line)  # type: ignore[arg-type]
+                return
             if is_guidance:
                 self._pushing += 1
             elif line is not None and self.args.command == "run":
@@ -172,16 +181,26 @@ class Command:
             self.prompts.put(line)
             return
         try:
-            self.facts.started.wait()  # set at the first turn or when the run ends
-            if self.loop.steering().push(line):
-                self.console.note(f"  [guidance queued: {line}]", "yellow", err=self.args.json)
-            else:
-                with self._cond:
-                    self._not_sent.append(line)
+            self._push(line)
         finally:
             with self._cond:
                 self._pushing -= 1
                 self._cond.notify_all()
+
+    def _push(self, line: str) -> None:
+        if self.loop.steering().push(line):
+            self.console.note(f"  [guidance queued: {line}]", "yellow", err=self.args.json)
+        else:
+            with self._cond:
+                self._not_sent.append(line)
+
+    def _first_turn(self) -> None:
+        """The run's first turn starts (its thread): push the lines that came early."""
+        with self._cond:
+            early, self._early = self._early, []
+            self.facts.started.set()  # under the lock: no line can land in the list after this
+        for line in early:
+            self._push(line)
 
     def arm(self) -> None:
         """Lines typed from now on are guidance for the next run."""
@@ -194,6 +213,8 @@ class Command:
         with self._cond:
             self._armed = False
             self.facts.started.set()
+            self._not_sent.extend(self._early)
+            self._early = []
             while self._pushing:
                 self._cond.wait()
 
@@ -378,7 +399,7 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
         try:
             if args.command == "run":
                 session.arm()  # before the reader starts: no line can slip past the run
-                reader.start()
+                reader.start().wait_caught_up(0.5)  # lines already in a pipe come first
                 return session.run_once(args.input, reader)
             return _chat(session, reader)
         except KeyboardInterrupt:

@@ -150,6 +150,7 @@ class StdinLines:
         self._started = False
         self._wake: Optional[tuple[int, int]] = None
         self._buf = b""
+        self._caught_up = threading.Event()
         self._thread = threading.Thread(target=self._main, name="loopctl-cli-stdin", daemon=True)
 
     def start(self) -> StdinLines:
@@ -160,6 +161,14 @@ class StdinLines:
         self._started = True
         self._thread.start()
         return self
+
+    def wait_caught_up(self, timeout: float) -> bool:
+        """Wait until every line already waiting in the stream is handed on.
+
+        True once the reader found the stream with nothing more to read (or
+        at its end); False after ``timeout`` seconds.
+        """
+        return self._caught_up.wait(timeout)
 
     def _fd(self) -> Optional[int]:
         if self._stream is None or os.name != "posix":
@@ -183,6 +192,7 @@ class StdinLines:
         except (OSError, ValueError):
             pass  # a closed or unreadable stdin is just EOF
         finally:
+            self._caught_up.set()
             if self._wake is not None:
                 os.close(self._wake[0])
             if not self._stopped:
@@ -190,7 +200,10 @@ class StdinLines:
 
     def _read_fd(self, fd: int, wake: int) -> None:
         while not self._stopped:
-            ready, _, _ = select.select([fd, wake], [], [])
+            ready, _, _ = select.select([fd, wake], [], [], 0)
+            if not ready:
+                self._caught_up.set()
+                ready, _, _ = select.select([fd, wake], [], [])
             if wake in ready:
                 return
             try:

@@ -21,7 +21,7 @@ import threading
 import time
 import unicodedata
 from collections.abc import Mapping
-from typing import IO, Any, Optional
+from typing import IO, Any, Callable, Optional
 
 from loopctl.demo.terminal import StdinLines
 from loopctl.observers import (
@@ -361,12 +361,13 @@ class RunFacts(Observer):
     """What the command needs to know about the run in flight.
 
     ``started`` is set at the first turn (the steering slot is open by
-    then); ``usage_known``/``usage_unknown`` count served turns with and
+    then; ``on_first_turn`` runs just before it is set); ``usage_known``/``usage_unknown`` count served turns with and
     without token usage from the server.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_first_turn: Optional[Callable[[], None]] = None) -> None:
         self.started = threading.Event()
+        self._on_first_turn = on_first_turn
         self.usage_known = 0
         self.usage_unknown = 0
 
@@ -376,7 +377,10 @@ class RunFacts(Observer):
 
     def on_turn_start(self, event: TurnStart) -> None:
         """The slot is open by now: typed guidance may be pushed."""
-        self.started.set()
+        if not self.started.is_set():
+            if self._on_first_turn is not None:
+                self._on_first_turn()
+            self.started.set()
 
     def on_stream_success(self, event: StreamSuccess) -> None:
         """A served turn: did the server say how many tokens it took?"""
