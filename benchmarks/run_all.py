@@ -179,7 +179,7 @@ def cells(row: Row) -> tuple[str, str, str]:
 def table(outcomes: Sequence[Outcome], width: int = WIDTH) -> str:
     """The combined table, at most ``width`` columns: per benchmark a heading,
     then one line per figure (long figure names wrap in their column)."""
-    value_w, floor_w, ratio_w = 14, 14, 24
+    value_w, floor_w, ratio_w = 12, 12, 23
     figure_w = width - 2 - value_w - floor_w - ratio_w - 6
     header = ("figure (ratio = loopctl / floor)", "loopctl", "floor", "ratio")
 
