@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -234,3 +235,24 @@ def test_ctrl_c_at_an_idle_chat_prompt_leaves_a_clean_line() -> None:
     lines, col = screen(log.getvalue(), 80)
     assert col == 0 and lines[-1] == "", lines
     assert not any("What is 2 +" in line for line in lines), "the half-typed line is cleared"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX shell")
+def test_echo_piped_into_loopctl_run_always_reports_the_guidance() -> None:
+    # The issue's own command, as a shell runs it; 12 at once to crowd the machine.
+    command = (f'echo "show each step" | {shlex.quote(sys.executable)} -m loopctl run '
+               '"What is (2 + 3) * 4?"')
+    procs = [subprocess.Popen(command, shell=True, env=_env(), cwd=str(ROOT), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(12)]
+    try:
+        results = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err
+        assert "[guidance queued: show each step]" in out, out
+        assert "[guidance delivered: show each step]" in out or "  - show each step\n" in out, out
