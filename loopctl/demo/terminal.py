@@ -247,6 +247,8 @@ class StdinLines:
             blocking, POSIX only) and were never handed on, so a caller can
             report them instead of losing them.
         """
+        if self._stopped:
+            return []
         self._stopped = True
         if self._wake is not None:
             try:
