@@ -5,12 +5,18 @@ thread (``start()``) so the main thread keeps SIGINT; text streams through
 the text streamer; tool calls, their results and delivered guidance come
 from an observer. Lines typed on stdin while a run works are pushed as
 steering by a daemon reader thread (``loopctl-cli-stdin``) that ends at EOF
-or when the command is done. Ctrl-C cancels the run (a second one exits at
-once) and prints what guidance was never delivered. Exit codes: 0 success,
+or when the command is done; every such line ends reported (queued then
+delivered, or listed as not delivered), even one read before the first
+turn or left unread in a pipe when the run ends. When stdin and stdout are
+both the terminal, keys are read unechoed (``KeysMode``) and the console
+draws the half-typed line itself, apart from the live output. Ctrl-C
+cancels the run (a second one exits at once, restoring the terminal) and
+prints what guidance was never delivered. Exit codes: 0 success,
 130 cancelled or interrupted, 1 a ``LoopError``, 2 a usage error. Colours
 and the spinner appear only on a terminal, colours never with ``NO_COLOR``.
-The terminal view itself (``Console``, ``LiveView``, ``StdinLines``) lives
-in ``loopctl.demo.view`` and is re-exported here.
+The terminal view itself (``Console``, ``LiveView``) lives in
+``loopctl.demo.view``, stdin (``StdinLines``, ``KeysMode``) in
+``loopctl.demo.terminal``; they are re-exported here.
 """
 
 from __future__ import annotations
