@@ -179,8 +179,12 @@ def cells(row: Row) -> tuple[str, str, str]:
 def table(outcomes: Sequence[Outcome], width: int = WIDTH) -> str:
     """The combined table, at most ``width`` columns: per benchmark a heading,
     then one line per figure (long figure names wrap in their column)."""
-    value_w, floor_w, ratio_w = 12, 12, 23
-    figure_w = width - 2 - value_w - floor_w - ratio_w - 6
+    shown = [(r.figure, *cells(r)) for o in outcomes for r in o.rows]
+    value_w = max([len("loopctl")] + [len(row[1]) for row in shown])
+    floor_w = max([len("floor")] + [len(row[2]) for row in shown])
+    ratio_w = max([len("ratio")] + [len(row[3]) for row in shown])
+    # The figure column takes what the numbers leave (long names wrap in it).
+    figure_w = max(20, width - 2 - value_w - floor_w - ratio_w - 6)
     header = ("figure (ratio = loopctl / floor)", "loopctl", "floor", "ratio")
 
     def fmt(figure: str, value: str, floor: str, ratio: str) -> list[str]:
@@ -190,7 +194,7 @@ def table(outcomes: Sequence[Outcome], width: int = WIDTH) -> str:
         return [first] + [f"  {n}" for n in names[1:]]
 
     lines = [f"  {header[0]:<{figure_w}}  {header[1]:>{value_w}}  {header[2]:>{floor_w}}  {header[3]}",
-             "  " + "-" * (width - 2)]
+             "  " + "-" * (figure_w + value_w + floor_w + ratio_w + 6)]
     for o in outcomes:
         lines.append(f"{o.name} ({o.status}, {o.seconds:.1f} s)")
         for r in o.rows:
@@ -199,7 +203,8 @@ def table(outcomes: Sequence[Outcome], width: int = WIDTH) -> str:
             lines.append("  (no RESULT lines: output below)" if o.status == "ok" else f"  {o.status.upper()}")
         elif o.status != "ok":
             lines.append(f"  {o.status.upper()}")
-    return "\n".join(line if len(line) <= width else textwrap.shorten(line, width) for line in lines)
+    # Only a cell wider than the whole table could overflow: cut it, keeping the spacing.
+    return "\n".join(line if len(line) <= width else line[: width - 1] + "…" for line in lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

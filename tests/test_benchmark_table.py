@@ -43,3 +43,18 @@ def test_table_fits_100_columns_with_units_and_directions() -> None:
     assert re.search(r"85\.25 ns/push +40\.10 ns/push +2\.13x, lower is better", text), text
     assert "FAILED (EXIT 1)" in text and "distributed (failed (exit 1), 3.0 s)" in text
     assert "twice" in text, "a long figure name wraps, it is not cut"
+
+
+def test_a_long_ratio_cell_keeps_the_columns_aligned() -> None:
+    rows = run_all.parse(
+        "RESULT throughput, distributed vs in-process | 54.27 runs/s | 99.93 runs/s | 0.543x\n"
+        "RESULT steer-to-request p50, distributed vs in-process | 2.86 ms | 2.55 ms | 1.12x\n"
+        "RESULT steer-to-slot p99, distributed vs in-process | 14.25 ms | 0.0365 ms | 390x\n"
+    )
+    lines = run_all.table([run_all.Outcome("distributed", "ok", 19.5, rows, "")]).splitlines()
+    assert max(len(line) for line in lines) <= 100
+    first = next(line for line in lines if "throughput" in line)
+    assert first.startswith("  throughput, distributed vs in-process  ")
+    assert first.endswith("0.543x, higher is better")
+    starts = {line.rindex("  ") for line in lines if "is better" in line}
+    assert len(starts) == 1, lines  # every ratio cell starts in the same column
