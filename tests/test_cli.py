@@ -438,3 +438,19 @@ def test_tokens_unknown_when_the_server_sends_no_usage_and_empty_reply_flagged(
     assert code == 0, err
     assert "(the model's final reply was empty)" in out
     assert re.search(r"-- 1 turn, 0 tool calls, tokens unknown \(the server sent no usage\), ", out), out
+
+
+def test_a_waiting_line_names_the_model_until_its_first_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakeserver import FakeServer, Gate, Stream, openai_stream
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    first_token = threading.Event()
+    out = Out(tty=True).when(r"\r\x1b\[K[|/\\-] waiting for gpt-slow \d+\.\ds", first_token.set)
+    with FakeServer() as server:
+        server.push(Stream([Gate(first_token, timeout=30), *openai_stream("Here it is.")]))
+        code, text, err = _main(["run", "hi", "--provider", "openai", "--model", "gpt-slow",
+                                 "--base-url", server.openai_url], out=out, env={"NO_COLOR": "1"})
+    assert code == 0, err
+    assert first_token.is_set(), "the waiting line was drawn while the server held the reply"
+    assert text.index("waiting for gpt-slow") < text.index("Here it is.")
+    assert "sk-test-not-a-real-key" not in text + err
