@@ -408,6 +408,7 @@ def test_version_and_help_list_the_options(capsys: pytest.CaptureFixture[str]) -
     (["run", "x", "--max-turns", "two"], "--max-turns: must be a whole number"),
     (["run", "x", "--provider", "openai", "--base-url", "localhost:8000/v1"], "--base-url: must start with http"),
     (["run", "x", "--tool-delay", "-1"], "--tool-delay: must be >= 0"),
+    (["run", "x", "--provider", "openai", "--base-url", "me:sk-secret@host/v1"], "'<credentials>@host/v1'"),
     (["run", "x", "--bogus"], "unrecognized arguments: --bogus"),
     (["chat", "--bogus"], "unrecognized arguments: --bogus"),
 ])
@@ -418,6 +419,7 @@ def test_argument_errors_exit_2_at_parse_time_with_the_subcommand_usage(
     err = capsys.readouterr().err
     assert exc.value.code == 2
     assert f"usage: loopctl {argv[0]} " in err and message in err, err
+    assert "sk-secret" not in err
 
 
 def test_model_with_the_offline_provider_warns() -> None:

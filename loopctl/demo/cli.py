@@ -66,8 +66,10 @@ def _turns(text: str) -> int:
 def _url(text: str) -> str:
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.netloc:
+        # Credentials in a URL are a secret: the message never repeats them.
+        shown = "<credentials>@" + text.rsplit("@", 1)[1] if "@" in text else text
         raise argparse.ArgumentTypeError(
-            f"must start with http:// or https:// and name a host, got {text!r}")
+            f"must start with http:// or https:// and name a host, got {shown!r}")
     return text
 
 
