@@ -456,3 +456,20 @@ def test_a_waiting_line_names_the_model_until_its_first_token(monkeypatch: pytes
     assert first_token.is_set(), "the waiting line was drawn while the server held the reply"
     assert text.index("waiting for gpt-slow") < text.index("Here it is.")
     assert "sk-test-not-a-real-key" not in text + err
+
+
+def test_control_characters_from_untrusted_text_are_shown_escaped() -> None:
+    from loopctl.demo.view import Console, LiveView
+    from loopctl.observers import ToolCallReceived, ToolPost
+
+    out = Out()
+    c = Console(out, out, color=False, tty=False)
+    view = LiveView(c, streaming=True)
+    c.text("fine\n\x1b[2Jcleared?\r\x07\n")
+    view.on_tool_call_received(ToolCallReceived("s", "r", 0, "c1", "add\x1b[31m", {"a": "\x9b2J"}))
+    view.on_tool_post(ToolPost("s", "r", 0, "c1", "add", 1, False, 1.0, "\x1b]0;title\x07ok", "h"))
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text and "\r" not in text
+    assert "fine\n\\x1b[2Jcleared?\\x0d\\x07\n" in text
+    assert '  > add\\x1b[31m(a="\\x9b2J")' in text
+    assert "  < add: \\x1b]0;title\\x07ok (1 ms)" in text

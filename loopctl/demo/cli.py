@@ -37,6 +37,7 @@ from loopctl.config import RunConfig, SessionConfig
 from loopctl.demo.model import OfflineModel
 from loopctl.demo.terminal import KeysMode, StdinLines, restore_terminal
 from loopctl.demo.tools import demo_tools
+from loopctl.demo.console import printable
 from loopctl.demo.view import Console, LiveView, RunFacts
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
@@ -197,7 +198,7 @@ class Command:
 
     def _push(self, line: str) -> None:
         if self.loop.steering().push(line):
-            self.console.note(f"  [guidance queued: {line}]", "yellow", err=self.args.json)
+            self.console.note(f"  [guidance queued: {printable(line)}]", "yellow", err=self.args.json)
         else:
             with self._cond:
                 self._not_sent.append(line)
@@ -271,7 +272,7 @@ class Command:
             self.note("guidance not delivered:" if error is not None
                       else "guidance not delivered (the run finished first):", "yellow")
             for msg in leftovers:
-                self.note(f"  - {msg}", "yellow")
+                self.note(f"  - {printable(msg)}", "yellow")
         self.note(_summary(run, self.facts), "dim")
         if error is None:
             return EXIT_OK

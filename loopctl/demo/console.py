@@ -14,6 +14,7 @@ splits a word.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 import unicodedata
@@ -22,6 +23,17 @@ from typing import IO, Optional
 _STYLES = {"dim": "2", "bold": "1", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
 _FRAMES = "|/-\\"
 _GUIDANCE_PREFIX = "» "
+
+
+# C0/C1 control characters but newline and tab: untrusted text (a model's
+# reply, a tool's output, piped guidance) must not move the cursor or
+# restyle the terminal, so they are shown escaped.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters (but newline and tab) shown as ``\\xNN``."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def cells(text: str) -> int:
@@ -154,6 +166,7 @@ class Console:
 
     def text(self, delta: str) -> None:
         """Streamed reply text, as it arrives (it ends the model's waiting line)."""
+        delta = printable(delta)
         with self.lock:
             self._waiting = None
             if self._pending and "\n" in delta:
@@ -325,4 +338,4 @@ class Console:
                 self._flush_pending()
 
 
-__all__ = ["Console", "cells", "fit", "seconds"]
+__all__ = ["Console", "cells", "fit", "printable", "seconds"]

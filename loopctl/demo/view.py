@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from loopctl.demo.console import Console, cells, fit, seconds
+from loopctl.demo.console import Console, cells, fit, printable, seconds
 from loopctl.demo.terminal import StdinLines
 from loopctl.observers import (
     AttemptReset,
@@ -37,11 +37,11 @@ from loopctl.observers import (
 
 
 def _args_text(input: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in input.items())
+    return printable(", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in input.items()))
 
 
 def _one_line(text: str, limit: int = 200) -> str:
-    flat = " ".join(text.split())
+    flat = printable(" ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
@@ -111,7 +111,7 @@ class LiveView(Observer):
         if self.streaming:
             self.console.end_text()
         elif event.text:
-            self.console.line(event.text)
+            self.console.line(printable(event.text))
 
     def on_stream_failure(self, event: StreamFailure) -> None:
         """The model call failed for good."""
@@ -128,8 +128,9 @@ class LiveView(Observer):
         """The call and its arguments, as soon as the model asks."""
         c = self.console
         c.waiting(None)
-        self._labels[event.call_id] = f"{event.tool}({_args_text(event.input)})"
-        c.line(f"  {c.style('>', 'cyan')} {c.style(event.tool, 'cyan', 'bold')}({_args_text(event.input)})")
+        tool, args = _one_line(event.tool), _args_text(event.input)
+        self._labels[event.call_id] = f"{tool}({args})"
+        c.line(f"  {c.style('>', 'cyan')} {c.style(tool, 'cyan', 'bold')}({args})")
 
     def on_tool_pre(self, event: ToolPre) -> None:
         """The spinner starts for this call."""
@@ -141,12 +142,12 @@ class LiveView(Observer):
         c.tool_finished(event.call_id)
         mark = c.style("!", "red") if event.is_error else c.style("<", "green")
         body = c.style(_one_line(event.output), "red") if event.is_error else _one_line(event.output)
-        c.line(f"  {mark} {event.tool}: {body} {c.style(f'({event.duration_ms:.0f} ms)', 'dim')}")
+        c.line(f"  {mark} {_one_line(event.tool)}: {body} {c.style(f'({event.duration_ms:.0f} ms)', 'dim')}")
 
     def on_steering(self, event: SteeringDelivered) -> None:
         """Guidance landed in the conversation."""
         for msg in event.messages:
-            self.console.line(f"  [guidance delivered: {msg.text}]", "yellow")
+            self.console.line(f"  [guidance delivered: {_one_line(msg.text)}]", "yellow")
 
     def on_attempt_reset(self, event: AttemptReset) -> None:
         """A stream attempt failed; the reply starts again."""
@@ -154,7 +155,7 @@ class LiveView(Observer):
 
     def on_loop_detected(self, event: LoopDetectedEvent) -> None:
         """A repeating tool pattern."""
-        self.console.line(f"  [repeating tool calls: {event.pattern} x{event.repetitions}]", "yellow")
+        self.console.line(f"  [repeating tool calls: {_one_line(str(event.pattern))} x{event.repetitions}]", "yellow")
 
 
-__all__ = ["Console", "LiveView", "RunFacts", "StdinLines", "cells", "fit", "seconds"]
+__all__ = ["Console", "LiveView", "RunFacts", "StdinLines", "cells", "fit", "printable", "seconds"]
