@@ -34,10 +34,10 @@ from urllib.parse import urlsplit
 
 from loopctl import __version__
 from loopctl.config import RunConfig, SessionConfig
+from loopctl.demo.console import printable
 from loopctl.demo.model import OfflineModel
 from loopctl.demo.terminal import KeysMode, StdinLines, restore_terminal
 from loopctl.demo.tools import demo_tools
-from loopctl.demo.console import printable
 from loopctl.demo.view import Console, LiveView, RunFacts
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
