@@ -175,9 +175,9 @@ class Command:
         pushes.
         """
         with self._cond:
-            is_guidance = self._armed and self.steer_from_stdin and line is not None
-            if is_guidance and not self.facts.started.is_set():
-                self._early.append(line)  # type: ignore[arg-type]
+            is_guidance = line is not None and self._armed and self.steer_from_stdin
+            if line is not None and is_guidance and not self.facts.started.is_set():
+                self._early.append(line)
                 return
             if is_guidance:
                 self._pushing += 1
@@ -208,8 +208,14 @@ class Command:
         with self._cond:
             early, self._early = self._early, []
             self.facts.started.set()  # under the lock: no line can land in the list after this
-        for line in early:
-            self._push(line)
+            self._pushing += 1  # the run's end waits for these reports too
+        try:
+            for line in early:
+                self._push(line)
+        finally:
+            with self._cond:
+                self._pushing -= 1
+                self._cond.notify_all()
 
     def arm(self) -> None:
         """Lines typed from now on are guidance for the next run."""
