@@ -62,7 +62,7 @@ RULES: tuple[Rule, ...] = (
         "typed output is pure: the leaves, the tools' schema machinery and itself",
         files=("loopctl/output/*",),
         allowed=(
-            "loopctl.errors", "loopctl.messages", "loopctl.output",
+            "loopctl.errors", "loopctl.messages", "loopctl.output", "loopctl.machine.steps",
             "loopctl.tools.schema", "loopctl.tools.validation", "loopctl.tools.docstrings",
         ),
         forbidden=("threading", "time", "requests", "logging", "socket", "os", "asyncio"),

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from loopctl.machine.machine import ConversationSnapshot, LoopMachine, MessagesView
 from loopctl.machine.steps import (
+    AnswerCheck,
+    AnswerRejected,
+    AnswerVerdict,
     CallLLM,
     CallTools,
     CancelledOutcome,
@@ -23,6 +26,9 @@ from loopctl.machine.steps import (
 )
 
 __all__ = [
+    "AnswerCheck",
+    "AnswerRejected",
+    "AnswerVerdict",
     "CallLLM",
     "CallTools",
     "CancelledOutcome",

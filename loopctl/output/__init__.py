@@ -11,6 +11,7 @@ when it is asked again.
 
 from __future__ import annotations
 
+from loopctl.output.check import OutputCheck
 from loopctl.output.reading import (
     OutputReading,
     feedback_text,
@@ -23,6 +24,7 @@ from loopctl.output.spec import FINAL_TOOL, OUTPUT_MODES, OutputSpec
 __all__ = [
     "FINAL_TOOL",
     "OUTPUT_MODES",
+    "OutputCheck",
     "OutputReading",
     "OutputSpec",
     "feedback_text",
