@@ -11,6 +11,18 @@ streams it, so every route talks to one ``RunRegistry`` by run id:
                                   resumes after the Last-Event-ID header
     GET  /                     -> a page with the live run, a guidance box, a Stop button
 
+Safe to copy, with the protections a real app needs:
+
+- Sessions: a signed session cookie (HttpOnly, SameSite=Lax) holds a random
+  owner id. Set ``LOOPCTL_EXAMPLE_SECRET_KEY`` (or pass ``secret_key=``);
+  without it each process makes a random key, so sessions end on restart.
+- CSRF: every POST must carry the session's token in ``X-CSRFToken``; the
+  page gets it in a hidden input. Without it: 403, and nothing happens.
+- Runs are owned: a run belongs to the session that started it (the
+  registry's ``owner=``). Another session asking for it by id, for status,
+  events, guidance or cancel, gets the same 404 as an unknown id: a run id
+  is a name, not an authorisation. Conversations are per owner too.
+
 A conversation key maps to one ``BareLoop`` (``registry.loop_for``), so a
 follow-up continues the history; a new run on a conversation whose run is
 still going gets 409. The model is the embedded offline demo model, slowed
@@ -21,10 +33,15 @@ a little so the page visibly streams. Needs ``pip install -e '.[examples]'``.
 
 from __future__ import annotations
 
+import functools
+import hmac
+import html
 import json
+import os
+import secrets
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -33,15 +50,16 @@ try:
 except ImportError:  # run from a checkout without ``pip install -e .``
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, jsonify, request, session
 
 from loopctl import BareLoop, LoopBusy
-from loopctl.demo.model import OfflineModel
-from loopctl.demo.tools import demo_tools
+from loopctl.demo import OfflineModel, demo_tools
 from loopctl.hosting.registry import RunRegistry
 
 PAGE = Path(__file__).resolve().parent / "static" / "live.html"
 KEEPALIVE_S = 15.0
+CSRF_HEADER = "X-CSRFToken"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 def default_loop() -> BareLoop:
@@ -49,7 +67,9 @@ def default_loop() -> BareLoop:
     return BareLoop(OfflineModel(delay=0.02), demo_tools(delay=0.5))
 
 
-def sse_lines(registry: RunRegistry, run_id: str, after: int, keepalive: float = KEEPALIVE_S) -> Iterator[str]:
+def sse_lines(
+    registry: RunRegistry, run_id: str, owner: Hashable, after: int, keepalive: float = KEEPALIVE_S
+) -> Iterator[str]:
     """The run's events as SSE frames (``id`` = sequence number), until ``run_end``.
 
     While the run is quiet a comment line goes out every ``keepalive``
@@ -58,40 +78,88 @@ def sse_lines(registry: RunRegistry, run_id: str, after: int, keepalive: float =
     last = after
     while True:
         ended = False
-        for seq, event in registry.events(run_id, after=last, timeout=keepalive):
+        for seq, event in registry.events(run_id, after=last, timeout=keepalive, owner=owner):
             last = seq
             ended = event["type"] == "run_end"
             yield f"id: {seq}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
         if ended:
             return
-        if registry.status(run_id).state != "running":
+        if registry.status(run_id, owner=owner).state != "running":
             # Ended while we were between waits (or a resume after the end):
             # whatever is left comes at once, then the stream closes.
-            for seq, event in registry.events(run_id, after=last, timeout=0):
+            for seq, event in registry.events(run_id, after=last, timeout=0, owner=owner):
                 yield f"id: {seq}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
             return
         yield ": keep-alive\n\n"
 
 
+def session_secret(name: str) -> str:
+    """The session's random value ``name`` (made on first use): its owner id or CSRF token."""
+    value = session.get(name)
+    if not isinstance(value, str):
+        value = session[name] = secrets.token_urlsafe(32)
+    return value
+
+
 def create_app(
-    registry: Optional[RunRegistry] = None, loop_factory: Callable[[], BareLoop] = default_loop
+    registry: Optional[RunRegistry] = None,
+    loop_factory: Callable[[], BareLoop] = default_loop,
+    secret_key: Optional[str] = None,
 ) -> Flask:
-    """The app; ``registry`` and ``loop_factory`` are injectable (tests use their own)."""
+    """The app; ``registry``, ``loop_factory`` and ``secret_key`` are injectable (tests use their own).
+
+    ``secret_key`` signs the session cookie; default: ``LOOPCTL_EXAMPLE_SECRET_KEY``
+    from the environment, else a random key for this process.
+    """
     registry = registry if registry is not None else RunRegistry()
     app = Flask(__name__)
+    app.config.update(
+        SECRET_KEY=secret_key or os.environ.get("LOOPCTL_EXAMPLE_SECRET_KEY") or secrets.token_hex(32),
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Lax",
+    )
     app.extensions["loopctl_registry"] = registry
 
     def body() -> dict[str, Any]:
         data = request.get_json(silent=True)
         return data if isinstance(data, dict) else {}
 
-    @app.errorhandler(KeyError)
-    def unknown_run(exc: KeyError) -> Any:
-        return jsonify(error=f"unknown run: {exc.args[0] if exc.args else ''}"), 404
+    @app.before_request
+    def check_csrf() -> Any:
+        # Every state-changing request must prove it came from our page: the
+        # token is in the page and the session, never in a cookie another
+        # site's form could send along on its own.
+        if request.method in SAFE_METHODS:
+            return None
+        expected = session.get("csrf_token")
+        sent = request.headers.get(CSRF_HEADER, "")
+        if not isinstance(expected, str) or not hmac.compare_digest(expected.encode(), sent.encode()):
+            return jsonify(error="CSRF token missing or incorrect"), 403
+        return None
+
+    @app.after_request
+    def harden(response: Response) -> Response:
+        response.headers.setdefault("X-Frame-Options", "DENY")  # no Stop button under a clickjack
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return response
+
+    def by_id(view: Callable[[str, str], Any]) -> Callable[[str], Any]:
+        """Run ``view(run_id, owner)``; unknown and foreign runs get one and the same 404."""
+
+        @functools.wraps(view)
+        def wrapped(run_id: str) -> Any:
+            try:
+                return view(run_id, session_secret("owner"))
+            except KeyError:
+                return jsonify(error="unknown run"), 404
+
+        return wrapped
 
     @app.get("/")
     def page() -> Any:
-        return Response(PAGE.read_text(encoding="utf-8"), mimetype="text/html")
+        token = html.escape(session_secret("csrf_token"), quote=True)
+        text = PAGE.read_text(encoding="utf-8").replace("__CSRF_TOKEN__", token)
+        return Response(text, mimetype="text/html", headers={"Cache-Control": "no-store"})
 
     @app.post("/runs")
     def start_run() -> Any:
@@ -99,39 +167,47 @@ def create_app(
         text = data.get("input")
         if not isinstance(text, str) or not text.strip():
             return jsonify(error="'input' must be a non-empty string"), 400
-        key = data.get("conversation") or uuid.uuid4().hex
-        loop = registry.loop_for(str(key), loop_factory)
+        owner = session_secret("owner")
+        key = str(data.get("conversation") or uuid.uuid4().hex)
+        # Conversations are per owner: another session naming the same key
+        # gets a loop of its own, never this one's history.
+        loop = registry.loop_for((owner, key), loop_factory)
         try:
-            run_id = registry.start(loop, text)
+            run_id = registry.start(loop, text, owner=owner)
         except LoopBusy as exc:
             return jsonify(error=str(exc)), 409
         return jsonify(run_id=run_id, conversation=key), 201
 
     @app.post("/runs/<run_id>/steer")
-    def steer(run_id: str) -> Any:
+    @by_id
+    def steer(run_id: str, owner: str) -> Any:
         text = body().get("text")
         if not isinstance(text, str) or not text.strip():
+            registry.status(run_id, owner=owner)  # an unknown run is a 404 first
             return jsonify(error="'text' must be a non-empty string"), 400
-        return jsonify(accepted=registry.steer(run_id, text))
+        return jsonify(accepted=registry.steer(run_id, text, owner=owner))
 
     @app.post("/runs/<run_id>/cancel")
-    def cancel(run_id: str) -> Any:
+    @by_id
+    def cancel(run_id: str, owner: str) -> Any:
         reason = body().get("reason") or "cancelled from the web"
-        return jsonify(cancelled=registry.cancel(run_id, str(reason)))
+        return jsonify(cancelled=registry.cancel(run_id, str(reason), owner=owner))
 
     @app.get("/runs/<run_id>")
-    def status(run_id: str) -> Any:
-        info = registry.status(run_id).to_dict()
-        info["leftovers"] = [m.text for m in registry.leftovers(run_id)]
+    @by_id
+    def status(run_id: str, owner: str) -> Any:
+        info = registry.status(run_id, owner=owner).to_dict()
+        info["leftovers"] = [m.text for m in registry.leftovers(run_id, owner=owner)]
         return jsonify(info)
 
     @app.get("/runs/<run_id>/events")
-    def events(run_id: str) -> Any:
-        registry.status(run_id)  # 404 now, not inside the stream
+    @by_id
+    def events(run_id: str, owner: str) -> Any:
+        registry.status(run_id, owner=owner)  # 404 now, not inside the stream
         header = request.headers.get("Last-Event-ID") or request.args.get("after") or "0"
         after = int(header) if header.isdigit() else 0
         return Response(
-            sse_lines(registry, run_id, after),
+            sse_lines(registry, run_id, owner, after),
             mimetype="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )

@@ -15,7 +15,7 @@ from loopctl.context import (
     MemoryEntry,
 )
 from loopctl.context.contributors import GOAL_REMINDER_PREFIX, FunctionContributor, first_user_text
-from loopctl.driver.llm_turn import MEMORY_PREFIX
+from loopctl.context.memory import MEMORY_PREFIX, MEMORY_SUFFIX
 from loopctl.errors import ConfigError
 from loopctl.messages import Message, ToolResultPart
 from loopctl.testing import ScriptedClient, call, reply
@@ -81,7 +81,7 @@ def test_contributors_in_order_before_memory_and_conversation_never_persisted() 
         assert texts[0] == f"contrib 1 turn {turn}"
         assert texts[1] == f"contrib 2 turn {turn}"
         if turn == 0:  # the query is the input: it shares "goal" with the entry
-            assert texts[2] == MEMORY_PREFIX + "\nremember the goal"
+            assert texts[2] == MEMORY_PREFIX + "\nremember the goal\n" + MEMORY_SUFFIX
             assert texts[3] == "the goal"
         else:  # the query is the tool output "ok": "remember the goal" does not match it
             rest = texts[2:]

@@ -10,8 +10,15 @@ from support import run_in_threads
 
 from loopctl import BareLoop, RunConfig
 from loopctl.context import InMemoryStore, MemoryEntry
-from loopctl.context.memory import Memory, rank, score, trajectory_entry, words
-from loopctl.driver.llm_turn import MEMORY_PREFIX
+from loopctl.context.memory import (
+    MEMORY_PREFIX,
+    MEMORY_SUFFIX,
+    Memory,
+    rank,
+    score,
+    trajectory_entry,
+    words,
+)
 from loopctl.errors import ConfigError
 from loopctl.messages import Role
 from loopctl.testing import ScriptedClient, reply
@@ -139,7 +146,7 @@ def test_memory_message_is_transient_prefixed_and_uses_turn_input() -> None:
     req = client.requests[0]
     mem = [m for m in req.messages if m.text.startswith(MEMORY_PREFIX)]
     assert len(mem) == 1 and mem[0].role is Role.USER
-    assert mem[0].text == MEMORY_PREFIX + "\nthe answer is 42"
+    assert mem[0].text == MEMORY_PREFIX + "\nthe answer is 42\n" + MEMORY_SUFFIX
     # never persisted
     assert all(not m.text.startswith(MEMORY_PREFIX) for m in loop.conversation())
 

@@ -163,6 +163,41 @@ def test_unknown_id_raises_key_error_naming_it(
         op(reg)
 
 
+def test_an_owned_run_is_an_unknown_id_to_any_other_owner(
+    reg: RunRegistry, gates: list[GatedReply]
+) -> None:
+    g = gate(gates, reply("mine"))
+    loop = make_loop(g)
+    rid = reg.start(loop, "hi", owner="alice")
+    g.wait_entered()
+    ops: list[Callable[[Any], Any]] = [
+        lambda who: reg.status(rid, owner=who),
+        lambda who: reg.result(rid, timeout=0, owner=who),
+        lambda who: reg.steer(rid, "hijack", owner=who),
+        lambda who: reg.cancel(rid, "hijack", owner=who),
+        lambda who: reg.leftovers(rid, owner=who),
+        lambda who: reg.events(rid, owner=who),
+    ]
+    unknown_id = "nope-" + rid[5:]
+    with pytest.raises(KeyError) as unknown:
+        reg.status(unknown_id)
+    for stranger in ("bob", None):
+        for op in ops:
+            with pytest.raises(KeyError) as refused:
+                op(stranger)
+            # The same answer as an unknown id, so ids cannot be probed.
+            assert str(refused.value).replace(rid, "ID") == str(unknown.value).replace(unknown_id, "ID")
+    # The stranger's steer and cancel changed nothing: the run goes on, and
+    # its owner's requests work.
+    assert reg.status(rid, owner="alice").state == "running"
+    assert reg.steer(rid, "be brief", owner="alice") is True
+    g.release.set()
+    assert reg.result(rid, timeout=WAIT, owner="alice").output == "mine"
+    assert [m.text for m in reg.leftovers(rid, owner="alice")] == ["be brief"]
+    types = [e["type"] for _, e in reg.events(rid, owner="alice")]
+    assert types[-1] == "run_end" and "steering" not in types
+
+
 def test_start_past_max_active_raises_loop_busy_and_starts_nothing(gates: list[GatedReply]) -> None:
     reg = RunRegistry(max_active=2)
     try:

@@ -4,9 +4,14 @@
 
 - Durable: WAL journal, ``synchronous=FULL``, one transaction per write; an
   entry whose ``store`` returned survives the process being killed.
-- Concurrent: one connection per store guarded by a lock (any thread may
-  call any method); several stores (several loops, threads or processes) on
-  one file coordinate through SQLite's own locking with a busy timeout.
+- Concurrent: any thread may call any method. Writes go through one
+  connection guarded by a lock; searches and other reads go through a
+  second, read-only one with its own lock, so a search never holds up a
+  ``store()`` (WAL lets a reader and a writer run at once). Several stores
+  (several loops, threads or processes) on one file coordinate through
+  SQLite's own locking with a busy timeout.
+- Bounded searches: the query is cut first (``memory_query``: 2,000
+  characters, 64 distinct words), so a huge one is no slower than a short one.
 - Search: FTS5 when the SQLite build has it (candidates by bm25), else a
   scan; either way candidates are re-scored exactly like ``InMemoryStore``
   (case-insensitive word overlap plus tag match), so both stores agree.
@@ -15,6 +20,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,7 +32,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
-from loopctl.context.memory import PRUNE_BELOW, MemoryEntry, check_limit, rank, words
+from loopctl.context.memory import PRUNE_BELOW, MemoryEntry, check_limit, memory_query, rank, words
 from loopctl.errors import ConfigError, LoopError
 
 log = logging.getLogger("loopctl")
@@ -117,12 +123,17 @@ class SqliteMemoryStore:
         except sqlite3.Error as exc:
             raise ConfigError(f"cannot open memory database {str(self.path)!r}: {exc}") from exc
         self._con: Optional[sqlite3.Connection] = con
-        self._finalizer = weakref.finalize(self, con.close)
+        self._reader: Optional[sqlite3.Connection] = None
+        self._read_lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _close_all, [con])
         try:
             self._fts = self._setup(con, use_fts)
+            self._reader = self._open_reader()
         except sqlite3.Error as exc:
             self.close()
             raise ConfigError(f"cannot use {str(self.path)!r} as a memory database: {exc}") from exc
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _close_all, [con, self._reader])
 
     # -- setup -------------------------------------------------------------------
 
@@ -137,6 +148,19 @@ class SqliteMemoryStore:
         if use_fts:
             fts = self._setup_fts(con)
         return fts
+
+    def _open_reader(self) -> sqlite3.Connection:
+        """The search connection: read-only (``query_only``), same busy timeout."""
+        reader = sqlite3.connect(
+            str(self.path), timeout=self._timeout, isolation_level=None, check_same_thread=False
+        )
+        try:
+            reader.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
+            reader.execute("PRAGMA query_only = ON")
+        except sqlite3.Error:
+            reader.close()
+            raise
+        return reader
 
     def _create_schema(self, con: sqlite3.Connection) -> None:
         with self._write(con):
@@ -209,6 +233,15 @@ class SqliteMemoryStore:
     def _write(self, con: sqlite3.Connection) -> SqliteMemoryStore._Tx:
         return SqliteMemoryStore._Tx(con)
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The read connection, held under the read lock (never the write lock)."""
+        with self._read_lock:
+            con = self._reader
+            if con is None:
+                raise LoopError(f"memory database {str(self.path)!r} is closed")
+            yield con
+
     def _conn(self) -> sqlite3.Connection:
         con = self._con
         if con is None:
@@ -246,13 +279,17 @@ class SqliteMemoryStore:
                 raise LoopError(f"memory database {str(self.path)!r}: store failed: {exc}") from exc
 
     def retrieve(self, query: str, limit: int = 5) -> list[MemoryEntry]:
-        """Up to ``limit`` entries sharing a word (or a tag) with ``query``, best first."""
+        """Up to ``limit`` entries sharing a word (or a tag) with ``query``, best first.
+
+        The query is cut by ``memory_query``; the search runs on the read
+        connection, so it never holds up a concurrent ``store()``.
+        """
         check_limit(limit)
+        query = memory_query(query)
         qw = words(query)
         if limit == 0 or not qw:
             return []
-        with self._lock:
-            con = self._conn()
+        with self._reading() as con:
             try:
                 if self._fts:
                     match = " OR ".join('"' + w.replace('"', '""') + '"' for w in sorted(qw))
@@ -297,14 +334,14 @@ class SqliteMemoryStore:
 
     def get(self, entry_id: str) -> Optional[MemoryEntry]:
         """One entry by id, or None."""
-        with self._lock:
-            row = self._conn().execute(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (entry_id,)).fetchone()
+        with self._reading() as con:
+            row = con.execute(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (entry_id,)).fetchone()
         return None if row is None else _row_entry(row)
 
     def entries(self) -> list[MemoryEntry]:
         """Every entry, oldest first."""
-        with self._lock:
-            rows = self._conn().execute(f"SELECT {_COLUMNS} FROM memories ORDER BY created_at, rowid").fetchall()
+        with self._reading() as con:
+            rows = con.execute(f"SELECT {_COLUMNS} FROM memories ORDER BY created_at, rowid").fetchall()
         return [_row_entry(r) for r in rows]
 
     def delete(self, entry_id: str) -> bool:
@@ -316,13 +353,14 @@ class SqliteMemoryStore:
         return n > 0
 
     def __len__(self) -> int:
-        with self._lock:
-            return int(self._conn().execute("SELECT COUNT(*) FROM memories").fetchone()[0])
+        with self._reading() as con:
+            return int(con.execute("SELECT COUNT(*) FROM memories").fetchone()[0])
 
     def close(self) -> None:
         """Close the connection (idempotent); later calls raise ``LoopError``."""
-        with self._lock:
+        with self._lock, self._read_lock:
             self._con = None
+            self._reader = None
             self._finalizer()
 
     def __enter__(self) -> SqliteMemoryStore:
@@ -333,6 +371,12 @@ class SqliteMemoryStore:
 
     def __repr__(self) -> str:
         return f"<SqliteMemoryStore path={str(self.path)!r} fts={self._fts}>"
+
+
+def _close_all(connections: list[Optional[sqlite3.Connection]]) -> None:
+    for con in connections:
+        if con is not None:
+            con.close()
 
 
 def _split(script: str, triggers: bool = False) -> list[str]:

@@ -94,8 +94,14 @@ _TASKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _TASKS_LOCK = threading.Lock()
 
 
-def _execute_task(run_id: str, prefix: str, conversation: str) -> str:
-    """The Celery task body: find this process's registry for ``prefix`` and run."""
+def _execute_task(
+    run_id: str, prefix: str, conversation: str, trace: Optional[Dict[str, str]] = None
+) -> str:
+    """The Celery task body: find this process's registry for ``prefix`` and run.
+
+    ``trace`` is the starter's W3C trace context: current around the run, so
+    the run's spans join the starter's trace.
+    """
     reg = _REGISTRIES.get(prefix)
     if reg is None:
         raise LoopError(
@@ -103,7 +109,26 @@ def _execute_task(run_id: str, prefix: str, conversation: str) -> str:
             "module the worker imports (the app module); run "
             f"{run_id} stays queued"
         )
-    return reg.execute(run_id, conversation)
+    propagation = _propagation() if trace else None
+    if propagation is None:
+        return reg.execute(run_id, conversation)
+    with propagation.attached(trace):
+        return reg.execute(run_id, conversation)
+
+
+_PROPAGATION: List[Any] = []  # [module or None] once looked up
+
+
+def _propagation() -> Any:
+    """``loopctl.contrib.otel.propagation`` if OpenTelemetry is importable, else None."""
+    if not _PROPAGATION:
+        try:
+            from loopctl.contrib.otel import propagation
+        except ImportError:  # no [otel] extra: runs carry no trace context
+            _PROPAGATION.append(None)
+        else:
+            _PROPAGATION.append(propagation)
+    return _PROPAGATION[0]
 
 
 def _task_for(app: Any) -> Any:
@@ -234,6 +259,10 @@ class CeleryRunRegistry:
             config: the run's configuration.
             run_id: the id to use (default: a fresh uuid hex).
 
+        With OpenTelemetry installed, the caller's current trace context
+        (W3C ``traceparent``) travels with the run and is current around it
+        on the worker, so the run's spans join the caller's trace.
+
         Returns:
             The run's id (its ``Run.id`` on the worker).
 
@@ -268,6 +297,10 @@ class CeleryRunRegistry:
         }
         if self._queue is not None:
             options["queue"] = self._queue
+        propagation = _propagation()
+        trace = propagation.current_carrier() if propagation is not None else None
+        if trace:
+            options["kwargs"]["trace"] = trace  # the worker's spans join the caller's trace
         try:
             self._task.apply_async(**options)
         except Exception as exc:

@@ -286,7 +286,7 @@ def execute_run(
             config = RunConfig.from_dict(json.loads(claim.config)) if claim.config else None
             loop, feed = _build_loop(claim, conversation)
             if claim.cancel:
-                loop.cancel(claim.reason)  # ends this run, without a model call
+                loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
             handle = loop.start(claim.input, config, run_id, tap=writer.tap)
         except Exception as exc:
             msg = f"could not start the run: {type(exc).__name__}: {exc}"

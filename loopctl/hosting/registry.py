@@ -20,6 +20,9 @@ keyed by ``Run.id`` and keeps these rules:
 - No thread of its own: finished runs are pruned on access. Lookups by id
   do not wait behind a ``start`` in progress (they prune only when the lock
   is free and read the table atomically).
+- A run id is a name, not an authorisation. A run started with ``owner=``
+  is found by the by-id methods only when they are given the same owner;
+  to anyone else it is an unknown id (``KeyError``), so ids cannot be probed.
 """
 
 from __future__ import annotations
@@ -95,6 +98,7 @@ class _Entry:
         "seq",
         "ended",
         "leftovers",
+        "owner",
         "_finished",
         "_clock",
     )
@@ -117,6 +121,7 @@ class _Entry:
         self.seq = 0
         self.ended = False
         self.leftovers: List[Message] = []
+        self.owner: Optional[Hashable] = None
         self._finished = finished
         self._clock = clock
 
@@ -214,6 +219,8 @@ class RunRegistry:
         input: str,
         config: Optional[RunConfig] = None,
         run_id: Optional[str] = None,
+        *,
+        owner: Optional[Hashable] = None,
     ) -> str:
         """Start a run of ``loop`` on its worker thread and register it.
 
@@ -222,6 +229,9 @@ class RunRegistry:
             input: the user's input.
             config: the run's configuration.
             run_id: the id to use (default: a fresh uuid hex).
+            owner: who may address the run (e.g. a web session's user id).
+                The by-id methods find an owned run only when passed the
+                same ``owner``; for anyone else it is an unknown id.
 
         Returns:
             The run's id (its ``Run.id``).
@@ -258,6 +268,7 @@ class RunRegistry:
                 # run_end is not refused, and its cleanup cannot touch this run.
                 prev.handle.wait(5.0)
             entry = _Entry(rid, loop, self._event_buffer, self._finished, self._clock)
+            entry.owner = owner
             entry.handle = loop.start(input, config, rid, tap=entry.tap)
             self._entries[rid] = entry
             self._live[rid] = entry
@@ -305,31 +316,35 @@ class RunRegistry:
 
     # -- driving a run -------------------------------------------------------------
 
-    def steer(self, run_id: str, message: Union[Message, str]) -> bool:
+    def steer(
+        self, run_id: str, message: Union[Message, str], *, owner: Optional[Hashable] = None
+    ) -> bool:
         """Offer guidance to the run; False once it has ended.
 
         An accepted message is delivered at the run's next turn boundary or,
         if the run ends first, returned by ``leftovers(run_id)``.
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
         """
         with self._lock:
             self._prune_locked()
-            entry = self._lookup(run_id)
+            entry = self._lookup(run_id, owner)
             if entry.ended:
                 return False
             # Under the lock no new run can start on this loop, so the open
             # slot (if any) is this run's.
             return entry.loop.steering().push(message)
 
-    def cancel(self, run_id: str, reason: Optional[str] = None) -> bool:
+    def cancel(
+        self, run_id: str, reason: Optional[str] = None, *, owner: Optional[Hashable] = None
+    ) -> bool:
         """Cancel the run (only that run); False if it has already ended.
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
         """
-        entry = self._get(run_id)
+        entry = self._get(run_id, owner)
         handle = entry.handle
         assert handle is not None
         if entry.ended or handle.done():
@@ -338,35 +353,37 @@ class RunRegistry:
 
     # -- looking at runs -------------------------------------------------------------
 
-    def status(self, run_id: str) -> RunStatus:
+    def status(self, run_id: str, *, owner: Optional[Hashable] = None) -> RunStatus:
         """A snapshot of the run.
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
         """
-        return _status(self._get(run_id))
+        return _status(self._get(run_id, owner))
 
-    def result(self, run_id: str, timeout: Optional[float] = None) -> Run:
+    def result(
+        self, run_id: str, timeout: Optional[float] = None, *, owner: Optional[Hashable] = None
+    ) -> Run:
         """The finished ``Run`` (as ``RunHandle.result``).
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
             LoopError: the run's error (``Cancelled`` for a cancelled run).
             TimeoutError: not finished within ``timeout`` seconds.
         """
-        handle = self._get(run_id).handle
+        handle = self._get(run_id, owner).handle
         assert handle is not None
         return handle.result(timeout)
 
-    def leftovers(self, run_id: str) -> List[Message]:
+    def leftovers(self, run_id: str, *, owner: Optional[Hashable] = None) -> List[Message]:
         """The run's guidance that was accepted but never delivered (a copy).
 
         Empty while the run is in flight; sealed, in push order, once it ended.
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
         """
-        return list(self._get(run_id).leftovers)
+        return list(self._get(run_id, owner).leftovers)
 
     def list(self) -> List[RunStatus]:
         """Status of every known run, oldest first."""
@@ -376,7 +393,12 @@ class RunRegistry:
         return [_status(e) for e in entries]
 
     def events(
-        self, run_id: str, after: int = 0, timeout: Optional[float] = None
+        self,
+        run_id: str,
+        after: int = 0,
+        timeout: Optional[float] = None,
+        *,
+        owner: Optional[Hashable] = None,
     ) -> Iterator[Tuple[int, Dict[str, Any]]]:
         """Follow the run's events: ``(seq, event_dict)`` with ``seq > after``.
 
@@ -387,9 +409,10 @@ class RunRegistry:
         passes the iterator ends, and the caller may resume with ``after=``.
 
         Raises:
-            KeyError: unknown ``run_id`` (at once, not on first ``next``).
+            KeyError: unknown ``run_id``, or another ``owner``'s run (at once,
+                not on first ``next``).
         """
-        return self._follow(self._get(run_id), max(0, int(after)), timeout)
+        return self._follow(self._get(run_id, owner), max(0, int(after)), timeout)
 
     @staticmethod
     def _follow(
@@ -467,7 +490,7 @@ class RunRegistry:
     def __repr__(self) -> str:
         return f"<RunRegistry runs={len(self._entries)} max_active={self._max_active}>"
 
-    def _get(self, run_id: str) -> _Entry:
+    def _get(self, run_id: str, owner: Optional[Hashable] = None) -> _Entry:
         # Lookups never wait behind a start (which holds the lock while the
         # loop spawns its thread): prune only if the lock is free right now,
         # then read the dict (a single atomic get).
@@ -476,11 +499,12 @@ class RunRegistry:
                 self._prune_locked()
             finally:
                 self._lock.release()
-        return self._lookup(run_id)
+        return self._lookup(run_id, owner)
 
-    def _lookup(self, run_id: str) -> _Entry:
+    def _lookup(self, run_id: str, owner: Optional[Hashable] = None) -> _Entry:
         entry = self._entries.get(run_id)
-        if entry is None:
+        # Another owner's run answers exactly as an unknown id does.
+        if entry is None or entry.owner != owner:
             raise KeyError(f"unknown run id {run_id!r}")
         return entry
 

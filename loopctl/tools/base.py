@@ -4,12 +4,19 @@ A tool's failure is a *soft* error: a ``ToolOutput`` with ``is_error=True``
 that the model reads, and the run continues. ``invoke`` is the one entry
 the dispatcher uses: it validates input, calls, converts the return value
 and turns any exception into such a soft error.
+
+Tool text is untrusted: a ``ToolOutput``'s text is always encodable UTF-8
+(a lone surrogate becomes U+FFFD where the output is made, so history,
+records, events and every provider see clean text), and a returned value is
+encoded as strict JSON (a NaN or infinity becomes the string ``"NaN"``,
+``"Infinity"`` or ``"-Infinity"``).
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path, PurePath
 from typing import Any, Optional
@@ -24,11 +31,30 @@ class ToolError(Exception):
     """Raise from a tool to report a soft error (the model sees the message)."""
 
 
+def clean_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (a pair is joined).
+
+    A str holding a lone surrogate cannot be encoded as UTF-8, so one such
+    character from a tool would fail every request that carries it.
+    """
+    if type(text) is not str or text.isascii():  # the common case: nothing to scan
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        # Through UTF-16: a high+low pair decodes to its character, a lone half to U+FFFD.
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
 @attrs.frozen
 class ToolOutput:
-    """What a tool returns: text, and whether it is a (soft) error."""
+    """What a tool returns: text, and whether it is a (soft) error.
 
-    text: str
+    ``text`` is cleaned on construction: lone surrogates become U+FFFD.
+    """
+
+    text: str = attrs.field(converter=clean_text)
     is_error: bool = False
 
     @classmethod
@@ -59,16 +85,50 @@ def to_output(value: Any) -> ToolOutput:
     """Convert a tool's return value: str as is, ToolOutput as given, else JSON.
 
     attrs instances become objects, Enum members their values, sets sorted
-    lists, paths strings; a value JSON cannot hold falls back to ``str()``.
+    lists, paths strings. The JSON is strict: a NaN or infinite float
+    becomes the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``. A value
+    JSON cannot hold (a circular one, say) falls back to ``str()``.
     """
     if isinstance(value, ToolOutput):
         return value
     if isinstance(value, str):
         return ToolOutput(value)
     try:
-        return ToolOutput(json.dumps(value, ensure_ascii=False, default=_json_default))
-    except (TypeError, ValueError):
+        return ToolOutput(_dumps(value))
+    except ValueError:  # a NaN or infinity somewhere (or a cycle): the slow path
+        pass
+    except (TypeError, RecursionError):
         return ToolOutput(str(value))
+    try:
+        return ToolOutput(_dumps(_finite(value, set())))
+    except (TypeError, ValueError, RecursionError):
+        return ToolOutput(str(value))
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_default)
+
+
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def _finite(value: Any, path: set[int]) -> Any:
+    """``value`` with non-finite floats as strings (containers copied, cycles refused)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else _NON_FINITE[repr(float(value))]
+    if isinstance(value, (str, int)) or value is None:
+        return value
+    if id(value) in path:
+        raise ValueError("circular reference")
+    path.add(id(value))
+    try:
+        if isinstance(value, Mapping):
+            return {(_finite(k, path) if isinstance(k, float) else k): _finite(v, path) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [_finite(v, path) for v in value]
+        return _finite(_json_default(value), path)
+    finally:
+        path.discard(id(value))
 
 
 def _json_default(value: Any) -> Any:
@@ -147,4 +207,4 @@ class Tool:
         return f"<Tool {self.name!r}>"
 
 
-__all__ = ["Tool", "ToolContext", "ToolError", "ToolOutput", "to_output"]
+__all__ = ["Tool", "ToolContext", "ToolError", "ToolOutput", "clean_text", "to_output"]

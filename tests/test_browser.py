@@ -1,0 +1,277 @@
+"""The web examples in a real browser: headless Chromium driven by selenium.
+
+Each app runs behind a real HTTP server on 127.0.0.1 (werkzeug's threaded
+server on a thread of the test) with its sessions and CSRF check on, and
+the page is used as a person would: type a question, click Run, send
+guidance, click Stop, read the log. The demo ``add`` tool holds turn 0
+until the test has seen the guidance queued; ``multiply`` waits on the
+run's cancel signal, so Stop always lands while a tool works. Every wait
+is selenium's explicit wait on a DOM condition.
+
+Needs Debian's ``chromium`` and ``chromium-driver`` (``.ci/run`` installs
+them); the test skips, saying so, only where they are absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import shutil
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import pytest
+from support import GatedAdd
+
+from loopctl import BareLoop
+from loopctl.demo import OfflineModel
+from loopctl.demo.tools import AddTool, LookupTool, MultiplyTool
+from loopctl.hosting.registry import RunRegistry
+from loopctl.messages import ModelRequest, ModelResponse
+from loopctl.testing import ScriptedClient, reply
+from loopctl.tools import ToolContext
+
+webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (the test extra has it)")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from werkzeug.serving import make_server  # noqa: E402
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+WAIT_S = 20.0
+
+if not (CHROMIUM and CHROMEDRIVER):
+    pytest.skip(
+        "no browser: install Debian's chromium and chromium-driver (apt-get install chromium "
+        "chromium-driver, as .ci/run does) to run the browser tests",
+        allow_module_level=True,
+    )
+
+# The machine's network is closed and the profile must start clean.
+CHROMIUM_FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1000,900",
+)
+
+
+def _load(name: str) -> ModuleType:
+    module = sys.modules.get(f"examples_{name}")
+    if module is not None:
+        return module
+    spec = importlib.util.spec_from_file_location(f"examples_{name}", EXAMPLES / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS:
+        options.add_argument(flag)
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}")
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+class HeldAdd(GatedAdd):
+    """``add`` held until the test opens the gate: a browser under load may take a while."""
+
+    def call(self, input: Any, ctx: ToolContext) -> str:
+        assert self.gate.wait(3 * WAIT_S), "the test never opened the gate"
+        return AddTool.call(self, input, ctx)
+
+
+def _factory(gate: threading.Event) -> Callable[[], BareLoop]:
+    # Slowed a little so text visibly streams, as the examples' default loop is.
+    return lambda: BareLoop(
+        OfflineModel(delay=0.005), [HeldAdd(gate), MultiplyTool(delay=60), LookupTool()]
+    )
+
+
+def _flask_app(registry: RunRegistry, factory: Callable[[], BareLoop]) -> Any:
+    pytest.importorskip("flask")
+    return _load("flask_app").create_app(registry, factory, secret_key="browser-test-secret")
+
+
+def _django_app(registry: RunRegistry, factory: Callable[[], BareLoop]) -> Any:
+    pytest.importorskip("django")
+    view = _load("django_view")
+    from django.core.wsgi import get_wsgi_application
+
+    view.REGISTRY, view.LOOP_FACTORY = registry, factory
+    return get_wsgi_application()
+
+
+class Served:
+    """An app behind a real threaded HTTP server on 127.0.0.1, and its registry."""
+
+    def __init__(self, url: str, registry: RunRegistry, gate: threading.Event) -> None:
+        self.url, self.registry, self.gate = url, registry, gate
+
+
+@contextlib.contextmanager
+def _serve(kind: str, factory: Callable[[], BareLoop], gate: threading.Event) -> Iterator[Served]:
+    registry = RunRegistry()
+    saved = None
+    if kind == "django":
+        view = _load("django_view")
+        saved = view.REGISTRY, view.LOOP_FACTORY
+    try:
+        app = (_flask_app if kind == "flask" else _django_app)(registry, factory)
+        server = make_server("127.0.0.1", 0, app, threaded=True)
+        thread = threading.Thread(target=server.serve_forever, name="browser-test-http", daemon=True)
+        thread.start()
+        try:
+            yield Served(f"http://127.0.0.1:{server.server_port}/", registry, gate)
+        finally:
+            gate.set()
+            registry.close()  # ends every run, so every event stream closes
+            server.shutdown()
+            thread.join(WAIT_S)
+            server.server_close()
+    finally:
+        if saved is not None:
+            view.REGISTRY, view.LOOP_FACTORY = saved
+
+
+@pytest.fixture(params=["flask", "django"])
+def served(request: pytest.FixtureRequest) -> Iterator[Served]:
+    gate = threading.Event()
+    with _serve(request.param, _factory(gate), gate) as app:
+        yield app
+
+
+class Page:
+    """The live page in the browser: its controls and explicit waits on what it shows."""
+
+    def __init__(self, driver: Any) -> None:
+        self.driver = driver
+        self.wait = WebDriverWait(driver, WAIT_S)
+
+    def el(self, element_id: str) -> Any:
+        return self.driver.find_element(By.ID, element_id)
+
+    def type_into(self, element_id: str, text: str) -> None:
+        field = self.el(element_id)
+        field.clear()
+        field.send_keys(text)
+
+    def log_shows(self, text: str) -> None:
+        self.wait.until(ec.text_to_be_present_in_element((By.ID, "log"), text), f"log never showed {text!r}")
+
+    def activity_shows(self, text: str) -> None:
+        self.wait.until(ec.visibility_of_element_located((By.ID, "activity")))
+        self.wait.until(
+            ec.text_to_be_present_in_element((By.ID, "activity-text"), text),
+            f"activity line never showed {text!r}",
+        )
+
+    def status_is(self, text: str) -> None:
+        self.wait.until(lambda _: self.el("status").text == text, f"status never was {text!r}")
+
+    def enabled(self) -> dict[str, bool]:
+        return {name: self.el(name).is_enabled() for name in ("run", "send", "stop")}
+
+    def log_lines(self) -> list[str]:
+        return [div.text for div in self.el("log").find_elements(By.CSS_SELECTOR, ":scope > div")]
+
+
+def test_browser_runs_steers_and_stops_a_run(browser: Any, served: Served) -> None:
+    page = Page(browser)
+    browser.delete_all_cookies()
+    browser.get(served.url)
+    page.wait.until(ec.element_to_be_clickable((By.ID, "run")))
+    assert page.enabled() == {"run": True, "send": False, "stop": False}  # nothing to send or stop
+    assert not page.el("activity").is_displayed()
+
+    page.type_into("question", "What is (2 + 3) * (4 + 5)?")
+    page.el("run").click()
+    # Turn 0's add calls are held by the gate: the page shows them as the CLI does.
+    page.log_shows("> add(a=2, b=3)")
+    page.log_shows("> add(a=4, b=5)")
+    page.activity_shows("running add(a=2, b=3)")
+    page.wait.until(ec.element_to_be_clickable((By.ID, "stop")))
+    assert page.enabled() == {"run": False, "send": False, "stop": True}
+
+    page.type_into("guidance", "show each step")
+    page.wait.until(ec.element_to_be_clickable((By.ID, "send")))
+    page.el("send").click()
+    page.log_shows("[guidance queued: show each step]")
+    assert not page.el("send").is_enabled()  # the box is empty again
+
+    served.gate.set()
+    page.log_shows("[guidance delivered: show each step]")
+    page.log_shows("< add: 5")
+    page.log_shows("> multiply(a=5, b=9)")
+    page.activity_shows("running multiply(a=5, b=9)")  # waits on the cancel signal
+
+    page.el("stop").click()
+    page.log_shows("cancelled (stopped by the user)")
+    page.status_is("cancelled after 2 turns")
+    page.wait.until(ec.element_to_be_clickable((By.ID, "run")))
+    page.type_into("guidance", "too late")
+    assert page.enabled() == {"run": True, "send": False, "stop": False}
+    assert not page.el("activity").is_displayed()
+    lines = page.log_lines()
+    assert lines[0] == "you: What is (2 + 3) * (4 + 5)?"
+    assert lines[-1] == "cancelled (stopped by the user)"
+    assert not any(line.startswith("< multiply") for line in lines)  # stopped mid-tool
+    [status] = served.registry.list()
+    assert status.state == "cancelled" and status.turns == 2
+
+    # A follow-up on the same conversation: markup in the reply stays text.
+    page.type_into("question", "<script>window.pwned = 1</script><b id=bold>hi</b>")
+    page.el("run").click()
+    page.status_is("done in 1 turn")
+    page.log_shows("'<script>window.pwned = 1</script><b id=bold>hi</b>'")
+    assert browser.execute_script("return window.pwned") is None
+    assert page.el("log").find_elements(By.CSS_SELECTOR, "script, b, #bold") == []
+    assert page.enabled() == {"run": True, "send": False, "stop": False}
+
+
+def test_browser_shows_the_wait_for_the_model_and_stops_it(browser: Any) -> None:
+    gate = threading.Event()
+
+    def slow_model(request: ModelRequest) -> ModelResponse:
+        assert gate.wait(3 * WAIT_S), "the test never released the model"
+        return reply("hello from a slow model")
+
+    factory = lambda: BareLoop(ScriptedClient([slow_model, slow_model]), [])  # noqa: E731
+    with _serve("flask", factory, gate) as served:
+        page = Page(browser)
+        browser.delete_all_cookies()
+        browser.get(served.url)
+        page.type_into("question", "hi")
+        page.el("run").click()
+        page.activity_shows("waiting for the model")  # before the first token
+        page.wait.until(ec.element_to_be_clickable((By.ID, "stop")))
+        page.el("stop").click()
+        page.log_shows("cancelled (stopped by the user)")
+        page.wait.until(ec.invisibility_of_element_located((By.ID, "activity")))
+
+        gate.set()  # the next run's model answers at once
+        page.el("run").click()
+        page.status_is("done in 1 turn")
+        page.log_shows("hello from a slow model")
+        assert page.log_lines()[-1] == "hello from a slow model"
