@@ -79,10 +79,14 @@ class AnswerCheck(Protocol):
     """
 
     @property
-    def retries(self) -> int: ...
+    def retries(self) -> int:
+        """How many rejected answers are sent back before the run fails."""
+        ...
 
     @property
-    def final_tool(self) -> Optional[str]: ...
+    def final_tool(self) -> Optional[str]:
+        """The final-answer tool's name in tool mode, else None."""
+        ...
 
     def read(self, message: Message, stop_reason: StopReason) -> AnswerVerdict:
         """Read a final reply (no tool calls, or a call to ``final_tool``)."""

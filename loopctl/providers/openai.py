@@ -314,6 +314,15 @@ class OpenAIClient(HTTPClientBase):
             base_url = os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         super().__init__(model, api_key, base_url, session, timeout, extra_headers)
 
+    @property
+    def output_modes(self) -> tuple[str, ...]:
+        """Typed-answer modes, preferred first: native structured output on
+        api.openai.com; a final-answer tool on any other server (OpenAI-compatible
+        servers rarely honour ``json_schema``, tools they mostly do)."""
+        if self._base_url.startswith(("https://api.openai.com/", "http://api.openai.com/")):
+            return ("native", "tool", "prompt")
+        return ("tool", "native", "prompt")
+
     def _url(self) -> str:
         return self._base_url + "/chat/completions"
 
