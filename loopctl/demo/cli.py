@@ -25,6 +25,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, Optional
 
+import attrs
+
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.demo.mcp_servers import close_mcp_servers, open_mcp_servers
 from loopctl.demo.model import OfflineModel
@@ -33,6 +35,7 @@ from loopctl.demo.view import Console, LiveView, StdinLines
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
 from loopctl.observers import CallbackObserver, Observer, TurnStart
+from loopctl.records import json_form
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 _DEFAULT_MODELS = {"openai": ("OPENAI_MODEL", "gpt-4o-mini"),
@@ -63,6 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{run,chat}")
     run = sub.add_parser("run", parents=[common], help="run the agent once on a task")
     run.add_argument("input", help='the task, e.g. "What is 12 + 30?"')
+    run.add_argument("--output-schema", metavar="SCHEMA.json",
+                     help="ask for an answer that fits this JSON Schema; print the validated object as JSON")
     sub.add_parser("chat", parents=[common], help="several runs in one session (history kept)")
     return parser
 
@@ -79,6 +84,9 @@ class Command:
         self.streaming = not args.no_stream
         self.view = LiveView(self.console, streaming=self.streaming)
         self.config = RunConfig() if args.max_turns is None else RunConfig(max_turns=args.max_turns)
+        schema = getattr(args, "output_schema_loaded", None)
+        if schema is not None:
+            self.config = attrs.evolve(self.config, output_type=schema)
         self.loop = self._make_loop(env, tty)
         self.prompts: queue.Queue[Optional[str]] = queue.Queue()
         self._lock = threading.Lock()
@@ -161,6 +169,10 @@ class Command:
                       else "guidance not delivered (the run finished first):", "yellow")
             for msg in leftovers:
                 self.note(f"  - {msg.text}", "yellow")
+        if error is None and self.config.output_type is not None:
+            value = json_form(run.output_value)
+            shown = {"type": "output_value", "value": value} if self.args.json else value
+            self.console.line(json.dumps(shown, ensure_ascii=False))
         self.note(_summary(run), "dim")
         if error is None:
             return EXIT_OK
@@ -276,6 +288,8 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
     for name in ("delay", "tool_delay"):
         if (getattr(args, name) or 0) < 0:
             parser.error(f"--{name.replace('_', '-')} must be >= 0")
+    if getattr(args, "output_schema", None):
+        args.output_schema_loaded = _load_schema(parser, args.output_schema)
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     try:
@@ -297,6 +311,17 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
     finally:
         reader.stop()
         session.close()
+
+
+def _load_schema(parser: argparse.ArgumentParser, path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            schema = json.load(f)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--output-schema {path}: {exc}")
+    if not isinstance(schema, dict):
+        parser.error(f"--output-schema {path}: a JSON Schema must be an object")
+    return schema
 
 
 def _chat(session: Command, reader: StdinLines) -> int:

@@ -229,7 +229,7 @@ def status_from_dict(data: Mapping[str, Any]) -> Any:
 
     data = _mapping(data, "run status")
     _check_version(data, "run status")
-    names = [f.name for f in attrs.fields(RunStatus)]
+    names = [f.name for f in attrs.fields(RunStatus) if f.name in data or f.default is attrs.NOTHING]
     missing = [n for n in names if n not in data]
     if missing:
         raise SchemaError(f"run status is missing {', '.join(map(repr, missing))}")

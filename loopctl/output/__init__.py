@@ -19,7 +19,7 @@ from loopctl.output.reading import (
     read_reply,
     read_value,
 )
-from loopctl.output.spec import FINAL_TOOL, OUTPUT_MODES, OutputSpec
+from loopctl.output.spec import FINAL_TOOL, OUTPUT_MODES, OutputSpec, rebuild_value
 
 __all__ = [
     "FINAL_TOOL",
@@ -31,4 +31,5 @@ __all__ = [
     "read_final_calls",
     "read_reply",
     "read_value",
+    "rebuild_value",
 ]

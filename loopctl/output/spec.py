@@ -18,6 +18,7 @@ import attrs
 from loopctl.errors import ConfigError
 from loopctl.messages import ToolSchema
 from loopctl.tools.schema import Compiled, compile_annotation, summary, type_name
+from loopctl.tools.validation import problems
 
 #: How the answer's shape reaches the model: the server's structured output,
 #: a final-answer tool, or instructions in the system prompt.
@@ -112,12 +113,40 @@ class OutputSpec:
             "fence) that follows this JSON Schema:\n" + json.dumps(self.wire_schema, sort_keys=True)
         )
 
+    def from_json(self, value: Any) -> Any:
+        """The caller's type rebuilt from its JSON form (``records.json_form``).
+
+        A value that does not fit the schema (an older type, a hand-edited
+        record) comes back as it is: a stored answer is never lost.
+        """
+        if value is None or problems(self.schema, value):
+            return value
+        try:
+            return self.convert({_WRAP_KEY: value} if self.wrapped else value)
+        except Exception:  # the user's class refused it: keep the JSON
+            return value
+
     def convert(self, value: Any) -> Any:
         """The validated wire value as the caller's type (unwrapped)."""
         if self.wrapped and isinstance(value, Mapping):
             value = value.get(_WRAP_KEY)
         conv = self._compiled.convert
         return value if conv is None else conv(value)
+
+
+def rebuild_value(output_type: Any, value: Any) -> Any:
+    """A stored answer's JSON form as ``output_type`` where it can be built, else as it is.
+
+    For an answer that crossed a process boundary (``Run.from_dict``): a
+    schema dict or an unimportable type (None) leaves it as JSON.
+    """
+    if output_type is None or value is None or isinstance(output_type, Mapping):
+        return value
+    try:
+        spec = OutputSpec.of(output_type)
+    except ConfigError:
+        return value
+    return spec.from_json(value)
 
 
 def _wrap(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -166,4 +195,4 @@ def _strict_problem(schema: Any, path: str) -> Optional[str]:
     return None
 
 
-__all__ = ["FINAL_TOOL", "OUTPUT_MODES", "OutputSpec"]
+__all__ = ["FINAL_TOOL", "OUTPUT_MODES", "OutputSpec", "rebuild_value"]
