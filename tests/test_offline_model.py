@@ -239,7 +239,7 @@ def test_request_options_are_honoured_or_refused() -> None:
     schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
     # Without its tools it cannot compute 6 * 7; the reply still has the asked-for shape.
     shaped = model.complete(_request(Message.user("What is 6 * 7?"), tools=(), options=RequestOptions(response_format=schema)))
-    assert shaped.message.text == '{"n": 7}' 
+    assert shaped.message.text == '{"n": 7}'
     with pytest.raises(ConfigError, match="delay"):
         OfflineModel(delay=-1)
 
