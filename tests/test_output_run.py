@@ -231,3 +231,40 @@ def test_registry_runs_typed_and_its_status_carries_the_json_form() -> None:
     assert status.state == "completed" and status.output_value == {"name": "Oslo", "population": 5}
     assert json.loads(json.dumps(status.to_dict()))["output_value"]["population"] == 5
     assert [e["type"] for e in events].count("output_validation_failed") == 1
+
+
+def _cli(argv: list[str]) -> tuple[int, str, str]:
+    import io
+
+    from loopctl.demo.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    code = main(argv, stdin=io.StringIO(""), stdout=out, stderr=err, env={})
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_cli_output_schema_prints_the_validated_object(tmp_path: Any) -> None:
+    schema = tmp_path / "answer.json"
+    schema.write_text(json.dumps({
+        "type": "object",
+        "properties": {"answer": {"type": "integer"}, "why": {"type": "string"}},
+        "required": ["answer", "why"],
+        "additionalProperties": False,
+    }))
+    code, out, err = _cli(["run", "--output-schema", str(schema), "What is 12 + 30?"])
+    assert code == 0, err
+    objects = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert objects[-1]["answer"] == 42 and "42" in objects[-1]["why"]
+    code, out, err = _cli(["run", "--json", "--output-schema", str(schema), "What is 12 + 30?"])
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert lines[-1]["type"] == "output_value" and lines[-1]["value"]["answer"] == 42
+
+
+def test_cli_output_schema_that_is_missing_or_not_an_object_is_a_usage_error(tmp_path: Any) -> None:
+    bad = tmp_path / "list.json"
+    bad.write_text("[1, 2]")
+    for path in (str(tmp_path / "missing.json"), str(bad)):
+        with pytest.raises(SystemExit) as info:
+            _cli(["run", "--output-schema", path, "x"])
+        assert info.value.code == 2

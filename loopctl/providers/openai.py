@@ -16,6 +16,7 @@ import json
 import os
 import re
 import uuid
+from urllib.parse import urlsplit
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -319,7 +320,7 @@ class OpenAIClient(HTTPClientBase):
         """Typed-answer modes, preferred first: native structured output on
         api.openai.com; a final-answer tool on any other server (OpenAI-compatible
         servers rarely honour ``json_schema``, tools they mostly do)."""
-        if self._base_url.startswith(("https://api.openai.com/", "http://api.openai.com/")):
+        if urlsplit(self._base_url).hostname == "api.openai.com":
             return ("native", "tool", "prompt")
         return ("tool", "native", "prompt")
 
