@@ -16,9 +16,9 @@ import json
 import os
 import re
 import uuid
-from urllib.parse import urlsplit
 from collections.abc import Mapping
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 import requests
 
