@@ -268,3 +268,19 @@ def test_cli_output_schema_that_is_missing_or_not_an_object_is_a_usage_error(tmp
         with pytest.raises(SystemExit) as info:
             _cli(["run", "--output-schema", path, "x"])
         assert info.value.code == 2
+
+
+def test_the_cli_view_says_when_an_answer_does_not_fit() -> None:
+    import io
+
+    from loopctl.demo.view import Console, LiveView
+
+    out = io.StringIO()
+    view = LiveView(Console(out, io.StringIO(), color=False, tty=False), streaming=True)
+    view.on_output_validation_failed(OutputValidationFailed("s", "r", 0, ("field 'x' is missing",), 1, 3))
+    view.on_output_validation_failed(OutputValidationFailed("s", "r", 2, ("not valid JSON",), 3, 3))
+    lines = out.getvalue().splitlines()
+    assert lines == [
+        "  [answer does not fit: field 'x' is missing; asking again (1/3)]",
+        "  [answer does not fit: not valid JSON; giving up (3/3)]",
+    ]
