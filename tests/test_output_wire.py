@@ -194,3 +194,32 @@ def test_anthropic_prompt_mode_puts_the_schema_in_the_system_prompt(server: Fake
     assert run.output_value == City("Oslo", 700000)
     body = server.requests[0].json
     assert "JSON Schema" in str(body["system"]) and "tools" not in body and "output_config" not in body
+
+
+def test_anthropic_prose_instead_of_the_tool_is_asked_again(server: FakeServer) -> None:
+    server.push(
+        Stream(anthropic_stream("Oslo, about 700k people.")),
+        Stream(anthropic_stream(tool_calls=[("t1", "final_answer", OSLO)])),
+    )
+    with BareLoop(anthropic(server)) as loop:
+        run = loop.run("city?", output_type=City)
+    assert run.output_value == City("Oslo", 700000)
+    last = server.requests[1].json["messages"][-1]
+    assert last["role"] == "user" and "final_answer" in json.dumps(last) and "not valid JSON" in json.dumps(last)
+
+
+def test_anthropic_tool_input_cut_off_at_max_tokens_is_asked_again(server: FakeServer) -> None:
+    server.push(
+        Stream(anthropic_stream(tool_calls=[("t1", "final_answer", '{"name": "Os')], stop="max_tokens")),
+        Stream(anthropic_stream(tool_calls=[("t2", "final_answer", OSLO)])),
+    )
+    rec = Recorder()
+    with BareLoop(anthropic(server)) as loop:
+        loop.register_observer(rec)
+        run = loop.run("city?", output_type=City)
+    assert run.output_value == City("Oslo", 700000)
+    failed = [e for e in rec.snapshot() if isinstance(e, OutputValidationFailed)]
+    assert len(failed) == 1 and "invalid JSON arguments" in failed[0].errors[0]
+    assert "max_tokens" in failed[0].errors[0]
+    result = server.requests[1].json["messages"][-1]["content"][0]
+    assert result["tool_use_id"] == "t1" and result["is_error"] is True

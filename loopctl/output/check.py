@@ -29,8 +29,14 @@ class OutputCheck:
     def read(self, message: Message, stop_reason: StopReason) -> AnswerVerdict:
         """Read a final reply into the answer type."""
         if self.mode == "tool" and message.tool_calls:
-            finals = [c.input for c in message.tool_calls if c.name == FINAL_TOOL]
-            reading = read_final_calls(self.spec, finals)
+            calls = [c for c in message.tool_calls if c.name == FINAL_TOOL]
+            broken = [c.invalid for c in calls if c.invalid is not None]
+            if len(calls) == 1 and broken:
+                # Arguments that did not parse: say so, not "every field is missing".
+                cut = " (the reply was cut off at max_tokens; answer more briefly)"
+                why = broken[0] + (cut if stop_reason is StopReason.MAX_TOKENS else "")
+                return AnswerVerdict(False, "", None, (why,))
+            reading = read_final_calls(self.spec, [c.input for c in calls])
         else:
             reading = read_reply(self.spec, message.text, truncated=stop_reason is StopReason.MAX_TOKENS)
         text = reading.text if reading.text or self.mode == "tool" else message.text
