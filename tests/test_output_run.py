@@ -284,3 +284,20 @@ def test_the_cli_view_says_when_an_answer_does_not_fit() -> None:
         "  [answer does not fit: field 'x' is missing; asking again (1/3)]",
         "  [answer does not fit: not valid JSON; giving up (3/3)]",
     ]
+
+
+def test_a_request_routed_to_a_fallback_model_keeps_the_answer_shape() -> None:
+    from loopctl import ModelError, RequestOptions
+    from loopctl.fallback import FallbackManager
+
+    client = ScriptedClient([ModelError("primary down"), reply('{"result": 3}')], model="primary")
+    fb = FallbackManager("primary", ["backup"], trip_threshold=0)
+    with BareLoop(client).with_fallback(fb) as loop:
+        loop.set_request_options(RequestOptions(temperature=0.5))
+        with pytest.raises(ModelError):
+            loop.run("n?", output_type=int)
+        run = loop.run("n?", output_type=int)
+    assert run.output_value == 3
+    opts = client.requests[1].options
+    assert opts.model == "backup" and opts.temperature == 0.5
+    assert opts.response_format["json_schema"]["schema"]["required"] == ["result"]
