@@ -274,6 +274,24 @@ class SteeringDelivered(Event):
     messages: tuple[Message, ...]
 
 
+@attrs.frozen
+class OutputValidationFailed(Event):
+    """A final answer did not fit the run's ``output_type``.
+
+    ``errors`` are the problems (``"path: message"``) the model is shown;
+    ``attempt`` counts the answers rejected so far, of at most
+    ``max_attempts`` (``output_retries + 1``): at ``attempt ==
+    max_attempts`` the run fails with ``OutputValidationError``, else the
+    model is asked again.
+    """
+
+    TYPE: ClassVar[str] = "output_validation_failed"
+    turn: int
+    errors: tuple[str, ...]
+    attempt: int
+    max_attempts: int
+
+
 #: Observer method name for each event class.
 EVENT_METHODS: dict[type[Event], str] = {
     RunStart: "on_run_start",
@@ -297,6 +315,7 @@ EVENT_METHODS: dict[type[Event], str] = {
     LoopDetectedEvent: "on_loop_detected",
     ConvergenceDetected: "on_convergence_detected",
     SteeringDelivered: "on_steering",
+    OutputValidationFailed: "on_output_validation_failed",
 }
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.TYPE: cls for cls in EVENT_METHODS}
@@ -372,6 +391,9 @@ class Observer:
     def on_steering(self, event: SteeringDelivered) -> None:
         """Pushed guidance landed in the conversation."""
 
+    def on_output_validation_failed(self, event: OutputValidationFailed) -> None:
+        """A typed answer did not fit; the model is asked again unless attempts are used up."""
+
 
 class CallbackObserver(Observer):
     """An observer that hands every event to one callable (``fn(event)``)."""
@@ -394,6 +416,7 @@ __all__ = [
     "LoopDetectedEvent",
     "ModelSwitched",
     "Observer",
+    "OutputValidationFailed",
     "Response",
     "RetryScheduled",
     "RunEnd",

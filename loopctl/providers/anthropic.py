@@ -291,6 +291,8 @@ class AnthropicClient(HTTPClientBase):
 
     provider = "anthropic"
     key_env = "ANTHROPIC_API_KEY"
+    #: Typed-answer modes, preferred first: a final-answer tool the model must call.
+    output_modes: tuple[str, ...] = ("tool", "native", "prompt")
     default_base_url = DEFAULT_BASE_URL
     stream_hint = " (is base_url right? for Anthropic it is the host root, requests go to {base_url}/v1/messages)"
 
@@ -356,6 +358,9 @@ class AnthropicClient(HTTPClientBase):
         return {"type": "tool", "name": choice}
 
     def _native_response_format(self, fmt: Mapping[str, Any]) -> tuple[str, Any]:
+        inner = fmt.get("json_schema")
+        if fmt.get("type") == "json_schema" and isinstance(inner, Mapping) and "properties" not in fmt:
+            fmt = inner.get("schema") or {}  # the OpenAI shape (a typed run's "native" mode)
         return "output_config", {"format": {"type": "json_schema", "schema": dict(fmt)}}
 
     def _response_from_json(self, data: Any) -> ModelResponse:

@@ -150,7 +150,11 @@ class ModelClient(Protocol):
     """What the loop needs from a model client.
 
     ``set_model(name) -> bool`` is optional; clients without it cannot be
-    switched.
+    switched. ``output_modes`` (a tuple of ``"native"``, ``"tool"``,
+    ``"prompt"``) is optional too: the ways of asking for a typed answer the
+    client's server follows, the first being the one a run uses unless
+    ``RunConfig.output_mode`` says otherwise; a client without it gets
+    ``"tool"``.
     """
 
     @property

@@ -18,6 +18,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 import requests
 
@@ -313,6 +314,15 @@ class OpenAIClient(HTTPClientBase):
         if base_url is None:
             base_url = os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         super().__init__(model, api_key, base_url, session, timeout, extra_headers)
+
+    @property
+    def output_modes(self) -> tuple[str, ...]:
+        """Typed-answer modes, preferred first: native structured output on
+        api.openai.com; a final-answer tool on any other server (OpenAI-compatible
+        servers rarely honour ``json_schema``, tools they mostly do)."""
+        if urlsplit(self._base_url).hostname == "api.openai.com":
+            return ("native", "tool", "prompt")
+        return ("tool", "native", "prompt")
 
     def _url(self) -> str:
         return self._base_url + "/chat/completions"
