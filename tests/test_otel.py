@@ -34,7 +34,7 @@ from support import WAIT, Gate, GatedReply  # noqa: E402
 
 from loopctl import BareLoop, Cancelled, Tool, ToolContext, Usage  # noqa: E402
 from loopctl.contrib.otel import OTelObserver  # noqa: E402
-from loopctl.errors import RateLimitEscalation  # noqa: E402
+from loopctl.errors import ModelError, RateLimited, RateLimitEscalation  # noqa: E402
 from loopctl.observers import (  # noqa: E402
     Compaction,
     ConvergenceDetected,
@@ -666,3 +666,43 @@ def test_a_call_blocked_by_a_hook_ends_with_its_tool_phase(traced: Traced) -> No
     assert "not beta" not in traced.dump()
     final = max(traced.named("chat scripted"), key=lambda s: s.attributes["loopctl.turn"])
     assert beta.end_time <= final.start_time  # closed with its tool phase, not at the run's end
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (ModelError("run cancelled by the upstream proxy"), "ModelError"),  # a cancel's opening, not a cancel
+        (ModelError("max turns exceeded for this API key tier"), "ModelError"),
+        (RateLimited("slow down", 3600.0, 60.0), "RateLimited"),
+        (ModelError("bad request"), "ModelError"),
+    ],
+    ids=["cancel-like text", "max-turns-like text", "RateLimited", "plain"],
+)
+def test_an_instrumented_runs_error_type_is_the_errors_class_not_a_guess_from_its_text(
+    traced: Traced, error: ModelError, expected: str
+) -> None:
+    loop = BareLoop(ScriptedClient([error]))
+    traced.observer.instrument(loop)
+    with loop, pytest.raises(type(error)):
+        loop.run("hi")
+    root = traced.one("invoke_agent")
+    assert root.attributes["loopctl.run.outcome"] == "failed"
+    assert "loopctl.cancelled" not in root.attributes
+    assert root.status.status_code is StatusCode.ERROR
+    assert root.attributes["error.type"] == expected
+    assert event(root, "exception").attributes["exception.type"] == expected
+    (ended,) = traced.points("loopctl.runs.ended")
+    assert ended.attributes["loopctl.run.outcome"] == "failed" and ended.attributes["error.type"] == expected
+    # The model call's span has only the text: a failure, never taken for a cancel.
+    (chat,) = [s for s in traced.children(root) if s.name.startswith("chat")]
+    assert chat.status.status_code is StatusCode.ERROR and "loopctl.cancelled" not in chat.attributes
+    assert chat.attributes["error.type"] in (expected, "ModelError")
+
+
+def test_without_the_loop_the_run_spans_error_type_comes_from_the_texts_fixed_opening(traced: Traced) -> None:
+    loop = BareLoop(ScriptedClient([ModelError("run cancelled by the upstream proxy")]))
+    loop.register_observer(traced.observer)
+    with loop, pytest.raises(ModelError):
+        loop.run("hi")
+    root = traced.one("invoke_agent")
+    assert root.attributes["loopctl.run.outcome"] == "failed" and root.attributes["error.type"] == "_OTHER"

@@ -196,9 +196,10 @@ class OTelObserver(Observer):
             return
         now = time.time_ns()
         error = event.error
+        error_class = None if event.success else self._error_class(event)
         if event.success:
             outcome = "completed"
-        elif is_cancel(error):
+        elif error_class == "Cancelled" or (error_class is None and is_cancel(error)):
             outcome = "cancelled"
         else:
             outcome = "failed"
@@ -223,13 +224,33 @@ class OTelObserver(Observer):
             if cancel_ns is not None:
                 self._metrics.cancel_latency.record(max(0, now - cancel_ns) / 1e9, {cv.AGENT_NAME: self.agent_name})
         elif outcome == "failed":
-            kind = cv.error_type(error)
+            kind = error_class or cv.error_type(error)
             attrs[cv.ERROR_TYPE] = kind
             metric_attrs[cv.ERROR_TYPE] = kind
             record_error(span, kind, error, now)
         span.set_attributes(attrs)
         span.end(end_time=now)
         self._metrics.runs_ended.add(1, metric_attrs)
+
+    def _error_class(self, event: RunEnd) -> Optional[str]:
+        """The class name of the error that ended the run, when the observer can see it.
+
+        A loop wired by ``instrument`` has the run's record, whose
+        ``stop_reason`` is set before ``on_run_end`` (SPEC §4, finalize step
+        1): its class is exact, where the event's text only suggests one.
+        """
+        loop = self._loops.get(event.session_id)
+        if loop is None:
+            return None
+        try:
+            runs = loop.session.runs
+            for run in reversed(runs):
+                if run.id == event.run_id:
+                    err = run.stop_reason
+                    return type(err).__name__ if isinstance(err, BaseException) else None
+        except Exception:  # a loop of another shape: fall back to the text
+            return None
+        return None
 
     # -- model calls ----------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ class RunState:
 
 def is_cancel(error: Optional[str]) -> bool:
     """True for a ``Cancelled`` error's message."""
-    return error is not None and error.startswith("run cancelled")
+    return cv.is_cancel_text(error)
 
 
 class SpanWriter:
