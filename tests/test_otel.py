@@ -35,6 +35,7 @@ from support import WAIT, Gate, GatedReply  # noqa: E402
 from loopctl import BareLoop, Cancelled, Tool, ToolContext, Usage  # noqa: E402
 from loopctl.contrib.otel import OTelObserver  # noqa: E402
 from loopctl.errors import ModelError, RateLimited, RateLimitEscalation  # noqa: E402
+from loopctl.hosting.registry import RunRegistry  # noqa: E402
 from loopctl.observers import (  # noqa: E402
     Compaction,
     ConvergenceDetected,
@@ -604,7 +605,7 @@ def test_instrumenting_a_loop_twice_registers_once(traced: Traced) -> None:
     assert len(traced.named("invoke_agent")) == 1 and len(traced.named("chat scripted")) == 1
 
 
-@pytest.mark.parametrize("how", ["run", "start"])
+@pytest.mark.parametrize("how", ["run", "start", "registry"])
 def test_the_callers_current_span_is_the_runs_parent(traced: Traced, how: str) -> None:
     caller = trace.get_tracer("test", tracer_provider=traced.tracer_provider)
     script = [call("alpha"), reply("ok")] * 3
@@ -615,8 +616,14 @@ def test_the_callers_current_span_is_the_runs_parent(traced: Traced, how: str) -
             with caller.start_as_current_span("request") as request:
                 if how == "run":
                     loop.run("go")
-                else:
+                elif how == "start":
                     loop.start("go").result(WAIT)
+                else:  # a web request's handler starting a hosted run (examples/flask_app.py)
+                    registry = RunRegistry()
+                    try:
+                        registry.result(registry.start(loop, "go"), timeout=WAIT)
+                    finally:
+                        registry.close()
             root = traced.one("invoke_agent")
             assert root.parent is not None and root.parent.span_id == request.get_span_context().span_id
             assert {s.parent.span_id for s in traced.children(root)} == {root.context.span_id}

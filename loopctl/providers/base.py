@@ -142,7 +142,9 @@ class ModelStream(Protocol):
 
     def __iter__(self) -> Iterator[StreamEvent]: ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stop the stream (idempotent, any thread): a blocked read returns."""
+        ...
 
 
 @runtime_checkable
@@ -154,11 +156,17 @@ class ModelClient(Protocol):
     """
 
     @property
-    def model(self) -> str: ...
+    def model(self) -> str:
+        """The model requests go to (a request's ``options.model`` may override it)."""
+        ...
 
-    def complete(self, request: ModelRequest) -> ModelResponse: ...
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """One whole reply (a non-streaming call); failures are ``LoopError``s."""
+        ...
 
-    def stream(self, request: ModelRequest) -> ModelStream: ...
+    def stream(self, request: ModelRequest) -> ModelStream:
+        """The reply as stream events, read as they arrive; failures are ``LoopError``s."""
+        ...
 
 
 class IteratorStream:
@@ -176,6 +184,7 @@ class IteratorStream:
             yield ev
 
     def close(self) -> None:
+        """Stop yielding events (idempotent) and call ``on_close``."""
         self._closed = True
         if self._on_close is not None:
             self._on_close()
