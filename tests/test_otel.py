@@ -713,3 +713,57 @@ def test_without_the_loop_the_run_spans_error_type_comes_from_the_texts_fixed_op
         loop.run("hi")
     root = traced.one("invoke_agent")
     assert root.attributes["loopctl.run.outcome"] == "failed" and root.attributes["error.type"] == "_OTHER"
+
+
+class Quick(Tool):
+    """A concurrency-safe tool that returns at once (and says so just before)."""
+
+    concurrency_safe = True
+    name = "quick"
+    description = "Returns at once."
+
+    def __init__(self) -> None:
+        self.returning = threading.Event()
+
+    def call(self, input: Any, ctx: ToolContext) -> str:
+        self.returning.set()
+        return "quick"
+
+
+class Slow(Tool):
+    """A concurrency-safe tool held by a gate."""
+
+    concurrency_safe = True
+    name = "slow"
+    description = "Waits for the test."
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+
+    def call(self, input: Any, ctx: ToolContext) -> str:
+        self.gate.pass_through()
+        return "slow"
+
+
+def test_a_quick_tool_beside_a_slow_one_has_a_span_as_short_as_its_call(traced: Traced) -> None:
+    gate = Gate()
+    quick, slow = Quick(), Slow(gate)
+    script = [calls(("quick", {}), ("slow", {})), reply("done")]
+    with BareLoop(ScriptedClient(script), [quick, slow]) as loop:
+        traced.observer.instrument(loop)
+        handle = loop.start("go")
+        gate.wait_entered()
+        assert quick.returning.wait(WAIT)
+        gate.open()  # the slow call ends only after the quick one has returned
+        run = handle.result(WAIT)
+    assert run.output == "done"
+    q, s = traced.one("execute_tool quick"), traced.one("execute_tool slow")
+    # The wave's calls start together; each span lasts its own call's run time,
+    # not until the wave's slowest call returns.
+    assert q.start_time == s.start_time
+    for span in (q, s):
+        ran_ns = span.attributes["loopctl.tool.duration_ms"] * 1e6
+        assert abs((span.end_time - span.start_time) - ran_ns) <= 1_000, span.name
+    assert q.start_time < s.end_time and s.start_time < q.end_time
+    chat0, chat1 = sorted(traced.named("chat scripted"), key=lambda c: c.attributes["loopctl.turn"])
+    assert chat0.end_time <= q.start_time and max(q.end_time, s.end_time) <= chat1.start_time

@@ -339,14 +339,19 @@ class OTelObserver(Observer):
         """An attempt starts: remember when (its span is made when it ends)."""
         st = self._runs.get(event.run_id)
         if st is not None:
-            st.tools[(event.call_id, event.attempt)] = (time.time_ns(), event.turn, event.tool)
+            now = time.time_ns()
+            st.tools[(event.call_id, event.attempt)] = (now, event.turn, event.tool)
+            st.last_pre_ns = now
 
     def on_tool_post(self, event: ToolPost) -> None:
-        """An attempt ended: its span runs from its ``on_tool_pre`` to now.
+        """An attempt ended: its span lasts as long as the call itself ran.
 
         A parallel wave fires every pre before any call runs and every post
-        after all have returned, so the wave's spans always overlap, as the
-        calls did; each call's own run time is ``loopctl.tool.duration_ms``.
+        after all have returned, so a post's own time says only when the
+        wave ended. The calls start together after the wave's last pre: the
+        span starts there and lasts the call's measured run time
+        (``loopctl.tool.duration_ms``), so a wave's spans overlap as the
+        calls did and a quick call's span is as short as the call.
         """
         st = self._runs.get(event.run_id)
         if st is None:
@@ -354,9 +359,16 @@ class OTelObserver(Observer):
         opened = st.tools.pop((event.call_id, event.attempt), None)
         if opened is None:
             return
+        now = time.time_ns()
+        start_ns, turn, tool = opened
+        start_ns = min(max(start_ns, st.last_pre_ns), now)
+        end_ns = now
+        if event.duration_ms is not None and event.duration_ms >= 0:
+            end_ns = min(now, start_ns + int(event.duration_ms * 1e6))
         output = event.output if self.record_content else None
         self._spans.tool(
-            st, event.call_id, event.attempt, opened, time.time_ns(), event.is_error, output, event.duration_ms
+            st, event.call_id, event.attempt, (start_ns, turn, tool), end_ns, event.is_error, output,
+            event.duration_ms,
         )
 
     # -- events on the run's span ---------------------------------------------------------------

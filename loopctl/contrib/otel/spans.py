@@ -56,6 +56,7 @@ class RunState:
         "input_tokens",
         "output_tokens",
         "text",
+        "last_pre_ns",
     )
 
     def __init__(self, span: Any, session_id: str, provider: Optional[str]) -> None:
@@ -70,6 +71,7 @@ class RunState:
         self.input_tokens = 0
         self.output_tokens = 0
         self.text: Optional[str] = None  # the last reply's text (content only)
+        self.last_pre_ns = 0  # the newest on_tool_pre: a wave's calls start to run after its last one
 
 
 def is_cancel(error: Optional[str]) -> bool:
