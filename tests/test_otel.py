@@ -700,10 +700,13 @@ def test_an_instrumented_runs_error_type_is_the_errors_class_not_a_guess_from_it
     assert event(root, "exception").attributes["exception.type"] == expected
     (ended,) = traced.points("loopctl.runs.ended")
     assert ended.attributes["loopctl.run.outcome"] == "failed" and ended.attributes["error.type"] == expected
-    # The model call's span has only the text: a failure, never taken for a cancel.
+    # The failed model call that ended the run names the same class.
     (chat,) = [s for s in traced.children(root) if s.name.startswith("chat")]
     assert chat.status.status_code is StatusCode.ERROR and "loopctl.cancelled" not in chat.attributes
-    assert chat.attributes["error.type"] in (expected, "ModelError")
+    assert chat.attributes["error.type"] == expected
+    assert event(chat, "exception").attributes["exception.type"] == expected
+    (duration,) = traced.points("gen_ai.client.operation.duration")
+    assert duration.attributes["error.type"] == expected
 
 
 def test_without_the_loop_the_run_spans_error_type_comes_from_the_texts_fixed_opening(traced: Traced) -> None:
@@ -767,3 +770,23 @@ def test_a_quick_tool_beside_a_slow_one_has_a_span_as_short_as_its_call(traced: 
     assert q.start_time < s.end_time and s.start_time < q.end_time
     chat0, chat1 = sorted(traced.named("chat scripted"), key=lambda c: c.attributes["loopctl.turn"])
     assert chat0.end_time <= q.start_time and max(q.end_time, s.end_time) <= chat1.start_time
+
+
+def test_a_failed_model_call_the_run_survives_is_written_when_the_run_goes_on(traced: Traced) -> None:
+    from loopctl import Message, SessionConfig
+    from loopctl.errors import ContextOverflow
+
+    script = [ContextOverflow("prompt is too long", 400), reply("fits now")]
+    history = [m for i in range(20) for m in (Message.user(f"question {i} " * 50), Message.assistant(f"answer {i}"))]
+    loop = BareLoop.from_history(ScriptedClient(script), [], SessionConfig(), history)
+    traced.observer.instrument(loop)
+    with loop:
+        run = loop.run("hi")
+    assert run.output == "fits now"
+    root = traced.one("invoke_agent")
+    assert root.attributes["loopctl.run.outcome"] == "completed"
+    failed, ok = sorted(traced.named("chat scripted"), key=lambda c: c.start_time)
+    assert failed.status.status_code is StatusCode.ERROR and failed.attributes["error.type"] == "ModelError"
+    assert ok.status.status_code is StatusCode.UNSET
+    assert failed.end_time <= ok.start_time <= ok.end_time <= root.end_time
+    assert {s.parent.span_id for s in (failed, ok)} == {root.context.span_id}

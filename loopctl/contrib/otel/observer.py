@@ -203,8 +203,9 @@ class OTelObserver(Observer):
             outcome = "cancelled"
         else:
             outcome = "failed"
+        self._flush_failed_chat(st, error_class, error)
         if st.chat is not None:
-            self._spans.chat(st, st.chat, now, event.success, error, None)
+            self._spans.chat(st, st.chat, now, event.success, error, None, error_class)
         self._spans.open_tools(st, now, error)
         span = st.span
         attrs: dict[str, Any] = {cv.RUN_OUTCOME: outcome, cv.RUN_TURNS: event.total_turns}
@@ -258,6 +259,7 @@ class OTelObserver(Observer):
         """A model call begins: remember when (its span is made when it ends)."""
         st = self._runs.get(event.run_id)
         if st is not None:
+            self._flush_failed_chat(st)
             st.chat = ChatCall(event.turn, time.time_ns())
 
     def on_attempt_reset(self, event: AttemptReset) -> None:
@@ -316,9 +318,28 @@ class OTelObserver(Observer):
         if event.phase == "llm":
             chat = st.chat
             if chat is not None and chat.turn == event.turn:
-                self._spans.chat(st, chat, now, event.success, event.error, event)
+                if event.success:
+                    self._spans.chat(st, chat, now, True, None, event)
+                else:
+                    # Written when the run goes on or ends: if this failure ends
+                    # the run, the run's record names its class.
+                    st.chat = None
+                    self._flush_failed_chat(st)
+                    st.failed_chat = (chat, now, event)
         elif st.tools:
             self._spans.open_tools(st, now, None if event.success else event.error)
+
+    def _flush_failed_chat(
+        self, st: RunState, run_error_class: Optional[str] = None, run_error: Optional[str] = None
+    ) -> None:
+        """Write the held failed model call; it takes the run's error class if it is the run's error."""
+        held = st.failed_chat
+        if held is None:
+            return
+        st.failed_chat = None
+        chat, ended_ns, end = held
+        error_class = run_error_class if run_error_class is not None and run_error == end.error else None
+        self._spans.chat(st, chat, ended_ns, False, end.error, end, error_class)
 
     def _chat(self, run_id: str, turn: int) -> Optional[ChatCall]:
         st = self._runs.get(run_id)
