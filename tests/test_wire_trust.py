@@ -503,3 +503,26 @@ def test_every_event_of_a_read_is_its_own_delta() -> None:
     reader = StreamReader(OpenAIStreamParser("openai"), "openai")
     deltas = [ev.text for ev in reader.feed(read) if isinstance(ev, PartDelta)]
     assert deltas == words  # one delta per event, as sent: never merged per read
+
+
+def test_the_total_timeout_bounds_the_rescue_too(server: FakeServer) -> None:
+    # The stream stalls until the total deadline; the rescue that follows may
+    # not start a fresh 120 s of its own: the whole model call is bounded.
+    server.push(Stream([Stall()]), Hang())
+    handler = StreamHandler(first_event_timeout=None, total_timeout=0.5, max_retries=0, rescue_timeout=120.0, **FAST)
+    t0 = time.monotonic()
+    with pytest.raises(ModelError) as info:
+        collect_turn(handler, oa(server, timeout=(5.0, 30.0)))
+    assert time.monotonic() - t0 < 20.0  # not the client's 30 s read timeout, nor the rescue's 120 s
+    assert "total timeout of 0.5s" in str(info.value)
+
+
+def test_a_rescue_started_near_the_total_deadline_stops_at_it(server: FakeServer) -> None:
+    server.push(Stream([Stall()]), Hang())
+    handler = StreamHandler(first_event_timeout=0.3, total_timeout=1.0, max_retries=0, rescue_timeout=120.0, **FAST)
+    t0 = time.monotonic()
+    with pytest.raises(ModelError) as info:
+        collect_turn(handler, oa(server, timeout=(5.0, 30.0)))
+    assert time.monotonic() - t0 < 20.0
+    text = str(info.value)
+    assert "no first event within 0.3s" in text and "total timeout of 1s" in text

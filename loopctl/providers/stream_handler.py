@@ -106,7 +106,8 @@ class StreamHandler:
         rescue: make one non-streaming call after timeouts or transport
             failures used up the retries of a streamed call.
         rescue_timeout: the rescue call's own deadline (its reads still
-            wait at most the client's read timeout each).
+            wait at most the client's read timeout each, and it never runs
+            past ``total_timeout``; no rescue starts once that has passed).
         single_attempt: one attempt, no deadlines, errors as raised (set by
             ``passthrough()``).
     """
@@ -400,23 +401,35 @@ class TurnStream:
         kind = error_kind(failure)
         if kind == RATE_LIMIT:
             raise RateLimitEscalation(self._rate_limited, self._retry_after) from failure
-        if self._streaming and self._h.rescue and kind in (TIMEOUT, TRANSPORT) and not self._rate_limited:
-            # A provider that rate-limited this call would rate-limit the rescue too.
+        total = self._total_deadline
+        out_of_time = total is not None and time.monotonic() >= total
+        if (self._streaming and self._h.rescue and kind in (TIMEOUT, TRANSPORT) and not self._rate_limited
+                and not out_of_time):
+            # A provider that rate-limited this call would rate-limit the rescue too,
+            # and the total timeout bounds the rescue as it bounds every attempt.
             yield StreamAttemptReset(self.attempts)
             yield StreamRescue(self._rescue(failure))
             return
         raise failure
 
     def _rescue(self, cause: LoopError) -> ModelResponse:
+        deadline = time.monotonic() + self._h.rescue_timeout
+        total = self._total_deadline
+        cut_by_total = total is not None and total < deadline
+        if total is not None and cut_by_total:
+            deadline = total
         try:
-            return self._complete(time.monotonic() + self._h.rescue_timeout)
+            return self._complete(deadline)
         except Cancelled:
             raise
         except LoopError as err:
             first, second = error_summary(cause), error_summary(err)
             shown: str = str(err)
             if error_kind(err) == TIMEOUT and getattr(err, "deadline_hit", False):
-                second = f"the rescue timeout of {self._h.rescue_timeout:g}s passed"
+                if cut_by_total:
+                    second = f"the total timeout of {self._h.total_timeout:g}s passed"
+                else:
+                    second = f"the rescue timeout of {self._h.rescue_timeout:g}s passed"
                 shown = f"timed out: {second}"
             if first == second:
                 text = f"{cause} (the non-streaming rescue failed the same way)"
