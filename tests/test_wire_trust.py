@@ -526,3 +526,18 @@ def test_a_rescue_started_near_the_total_deadline_stops_at_it(server: FakeServer
     assert time.monotonic() - t0 < 20.0
     text = str(info.value)
     assert "no first event within 0.3s" in text and "total timeout of 1s" in text
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["non-streaming", "a JSON reply to a stream"])
+def test_a_reply_of_the_wrong_shape_is_a_model_error_naming_it(server: FakeServer, streaming: bool) -> None:
+    body = openai_completion(tool_calls=[("c1", "add", "{}")])
+    body["choices"][0]["message"]["tool_calls"] = "not a list of calls"
+    server.push(Reply(200, body, {"content-type": "application/json"}))
+    client = oa(server)
+    with pytest.raises(ModelError) as info:
+        if streaming:
+            collect_stream(client, hi_request())
+        else:
+            client.complete(hi_request())
+    assert "response of an unexpected shape" in str(info.value) and "gpt-test" in str(info.value)
+    assert info.value.retryable is False and len(server.requests) == 1
