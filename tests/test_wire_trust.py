@@ -26,6 +26,7 @@ from fakeserver import (
     anthropic_message,
     openai_completion,
     openai_stream,
+    sse,
 )
 from support import Recorder, collect_stream, hi_request
 
@@ -541,3 +542,40 @@ def test_a_reply_of_the_wrong_shape_is_a_model_error_naming_it(server: FakeServe
             client.complete(hi_request())
     assert "response of an unexpected shape" in str(info.value) and "gpt-test" in str(info.value)
     assert info.value.retryable is False and len(server.requests) == 1
+
+
+def _anthropic_events(*blocks: tuple[dict[str, Any], list[dict[str, Any]]], stop: str = "end_turn") -> list[bytes]:
+    """A messages stream of ``(content_block, [deltas])`` blocks, every value as given."""
+    out = [sse({"type": "message_start", "message": {"id": "m1", "type": "message", "role": "assistant",
+                                                     "model": "claude-test", "content": [],
+                                                     "usage": {"input_tokens": 3, "output_tokens": 0}}},
+               "message_start")]
+    for i, (block, deltas) in enumerate(blocks):
+        out.append(sse({"type": "content_block_start", "index": i, "content_block": block}, "content_block_start"))
+        out += [sse({"type": "content_block_delta", "index": i, "delta": d}, "content_block_delta") for d in deltas]
+        out.append(sse({"type": "content_block_stop", "index": i}, "content_block_stop"))
+    out.append(sse({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 2}},
+                   "message_delta"))
+    out.append(sse({"type": "message_stop"}, "message_stop"))
+    return out
+
+
+def test_anthropic_fragments_that_are_not_text_never_kill_the_run(server: FakeServer) -> None:
+    odd = Stream(_anthropic_events(
+        ({"type": "thinking", "thinking": {"not": "text"}, "signature": 7}, [{"type": "thinking_delta", "thinking": 5}]),
+        ({"type": "text", "text": ["x"]}, [{"type": "text_delta", "text": {"a": 1}},
+                                          {"type": "text_delta", "text": "Let me add."}]),
+        # Some servers send the input object itself instead of JSON text.
+        ({"type": "tool_use", "id": "t1", "name": "add", "input": {}},
+         [{"type": "input_json_delta", "partial_json": {"a": 1, "b": 2}}]),
+        stop="tool_use",
+    ))
+    whole = anthropic_message("done")
+    whole["content"] = [{"type": "text", "text": 42}, {"type": "thinking", "thinking": None, "signature": []},
+                        {"type": "text", "text": "done"}]
+    server.push(odd, Reply(200, whole))
+    run, _ = run_loop(an(server), StreamHandler(**FAST))
+    assert run.output == "done"
+    assert run.turns[0].output == "Let me add."
+    results = server.requests[1].json["messages"][-1]["content"]
+    assert results[0]["type"] == "tool_result" and results[0]["content"] == "3"
