@@ -24,6 +24,7 @@ from fakeserver import (
     Stall,
     Stream,
     anthropic_message,
+    oa_chunk,
     openai_completion,
     openai_stream,
     sse,
@@ -579,3 +580,20 @@ def test_anthropic_fragments_that_are_not_text_never_kill_the_run(server: FakeSe
     assert run.turns[0].output == "Let me add."
     results = server.requests[1].json["messages"][-1]["content"]
     assert results[0]["type"] == "tool_result" and results[0]["content"] == "3"
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_token_counts_that_are_not_counts_never_kill_the_run(server: FakeServer, provider: str) -> None:
+    odd: dict[str, Any] = {"prompt_tokens": "many", "completion_tokens": -4, "input_tokens": [1], "output_tokens": "2"}
+    if provider == "openai":
+        server.push(Stream([oa_chunk({"role": "assistant", "content": "hi"}), oa_chunk({}, "stop"),
+                            oa_chunk(choices=False, usage=odd), b"data: [DONE]\n\n"]))
+        client: Any = oa(server)
+    else:
+        events = _anthropic_events(({"type": "text", "text": ""}, [{"type": "text_delta", "text": "hi"}]))
+        events[0] = sse({"type": "message_start", "message": {"model": "claude-test", "usage": odd}}, "message_start")
+        server.push(Stream(events))
+        client = an(server)
+    run, _ = run_loop(client, StreamHandler(**FAST))
+    assert run.output == "hi"
+    assert run.input_tokens >= 0 and run.output_tokens >= 0

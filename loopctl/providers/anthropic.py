@@ -47,6 +47,7 @@ from loopctl.providers.base import (
     PartStop,
     Ping,
     StreamEvent,
+    token_count,
     tool_call_part,
 )
 from loopctl.providers.boundary import (
@@ -104,10 +105,10 @@ def _usage(data: Any) -> Optional[Usage]:
         return None
     # Cached prompt tokens are part of what the request put in the window.
     inp = sum(
-        int(data.get(k) or 0)
+        token_count(data.get(k))
         for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
-    out = int(data.get("output_tokens") or 0)
+    out = token_count(data.get("output_tokens"))
     return None if inp == 0 and out == 0 else Usage(inp, out)
 
 

@@ -13,6 +13,7 @@ non-streaming call) and ``RetryWait`` (a backoff is about to start).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from typing import Any, Optional, Protocol, Union, runtime_checkable
 
@@ -219,6 +220,18 @@ def response_events(response: ModelResponse, chunk: int = 8) -> Iterator[StreamE
 _SHOWN = 120  # characters of offending arguments quoted back to the model
 
 
+def token_count(value: Any) -> int:
+    """A provider's token count as an int >= 0; anything else (text, negative, NaN) counts 0.
+
+    Usage is informational: a server's odd value must not end a run.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0
+    return max(0, int(value))
+
+
 def _quote(text: str) -> str:
     shown = redact_key_shapes(text[:_SHOWN])
     more = f" ... ({len(text)} characters)" if len(text) > _SHOWN else ""
@@ -383,6 +396,7 @@ def _merge_usage(old: Optional[Usage], new: Usage) -> Optional[Usage]:
 
 
 __all__ = [
+    "token_count",
     "IteratorStream",
     "MessageDelta",
     "MessageStart",
