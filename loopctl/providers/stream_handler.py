@@ -52,6 +52,7 @@ from loopctl.providers.boundary import (
     TRANSPORT,
     error_kind,
     error_summary,
+    foreign_error,
     model_error,
     tag,
 )
@@ -205,7 +206,7 @@ class TurnStream:
         except LoopError:
             raise
         except Exception as exc:
-            raise _foreign(exc) from exc
+            raise foreign_error(exc) from exc
         with self._lock:
             closed = self._closed
             if not closed:
@@ -274,7 +275,7 @@ class TurnStream:
                 except Exception as exc:
                     if self._stopped():
                         raise self._cancelled() from exc
-                    raise _foreign(exc) from exc
+                    raise foreign_error(exc) from exc
                 if type(ev) is MessageStop:
                     finished = True
                 yield ev
@@ -318,7 +319,7 @@ class TurnStream:
         except Exception as exc:
             if self._stopped():
                 raise self._cancelled() from exc
-            raise _foreign(exc) from exc
+            raise foreign_error(exc) from exc
         if self._stopped():
             raise self._cancelled()
         return response
@@ -446,16 +447,6 @@ def _retryable(exc: BaseException) -> bool:
     if exc.status in _NO_RETRY_STATUSES:
         return False
     return exc.retryable
-
-
-def _foreign(exc: BaseException) -> ModelError:
-    """A ``ModelError`` for an exception a client let escape untranslated."""
-    if isinstance(exc, (OSError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
-        ("requests", "urllib3")
-    ):
-        kind = TIMEOUT if isinstance(exc, TimeoutError) else TRANSPORT
-        return model_error(f"model call failed: {type(exc).__name__}", retryable=True, kind=kind)
-    return ModelError(f"model call failed: {type(exc).__name__}: {exc}")
 
 
 def cancellable_complete(client: Any, request: ModelRequest, cancel: Any) -> ModelResponse:
