@@ -47,6 +47,7 @@ from loopctl.providers.base import (
     PartStart,
     PartStop,
     StreamEvent,
+    token_count,
     tool_call_part,
 )
 from loopctl.providers.boundary import (
@@ -82,8 +83,8 @@ INVALID_TOOL_NAME = "invalid_tool_call"  # the wire name of a replayed call that
 def _usage(data: Any) -> Optional[Usage]:
     if not isinstance(data, Mapping):
         return None
-    inp = int(data.get("prompt_tokens") or data.get("input_tokens") or 0)
-    out = int(data.get("completion_tokens") or data.get("output_tokens") or 0)
+    inp = token_count(data.get("prompt_tokens") or data.get("input_tokens"))
+    out = token_count(data.get("completion_tokens") or data.get("output_tokens"))
     return None if inp == 0 and out == 0 else Usage(inp, out)
 
 
