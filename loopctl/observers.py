@@ -275,6 +275,24 @@ class SteeringDelivered(Event):
 
 
 @attrs.frozen
+class OutputValidationFailed(Event):
+    """A final answer did not fit the run's ``output_type``.
+
+    ``errors`` are the problems (``"path: message"``) the model is shown;
+    ``attempt`` counts the answers rejected so far, of at most
+    ``max_attempts`` (``output_retries + 1``): at ``attempt ==
+    max_attempts`` the run fails with ``OutputValidationError``, else the
+    model is asked again.
+    """
+
+    TYPE: ClassVar[str] = "output_validation_failed"
+    turn: int
+    errors: tuple[str, ...]
+    attempt: int
+    max_attempts: int
+
+
+@attrs.frozen
 class ApprovalRequested(Event):
     """A tool call was parked until a person approves or denies it.
 
@@ -330,6 +348,7 @@ EVENT_METHODS: dict[type[Event], str] = {
     LoopDetectedEvent: "on_loop_detected",
     ConvergenceDetected: "on_convergence_detected",
     SteeringDelivered: "on_steering",
+    OutputValidationFailed: "on_output_validation_failed",
     ApprovalRequested: "on_approval_requested",
     ApprovalResolved: "on_approval_resolved",
 }
@@ -407,6 +426,9 @@ class Observer:
     def on_steering(self, event: SteeringDelivered) -> None:
         """Pushed guidance landed in the conversation."""
 
+    def on_output_validation_failed(self, event: OutputValidationFailed) -> None:
+        """A typed answer did not fit; the model is asked again unless attempts are used up."""
+
     def on_approval_requested(self, event: ApprovalRequested) -> None:
         """A tool call waits for a person's approval (answer it from any thread)."""
 
@@ -437,6 +459,7 @@ __all__ = [
     "LoopDetectedEvent",
     "ModelSwitched",
     "Observer",
+    "OutputValidationFailed",
     "Response",
     "RetryScheduled",
     "RunEnd",

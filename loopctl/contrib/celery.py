@@ -69,16 +69,17 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import attrs
 
-from loopctl.config import RunConfig
+from loopctl.config import RunConfig, type_ref
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.registry import RunStatus
 from loopctl.hosting.serialization import history_from_dict, message_from_dict
 from loopctl.messages import Message
+from loopctl.output import OutputSpec
 from loopctl.records import Run
 
 from .celery_approvals import ApprovalsMixin, decisions_of, read_pending
@@ -256,6 +257,8 @@ class CeleryRunRegistry(ApprovalsMixin):
         input: str,
         config: Optional[RunConfig] = None,
         run_id: Optional[str] = None,
+        *,
+        output_type: Any = None,
     ) -> str:
         """Queue a run of the conversation on the workers.
 
@@ -264,6 +267,10 @@ class CeleryRunRegistry(ApprovalsMixin):
             input: the user's input.
             config: the run's configuration.
             run_id: the id to use (default: a fresh uuid hex).
+            output_type: ask for a typed answer (sets ``config.output_type``);
+                a class must be importable by the workers (module level), a
+                JSON Schema dict travels as itself. ``result()`` rebuilds the
+                class; ``status()`` carries the answer's JSON form.
 
         With OpenTelemetry installed, the caller's current trace context
         (W3C ``traceparent``) travels with the run and is current around it
@@ -284,6 +291,10 @@ class CeleryRunRegistry(ApprovalsMixin):
             raise TypeError(f"run input must be a str, got {type(input).__name__}")
         if config is not None and not isinstance(config, RunConfig):
             raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
+        if output_type is not None:
+            config = attrs.evolve(config or RunConfig(), output_type=output_type)
+        if config is not None:
+            _check_portable_output(config.output_type)
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
@@ -510,6 +521,19 @@ class CeleryRunRegistry(ApprovalsMixin):
         if not fields:
             raise KeyError(f"unknown run id {run_id!r}")
         return fields
+
+
+
+def _check_portable_output(output_type: Any) -> None:
+    """Refuse, before queueing, an answer type a worker could not rebuild."""
+    if output_type is None:
+        return
+    OutputSpec.of(output_type)  # unsupported: a ConfigError here, not on a worker
+    if not isinstance(output_type, Mapping) and type_ref(output_type) is None:
+        raise ConfigError(
+            f"output_type {output_type!r:.80} cannot travel to a worker: use a class defined "
+            "at module level (importable by the workers) or a JSON Schema dict"
+        )
 
 
 __all__ = [

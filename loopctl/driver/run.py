@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from loopctl.approvals import RUN_ENDED
 from loopctl.config import RunConfig
+from loopctl.driver.answers import answer_system, answer_tools, shape_options, shape_request
 from loopctl.driver.approval_gate import report_unreported
 from loopctl.driver.compaction import run_compaction
 from loopctl.driver.dispatch import Dispatcher, ToolRun
@@ -67,6 +68,7 @@ from loopctl.machine import (
 )
 from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, StopReason
 from loopctl.observers import Response, StreamSuccess, ToolCallReceived, TurnStart
+from loopctl.output import OutputCheck
 from loopctl.providers.stream_handler import cancellable_complete
 from loopctl.records import Turn
 
@@ -106,6 +108,7 @@ class RunDriver:
         session: Session,
         slot: LoopSlot,
         resources: Any,
+        answer_check: Optional[OutputCheck] = None,
     ) -> None:
         self.rc = rc
         self.parts = parts
@@ -128,6 +131,7 @@ class RunDriver:
         self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
         self.deferred_tokens = 0  # the extras' cost a deferred turn reserves for the compaction
         self.gathers = False  # contributors or memory: transient extras to gather each turn
+        self.answer_check = answer_check  # a typed answer: its type and mode (answers.py)
 
     # -- the body: the seed's run() ----------------------------------------------------
 
@@ -192,7 +196,7 @@ class RunDriver:
         self.session.runs.append(run)
         self.begin()
         self.events.run_start(run.input)
-        m.accept_input(run.input)
+        m.accept_input(run.input, self.answer_check)
         self.steering._open_slot()
         policy = self.policy
         cancel = rc.cancel
@@ -213,6 +217,7 @@ class RunDriver:
                 outcome = m.conclude(policy)
                 if type(outcome) is Completed:
                     run.output = outcome.final_text
+                    run.output_value = outcome.value
                     return
                 raise self.error_for(outcome)
 
@@ -229,9 +234,12 @@ class RunDriver:
                     reset()
         self.gathers = bool(parts.contributors) or (parts.memory is not None and self.config.memory_top_k > 0)
         opts = parts.request_options
-        self.base_options = None if opts.is_empty() else opts
+        check = self.answer_check
+        self.base_options = shape_options(check, None if opts.is_empty() else opts)
         self.tool_names = parts.tools.name_set()
-        self.meter.begin_run(parts.session_config.system_prompt, parts.tools.schemas())
+        self.meter.begin_run(
+            answer_system(check, parts.session_config.system_prompt), answer_tools(check, parts.tools.schemas())
+        )
 
     def boundary(self, after: str) -> None:
         """The run's one checkpoint seam: after each model turn and each tool phase.
@@ -280,10 +288,15 @@ class RunDriver:
         if TurnStart in em._wanted:
             em.turn_start(turn, query)
         request = build_request(parts, m, transients, self.options())
+        if self.answer_check is not None:
+            request = shape_request(self.answer_check, request)
         try:
             with em.phase(turn, "llm", figure) as phase:
                 response = self.ask_model(turn, request)
                 self.record_reply(turn, query, figure, response, phase)
+            rejected = m.answer_rejected
+            if rejected is not None:
+                em.output_validation_failed(rejected.turn, rejected.errors, rejected.attempt, rejected.max_attempts)
         except ContextOverflow as exc:
             # The brain decides: one compact-and-retry per turn, else the run fails.
             step = m.context_overflow(exc, figure, self.policy)
@@ -297,7 +310,9 @@ class RunDriver:
         parts = self.parts
         rc = self.rc
         try:
-            return call_model(parts, rc, self.events, turn, request)
+            check = self.answer_check
+            answer_tool = check.final_tool if check is not None else None
+            return call_model(parts, rc, self.events, turn, request, answer_tool)
         except Cancelled:
             raise
         except LoopError as exc:
@@ -346,7 +361,7 @@ class RunDriver:
         parts = self.parts
         routed = parts.routed_model
         if routed is not None and routed != parts.model_name():
-            return parts.request_options.with_model(routed)
+            return (self.base_options or parts.request_options).with_model(routed)
         return self.base_options
 
     def route_model(self) -> None:

@@ -46,7 +46,7 @@ from loopctl.config import RunConfig
 from loopctl.errors import Cancelled, ConfigError, LoopBusy, LoopError
 from loopctl.messages import Message
 from loopctl.observers import Event, RunEnd
-from loopctl.records import Run
+from loopctl.records import Run, json_form
 
 if TYPE_CHECKING:
     from loopctl.driver.handle import RunHandle
@@ -70,6 +70,8 @@ class RunStatus:
         output_tokens: output tokens reported so far.
         started_at: wall-clock start (``time.time()``).
         ended_at: wall-clock end, None while running.
+        output_value: a typed run's answer in its JSON form (None unless
+            completed with an ``output_type``).
         pending_approvals: tool calls waiting for a person's answer now.
         approvals: the approval decisions so far (calls still waiting when
             the run ended are here, denied "run ended").
@@ -85,6 +87,7 @@ class RunStatus:
     output_tokens: int
     started_at: float
     ended_at: Optional[float]
+    output_value: Any = None
     pending_approvals: Tuple[PendingApproval, ...] = ()
     approvals: Tuple[ApprovalDecision, ...] = ()
 
@@ -291,6 +294,7 @@ class RunRegistry:
         run_id: Optional[str] = None,
         *,
         owner: Optional[Hashable] = None,
+        output_type: Any = None,
     ) -> str:
         """Start a run of ``loop`` on its worker thread and register it.
 
@@ -302,6 +306,7 @@ class RunRegistry:
             owner: who may address the run (e.g. a web session's user id).
                 The by-id methods find an owned run only when passed the
                 same ``owner``; for anyone else it is an unknown id.
+            output_type: ask for a typed answer (as ``BareLoop.start``).
 
         Returns:
             The run's id (its ``Run.id``).
@@ -339,7 +344,7 @@ class RunRegistry:
                 prev.handle.wait(5.0)
             entry = _Entry(rid, loop, self._event_buffer, self._ending, self._clock)
             entry.owner = owner
-            entry.handle = loop.start(input, config, rid, tap=entry.tap)
+            entry.handle = loop.start(input, config, rid, tap=entry.tap, output_type=output_type)
             self._entries[rid] = entry
             self._live[rid] = entry
             self._last_on_loop[loop] = entry
@@ -697,13 +702,13 @@ def _status(entry: _Entry) -> RunStatus:
         return final.status
     run = handle.record
     turns = [*run.turns]
-    state, error, output = "running", None, None
+    state, error, output, value = "running", None, None, None
     # run_end is emitted after finalize recorded the end and the error, so a
     # client that saw run_end already gets the final state.
     if entry.ended or handle.done():
         err = run.stop_reason
         if err is None:
-            state, output = "completed", run.output
+            state, output, value = "completed", run.output, json_form(run.output_value)
         else:
             state = "cancelled" if isinstance(err, Cancelled) else "failed"
             error = str(err)
@@ -718,6 +723,7 @@ def _status(entry: _Entry) -> RunStatus:
         output_tokens=sum(t.output_tokens for t in turns),
         started_at=run.start,
         ended_at=run.end if state != "running" else None,
+        output_value=value,
         pending_approvals=tuple(handle.pending_approvals()),
         approvals=tuple(run.approvals),
     )

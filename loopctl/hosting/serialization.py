@@ -89,6 +89,12 @@ def _load_int(value: Any) -> int:
     return int(value)
 
 
+def _load_strs(value: Any) -> Tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise TypeError("expected a list of strings")
+    return tuple(value)
+
+
 def _load_opt_int(value: Any) -> Optional[int]:
     return None if value is None else _load_int(value)
 
@@ -101,6 +107,7 @@ _BY_NAME: Dict[str, Callable[[Any], Any]] = {
     "duration_ms": _load_float,
     "similarity": _load_float,
     "context_window": _load_opt_int,
+    "errors": _load_strs,
 }
 _INT_FIELDS = {
     "turn",
@@ -113,6 +120,7 @@ _INT_FIELDS = {
     "tokens_after",
     "repetitions",
     "count",
+    "max_attempts",
 }
 
 
