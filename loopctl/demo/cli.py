@@ -36,6 +36,7 @@ import attrs
 
 from loopctl import __version__
 from loopctl.config import RunConfig, SessionConfig
+from loopctl.demo.approval_prompt import ApprovalPrompt, ask_policy
 from loopctl.demo.console import printable
 from loopctl.demo.mcp_servers import close_mcp_servers, open_mcp_servers
 from loopctl.demo.model import OfflineModel
@@ -106,6 +107,10 @@ def build_parser() -> _Parser:
                         help="slow each demo tool call down (time to type guidance or press Ctrl-C)")
     common.add_argument("--mcp", action="append", default=[], metavar='"COMMAND ARGS"',
                         help="run an MCP server (stdio) and give its tools to the agent (repeatable)")
+    common.add_argument("--ask", action="append", default=[], metavar="TOOL",
+                        help="ask before each call of TOOL (repeatable; 'all' for every tool): "
+                             "answer y, n or a reason")
+    common.add_argument("--yes", action="store_true", help="approve every call that needs approval")
     # Hidden: the offline model's pause between streamed text deltas.
     common.add_argument("--delay", type=_seconds, default=None, help=argparse.SUPPRESS)
     parser = _Parser(
@@ -143,6 +148,7 @@ class Command:
         schema = getattr(args, "output_schema_loaded", None)
         if schema is not None:
             self.config = attrs.evolve(self.config, output_type=schema)
+        self.approvals = ApprovalPrompt(lambda text: self.note(text, "yellow"), args.yes, piped=False)
         self.loop = self._make_loop(env, tty)
         self.prompts: queue.Queue[Optional[str]] = queue.Queue()
         self._cond = threading.Condition()
@@ -152,6 +158,8 @@ class Command:
         self._early: list[str] = []
         # Piped input to ``chat`` is a script of prompts; typed lines steer.
         self.steer_from_stdin = args.command == "run" or _isatty(stdin)
+        # Piped input with --ask answers the questions instead (approval_prompt).
+        self.approvals.piped = bool(args.ask) and args.command == "run" and not _isatty(stdin)
 
     def _make_loop(self, env: Mapping[str, str], tty: bool) -> BareLoop:
         a = self.args
@@ -164,6 +172,9 @@ class Command:
         if not self.streaming:
             loop.set_turn_mode("non_streaming")
         loop.register_observer(self.facts)
+        loop.register_observer(self.approvals)
+        if a.ask:
+            loop.with_approval(ask_policy(a.ask))
         if a.json:
             out = self.console
             loop.register_observer(CallbackObserver(
@@ -186,6 +197,8 @@ class Command:
         steering slot is not open yet) waits in a list that the first turn
         pushes.
         """
+        if line is not None and self._armed and self.approvals.take_line(line):
+            return  # it answered a call waiting for approval
         with self._cond:
             is_guidance = line is not None and self._armed and self.steer_from_stdin
             if line is not None and is_guidance and not self.facts.started.is_set():
@@ -264,6 +277,7 @@ class Command:
                 handle = self.loop.start(text, self.config)
                 run = handle.record
                 interrupts.attach(handle)
+                self.approvals.attach(handle)
                 try:
                     # Bounded waits: a signal handler only runs when the main
                     # thread wakes, and some platforms deliver it elsewhere.
@@ -275,6 +289,7 @@ class Command:
         finally:
             self._disarm()
             late = reader.stop() if reader is not None else []
+            unused = self.approvals.detach()
             self.console.close()
         self.console.end_text()
         with self._cond:
@@ -290,6 +305,10 @@ class Command:
             self.note("guidance not delivered:" if error is not None
                       else "guidance not delivered (the run finished first):", "yellow")
             for msg in leftovers:
+                self.note(f"  - {printable(msg)}", "yellow")
+        if unused:
+            self.note("answers not used (no call was waiting):", "yellow")
+            for msg in unused:
                 self.note(f"  - {printable(msg)}", "yellow")
         if error is None and self.config.output_type is not None:
             value = json_form(run.output_value)
