@@ -84,3 +84,12 @@ def test_answers_and_labels() -> None:
     assert parse_answer("use the sandbox") == (False, "use the sandbox")
     assert call_label("add", {"a": 1, "b": "x"}) == 'add(a=1, b="x")'
     assert "\x1b" not in call_label("t", {"s": "\x1b[31mred"})  # terminal escapes never reach the screen
+
+
+def test_calls_still_waiting_when_input_ends_are_denied_never_hang() -> None:
+    code, out, _ = _main(["run", "--ask", "add", "What is (1 + 2) * (3 + 4)?"], stdin=io.StringIO("y\n"))
+    assert code == 0
+    assert "[approved: add(a=1, b=2)]" in out
+    assert "[denied: add(a=3, b=4): no answer (input ended)]" in out
+    code, out, _ = _main(["run", "--ask", "all", "What is 12 + 30?"], stdin=io.StringIO(""))
+    assert code == 0 and "[denied: add(a=12, b=30): no answer (input ended)]" in out

@@ -8,7 +8,10 @@ denies, any other text denies with that text as the reason (the model reads
 it). On a terminal a line typed while nothing waits is guidance as usual;
 from a pipe (which cannot know when a question comes) every line is an
 answer, used in order as calls come to wait, and lines left over are
-reported when the run ends. ``--yes`` approves every call without asking.
+reported when the run ends; once stdin ends, calls that still wait (or
+come to wait) are denied "no answer (input ended)", so a run never hangs
+on a question nobody can answer. ``--yes`` approves every call without
+asking.
 
 ``ApprovalPrompt`` is an observer (it learns of waiting calls from
 ``on_approval_requested`` / ``on_approval_resolved``) and answers through
@@ -29,6 +32,8 @@ from loopctl.observers import ApprovalRequested, ApprovalResolved, Observer
 #: Who the record says answered, for each way of answering.
 BY_TERMINAL = "terminal"
 BY_YES = "--yes"
+#: The reason given to a call that waits after stdin ended.
+NO_ANSWER = "no answer (input ended)"
 
 
 def call_label(tool: str, arguments: Mapping[str, Any]) -> str:
@@ -64,6 +69,7 @@ class ApprovalPrompt(Observer):
         self._waiting: deque[tuple[str, str]] = deque()  # (call_id, label), oldest first
         self._labels: dict[str, str] = {}
         self._answers: deque[str] = deque()  # piped lines read before a call waited
+        self._eof = False  # stdin ended: nobody is left to answer
 
     # -- the run ---------------------------------------------------------------------
 
@@ -119,16 +125,22 @@ class ApprovalPrompt(Observer):
         self._apply()
         return True
 
+    def end_of_input(self) -> None:
+        """Stdin ended: calls waiting now or later are denied, since no answer can come."""
+        with self._lock:
+            self._eof = True
+        self._apply()
+
     def _apply(self) -> None:
         """Pair waiting calls with answers, oldest first (outside the lock to answer)."""
         while True:
             with self._lock:
                 handle = self._handle
-                if handle is None or not self._waiting or not self._answers:
+                if handle is None or not self._waiting or not (self._answers or self._eof):
                     return
                 call_id, _ = self._waiting.popleft()
-                text = self._answers.popleft()
-            approve, reason = parse_answer(text)
+                text = self._answers.popleft() if self._answers else None
+            approve, reason = parse_answer(text) if text is not None else (False, NO_ANSWER)
             by = BY_YES if self._auto_yes else BY_TERMINAL
             if approve:
                 handle.approve(call_id, by=by)

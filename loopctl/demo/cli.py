@@ -197,7 +197,9 @@ class Command:
         steering slot is not open yet) waits in a list that the first turn
         pushes.
         """
-        if line is not None and self._armed and self.approvals.take_line(line):
+        if line is None:
+            self.approvals.end_of_input()  # nobody is left to answer a waiting call
+        elif self._armed and self.approvals.take_line(line):
             return  # it answered a call waiting for approval
         with self._cond:
             is_guidance = line is not None and self._armed and self.steer_from_stdin
