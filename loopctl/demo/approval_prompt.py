@@ -80,12 +80,16 @@ class ApprovalPrompt(Observer):
         self._apply()
 
     def detach(self) -> list[str]:
-        """The run ended: forget it; return the piped answers nobody used."""
+        """The run ended: forget it; say (and return) the piped answers nobody used."""
         with self._lock:
             self._handle = None
             self._waiting.clear()
             self._labels.clear()
             unused, self._answers = list(self._answers), deque()
+        if unused:
+            self._say("answers not used (no call was waiting):")
+            for text in unused:
+                self._say(f"  - {printable(text)}")
         return unused
 
     # -- events ------------------------------------------------------------------------

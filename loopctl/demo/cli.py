@@ -291,7 +291,7 @@ class Command:
         finally:
             self._disarm()
             late = reader.stop() if reader is not None else []
-            unused = self.approvals.detach()
+            self.approvals.detach()  # says which piped answers no call used
             self.console.close()
         self.console.end_text()
         with self._cond:
@@ -307,10 +307,6 @@ class Command:
             self.note("guidance not delivered:" if error is not None
                       else "guidance not delivered (the run finished first):", "yellow")
             for msg in leftovers:
-                self.note(f"  - {printable(msg)}", "yellow")
-        if unused:
-            self.note("answers not used (no call was waiting):", "yellow")
-            for msg in unused:
                 self.note(f"  - {printable(msg)}", "yellow")
         if error is None and self.config.output_type is not None:
             value = json_form(run.output_value)
