@@ -274,6 +274,23 @@ class SteeringDelivered(Event):
     messages: tuple[Message, ...]
 
 
+@attrs.frozen
+class RunResumed(Event):
+    """A durable run continues from its last checkpoint (in place of ``run_start``).
+
+    ``attempt`` counts from 1 (the first resumption); ``cause`` says why the
+    run moved (its worker was lost, or it shut down and handed the run back);
+    ``turn`` is the turn the run continues at. Events of the earlier attempt
+    after its last checkpoint (a partial reply, tool calls whose results were
+    never committed) are superseded: the run does that work again.
+    """
+
+    TYPE: ClassVar[str] = "run_resumed"
+    attempt: int
+    cause: str
+    turn: int
+
+
 #: Observer method name for each event class.
 EVENT_METHODS: dict[type[Event], str] = {
     RunStart: "on_run_start",
@@ -297,6 +314,7 @@ EVENT_METHODS: dict[type[Event], str] = {
     LoopDetectedEvent: "on_loop_detected",
     ConvergenceDetected: "on_convergence_detected",
     SteeringDelivered: "on_steering",
+    RunResumed: "on_run_resumed",
 }
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.TYPE: cls for cls in EVENT_METHODS}
@@ -372,6 +390,9 @@ class Observer:
     def on_steering(self, event: SteeringDelivered) -> None:
         """Pushed guidance landed in the conversation."""
 
+    def on_run_resumed(self, event: RunResumed) -> None:
+        """A durable run continues on this worker from its last checkpoint."""
+
 
 class CallbackObserver(Observer):
     """An observer that hands every event to one callable (``fn(event)``)."""
@@ -397,6 +418,7 @@ __all__ = [
     "Response",
     "RetryScheduled",
     "RunEnd",
+    "RunResumed",
     "RunStart",
     "SteeringDelivered",
     "StreamFailure",

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import attrs
 
+from loopctl.driver.checkpoint import settle
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
@@ -118,8 +119,13 @@ class Dispatcher:
         if not calls:
             return []
         parallel = self.loop._run_config_now.parallel
+        loop = self.loop
         if parallel.mode == "sequential" or parallel.max_concurrency == 1 or len(calls) == 1:
-            return [self._run_one(rc, turn, _Call(c)) for c in calls]
+            out = []
+            for c in calls:
+                out.append(self._run_one(rc, turn, _Call(c)))
+                settle(loop, rc, out[-1:])
+            return out
         results: list[Optional[ToolResultPart]] = [None] * len(calls)
         for wave in self._plan_waves(calls, parallel.max_concurrency):
             self._check_cancel(rc)
@@ -129,6 +135,7 @@ class Dispatcher:
             else:
                 for i, r in zip(wave, self._run_wave(rc, turn, [calls[i] for i in wave])):
                     results[i] = r
+            settle(loop, rc, [results[i] for i in wave])
         return results  # type: ignore[return-value]
 
     def _check_cancel(self, rc: RunContext) -> None:

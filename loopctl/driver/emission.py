@@ -28,6 +28,7 @@ from loopctl.observers import (
     Response,
     RetryScheduled,
     RunEnd,
+    RunResumed,
     RunStart,
     SteeringDelivered,
     StreamFailure,
@@ -108,6 +109,12 @@ class Emitter:
         if self.wants(RunStart):
             self.emit(RunStart(self.session_id, self.run_id, input))
         if self.hooks is not None:
+            self.hooks.run_start(RunHookContext(self.session_id, self.run_id, input))
+
+    def run_resumed(self, input: str, attempt: int, cause: str, turn: int) -> None:
+        if self.wants(RunResumed):
+            self.emit(RunResumed(self.session_id, self.run_id, attempt, cause, turn))
+        if self.hooks is not None:  # this process never ran the run's start hooks
             self.hooks.run_start(RunHookContext(self.session_id, self.run_id, input))
 
     def run_end(

@@ -41,6 +41,10 @@ class RunContext:
         "tap",
         "thread",
         "context",
+        "checkpoint",
+        "resume",
+        "answered",
+        "base_epoch",
     )
 
     def __init__(self, run: Run, cancel: Any, waiter: bool, tap: Any = None) -> None:
@@ -58,6 +62,13 @@ class RunContext:
         self.tap = tap
         self.thread: Optional[threading.Thread] = None
         self.context: Optional[contextvars.Context] = None
+        # Durable runs (see checkpoint.py): the host's checkpoint sink, where
+        # the run resumes, the awaited wave's settled results, and the
+        # history epoch the host has committed.
+        self.checkpoint: Optional[Callable[[Any], None]] = None
+        self.resume: Any = None
+        self.answered: list[Any] = []
+        self.base_epoch = 0
 
     def unfenced(self) -> Unfenced:
         """A context manager that releases the fence around blocking work."""

@@ -30,6 +30,7 @@ from loopctl.context.tokens import (
     count_messages,
 )
 from loopctl.driver.builder import BuilderMixin
+from loopctl.driver.checkpoint import Checkpoint, ResumePoint, restore
 from loopctl.driver.compaction import run_compaction
 from loopctl.driver.dispatch import Dispatcher
 from loopctl.driver.emission import Emitter
@@ -184,16 +185,22 @@ class BareLoop(BuilderMixin, ViewsMixin):
         run_id: Optional[str] = None,
         *,
         tap: Optional[Callable[[Any], None]] = None,
+        checkpoint: Optional[Callable[[Checkpoint], None]] = None,
+        resume: Optional[ResumePoint] = None,
     ) -> RunHandle:
         """Start the run on a named worker thread and return its handle.
 
         Args:
             tap: receives every event of this run (used by ``RunRegistry``).
+            checkpoint: receives the run's resumable state at each turn
+                boundary, on the run's thread (used by durable registries).
+            resume: continue a run from a checkpoint instead of starting it
+                (``on_run_resumed`` in place of ``on_run_start``).
 
         Raises:
             LoopBusy: a run is already in flight on this loop.
         """
-        rc = self._launch(input, config, run_id, waiter=False, tap=tap)
+        rc = self._launch(input, config, run_id, waiter=False, tap=tap, checkpoint=checkpoint, resume=resume)
         return RunHandle(rc, lambda reason: self._cancel_run(rc, reason))
 
     def _launch(
@@ -203,6 +210,8 @@ class BareLoop(BuilderMixin, ViewsMixin):
         run_id: Optional[str],
         waiter: bool,
         tap: Optional[Callable[[Any], None]] = None,
+        checkpoint: Optional[Callable[[Checkpoint], None]] = None,
+        resume: Optional[ResumePoint] = None,
     ) -> RunContext:
         if not isinstance(input, str):
             raise TypeError(f"run input must be a str, got {type(input).__name__}")
@@ -218,6 +227,8 @@ class BareLoop(BuilderMixin, ViewsMixin):
             if self._active is not None:
                 raise LoopBusy(f"a run ({self._active.run.id}) is already in flight on this loop")
             rc = RunContext(run, self._cancel.view(), waiter, tap)
+            rc.checkpoint = checkpoint
+            rc.resume = resume
             self._active = rc
             self._started = True
             self._last_config = config
@@ -316,8 +327,15 @@ class BareLoop(BuilderMixin, ViewsMixin):
         em.run_id = run.id
         em.tap = rc.tap
         self._begin_run(run)
-        em.run_start(run.input)
-        m.accept_input(run.input)
+        rc.base_epoch = m.history_epoch
+        point = rc.resume
+        if point is None:
+            em.run_start(run.input)
+            m.accept_input(run.input)
+        else:
+            turn = point.checkpoint.turns_taken if point.checkpoint is not None else 0
+            em.run_resumed(run.input, point.attempt, point.cause, turn)
+            restore(self, rc, point)
         self._steering._open_slot()
         policy = self._policy()
         cancel = rc.cancel

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from loopctl.context.tokens import count_messages
+from loopctl.driver.checkpoint import take_checkpoint
 from loopctl.driver.llm_turn import build_request, call_model, gather_transients, turn_query
 from loopctl.errors import (
     Cancelled,
@@ -111,6 +112,9 @@ def handle_call_llm(loop: BareLoop, rc: RunContext, turn: int, policy: MachinePo
     loop._llm_phase = (in_tok, out_tok, response.stop_reason)
     loop._open_phase = None
     em.turn_end(turn, "llm", True, None, _ms(t0), in_tok, out_tok, response.stop_reason, figure_after, loop._window())
+    if rc.checkpoint is not None:
+        rc.answered = []
+        take_checkpoint(loop, rc, "model")
 
 def route_model(loop: BareLoop) -> None:
     fb = loop._fallback
@@ -188,6 +192,7 @@ def handle_call_tools(loop: BareLoop, rc: RunContext, step: CallTools) -> None:
     m.set_context_tokens(figure)
     loop._open_phase = None
     em.turn_end(turn, "tools", True, None, ms, in_tok, out_tok, stop, figure, loop._window())
+    take_checkpoint(loop, rc, "tools")
 
 
 __all__ = ["handle_call_llm", "handle_call_tools"]

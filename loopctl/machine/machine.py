@@ -5,7 +5,8 @@ Rules it keeps:
 2. ``next_step`` only reports; asked twice with no feed between, it answers
    the same. Every other public method that is not a property mutates.
 3. Terminal is forever: feeds after it are no-ops, except ``accept_input``
-   (the next run), ``commit_pending`` and ``discard_pending`` (finalize).
+   and ``resume`` (the next run), ``commit_pending`` and ``discard_pending``
+   (finalize).
 4. History (the committed notebook) changes only through ``commit_pending``
    and ``compaction_result``; a run's messages live in pending until then.
 5. A tool result never precedes its call: steering injected while tools
@@ -14,7 +15,7 @@ Rules it keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Optional, Union, overload
 
 from loopctl.errors import ContextExceeded, LoopError
@@ -276,6 +277,37 @@ class LoopMachine:
         self._cancelled = False
         self._pending_tools = ()
         self._compact_reason = None
+
+    def resume(
+        self, pending: Iterable[Message], turns_taken: int, answered: Mapping[str, ToolResultPart]
+    ) -> None:
+        """Continue a run from a checkpoint (mutates): pending and the turn count restored.
+
+        ``pending`` is the run's messages so far (its input first). When it
+        ends with the model's tool calls, the machine awaits their results;
+        a call with an entry in ``answered`` is pre-answered with it and
+        never dispatched. History is untouched; estimate and cancel reset.
+
+        Raises:
+            ValueError: an empty ``pending``, a negative ``turns_taken``, or
+                an answer for a call the last message did not make.
+        """
+        msgs = list(pending)
+        if not msgs or turns_taken < 0:
+            raise ValueError(f"resume needs pending messages and turns >= 0, got {len(msgs)}, {turns_taken}")
+        self.accept_input("")
+        self._pending = msgs
+        self._turns_taken = turns_taken
+        last = msgs[-1]
+        calls = last.tool_calls if last.role == "assistant" else []
+        ids = {c.id for c in calls}
+        stray = [k for k in answered if k not in ids]
+        if stray:
+            raise ValueError(f"resume: answers for call ids the last message did not make: {stray!r}")
+        if calls:
+            self._pending_tools = tuple(PendingToolCall(c, answered.get(c.id)) for c in calls)
+            self._tool_turn = max(0, turns_taken - 1)
+            self._state = MachineState.AWAITING_TOOLS
 
     def model_response(
         self, response: ModelResponse, context_tokens: int, available_tools: Iterable[str]

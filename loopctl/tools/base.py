@@ -150,6 +150,7 @@ class Tool:
     (a JSON Schema object) and ``call(input, ctx)``. Optional knobs:
     ``concurrency_safe`` (may overlap other calls in a parallel wave),
     ``read_only`` (informational; permission policies may use it),
+    ``idempotent`` (a durable run may run a call again after a worker loss),
     ``timeout`` (seconds; enforced by the dispatcher, see
     ``loopctl.tools.timeout``), and the per-call ``is_concurrency_safe`` /
     ``resource_key`` overrides. ``call`` runs on a worker thread when calls
@@ -160,6 +161,7 @@ class Tool:
     description: str = ""
     concurrency_safe: bool = False
     read_only: bool = False
+    idempotent: bool = False
     timeout: Optional[float] = None
 
     def input_schema(self) -> Mapping[str, Any]:

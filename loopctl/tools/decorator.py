@@ -64,6 +64,7 @@ class FunctionTool(Tool):
         read_only: bool = False,
         resource_key: Optional[ResourceKey] = None,
         timeout: Optional[float] = None,
+        idempotent: bool = False,
         localns: Optional[Mapping[str, Any]] = None,
     ) -> None:
         if not callable(func):
@@ -86,6 +87,7 @@ class FunctionTool(Tool):
             raise ConfigError(f"{where}: resource_key must be a str or a callable(input), got {resource_key!r:.80}")
         self.concurrency_safe = bool(concurrency_safe)
         self.read_only = bool(read_only)
+        self.idempotent = bool(idempotent)
         self.timeout = float(timeout) if timeout is not None else None
         self._resource_key = resource_key
         self.func = func
@@ -247,6 +249,7 @@ def tool(
     read_only: bool = False,
     resource_key: Optional[ResourceKey] = None,
     timeout: Optional[float] = None,
+    idempotent: bool = False,
 ) -> Callable[[F], FunctionTool]: ...
 
 
@@ -259,6 +262,7 @@ def tool(
     read_only: bool = False,
     resource_key: Optional[ResourceKey] = None,
     timeout: Optional[float] = None,
+    idempotent: bool = False,
 ) -> Any:
     """Turn a typed, documented function into a ``Tool``.
 
@@ -273,6 +277,10 @@ def tool(
         resource_key: calls sharing this key never run in the same wave; a
             str, or a callable ``(input) -> Optional[str]``.
         timeout: seconds after which a call gives up with a soft timeout error.
+        idempotent: running a call twice has the effect of running it once, so
+            a durable run (``CeleryRunRegistry(resume=...)``) may run again a
+            call its lost worker had in flight; otherwise that call comes back
+            to the model as an "interrupted, effect unknown" error result.
 
     Raises:
         ConfigError: an unsupported or missing annotation, no description,
@@ -285,6 +293,7 @@ def tool(
         read_only=read_only,
         resource_key=resource_key,
         timeout=timeout,
+        idempotent=idempotent,
     )
     if func is not None:
         return FunctionTool(func, localns=_caller_locals(), **options)  # type: ignore[arg-type]
