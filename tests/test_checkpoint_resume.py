@@ -14,7 +14,6 @@ from loopctl.driver.checkpoint import INTERRUPTED, Checkpoint, ResumePoint
 from loopctl.hosting.serialization import event_to_dict
 from loopctl.observers import RunResumed, RunStart
 from loopctl.testing import ScriptedClient, call, calls, reply
-
 from tests.support import Recorder
 
 RUNS: List[str] = []
