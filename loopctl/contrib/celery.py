@@ -59,6 +59,7 @@ Example (``agents.py``, imported by the web processes and by
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import socket
@@ -85,13 +86,19 @@ from .celery_redis import (
     run_from_fields,
     status_from_fields,
 )
-from .celery_worker import WorkerSettings, execute_run
+from .celery_sweeper import Sweeper
+from .celery_worker import WorkerHost, WorkerSettings, execute_run
 
 TASK_NAME = "loopctl.contrib.celery.execute_run"
+
+log = logging.getLogger("loopctl")
 
 _REGISTRIES: weakref.WeakValueDictionary[str, CeleryRunRegistry] = weakref.WeakValueDictionary()
 _TASKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _TASKS_LOCK = threading.Lock()
+
+
+RESUME_MODES = ("on_worker_loss", "never")
 
 
 def _execute_task(run_id: str, prefix: str, conversation: str) -> str:
@@ -106,8 +113,58 @@ def _execute_task(run_id: str, prefix: str, conversation: str) -> str:
     return reg.execute(run_id, conversation)
 
 
+def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """Celery ``task_received``: note which worker process holds a run's message."""
+    if request is None or getattr(request, "name", None) != TASK_NAME:
+        return
+    kwargs = getattr(request, "kwargs", None) or {}
+    reg = _REGISTRIES.get(str(kwargs.get("prefix", "")))
+    if reg is not None and kwargs.get("run_id"):
+        try:
+            reg.reserved(str(kwargs["run_id"]))
+        except LoopError as exc:  # the sweepers resend it once this worker is gone
+            log.warning("could not note the reservation of run %s: %s", kwargs["run_id"], exc)
+
+
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    """Celery ``worker_ready``: start the sweepers of this app's registries."""
+    app = getattr(sender, "app", None)
+    for reg in list(_REGISTRIES.values()):
+        if reg._app is app:
+            reg.start_sweeper()
+
+
+def _on_worker_shutting_down(how: Any = None, **_: Any) -> None:
+    """Celery ``worker_shutting_down`` (in a signal handler: only flags): drain on a warm one."""
+    if how == "Warm":
+        for reg in list(_REGISTRIES.values()):
+            reg.drain()
+
+
+def _on_worker_shutdown(**_: Any) -> None:
+    """Celery ``worker_shutdown``: stop the sweepers."""
+    for reg in list(_REGISTRIES.values()):
+        reg.stop_sweeper()
+
+
+_SIGNALS_CONNECTED: List[bool] = []
+
+
+def _connect_signals() -> None:
+    if _SIGNALS_CONNECTED:
+        return
+    from celery import signals
+
+    signals.task_received.connect(_on_task_received, weak=False)
+    signals.worker_ready.connect(_on_worker_ready, weak=False)
+    signals.worker_shutting_down.connect(_on_worker_shutting_down, weak=False)
+    signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)
+    _SIGNALS_CONNECTED.append(True)
+
+
 def _task_for(app: Any) -> Any:
     with _TASKS_LOCK:
+        _connect_signals()
         task = _TASKS.get(app)
         if task is None:
             task = app.task(
@@ -135,6 +192,20 @@ def _factory_spec(factory: Union[str, Callable[..., Any]]) -> str:
     raise ConfigError(
         f"loop_factory must be 'pkg.module:factory' or a module-level function, got {factory!r:.80}"
     )
+
+
+def _resume_mode(value: Any) -> str:
+    if value is None or value == "never":
+        return ""
+    if value == "on_worker_loss":
+        return "on_worker_loss"
+    raise ConfigError(f"CeleryRunRegistry resume must be None, 'on_worker_loss' or 'never', got {value!r}")
+
+
+def _max_resumes(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"CeleryRunRegistry max_resumes must be an int >= 0, got {value!r}")
+    return value
 
 
 def _number(name: str, value: Any, minimum: float) -> float:
@@ -167,6 +238,15 @@ class CeleryRunRegistry:
         queue_timeout: seconds a queued run holds its conversation's lock
             before a worker must have picked it up.
         socket_timeout: seconds for connecting to Redis and for each reply.
+        resume: ``"on_worker_loss"`` makes runs durable: checkpointed at each
+            turn boundary, resumed on another worker after a worker loss, handed
+            back on a warm shutdown. None (or ``"never"``): at most once, a lost
+            worker fails its run (``WorkerLost``). ``start`` may override it.
+        max_resumes: worker losses a durable run survives; one more fails it
+            with ``WorkerLost``. Hand-backs on shutdown do not count.
+        drain_timeout: seconds a draining worker (warm shutdown) waits for a
+            durable run to reach a turn boundary before handing it back from
+            its last checkpoint.
 
     Raises:
         ConfigError: a bad argument (the message names it and its value).
@@ -187,6 +267,9 @@ class CeleryRunRegistry:
         heartbeat_ttl: float = 5.0,
         queue_timeout: float = 3600,
         socket_timeout: float = 5.0,
+        resume: Optional[str] = None,
+        max_resumes: int = 3,
+        drain_timeout: float = 30.0,
     ) -> None:
         if not isinstance(redis_url, str) or not redis_url:
             raise ConfigError(f"CeleryRunRegistry redis_url must be a non-empty str, got {type(redis_url).__name__}")
@@ -206,6 +289,9 @@ class CeleryRunRegistry:
             )
         qtimeout = _number("queue_timeout", queue_timeout, 0.001)
         stimeout = _number("socket_timeout", socket_timeout, 0.01)
+        self._resume = _resume_mode(resume)
+        self._max_resumes = _max_resumes(max_resumes)
+        drain = _number("drain_timeout", drain_timeout, 0.0)
         self._factory = _factory_spec(loop_factory)
         self._app = app
         self._prefix = prefix
@@ -215,6 +301,12 @@ class CeleryRunRegistry:
         self._slice = max(0.05, min(1.0, ttl / 4))
         self._backend = RedisBackend(redis_url, prefix, event_buffer, keep, stimeout, self._slice)
         self._task = _task_for(app)
+        self._worker = f"{socket.gethostname()}:{os.getpid()}"
+        self._host = WorkerHost(drain, self._kick)
+        self._sweeper = Sweeper(
+            self._backend, self._send, self._worker, interval, self._settings.ttl_ms,
+            f"loopctl-celery-sweeper-{prefix}",
+        )
         _REGISTRIES[prefix] = self
 
     # -- starting ----------------------------------------------------------------------
@@ -225,6 +317,9 @@ class CeleryRunRegistry:
         input: str,
         config: Optional[RunConfig] = None,
         run_id: Optional[str] = None,
+        *,
+        resume: Optional[str] = None,
+        max_resumes: Optional[int] = None,
     ) -> str:
         """Queue a run of the conversation on the workers.
 
@@ -233,6 +328,9 @@ class CeleryRunRegistry:
             input: the user's input.
             config: the run's configuration.
             run_id: the id to use (default: a fresh uuid hex).
+            resume: this run's ``resume`` (``"on_worker_loss"`` or
+                ``"never"``; default: the registry's).
+            max_resumes: this run's ``max_resumes`` (default: the registry's).
 
         Returns:
             The run's id (its ``Run.id`` on the worker).
@@ -252,24 +350,20 @@ class CeleryRunRegistry:
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
+        mode = self._resume if resume is None else _resume_mode(resume)
+        bound = self._max_resumes if max_resumes is None else _max_resumes(max_resumes)
         cfg = dumps(config.to_dict()) if config is not None else ""
-        res = self._backend.start(rid, conversation, input, cfg, self._factory, self._queue_ms)
+        res = self._backend.start(
+            rid, conversation, input, cfg, self._factory, self._queue_ms, mode, bound, self._queue or ""
+        )
         if res[0] == "dup":
             raise LoopError(f"run id {rid!r} is already registered")
         if res[0] == "busy":
             raise LoopBusy(
                 f"conversation {conversation!r} already has a run in flight ({res[1]}); run not started"
             )
-        options: Dict[str, Any] = {
-            "kwargs": {"run_id": rid, "prefix": self._prefix, "conversation": conversation},
-            "task_id": rid,
-            "retry": True,
-            "retry_policy": {"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
-        }
-        if self._queue is not None:
-            options["queue"] = self._queue
         try:
-            self._task.apply_async(**options)
+            self._send(rid, conversation, self._queue)
         except Exception as exc:
             text = f"could not enqueue run {rid} on the Celery broker: {type(exc).__name__}"
             try:
@@ -278,6 +372,18 @@ class CeleryRunRegistry:
                 pass  # the lock expires after queue_timeout
             raise RegistryUnavailable(text) from exc
         return rid
+
+    def _send(self, run_id: str, conversation: str, queue: Optional[str]) -> None:
+        """Send the run's task message (a duplicate is harmless: claims are atomic)."""
+        options: Dict[str, Any] = {
+            "kwargs": {"run_id": run_id, "prefix": self._prefix, "conversation": conversation},
+            "task_id": run_id,
+            "retry": True,
+            "retry_policy": {"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
+        }
+        if queue:
+            options["queue"] = queue
+        self._task.apply_async(**options)
 
     # -- driving a run ---------------------------------------------------------------------
 
@@ -444,8 +550,31 @@ class CeleryRunRegistry:
             What happened: ``"skipped"``, ``"completed"``, ``"cancelled"``,
             ``"failed"`` or ``"lost"``.
         """
-        worker = f"{socket.gethostname()}:{os.getpid()}"
-        return execute_run(self._backend, run_id, conversation, self._settings, worker)
+        if self._host.draining.is_set():  # shutting down: leave it to another worker
+            self._backend.resend_soon(run_id)
+            self._kick()
+            return "skipped"
+        return execute_run(self._backend, run_id, conversation, self._settings, self._worker, self._host)
+
+    def reserved(self, run_id: str) -> None:
+        """The run's task message reached this worker process (Celery's ``task_received``)."""
+        self._sweeper.reserved(run_id)
+
+    def start_sweeper(self) -> None:
+        """Start this process's sweeper (a Celery worker does it when it is ready; see
+        ``celery_sweeper``)."""
+        self._sweeper.start()
+
+    def stop_sweeper(self) -> None:
+        """Stop and join this process's sweeper (idempotent)."""
+        self._sweeper.stop()
+
+    def drain(self) -> None:
+        """Warm shutdown: hand durable runs back at their next boundary; claim no new ones."""
+        self._host.draining.set()
+
+    def _kick(self) -> None:
+        self._sweeper.step()
 
     # -- housekeeping ----------------------------------------------------------------------------
 

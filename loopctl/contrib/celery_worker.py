@@ -30,6 +30,18 @@
 If the heartbeat lapses (the process was killed, or stalled longer than the
 TTL), any reader declares the run failed ("worker lost") and this worker's
 later writes are refused; it then cancels its local run.
+
+A durable run (``resume="on_worker_loss"``) differs in three places. The
+loop hands its state to ``Checkpointer`` at each turn boundary, and the
+events thread writes that checkpoint in the same script as the events
+before it. A lapsed heartbeat puts the run back on the queue instead of
+failing it (the sweepers send its task message again), and the claim that
+picks it up gets the checkpoint: the loop is built from the same committed
+history, restored through ``BareLoop.start(resume=...)``, its events numbered
+on from the stream's last seq after a ``run_resumed`` event, and the steers
+the checkpoint had not delivered are fed again. On a warm shutdown
+(``WorkerHost.draining``) the run is handed back at its next boundary, or
+from its last checkpoint once ``drain_timeout`` has passed.
 """
 
 from __future__ import annotations
@@ -45,13 +57,19 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import attrs
 
 from loopctl.config import RunConfig
+from loopctl.driver.checkpoint import Checkpoint, ResumePoint
 from loopctl.driver.handle import RunHandle
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
-from loopctl.hosting.serialization import history_from_dict, history_to_dict, message_from_dict
+from loopctl.hosting.serialization import (
+    history_from_dict,
+    history_to_dict,
+    message_from_dict,
+    message_to_dict,
+)
 from loopctl.messages import Message
-from loopctl.observers import Event, RunEnd
-from loopctl.records import Run
+from loopctl.observers import Event, RunEnd, SteeringDelivered
+from loopctl.records import Run, Turn
 
 from .celery_bridge import Bridge, SteerFeed
 from .celery_redis import Claim, RedisBackend, RegistryUnavailable, dumps
@@ -77,6 +95,63 @@ class WorkerSettings:
         return max(1, int(self.heartbeat_ttl * 1000))
 
 
+#: The cause a run handed back on a warm shutdown shows in ``run_resumed``.
+HANDED_BACK = "the worker shut down and handed the run back"
+
+
+class WorkerHost:
+    """What a worker process offers its runs: the drain switch and a prompt resend.
+
+    Attributes:
+        draining: set on a warm shutdown; durable runs are handed back.
+        drain_timeout: seconds a run may take to reach a boundary once draining.
+    """
+
+    def __init__(self, drain_timeout: float, kick: Callable[[], None]) -> None:
+        self.draining = threading.Event()
+        self.drain_timeout = drain_timeout
+        self._kick = kick
+
+    def kick(self) -> None:
+        """Send the outbox's due task messages now (after a handback)."""
+        self._kick()
+
+
+def checkpoint_to_json(cp: Checkpoint, steers: int, clean: bool = False) -> str:
+    """A checkpoint as JSON, with the count of steers it has delivered.
+
+    ``clean``: the run stops right here (handed back), nothing runs after it.
+    """
+    return dumps(
+        {
+            "clean": clean,
+            "after": cp.after,
+            "pending": history_to_dict(cp.pending),
+            "turns_taken": cp.turns_taken,
+            "turns": [t.to_dict() for t in cp.turns],
+            "answered": message_to_dict(Message.from_tool_results(cp.answered)) if cp.answered else None,
+            "history": history_to_dict(cp.history) if cp.history is not None else None,
+            "steers": steers,
+        }
+    )
+
+
+def checkpoint_from_json(text: str) -> Tuple[Checkpoint, int, bool]:
+    """The checkpoint, its delivered-steer count and clean flag (``checkpoint_to_json`` reversed)."""
+    data = json.loads(text)
+    answered = message_from_dict(data["answered"]).tool_results if data.get("answered") else []
+    history = history_from_dict(data["history"]) if data.get("history") is not None else None
+    cp = Checkpoint(
+        str(data["after"]),
+        tuple(history_from_dict(data["pending"])),
+        int(data["turns_taken"]),
+        tuple(Turn.from_dict(t) for t in data["turns"]),
+        tuple(answered),
+        tuple(history) if history is not None else None,
+    )
+    return cp, int(data.get("steers") or 0), bool(data.get("clean"))
+
+
 def resolve_factory(spec: str) -> Callable[..., Any]:
     """Import ``"pkg.module:attr"`` (``attr`` may be dotted).
 
@@ -100,14 +175,19 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
 class EventWriter:
     """The run's events thread: heartbeats and batched event appends."""
 
-    def __init__(self, backend: RedisBackend, run_id: str, token: str, settings: WorkerSettings) -> None:
+    def __init__(
+        self, backend: RedisBackend, run_id: str, token: str, settings: WorkerSettings, first_seq: int = 0
+    ) -> None:
         self._backend = backend
         self._run_id = run_id
         self._token = token
         self._settings = settings
         self._cond = threading.Condition(threading.Lock())
         self._queue: List[Tuple[int, Event]] = []
-        self._seq = 0
+        self._seq = first_seq  # a resumed run numbers on from the stream's last event
+        self._ckpt: Optional[Tuple[str, int]] = None  # (json, seq): written with the events before it
+        self._sealed = False
+        self.delivered = 0  # steering messages drained into the conversation by this attempt
         self._stopping = False
         self._handle: Optional[RunHandle] = None
         self.session_id = ""
@@ -125,10 +205,12 @@ class EventWriter:
     def tap(self, event: Event) -> None:
         """The run's tap (its thread): number, append, notify."""
         with self._cond:
-            if self.end is not None:
-                return  # run_end is the last event
+            if self.end is not None or self._sealed:
+                return  # run_end is the last event; a handed-back run writes no more
             self._seq += 1
             self.session_id = event.session_id
+            if type(event) is SteeringDelivered:
+                self.delivered += len(event.messages)
             if type(event) is RunEnd:
                 self.end = (self._seq, event.to_dict())
             else:
@@ -139,6 +221,19 @@ class EventWriter:
                 if len(q) > 1:
                     return  # the writer was already told (it lingers to batch)
             self._cond.notify()
+
+    def checkpoint(self, text: str) -> None:
+        """Queue a checkpoint (the run's thread); it lands with the events before it."""
+        with self._cond:
+            if self._sealed:
+                return
+            self._ckpt = (text, self._seq)
+            self._cond.notify()
+
+    def seal(self) -> None:
+        """Write nothing the run emits from now on (it is being handed back)."""
+        with self._cond:
+            self._sealed = True
 
     @property
     def seq(self) -> int:
@@ -185,7 +280,7 @@ class EventWriter:
         failures = 0
         while True:
             with self._cond:
-                while not self._queue and not self._stopping:
+                while not self._queue and self._ckpt is None and not self._stopping:
                     left = next_beat - time.monotonic()
                     if left <= 0:
                         break
@@ -193,12 +288,13 @@ class EventWriter:
                 if self._queue and not self._stopping and LINGER_S > 0:
                     self._cond.wait(LINGER_S)  # let a burst collect into one round trip
                 batch, self._queue = self._queue, []
+                ckpt, self._ckpt = self._ckpt, None
                 stopping = self._stopping
             ok = True
-            if batch and not self.lost:
+            if (batch or ckpt is not None) and not self.lost:
                 try:
                     data = [(seq, dumps(ev.to_dict())) for seq, ev in batch]
-                    if not self._backend.append(self._run_id, self._token, self.progress(), data):
+                    if not self._backend.append(self._run_id, self._token, self.progress(), data, ckpt):
                         self._fenced_out()
                     failures = 0
                 except RegistryUnavailable as exc:
@@ -208,6 +304,8 @@ class EventWriter:
                     with self._cond:  # keep them, in order, for the next try
                         self._queue[:0] = batch
                         del self._queue[: max(0, len(self._queue) - self._settings.event_buffer)]
+                        if self._ckpt is None:
+                            self._ckpt = ckpt
             if not stopping and time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + interval
                 if not self.lost:
@@ -227,8 +325,13 @@ class EventWriter:
                     self._cond.wait(min(interval, 0.2))
 
 
-def _build_loop(claim: Claim, conversation: str) -> Tuple[BareLoop, SteerFeed]:
-    history = history_from_dict(json.loads(claim.history)) if claim.history else []
+def _build_loop(
+    claim: Claim, conversation: str, saved: Optional[Checkpoint], steer_base: int
+) -> Tuple[BareLoop, SteerFeed]:
+    if saved is not None and saved.history is not None:
+        history = list(saved.history)  # the run compacted: its own history goes on
+    else:
+        history = history_from_dict(json.loads(claim.history)) if claim.history else []
     factory = resolve_factory(claim.factory)
     loop = factory(conversation, list(history))
     if not isinstance(loop, BareLoop):
@@ -242,7 +345,7 @@ def _build_loop(claim: Claim, conversation: str) -> Tuple[BareLoop, SteerFeed]:
                 f"({len(history)} messages); build the loop with "
                 "BareLoop.from_history(client, tools, config, history)"
             )
-        pending = [message_from_dict(json.loads(s)) for s in claim.steers]
+        pending = [message_from_dict(json.loads(s)) for s in claim.steers[steer_base:]]
         feed = SteerFeed(loop.steering(), pending)
         loop.add_contributor(feed)
     except BaseException:
@@ -252,13 +355,19 @@ def _build_loop(claim: Claim, conversation: str) -> Tuple[BareLoop, SteerFeed]:
 
 
 def execute_run(
-    backend: RedisBackend, run_id: str, conversation: str, settings: WorkerSettings, worker: str
+    backend: RedisBackend,
+    run_id: str,
+    conversation: str,
+    settings: WorkerSettings,
+    worker: str,
+    host: Optional[WorkerHost] = None,
 ) -> str:
     """Claim and execute one queued run here; returns what happened (for logs).
 
     Returns:
         ``"skipped"`` (not queued any more), ``"completed"``, ``"cancelled"``,
-        ``"failed"``, or ``"lost"`` (fenced out: another process declared it lost).
+        ``"failed"``, ``"lost"`` (fenced out: another process declared it
+        lost), or ``"handed back"`` (a warm shutdown requeued it).
 
     Raises:
         RegistryUnavailable: Redis failed before the run was claimed.
@@ -274,20 +383,31 @@ def execute_run(
         bridge.close()
         return "skipped"
     bridge.cursor = len(claim.steers)
-    writer = EventWriter(backend, run_id, token, attrs.evolve(settings, event_buffer=claim.event_buffer))
+    durable = claim.resume == "on_worker_loss"
+    saved: Optional[Checkpoint] = None
+    steer_base = 0
+    clean = False
+    writer = EventWriter(
+        backend, run_id, token, attrs.evolve(settings, event_buffer=claim.event_buffer), claim.seq
+    )
     writer.start()
     loop: Optional[BareLoop] = None
     feed: Optional[SteerFeed] = None
     handle: Optional[RunHandle] = None
     config: Optional[RunConfig] = None
     setup_error: Optional[LoopError] = None
+    handed = threading.Event()
     try:
         try:
+            if claim.checkpoint:
+                saved, steer_base, clean = checkpoint_from_json(claim.checkpoint)
             config = RunConfig.from_dict(json.loads(claim.config)) if claim.config else None
-            loop, feed = _build_loop(claim, conversation)
+            loop, feed = _build_loop(claim, conversation, saved, steer_base)
             if claim.cancel:
                 loop.cancel(claim.reason)  # ends this run, without a model call
-            handle = loop.start(claim.input, config, run_id, tap=writer.tap)
+            sink = _checkpointer(loop, writer, steer_base, host, handed) if durable else None
+            point = ResumePoint(saved, claim.resumes, claim.cause, clean) if claim.resumes > 0 else None
+            handle = loop.start(claim.input, config, run_id, tap=writer.tap, checkpoint=sink, resume=point)
         except Exception as exc:
             msg = f"could not start the run: {type(exc).__name__}: {exc}"
             setup_error = exc if isinstance(exc, LoopError) else LoopError(msg)
@@ -299,11 +419,16 @@ def execute_run(
             writer.attach(handle)
             bridge.start(handle, feed)
             writer.on_beat = bridge.poke
-            handle.wait()
+            if durable and host is not None:
+                _wait_or_drain(handle, writer, host, handed)
+            else:
+                handle.wait()
     finally:
         writer.stop()
         bridge.stop()
     try:
+        if handed.is_set():
+            return _hand_back(backend, run_id, token, writer, host)
         if handle is not None:
             run = handle.record
         else:
@@ -314,15 +439,69 @@ def execute_run(
         if feed is not None:
             left = [dumps(m.to_dict()) for m in feed.leftovers()]
         else:  # never built: the steers taken with the claim go back as they came
-            left = list(claim.steers)
+            left = list(claim.steers[steer_base:])
         history = loop.conversation() if loop is not None and run.stop_reason is None else None
         fields = _end_fields(run, writer, bridge.cursor, session, history, handle is not None)
+        fields[-1] = repr(claim.started_at)  # a resumed run keeps its first start
         if writer.lost:
             return "lost"
         return _finish(backend, run_id, token, fields, left)
     finally:
         if loop is not None:
             loop.close()
+
+
+def _checkpointer(
+    loop: BareLoop, writer: EventWriter, steer_base: int, host: Optional[WorkerHost], handed: threading.Event
+) -> Callable[[Checkpoint], None]:
+    """The run's checkpoint sink (its thread): queue the state; hand back if draining."""
+
+    def sink(cp: Checkpoint) -> None:
+        hand = host is not None and host.draining.is_set() and not handed.is_set()
+        writer.checkpoint(checkpoint_to_json(cp, steer_base + writer.delivered, clean=hand))
+        if hand:
+            writer.seal()  # nothing after this boundary reaches the stream
+            handed.set()
+            # On this thread, before the run's next step: no tool starts after the checkpoint.
+            loop.cancel(HANDED_BACK)
+
+    return sink
+
+
+def _wait_or_drain(handle: RunHandle, writer: EventWriter, host: WorkerHost, handed: threading.Event) -> None:
+    """Wait for the run; on a warm shutdown, stop it at a boundary (or at the drain deadline)."""
+    deadline: Optional[float] = None
+    while not handle.wait(0.05):
+        if not host.draining.is_set():
+            continue
+        now = time.monotonic()
+        if deadline is None:
+            deadline = now + host.drain_timeout
+        if not handed.is_set() and now >= deadline:
+            writer.seal()  # no boundary in time: back from the last committed checkpoint
+            handed.set()
+        if handed.is_set():
+            handle.cancel(HANDED_BACK)
+            handle.wait()
+            return
+
+
+def _hand_back(
+    backend: RedisBackend, run_id: str, token: str, writer: EventWriter, host: Optional[WorkerHost]
+) -> str:
+    if writer.lost:
+        return "lost"
+    try:
+        got = backend.handback(run_id, token, HANDED_BACK)
+    except RegistryUnavailable as exc:  # the heartbeat lapses: it is resumed as lost
+        log.warning("run %s: could not hand the run back: %s", run_id, exc)
+        return "lost"
+    if got == 1 and host is not None:
+        try:
+            host.kick()
+        except Exception:  # the sweepers send it within their interval
+            log.warning("run %s: could not resend the handed-back run at once", run_id, exc_info=True)
+    return {0: "lost", 1: "handed back", 2: "cancelled", 3: "failed"}.get(got, "lost")
 
 
 def _end_fields(
@@ -379,4 +558,13 @@ def _finish(backend: RedisBackend, run_id: str, token: str, fields: List[Any], l
     return "lost"
 
 
-__all__ = ["EventWriter", "WorkerSettings", "execute_run", "resolve_factory"]
+__all__ = [
+    "HANDED_BACK",
+    "EventWriter",
+    "WorkerHost",
+    "WorkerSettings",
+    "checkpoint_from_json",
+    "checkpoint_to_json",
+    "execute_run",
+    "resolve_factory",
+]

@@ -65,11 +65,14 @@ class ResumePoint:
         checkpoint: the last committed checkpoint (None: from the input).
         attempt: 1 for the first resumption.
         cause: why the run moved (shown in the ``run_resumed`` event).
+        clean: the run stopped right at that checkpoint (handed back), so no
+            call of the awaited wave had started: they all run.
     """
 
     checkpoint: Optional[Checkpoint]
     attempt: int
     cause: str
+    clean: bool = False
 
 
 def take_checkpoint(loop: BareLoop, rc: RunContext, after: str) -> None:
@@ -121,7 +124,7 @@ def restore(loop: BareLoop, rc: RunContext, point: ResumePoint) -> None:
                 answered[c.id] = settled[c.id]
             elif c.name not in names:
                 answered[c.id] = ToolResultPart(c.id, c.name, f"tool '{c.name}' is not available", True)
-            elif not getattr(loop._tools.get(c.name), "idempotent", False):
+            elif not point.clean and not getattr(loop._tools.get(c.name), "idempotent", False):
                 answered[c.id] = ToolResultPart(c.id, c.name, f"tool '{c.name}': {INTERRUPTED}", True)
     # A checkpoint's own history (after a compaction) reached the loop through
     # the host's factory; later checkpoints must carry it again.

@@ -68,6 +68,9 @@ class RunStatus:
         output_tokens: output tokens reported so far.
         started_at: wall-clock start (``time.time()``).
         ended_at: wall-clock end, None while running.
+        resumes: times the run moved to another worker and continued from
+            its last checkpoint (durable runs of ``CeleryRunRegistry``).
+        resume_cause: why it last moved (None if it never did).
     """
 
     run_id: str
@@ -80,6 +83,8 @@ class RunStatus:
     output_tokens: int
     started_at: float
     ended_at: Optional[float]
+    resumes: int = 0
+    resume_cause: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-safe dict of the fields."""

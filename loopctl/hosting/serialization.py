@@ -221,13 +221,13 @@ def status_from_dict(data: Mapping[str, Any]) -> Any:
 
     data = _mapping(data, "run status")
     _check_version(data, "run status")
-    names = [f.name for f in attrs.fields(RunStatus)]
-    missing = [n for n in names if n not in data]
+    fields = attrs.fields(RunStatus)
+    missing = [f.name for f in fields if f.default is attrs.NOTHING and f.name not in data]
     if missing:
         raise SchemaError(f"run status is missing {', '.join(map(repr, missing))}")
     if data["state"] not in _RUN_STATES:
         raise SchemaError(f"unknown run state {data['state']!r}: expected one of {_RUN_STATES}")
-    return RunStatus(**{n: data[n] for n in names})
+    return RunStatus(**{f.name: data[f.name] for f in fields if f.name in data})
 
 
 # -- the envelope -----------------------------------------------------------------------------
