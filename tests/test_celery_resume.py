@@ -432,7 +432,15 @@ def test_soak_runs_survive_random_kill9s_with_no_duplicates_and_no_reruns(three_
     thread = threading.Thread(target=chaos, name="test-chaos")
     thread.start()
     try:
-        outputs = {rid: reg.result(rid, timeout=120).output for rid in tags}
+        outputs = {}
+        for rid in tags:
+            try:
+                outputs[rid] = reg.result(rid, timeout=120).output
+            except TimeoutError:
+                fields = c.sig.hgetall(f"loopctl:run:{rid}")
+                fields.pop("ckpt", None)
+                outbox = c.sig.zscore("loopctl:outbox", rid)
+                raise AssertionError(f"run {rid} stuck: {fields} outbox={outbox}") from None
     finally:
         done.set()
         thread.join(30)

@@ -60,6 +60,9 @@ from loopctl.records import Run
 from . import celery_scripts as lua
 
 TERMINAL = ("completed", "cancelled", "failed")
+#: Seconds before a queued run's task message is sent again, unless a live
+#: worker holds it or the run was claimed (a duplicate is harmless).
+RESEND_LEASE_S = 30.0
 LIVE = ("queued", "running")
 
 
@@ -243,7 +246,7 @@ class RedisBackend:
         now, keep, buf, approx = self._common()
         out: List[str] = self._run(
             "start", run_id, conversation, input, config, factory, now, str(queue_ms), keep, buf, approx,
-            resume, str(max_resumes), queue,
+            resume, str(max_resumes), queue, str(int(RESEND_LEASE_S * 1000)),
         )
         return out
 
@@ -366,6 +369,12 @@ class RedisBackend:
     def reserve(self, run_id: str, worker: str, ttl_ms: int) -> None:
         """Note that ``worker`` holds the run's task message (and is alive)."""
         self._run("reserve", run_id, worker, str(ttl_ms))
+
+    def state(self, run_id: str) -> Optional[str]:
+        """The run's stored state (no reaping), None when unknown."""
+        with self.guard("state"):
+            out: Optional[str] = self.r.hget(self.run_key(run_id), "state")
+        return out
 
     def resend_soon(self, run_id: str) -> None:
         """Put a queued run's id in the outbox, due now (its message is sent again)."""

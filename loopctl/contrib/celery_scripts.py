@@ -147,6 +147,7 @@ end
 """
 
 # ARGV: P id conv input config factory now queue_ms keep_ms buf approx resume max_resumes queue
+#       lease_ms (a message lost before any worker noted it is sent again after the lease)
 START = r"""
 local now, keep, buf, approx = ARGV[7], ARGV[9], ARGV[10], ARGV[11]
 local h = rk(id, '')
@@ -168,6 +169,7 @@ redis.call('HSET', h, 'state', 'queued', 'conv', conv, 'input', ARGV[4], 'config
   'resume', ARGV[12], 'max_resumes', ARGV[13], 'queue', ARGV[14], 'queue_ms', ARGV[8], 'resumes', 0)
 redis.call('ZADD', P .. ':runs', now, id)
 redis.call('SADD', P .. ':active', id)
+redis.call('ZADD', P .. ':outbox', math.floor(tonumber(now) * 1000) + tonumber(ARGV[15]), id)
 return {'ok'}
 """
 
@@ -344,13 +346,16 @@ for _, rid in ipairs(redis.call('SMEMBERS', active)) do
 end
 local out = {}
 for _, rid in ipairs(redis.call('ZRANGEBYSCORE', outbox, '-inf', now_ms)) do
-  local f = redis.call('HMGET', rk(rid, ''), 'state', 'conv', 'queue')
+  local f = redis.call('HMGET', rk(rid, ''), 'state', 'conv', 'queue', 'rsv')
   if f[1] == 'queued' then
-    -- Leased, not removed: sent again after the lease unless claimed meanwhile.
+    -- Leased, not removed: due again after the lease unless claimed meanwhile;
+    -- sent only when no live worker holds its message.
     redis.call('ZADD', outbox, now_ms + tonumber(ARGV[9]), rid)
-    table.insert(out, rid)
-    table.insert(out, f[2])
-    table.insert(out, f[3] or '')
+    if not f[4] or redis.call('EXISTS', P .. ':worker:' .. f[4]) == 0 then
+      table.insert(out, rid)
+      table.insert(out, f[2])
+      table.insert(out, f[3] or '')
+    end
   else
     redis.call('ZREM', outbox, rid)
   end

@@ -21,12 +21,9 @@ import logging
 import threading
 from typing import Callable, Optional
 
-from .celery_redis import RedisBackend
+from .celery_redis import RESEND_LEASE_S, RedisBackend
 
 log = logging.getLogger("loopctl")
-
-#: Seconds a sent outbox entry waits before it is sent again (unless claimed).
-RESEND_LEASE_S = 30.0
 
 
 class Sweeper:

@@ -187,6 +187,7 @@ class EventWriter:
         self._seq = first_seq  # a resumed run numbers on from the stream's last event
         self._ckpt: Optional[Tuple[str, int]] = None  # (json, seq): written with the events before it
         self._sealed = False
+        self._written: List[threading.Event] = []  # waiters for the queued checkpoint
         self.delivered = 0  # steering messages drained into the conversation by this attempt
         self._stopping = False
         self._handle: Optional[RunHandle] = None
@@ -222,18 +223,32 @@ class EventWriter:
                     return  # the writer was already told (it lingers to batch)
             self._cond.notify()
 
-    def checkpoint(self, text: str) -> None:
-        """Queue a checkpoint (the run's thread); it lands with the events before it."""
+    def checkpoint(self, text: str, confirm: bool = False) -> Optional[threading.Event]:
+        """Queue a checkpoint (the run's thread); it lands with the events before it.
+
+        With ``confirm``, returns an Event set once it is written (or the
+        worker is fenced out); None when nothing will be written.
+        """
         with self._cond:
-            if self._sealed:
-                return
+            if self._sealed or self.lost:
+                return None
             self._ckpt = (text, self._seq)
+            written: Optional[threading.Event] = None
+            if confirm:
+                written = threading.Event()
+                self._written.append(written)
             self._cond.notify()
+            return written
 
     def seal(self) -> None:
         """Write nothing the run emits from now on (it is being handed back)."""
         with self._cond:
             self._sealed = True
+
+    @property
+    def confirm_timeout(self) -> float:
+        """The longest a run waits for a checkpoint to be confirmed (the heartbeat TTL)."""
+        return self._settings.heartbeat_ttl
 
     @property
     def seq(self) -> int:
@@ -270,6 +285,10 @@ class EventWriter:
         if not self.lost:
             log.warning("run %s: fenced out (declared lost); cancelling it here", self._run_id)
         self.lost = True
+        with self._cond:
+            written, self._written = self._written, []
+        for w in written:
+            w.set()
         h = self._handle
         if h is not None:
             h.cancel("worker lost: the run's heartbeat lapsed")
@@ -285,10 +304,11 @@ class EventWriter:
                     if left <= 0:
                         break
                     self._cond.wait(left)
-                if self._queue and not self._stopping and LINGER_S > 0:
+                if self._queue and not self._stopping and not self._written and LINGER_S > 0:
                     self._cond.wait(LINGER_S)  # let a burst collect into one round trip
                 batch, self._queue = self._queue, []
                 ckpt, self._ckpt = self._ckpt, None
+                written, self._written = self._written, []
                 stopping = self._stopping
             ok = True
             if (batch or ckpt is not None) and not self.lost:
@@ -297,6 +317,9 @@ class EventWriter:
                     if not self._backend.append(self._run_id, self._token, self.progress(), data, ckpt):
                         self._fenced_out()
                     failures = 0
+                    for w in written:
+                        w.set()
+                    written = []
                 except RegistryUnavailable as exc:
                     ok = False
                     failures += 1
@@ -306,6 +329,10 @@ class EventWriter:
                         del self._queue[: max(0, len(self._queue) - self._settings.event_buffer)]
                         if self._ckpt is None:
                             self._ckpt = ckpt
+                        self._written[:0] = written
+                        written = []
+            for w in written:  # fenced out before writing: the waiter sees ``lost``
+                w.set()
             if not stopping and time.monotonic() >= next_beat:
                 next_beat = time.monotonic() + interval
                 if not self.lost:
@@ -372,6 +399,8 @@ def execute_run(
     Raises:
         RegistryUnavailable: Redis failed before the run was claimed.
     """
+    if backend.state(run_id) != "queued":
+        return "skipped"  # a duplicate message (cheap: no subscription); the claim re-checks
     token = uuid.uuid4().hex
     bridge = Bridge(backend, run_id)
     try:
@@ -458,7 +487,15 @@ def _checkpointer(
 
     def sink(cp: Checkpoint) -> None:
         hand = host is not None and host.draining.is_set() and not handed.is_set()
-        writer.checkpoint(checkpoint_to_json(cp, steer_base + writer.delivered, clean=hand))
+        text = checkpoint_to_json(cp, steer_base + writer.delivered, clean=hand)
+        # Write-ahead for at-most-once: the model's calls are durable before any
+        # of them starts, or a crash now would ask (and run) them again.
+        written = writer.checkpoint(text, confirm=cp.after == "model" and not hand)
+        if written is not None and not written.wait(writer.confirm_timeout):
+            log.warning("checkpoint not confirmed within %.1fs; the tools run anyway", writer.confirm_timeout)
+        if writer.lost:
+            loop.cancel("worker lost: the run's heartbeat lapsed")  # before any tool starts
+            return
         if hand:
             writer.seal()  # nothing after this boundary reaches the stream
             handed.set()
