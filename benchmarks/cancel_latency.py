@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from run_all import report as result_line  # noqa: E402
 
 from loopctl import BareLoop, Cancelled, ModelError, StopReason, Tool  # noqa: E402
-from loopctl.driver.signals import CancelSignal  # noqa: E402
+from loopctl.cancel import CancelSignal  # noqa: E402
 from loopctl.messages import ModelRequest, ModelResponse  # noqa: E402
 from loopctl.providers.base import (  # noqa: E402
     IteratorStream,

@@ -37,6 +37,8 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loopctl import BareLoop, ParallelDispatch, RunConfig  # noqa: E402
+from loopctl.driver.dispatch import ToolRun  # noqa: E402
+from loopctl.driver.emission import RunEvents  # noqa: E402
 from loopctl.driver.handle import RunContext  # noqa: E402
 from loopctl.messages import ToolCallPart  # noqa: E402
 from loopctl.observers import Event, TurnEnd  # noqa: E402
@@ -75,7 +77,7 @@ def trivial(i: int) -> str:
 def tools_phase_seconds(loop: BareLoop, name: str) -> float:
     events: list[Event] = []
     base = next(_seq) * N  # distinct inputs every run: the loop detector stays quiet
-    loop._client.extend([calls(*[(name, {"i": base + i}) for i in range(N)]), reply("done")])  # type: ignore[attr-defined]
+    loop.client.extend([calls(*[(name, {"i": base + i}) for i in range(N)]), reply("done")])  # type: ignore[attr-defined]
     loop.start("go", PARALLEL, tap=events.append).result(30)
     (end,) = [e for e in events if isinstance(e, TurnEnd) and e.phase == "tools"]
     return end.duration_ms / 1000.0
@@ -117,11 +119,12 @@ def per_call(fn: Callable[[], Any], rounds: int, per: int) -> float:
 
 def overhead() -> None:
     loop = BareLoop(ScriptedClient([]), [noop])
-    loop._run_config_now = PARALLEL
     run = Run(id="bench", input="bench", config=PARALLEL)
-    rc = RunContext(run, loop._cancel.view(), True)
+    rc = RunContext(run, loop.cancel_signal().view(), True)
     rc.lock.acquire()  # the run's fence, as the body holds it
     dispatcher = loop._dispatcher
+    events = RunEvents(loop._emitter, run.id, None, rc, None)
+    tool_run = ToolRun(rc, events, run.input, PARALLEL.parallel, loop.session.id)
     rounds = OVERHEAD_ROUNDS // 4
     # Distinct inputs, so the default loop detector sees no repetition (it stays on).
     waves = iter([[ToolCallPart(f"c{k}.{i}", "noop", {"i": k * N + i}) for i in range(N)] for k in range(rounds * 5)])
@@ -130,13 +133,13 @@ def overhead() -> None:
     items = list(range(N))
 
     floor_map = per_call(lambda: list(pool.map(trivial, items)), rounds, N)
-    wave_us = per_call(lambda: dispatcher.dispatch(rc, 0, next(waves)), rounds, N)
+    wave_us = per_call(lambda: dispatcher.dispatch(tool_run, 0, next(waves)), rounds, N)
     floor_submit = per_call(lambda: pool.submit(trivial, 0).result(), OVERHEAD_ROUNDS, 1)
     floor_plain = per_call(lambda: trivial(0), OVERHEAD_ROUNDS * 10, 1)
-    lone_us = per_call(lambda: dispatcher.dispatch(rc, 0, next(lones)), OVERHEAD_ROUNDS, 1)
-    detector, loop._loop_detector = loop._loop_detector, None
-    bare_us = per_call(lambda: dispatcher.dispatch(rc, 0, next(lones)), OVERHEAD_ROUNDS, 1)
-    loop._loop_detector = detector
+    lone_us = per_call(lambda: dispatcher.dispatch(tool_run, 0, next(lones)), OVERHEAD_ROUNDS, 1)
+    detector, loop._parts.loop_detector = loop._parts.loop_detector, None
+    bare_us = per_call(lambda: dispatcher.dispatch(tool_run, 0, next(lones)), OVERHEAD_ROUNDS, 1)
+    loop._parts.loop_detector = detector
     pool.shutdown()
     rc.lock.release()
     loop.close()

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Optional, Protocol, runtime_checkable
 
+from loopctl.cancel import CancelSignal
 from loopctl.config import ParallelDispatch, RunConfig, SessionConfig
 from loopctl.driver.handle import RunHandle
 from loopctl.driver.loop import BareLoop
-from loopctl.driver.signals import CancelSignal, Steering
+from loopctl.driver.signals import Steering
 from loopctl.errors import (
     Cancelled,
     ConfigError,

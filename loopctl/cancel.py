@@ -44,27 +44,31 @@ class CancelSignal:
     def cancel(self, reason: Optional[str] = None) -> None:
         """Fire the signal (idempotent); wakes every waiter and listener."""
         if self._parent is not None:
-            self._parent._cancel_event(self._event, reason)
-            return
+            self._parent._fire(self._event, reason)
+        else:
+            self._fire(None, reason)
+
+    def _fire(self, expected: Optional[_Flag], reason: Optional[str]) -> None:
+        # A view fires its parent only while the parent still holds the view's
+        # flag, checked and set under one lock: a signal re-armed since (the
+        # next run's) is never touched; the view's own flag still fires.
         with self._lock:
-            if self._event.is_set():
+            event = self._event
+            if expected is not None and event is not expected:
+                if not expected.is_set():
+                    expected.reason = reason
+                    expected.set()
                 return
-            self._event.reason = reason
-            self._event.set()
+            if event.is_set():
+                return
+            event.reason = reason
+            event.set()
             listeners = list(self._listeners)
         for fn in listeners:
             try:
                 fn()
             except Exception:  # a listener must never break cancel()
                 log.exception("cancel listener %r raised", fn)
-
-    def _cancel_event(self, event: _Flag, reason: Optional[str]) -> None:
-        # A view cancels its parent only while the parent still has its flag.
-        if self._event is event:
-            self.cancel(reason)
-        elif not event.is_set():
-            event.reason = reason
-            event.set()
 
     def is_cancelled(self) -> bool:
         """True once the signal has fired (until the loop re-arms it)."""

@@ -87,11 +87,18 @@ class ThinkingPart:
 
 @attrs.frozen
 class ToolCallPart:
-    """The model asks for one tool call."""
+    """The model asks for one tool call.
+
+    ``invalid`` says why the call cannot run as sent (arguments that are not
+    a JSON object, no tool name), in words the model can act on; the call
+    then carries ``input == {}`` and is answered with that as a soft error
+    result, so the model can fix its call and the run goes on.
+    """
 
     id: str
     name: str
     input: Mapping[str, Any]
+    invalid: Optional[str] = None
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.input, Mapping):
@@ -189,7 +196,10 @@ def part_to_dict(part: Part) -> dict[str, Any]:
     if type(part) is ThinkingPart:
         return {"type": "thinking", "text": part.text, "signature": part.signature}
     if type(part) is ToolCallPart:
-        return {"type": "tool_call", "id": part.id, "name": part.name, "input": dict(part.input)}
+        out = {"type": "tool_call", "id": part.id, "name": part.name, "input": dict(part.input)}
+        if part.invalid is not None:
+            out["invalid"] = part.invalid
+        return out
     if type(part) is ToolResultPart:
         return {
             "type": "tool_result",
@@ -209,7 +219,7 @@ def part_from_dict(data: Mapping[str, Any]) -> Part:
     if kind == "thinking":
         return ThinkingPart(data["text"], data.get("signature"))
     if kind == "tool_call":
-        return ToolCallPart(data["id"], data["name"], dict(data.get("input") or {}))
+        return ToolCallPart(data["id"], data["name"], dict(data.get("input") or {}), data.get("invalid"))
     if kind == "tool_result":
         return ToolResultPart(
             data["tool_call_id"], data["tool_name"], data["output"], bool(data.get("is_error"))

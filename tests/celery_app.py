@@ -45,6 +45,7 @@ from loopctl.testing import ScriptedClient, call, reply
 from loopctl.tools import Tool, ToolContext
 
 ENV_URL = "LOOPCTL_TEST_REDIS_URL"
+OTEL_FILE_ENV = "LOOPCTL_TEST_OTEL_FILE"  # where make_traced_loop's worker writes its spans
 GATE_WAIT_S = 20
 HEARTBEAT_INTERVAL = 0.25
 HEARTBEAT_TTL = 1.5
@@ -201,6 +202,33 @@ def make_timed_loop(conversation: str, history: List[Message]) -> BareLoop:
         return ok
 
     steering.push = timed_push  # type: ignore[method-assign]
+    return loop
+
+
+_tracing: List[Any] = []  # [TracerProvider] of this worker, made on first use
+
+
+def _worker_tracer_provider() -> Any:
+    """A tracer provider writing each finished span as one JSON line to ``$LOOPCTL_TEST_OTEL_FILE``."""
+    with _clients_lock:
+        if not _tracing:
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+            out = open(os.environ[OTEL_FILE_ENV], "a", encoding="utf-8")  # noqa: SIM115 - lives with the worker
+            provider = TracerProvider()
+            exporter = ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+            _tracing.append(provider)
+        return _tracing[0]
+
+
+def make_traced_loop(conversation: str, history: List[Message]) -> BareLoop:
+    """``make_loop`` with an ``OTelObserver`` exporting the worker's spans to a file."""
+    from loopctl.contrib.otel import OTelObserver
+
+    loop = make_loop(conversation, history)
+    OTelObserver(tracer_provider=_worker_tracer_provider()).instrument(loop)
     return loop
 
 

@@ -22,7 +22,7 @@ from loopctl.context import (
     count_messages,
 )
 from loopctl.context.compactors import EXTRA_CONTEXT_PREFIX, SUMMARY_PREFIX, CompactionRequest
-from loopctl.errors import ConfigError, ModelError
+from loopctl.errors import ConfigError, ContextOverflow, ModelError
 from loopctl.hooks import CompactHookContext, Hook, HookExecutor, PreCompactDecision
 from loopctl.messages import Message, ModelRequest, ModelResponse
 from loopctl.observers import CallbackObserver, Compaction, Event, TurnEnd
@@ -210,7 +210,7 @@ def test_deferral_reserves_room_for_the_extras() -> None:
 def test_overflow_rejection_compacts_and_retries_once() -> None:
     cfg = SessionConfig(context_window=100_000)
     hist = history(12, 400)
-    client = ScriptedClient([ModelError("prompt is too long: 250000 tokens > 200000 maximum"), reply("ok")])
+    client = ScriptedClient([ContextOverflow("prompt is too long: 250000 tokens > 200000 maximum"), reply("ok")])
     loop = BareLoop(client, config=cfg, history=hist)
     events = observed(loop)
     assert loop.run("go").output == "ok"
@@ -226,10 +226,22 @@ def test_overflow_rejection_compacts_and_retries_once() -> None:
 
 def test_second_overflow_on_the_same_turn_is_context_exceeded() -> None:
     cfg = SessionConfig(context_window=100_000)
-    client = ScriptedClient([ModelError("maximum context length exceeded")] * 2)
+    client = ScriptedClient([ContextOverflow("maximum context length exceeded")] * 2)
     loop = BareLoop(client, config=cfg, history=history(12, 400))
-    with pytest.raises(ContextExceeded):
+    with pytest.raises(ContextExceeded) as info:
         loop.run("go")
+    assert info.value.limit == 100_000  # the real window
+    assert isinstance(info.value.__cause__, ContextOverflow)
+
+
+def test_overflow_text_in_a_plain_model_error_is_not_an_overflow() -> None:
+    """The driver recognises a ContextOverflow by type only, never by its text."""
+    cfg = SessionConfig(context_window=100_000)
+    client = ScriptedClient([ModelError("maximum context length exceeded"), reply("never")])
+    loop = BareLoop(client, config=cfg, history=history(12, 400))
+    with pytest.raises(ModelError, match="maximum context length"):
+        loop.run("go")
+    assert len(client.requests) == 1
 
 
 # -- hooks --------------------------------------------------------------------------
@@ -378,3 +390,25 @@ def test_cancel_while_summarizing_keeps_the_uncompacted_history() -> None:
     assert loop.conversation() == hist
     assert not any(isinstance(e, Compaction) for e in events)
     loop.close()
+
+
+def test_a_result_too_big_to_compact_names_the_real_window() -> None:
+    """A 5 MB tool result: no compaction makes progress; the error's limit is the window."""
+    from loopctl import Tool
+    from loopctl.testing import call
+
+    class Huge(Tool):
+        name = "huge"
+        description = "Returns megabytes."
+
+        def call(self, input: Any, ctx: Any) -> str:
+            return "x" * 5_000_000
+
+    cfg = SessionConfig(context_window=100_000)
+    client = ScriptedClient([call("huge"), reply("never")])
+    with BareLoop(client, [Huge()], cfg) as loop:
+        with pytest.raises(ContextExceeded) as info:
+            loop.run("go")
+    assert info.value.limit == 100_000
+    assert info.value.used > 1_000_000
+    assert "limit 100000" in str(info.value)

@@ -222,8 +222,8 @@ def _observer() -> Any:
 
 def test_bare_loop_has_detectors_by_default() -> None:
     loop = BareLoop(ScriptedClient([]))
-    assert isinstance(loop._loop_detector, LoopDetector)
-    assert isinstance(loop._convergence, ConvergenceDetector)
+    assert isinstance(loop._parts.loop_detector, LoopDetector)
+    assert isinstance(loop._parts.convergence, ConvergenceDetector)
 
 
 def test_convergence_warn_across_runs_fires_event_and_run_succeeds() -> None:
@@ -269,4 +269,4 @@ def test_loop_detected_through_the_loop_warns_then_stops() -> None:
         loop.run("go")
     warn = [e for e in events if isinstance(e, LoopDetectedEvent)]
     assert warn and warn[0].repetitions == 3
-    assert not loop._loop_detector.has_pending_stop
+    assert not loop._parts.loop_detector.has_pending_stop

@@ -23,6 +23,7 @@ from support import WAIT, Echo, Gate, Recorder, join_run_threads, join_threads, 
 from loopctl import (
     BareLoop,
     Cancelled,
+    CancelSignal,
     LoopError,
     Message,
     ModelError,
@@ -165,8 +166,11 @@ def test_cancel_before_a_run_cancels_exactly_that_run(mode: str) -> None:
     client = ScriptedClient([reply("never sent")])
     rec = Recorder()
     with BareLoop(client).with_observer(rec) as loop:
-        loop.cancel("early")
-        loop.cancel("twice is still one cancel")
+        assert loop.cancel("no run in flight") is False  # reaches no run, changes nothing
+        assert not loop.is_cancelled()
+        sig = loop.cancel_signal()  # the signal itself: a cancel before the run is the run's
+        sig.cancel("early")
+        sig.cancel("twice is still one cancel")
         assert loop.is_cancelled()
         with pytest.raises(Cancelled) as info:
             if mode == "run":
@@ -538,63 +542,47 @@ def test_cancel_in_on_tool_pre_means_the_tool_never_starts(parallel: bool) -> No
     assert echo.calls == 0
 
 
-def test_wave_call_queued_behind_abandoned_tools_never_starts_after_cancel() -> None:
-    """Run 1's abandoned tools hold every pool worker; run 2's wave queues behind them.
+def test_abandoned_tools_never_starve_the_next_runs_wave() -> None:
+    """Run 1's two stuck tools hold both pool workers when it is cancelled.
 
-    Run 2 is cancelled while its calls wait in the queue. Once run 1's tools
-    are released the pool drains (run 3's wave, queued after run 2's, proves
-    the queue moved past them), and run 2's calls must never have started.
+    Run 2's wave of two instant calls still completes (the pool was retired
+    and replaced), and ``abandoned_tool_threads`` counts run 1's stuck calls
+    until they return.
     """
     gate = Gate()
     stuck = Stuck(gate)
     stuck.expected = 2
 
-    class Probe(Tool):
-        name = "probe"
-        description = "Records that it started."
+    class Quick(Tool):
+        name = "quick"
+        description = "Answers at once."
         concurrency_safe = True
 
-        def __init__(self) -> None:
-            self.started: list[str] = []
-
         def call(self, input: Any, ctx: ToolContext) -> str:
-            self.started.append(ctx.run_id)
-            return "probed"
-
-    probe = Probe()
-    pres: list[ToolPre] = []
-    run2_waiting = threading.Event()
-
-    class Pres(Observer):
-        def on_tool_pre(self, event: ToolPre) -> None:
-            pres.append(event)
-            if event.run_id == "run-2" and sum(p.run_id == "run-2" for p in pres) == 2:
-                run2_waiting.set()
+            return "quick"
 
     client = ScriptedClient(
         [
             calls(("stuck", {}), ("stuck", {})),
-            calls(("probe", {}), ("probe", {})),
-            calls(("probe", {}), ("probe", {})),
-            reply("run 3 done"),
+            calls(("quick", {"i": 1}), ("quick", {"i": 2})),
+            reply("run 2 done"),
         ]
     )
     cfg = RunConfig(parallel=ParallelDispatch("parallel", 2))  # a pool of two workers
-    loop = BareLoop(client, [stuck, probe]).with_observer(Pres())
+    loop = BareLoop(client, [stuck, Quick()])
     loop.set_turn_mode("non_streaming")
     try:
         run_cancelled(loop, "run 1", stuck.all_entered, cfg)
-        # Run 2 starves (both workers held by run 1's stuck tools); cancel still frees it.
-        _, latency = run_cancelled(loop, "run 2", run2_waiting, cfg, run_id="run-2")
-        assert latency < BOUND
-        gate.open()  # run 1's tools finish; the pool moves on to run 2's queued calls
-        assert loop.run("run 3", cfg, run_id="run-3").output == "run 3 done"
+        assert loop.abandoned_tool_threads == 2
+        handle = loop.start("run 2", cfg)
+        assert handle.wait(WAIT), "run 2's wave starved behind run 1's abandoned tools"
+        assert handle.result().output == "run 2 done"
+        assert loop.abandoned_tool_threads == 2
     finally:
         gate.open()
         loop.close()
     join_threads("loopctl-", check=False)
-    assert probe.started.count("run-3") == 2
-    assert "run-2" not in probe.started
+    assert loop.abandoned_tool_threads == 0
 
 
 # -- start() and RunHandle --------------------------------------------------------------------
@@ -697,7 +685,7 @@ def test_cancel_run_from_a_third_thread_while_run_blocks_in_another() -> None:
 
 def test_cancel_reason_and_error_message() -> None:
     with BareLoop(ScriptedClient([reply("x")])) as loop:
-        loop.cancel("shutting down")
+        loop.cancel_signal().cancel("shutting down")
         with pytest.raises(Cancelled) as info:
             loop.run("x")
     assert info.value.reason == "shutting down"
@@ -718,7 +706,7 @@ def test_cancel_signal_is_shared_and_rearmed() -> None:
 
 def test_cancelled_run_is_not_failed_in_the_machine() -> None:
     with BareLoop(ScriptedClient([])) as loop:
-        loop.cancel()
+        loop.cancel_signal().cancel()
         with pytest.raises(Cancelled):
             loop.run("x")
         from loopctl.machine import CancelledOutcome
@@ -881,3 +869,62 @@ def test_tool_sees_the_cancel_reason_through_its_context() -> None:
         gate.open()
         join_run_threads(err.run.id)
     assert reasons == ["test cancel"]
+
+
+def test_abandoned_tool_threads_are_counted_and_logged_past_the_threshold(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from loopctl.driver import resources as res_mod
+    from loopctl.driver.handle import RunContext
+    from loopctl.records import Run
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    res = res_mod.LoopResources(owner, "sessionid")
+    rc = RunContext(Run(id="r", input="x", config=RunConfig()), CancelSignal().view(), True)
+    n = res_mod.ABANDONED_WARN_EVERY
+    for _ in range(n):
+        res.tool_started(rc)
+    assert res.abandoned_tool_threads == 0  # running, not abandoned
+    with caplog.at_level("WARNING", logger="loopctl"):
+        res.abandon(rc)
+    assert res.abandoned_tool_threads == n
+    assert f"{n} abandoned tool calls are still running" in caplog.text
+    for _ in range(n):
+        res.tool_ended(rc)
+    assert res.abandoned_tool_threads == 0
+    res.close()
+
+
+def test_past_the_thread_bound_a_wave_runs_on_the_run_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the abandoned-thread bound reached, no thread is started: the wave still completes."""
+    from loopctl.driver import resources as res_mod
+
+    monkeypatch.setattr(res_mod, "MAX_ABANDONED_TOOL_THREADS", 1)
+    gate = Gate()
+    stuck = Stuck(gate)
+    ran_on: list[str] = []
+
+    class Where(Tool):
+        name = "where"
+        description = "Records its thread."
+        concurrency_safe = True
+
+        def call(self, input: Any, ctx: ToolContext) -> str:
+            ran_on.append(threading.current_thread().name)
+            return "here"
+
+    client = ScriptedClient([calls(("stuck", {})), calls(("where", {"i": 1}), ("where", {"i": 2})), reply("ok")])
+    cfg = RunConfig(parallel=ParallelDispatch("parallel", 2))
+    loop = BareLoop(client, [stuck, Where()]).with_turn_mode("non_streaming")
+    try:
+        run_cancelled(loop, "run 1", stuck.all_entered, cfg)
+        assert loop.abandoned_tool_threads == 1
+        assert loop.run("run 2", cfg).output == "ok"
+        assert len(ran_on) == 2 and all(name.startswith("loopctl-run-") for name in ran_on)
+    finally:
+        gate.open()
+        loop.close()
+    join_threads("loopctl-", check=False)

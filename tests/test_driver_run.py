@@ -138,7 +138,7 @@ def test_every_run_gets_a_record_in_order() -> None:
         ok = loop.run("a")
         with pytest.raises(ModelError):
             loop.run("b")
-        loop.cancel()
+        loop.cancel_signal().cancel()
         with pytest.raises(Cancelled):
             loop.run("c")
         with pytest.raises(MaxTurnsExceeded) as mt:
@@ -364,7 +364,7 @@ def test_stop_reason_reports_a_pending_cancel_and_the_last_error() -> None:
         with pytest.raises(ModelError) as info:
             loop.run("a")
         assert loop.stop_reason() is info.value
-        loop.cancel("changed my mind")
+        loop.cancel_signal().cancel("changed my mind")
         assert isinstance(loop.stop_reason(), Cancelled)
         with pytest.raises(Cancelled):
             loop.run("b")

@@ -225,3 +225,89 @@ def test_checker_reports_file_line_and_import_text() -> None:
     assert "`from loopctl.providers import base`" in text
     assert "`from loopctl import BareLoop` (loopctl)" in text
     assert "steps" not in text and "errors" not in text  # allowed imports pass
+
+
+# -- no import cycle between any two modules -------------------------------------------------
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the loopctl modules it imports (every import, type-only included)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        mod = module_name(path)
+        source = path.read_text(encoding="utf-8")
+        graph[mod] = {
+            imp.module
+            for imp in imports_of(source, mod, path.name == "__init__.py")
+            if matches(imp.module, "loopctl") and imp.module != mod
+        }
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            advanced = False
+            for child in children:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                    advanced = True
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    top = stack.pop()
+                    on_stack.discard(top)
+                    group.append(top)
+                    if top == node:
+                        break
+                if len(group) > 1:
+                    found.append(sorted(group))
+    return found
+
+
+def test_no_two_modules_import_each_other_even_round_a_circle() -> None:
+    found = cycles(import_graph())
+    assert not found, "import cycles (type-only imports count):\n  " + "\n  ".join(
+        " <-> ".join(group) for group in found
+    )
+
+
+def test_cycle_finder_sees_a_type_only_circle() -> None:
+    graph = {
+        "loopctl.driver.loop": {"loopctl.driver.turns"},
+        "loopctl.driver.turns": {"loopctl.driver.llm_turn"},
+        "loopctl.driver.llm_turn": {"loopctl.driver.loop"},  # under TYPE_CHECKING
+        "loopctl.errors": set(),
+    }
+    assert cycles(graph) == [["loopctl.driver.llm_turn", "loopctl.driver.loop", "loopctl.driver.turns"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

@@ -107,7 +107,10 @@ def test_fresh_run_calls_the_model_for_turn_zero() -> None:
     m = started()
     assert m.state is MachineState.START
     assert m.next_step(POLICY) == CallLLM(0)
+    assert m.state is MachineState.START  # next_step only reports
+    assert m.prepare_turn(10, POLICY) == CallLLM(0)  # the measured request fits
     assert m.state is MachineState.AWAITING_MODEL
+    assert m.context_tokens == 10
 
 
 @pytest.mark.parametrize(
@@ -182,6 +185,8 @@ def test_max_turns_checked_before_compaction() -> None:
     m.set_context_tokens(10**6)  # far past the emergency line
     step = m.next_step(policy(max_turns=2))
     assert step == Done(MaxTurnsReached())
+    assert not m.is_terminal  # reported, not yet acted on
+    assert m.conclude(policy(max_turns=2)) == MaxTurnsReached()
     assert m.is_terminal
     assert m.state is MachineState.TERMINAL
 
@@ -198,13 +203,47 @@ def test_max_turns_zero_ends_before_the_first_model_call() -> None:
     assert m.turns_taken == 0
 
 
-def test_re_evaluates_after_estimate_changes_while_awaiting_model() -> None:
-    # The driver measures the fuller payload after CallLLM and may defer.
+def test_prepare_turn_defers_when_the_measured_request_crosses_a_line() -> None:
+    # The driver measures the fuller payload (extras included) after CallLLM.
     m = started()
     assert m.next_step(POLICY) == CallLLM(0)
-    m.set_context_tokens(THRESHOLD + 1)
-    assert m.next_step(POLICY) == Compact("threshold")
+    assert m.prepare_turn(THRESHOLD + 1, POLICY) == Compact("threshold")
     assert m.state is MachineState.AWAITING_COMPACTION
+    assert m.context_tokens == THRESHOLD + 1
+    assert m.next_step(POLICY) == Compact("threshold")
+
+
+def test_conclude_refuses_a_machine_that_does_not_report_done() -> None:
+    m = started()
+    with pytest.raises(RuntimeError, match="conclude"):
+        m.conclude(POLICY)
+    assert m.state is MachineState.START
+
+
+def test_context_overflow_compacts_once_per_turn_then_fails_naming_the_window() -> None:
+    from loopctl.errors import ContextExceeded, ContextOverflow
+
+    m = started()
+    m.prepare_turn(100, POLICY)
+    refusal = ContextOverflow("too long")
+    assert m.context_overflow(refusal, 500, POLICY) == Compact("emergency")
+    assert m.next_step(POLICY) == Compact("emergency")
+    m.compaction_noop(500, 50)
+    assert m.prepare_turn(50, POLICY) == CallLLM(0)  # the same turn again
+    step = m.context_overflow(refusal, 60, POLICY)
+    assert isinstance(step, Done) and isinstance(step.outcome, Failed)
+    err = step.outcome.error
+    assert isinstance(err, ContextExceeded) and err.limit == POLICY.context_window
+    assert m.is_terminal
+
+
+def test_context_overflow_without_a_window_fails_with_the_refusal() -> None:
+    from loopctl.errors import ContextOverflow
+
+    m = started()
+    refusal = ContextOverflow("too long")
+    step = m.context_overflow(refusal, 10, policy(context_window=0))
+    assert step == Done(Failed(refusal)) and step.outcome.error is refusal  # type: ignore[union-attr]
 
 
 # -- idempotence -----------------------------------------------------------------------
@@ -236,8 +275,7 @@ def test_next_step_is_idempotent_for_every_step_kind() -> None:
 
 def test_awaiting_compaction_repolls_the_same_reason() -> None:
     m = started()
-    m.set_context_tokens(THRESHOLD + 1)
-    assert m.next_step(POLICY) == Compact("threshold")
+    assert m.prepare_turn(THRESHOLD + 1, POLICY) == Compact("threshold")
     # Asked again, even under a policy that would not compact now, the owed pass stays.
     assert m.next_step(policy(context_window=0)) == Compact("threshold")
 
@@ -670,8 +708,7 @@ def test_model_response_while_awaiting_tools_raises() -> None:
 
 def test_model_response_while_awaiting_compaction_raises() -> None:
     m = started()
-    m.set_context_tokens(EMERGENCY)
-    assert m.next_step(POLICY) == Compact("emergency")
+    assert m.prepare_turn(EMERGENCY, POLICY) == Compact("emergency")
     with pytest.raises(RuntimeError, match="compaction"):
         m.model_response(final_reply(), 10, TOOLS)
     assert m.turns_taken == 0

@@ -11,7 +11,9 @@ every action:
 * ``full_history() == list(history) + list(pending)``;
 * no tool result ever comes before its call: each ``ToolResultPart``'s
   call id appears in an earlier assistant message's ``ToolCallPart``;
-* ``next_step`` is idempotent and terminal is forever;
+* ``next_step`` only reports: asked twice it answers the same and changes
+  nothing (history, pending, state, outcome, turns, estimate, cancel flag);
+  terminal is forever;
 * an O(1) conversation snapshot never changes after it was taken.
 """
 
@@ -104,10 +106,19 @@ class Driver:
         self.m.accept_input("first input")
         self.snapshots: list[tuple[Any, list[Message]]] = []
 
+    def picture(self) -> tuple[Any, ...]:
+        m = self.m
+        return (
+            list(m.history), list(m.pending), m.state, m.outcome, m.turns_taken,
+            m.context_tokens, m.is_cancelled, m.is_terminal,
+        )
+
     def ask(self) -> Step:
+        before = self.picture()
         step = self.m.next_step(self.pol)
         again = self.m.next_step(self.pol)
         assert again == step, (step, again)
+        assert self.picture() == before, "next_step changed the machine"
         if isinstance(step, Done):
             assert again.outcome is step.outcome  # type: ignore[union-attr]
         return step
@@ -142,6 +153,15 @@ class Driver:
         if isinstance(step, CallLLM):
             assert step.turn == self.m.turns_taken
             assert self.m.turns_taken < self.pol.max_turns
+            # The driver measures the request it would send: call, or compact first.
+            prepared = self.m.prepare_turn(a["figure"], self.pol)
+            assert self.m.context_tokens == a["figure"]
+            assert self.ask() == prepared
+            if isinstance(prepared, Compact):
+                assert self.m.state is MachineState.AWAITING_COMPACTION
+                self.compact(prepared, a, True)
+                return
+            assert prepared == step and self.m.state is MachineState.AWAITING_MODEL
             self.model_reply(a)
         elif isinstance(step, CallTools):
             assert step.turn == self.m.turns_taken - 1
@@ -149,7 +169,9 @@ class Driver:
         elif isinstance(step, Compact):
             self.compact(step, a, owed)
         else:
-            assert self.m.is_terminal
+            outcome = self.m.conclude(self.pol)  # the driver acts on Done
+            assert outcome is step.outcome  # type: ignore[union-attr]
+            assert self.m.is_terminal and self.m.outcome is outcome
 
     def model_reply(self, a: dict[str, Any]) -> None:
         turns = self.m.turns_taken

@@ -30,6 +30,7 @@ from loopctl import (
     SessionConfig,
     Steering,
 )
+from loopctl.driver.run import RunDriver
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.observers import Compaction, RunEnd, RunStart, SteeringDelivered
 from loopctl.testing import ScriptedClient, call, reply
@@ -583,10 +584,10 @@ def test_slot_closes_even_when_an_exception_escapes_before_finalize(
     client = ScriptedClient([gated_raise(gate, ModelError("boom", retryable=False))])
     loop = make_loop(client)
 
-    def broken(error: LoopError) -> None:
+    def broken(self: RunDriver, error: LoopError) -> None:
         raise RuntimeError("driver bug while recording the failure")
 
-    monkeypatch.setattr(loop, "_set_error_state", broken)
+    monkeypatch.setattr(RunDriver, "set_error_state", broken)
     s = loop.steering()
     handle = loop.start("hi")
     gate.wait_entered()
@@ -738,7 +739,7 @@ def test_a_cancel_before_the_run_seals_nothing_and_refuses_nothing_later(
     client = ScriptedClient([reply("done")])
     loop = make_loop(client)
     s = loop.steering()
-    loop.cancel()
+    loop.cancel_signal().cancel()
     assert s.push("while idle, even with a cancel armed") is False
     with pytest.raises(Cancelled):
         loop.run("hi")
@@ -807,3 +808,60 @@ def test_the_docs_snippet_runs_as_written(capsys: pytest.CaptureFixture[str]) ->
         "after the run: False",
         "leftovers: []",
     ]
+
+
+# -- bounded pending guidance -----------------------------------------------------------------
+
+
+def _held_run(make_loop: Callable[..., BareLoop], gate: Gate) -> tuple[BareLoop, Any]:
+    client = ScriptedClient([gated(gate, reply("done"))])
+    loop = make_loop(client)
+    handle = loop.start("hi")
+    gate.wait_entered()
+    return loop, handle
+
+
+def test_push_past_the_message_cap_is_refused_and_stores_nothing(make_loop: Callable[..., BareLoop]) -> None:
+    gate = Gate()
+    loop, handle = _held_run(make_loop, gate)
+    s = loop.steering()
+    s.set_limits(max_messages=3, max_bytes=1_000_000)
+    assert [s.push(f"g{i}") for i in range(5)] == [True, True, True, False, False]
+    gate.open()
+    handle.result(WAIT)
+    assert s.take_leftovers() == [user("g0"), user("g1"), user("g2")]
+
+
+def test_push_past_the_byte_cap_is_refused_and_stores_nothing(make_loop: Callable[..., BareLoop]) -> None:
+    gate = Gate()
+    loop, handle = _held_run(make_loop, gate)
+    s = loop.steering()
+    s.set_limits(max_messages=1000, max_bytes=25)
+    assert s.push("x" * 10) and s.push("é" * 5)  # 10 + 10 bytes (UTF-8)
+    assert s.push("y" * 6) is False  # 26 > 25
+    assert s.push("z" * 5)  # exactly 25
+    gate.open()
+    handle.result(WAIT)
+    assert s.take_leftovers() == [user("x" * 10), user("é" * 5), user("z" * 5)]
+
+
+def test_default_caps_refuse_a_flood(make_loop: Callable[..., BareLoop]) -> None:
+    """20,000 pushes of 10 KB (200 MB) are not all accepted: the default caps hold."""
+    gate = Gate()
+    loop, handle = _held_run(make_loop, gate)
+    s = loop.steering()
+    chunk = "k" * 10_000
+    accepted = sum(s.push(chunk) for _ in range(20_000))
+    assert accepted * 10_000 <= s.max_bytes and accepted <= s.max_messages
+    assert accepted > 0
+    gate.open()
+    handle.result(WAIT)
+    assert len(s.take_leftovers()) == accepted
+
+
+def test_steering_limits_must_be_positive() -> None:
+    s = BareLoop(ScriptedClient([])).steering()
+    with pytest.raises(ValueError, match="max_bytes"):
+        s.set_limits(max_messages=1, max_bytes=0)
+    with pytest.raises(ValueError, match="max_messages"):
+        s.set_limits(max_messages=-1, max_bytes=10)

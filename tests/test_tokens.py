@@ -130,7 +130,7 @@ def test_provider_usage_calibrates_the_loop_estimate() -> None:
     loop = BareLoop(client, config=cfg, history=hist).with_observer(CallbackObserver(events.append))
     loop.run("first")
     assert not any(isinstance(e, Compaction) for e in events)
-    ratio = loop._calibration.ratio
+    ratio = loop._meter.calibration.ratio
     assert ratio is not None and 2.9 < ratio < 3.1
     loop.run("second")
     (comp,) = [e for e in events if isinstance(e, Compaction)]
@@ -142,4 +142,4 @@ def test_set_token_counter_reaches_the_manager() -> None:
     loop = BareLoop(ScriptedClient([]))
     c = HeuristicTokenCounter.anthropic()
     loop.set_token_counter(c)
-    assert loop._context_manager.counter is c and loop._meter.counter is c
+    assert loop._parts.context_manager.counter is c and loop._meter.counter is c

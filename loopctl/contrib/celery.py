@@ -101,8 +101,14 @@ _TASKS_LOCK = threading.Lock()
 RESUME_MODES = ("on_worker_loss", "never")
 
 
-def _execute_task(run_id: str, prefix: str, conversation: str) -> str:
-    """The Celery task body: find this process's registry for ``prefix`` and run."""
+def _execute_task(
+    run_id: str, prefix: str, conversation: str, trace: Optional[Dict[str, str]] = None
+) -> str:
+    """The Celery task body: find this process's registry for ``prefix`` and run.
+
+    ``trace`` is the starter's W3C trace context: current around the run, so
+    the run's spans join the starter's trace.
+    """
     reg = _REGISTRIES.get(prefix)
     if reg is None:
         raise LoopError(
@@ -110,7 +116,26 @@ def _execute_task(run_id: str, prefix: str, conversation: str) -> str:
             "module the worker imports (the app module); run "
             f"{run_id} stays queued"
         )
-    return reg.execute(run_id, conversation)
+    propagation = _propagation() if trace else None
+    if propagation is None:
+        return reg.execute(run_id, conversation)
+    with propagation.attached(trace):
+        return reg.execute(run_id, conversation)
+
+
+_PROPAGATION: List[Any] = []  # [module or None] once looked up
+
+
+def _propagation() -> Any:
+    """``loopctl.contrib.otel.propagation`` if OpenTelemetry is importable, else None."""
+    if not _PROPAGATION:
+        try:
+            from loopctl.contrib.otel import propagation
+        except ImportError:  # no [otel] extra: runs carry no trace context
+            _PROPAGATION.append(None)
+        else:
+            _PROPAGATION.append(propagation)
+    return _PROPAGATION[0]
 
 
 def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
@@ -332,6 +357,10 @@ class CeleryRunRegistry:
                 ``"never"``; default: the registry's).
             max_resumes: this run's ``max_resumes`` (default: the registry's).
 
+        With OpenTelemetry installed, the caller's current trace context
+        (W3C ``traceparent``) travels with the run and is current around it
+        on the worker, so the run's spans join the caller's trace.
+
         Returns:
             The run's id (its ``Run.id`` on the worker).
 
@@ -362,8 +391,10 @@ class CeleryRunRegistry:
             raise LoopBusy(
                 f"conversation {conversation!r} already has a run in flight ({res[1]}); run not started"
             )
+        propagation = _propagation()
+        trace = propagation.current_carrier() if propagation is not None else None
         try:
-            self._send(rid, conversation, self._queue)
+            self._send(rid, conversation, self._queue, trace or None)
         except Exception as exc:
             text = f"could not enqueue run {rid} on the Celery broker: {type(exc).__name__}"
             try:
@@ -373,8 +404,14 @@ class CeleryRunRegistry:
             raise RegistryUnavailable(text) from exc
         return rid
 
-    def _send(self, run_id: str, conversation: str, queue: Optional[str]) -> None:
-        """Send the run's task message (a duplicate is harmless: claims are atomic)."""
+    def _send(
+        self, run_id: str, conversation: str, queue: Optional[str], trace: Optional[Dict[str, str]] = None
+    ) -> None:
+        """Send the run's task message (a duplicate is harmless: claims are atomic).
+
+        ``trace`` (the starter's W3C trace context) rides on the first message
+        only: a run sent again by a sweeper starts its own trace.
+        """
         options: Dict[str, Any] = {
             "kwargs": {"run_id": run_id, "prefix": self._prefix, "conversation": conversation},
             "task_id": run_id,
@@ -383,6 +420,8 @@ class CeleryRunRegistry:
         }
         if queue:
             options["queue"] = queue
+        if trace:
+            options["kwargs"]["trace"] = trace  # the worker's spans join the caller's trace
         self._task.apply_async(**options)
 
     # -- driving a run ---------------------------------------------------------------------

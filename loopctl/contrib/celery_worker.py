@@ -433,7 +433,7 @@ def execute_run(
             config = RunConfig.from_dict(json.loads(claim.config)) if claim.config else None
             loop, feed = _build_loop(claim, conversation, saved, steer_base)
             if claim.cancel:
-                loop.cancel(claim.reason)  # ends this run, without a model call
+                loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
             sink = _checkpointer(loop, writer, steer_base, host, handed) if durable else None
             point = ResumePoint(saved, claim.resumes, claim.cause, clean) if claim.resumes > 0 else None
             handle = loop.start(claim.input, config, run_id, tap=writer.tap, checkpoint=sink, resume=point)

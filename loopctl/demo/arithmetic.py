@@ -440,10 +440,10 @@ def plan_reply(request: ModelRequest) -> Plan:
         notes.append(note + ".")
     lead = " ".join(notes) + (" " if notes else "")
     if reading.task is None:
-        return Plan(lead + _help(names))
+        return Plan(lead + _help(names) + _unknown_tools(tools))
     tree = parser.parse(reading.task)
     if tree is None:
-        return Plan(lead + f"I can't work out {reading.task!r}. " + _help(names))
+        return Plan(lead + f"I can't work out {reading.task!r}. " + _help(names) + _unknown_tools(tools))
     if any(isinstance(n, Bin) and n.op == "/" for n in _walk(tree)):
         return Plan(lead + "I can only add and multiply with my tools; I have no way to divide.")
     result = reduce(tree, reading.known)
@@ -480,6 +480,18 @@ def _walk(node: Node) -> Iterator[Node]:
     if isinstance(node, Bin):
         yield from _walk(node.left)
         yield from _walk(node.right)
+
+
+_KNOWN_TOOLS = frozenset({"add", "multiply", "lookup"})
+
+
+def _unknown_tools(tools: Mapping[str, ToolSchema]) -> str:
+    """Say which advertised tools (an MCP server's, say) this model cannot use."""
+    other = sorted(set(tools) - _KNOWN_TOOLS)
+    if not other:
+        return ""
+    return (f" I can't use the other tools I was given ({_join([repr(n) for n in other])}): I only "
+            "know add, multiply and lookup. A real model (--provider openai or anthropic) can use them.")
 
 
 def _help(names: Sequence[str]) -> str:

@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any, Optional
 
 from loopctl.config import RunConfig, SessionConfig
+from loopctl.demo.mcp_servers import close_mcp_servers, open_mcp_servers
 from loopctl.demo.model import OfflineModel
 from loopctl.demo.tools import demo_tools
 from loopctl.demo.view import Console, LiveView, StdinLines
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true",
                         help="print one JSON object per observer event on stdout")
     common.add_argument("--no-stream", action="store_true", help="ask for whole replies, not streams")
+    common.add_argument("--mcp", action="append", default=[], metavar='"COMMAND ARGS"',
+                        help="run an MCP server (stdio) and give its tools to the agent (repeatable)")
     # Hidden: slow the demo down so a person (or a terminal test) can type in time.
     common.add_argument("--delay", type=float, default=None, help=argparse.SUPPRESS)
     common.add_argument("--tool-delay", type=float, default=None, help=argparse.SUPPRESS)
@@ -87,7 +90,8 @@ class Command:
         a = self.args
         tool_delay = a.tool_delay if a.tool_delay is not None else float(env.get("LOOPCTL_DEMO_TOOL_DELAY") or 0)
         client = make_client(a, env, visible=tty and self.streaming and not a.json)
-        loop = BareLoop(client, demo_tools(tool_delay), SessionConfig(system_prompt=a.system))
+        self.mcp_servers, mcp_tools = open_mcp_servers(a.mcp)
+        loop = BareLoop(client, [*demo_tools(tool_delay), *mcp_tools], SessionConfig(system_prompt=a.system))
         if not self.streaming:
             loop.set_turn_mode("non_streaming")
         if a.json:
@@ -163,9 +167,10 @@ class Command:
         return EXIT_CANCELLED if isinstance(error, Cancelled) else EXIT_ERROR
 
     def close(self) -> None:
-        """Close the loop (tool threads, temp dir)."""
+        """Close the loop (tool threads, temp dir) and stop the MCP servers."""
         self.console.close()
         self.loop.close()
+        close_mcp_servers(self.mcp_servers)
 
 
 class _Started(Observer):

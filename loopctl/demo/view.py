@@ -25,6 +25,7 @@ from loopctl.observers import (
     LoopDetectedEvent,
     Observer,
     Response,
+    RetryScheduled,
     SteeringDelivered,
     ToolCallReceived,
     ToolPost,
@@ -158,6 +159,7 @@ class LiveView(Observer):
         self.streaming = streaming
         self.started = threading.Event()
         self._labels: dict[str, str] = {}
+        self._retry_shown = False
 
     def on_turn_start(self, event: TurnStart) -> None:
         """The slot is open by now: typed guidance may be pushed."""
@@ -194,9 +196,20 @@ class LiveView(Observer):
         for msg in event.messages:
             self.console.line(f"  [guidance delivered: {msg.text}]", "yellow")
 
+    def on_retry_scheduled(self, event: RetryScheduled) -> None:
+        """A failed model call will be retried: say why, when, and which try."""
+        self._retry_shown = True
+        self.console.line(
+            f"  [{event.cause}; retry {event.attempt}/{event.max_attempts} in {event.wait_s:.1f}s]", "yellow"
+        )
+
     def on_attempt_reset(self, event: AttemptReset) -> None:
-        """A stream attempt failed; the reply starts again."""
-        self.console.line(f"  [stream interrupted; retry {event.attempt}]", "yellow")
+        """The reply starts again (after a retry already shown, or for the rescue)."""
+        if self._retry_shown:
+            self._retry_shown = False
+            return
+        self.console.line(f"  [stream interrupted; asking again without streaming (try {event.attempt + 1})]",
+                          "yellow")
 
     def on_loop_detected(self, event: LoopDetectedEvent) -> None:
         """A repeating tool pattern."""

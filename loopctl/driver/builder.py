@@ -1,58 +1,211 @@
-"""The loop's builder surface: ``set_x`` setters and their fluent ``with_x`` twins.
+"""LoopSetup: what a loop is made of, its builder surface and its read-only views.
 
-Every setter raises ``ConfigError`` once the first run has started (the
-components are wired into the run's hot path). ``register_observer`` may
-also be called between runs, never while one is in flight.
+``LoopSetup`` owns the loop-level state: the configured parts
+(``LoopParts``), the machine and its history, the audit trail, the
+emitter, the token meter, the dispatcher, the signals (cancel, steering)
+and the busy slot. ``BareLoop`` extends it with running. Every setter
+raises ``ConfigError`` once the first run has started (the components are
+wired into the run's hot path); ``register_observer`` may also be called
+between runs, never while one is in flight. ``cancel()``,
+``is_cancelled()``, ``cancel_signal()`` and ``steering()`` are safe from any
+thread at any time; the other accessors belong to the thread that owns the
+loop.
 """
 
 from __future__ import annotations
 
+import threading
+import uuid
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
-from loopctl.context.tokens import ConversationMeter, TokenCounter
+from loopctl.cancel import CancelSignal
+from loopctl.config import RunConfig, SessionConfig
+from loopctl.context.manager import ContextManager, TruncatingCompactor
+from loopctl.context.tokens import HeuristicTokenCounter, TokenCounter
+from loopctl.detection import ConvergenceDetector, LoopDetector
+from loopctl.driver.dispatch import Dispatcher
+from loopctl.driver.emission import Emitter, RunEvents
+from loopctl.driver.handle import RunContext
+from loopctl.driver.meter import TokenMeter
+from loopctl.driver.parts import LoopParts
 from loopctl.driver.resources import LoopResources
+from loopctl.driver.signals import Steering
 from loopctl.errors import ConfigError
 from loopctl.hooks import HookExecutor
-from loopctl.messages import RequestOptions
+from loopctl.machine import LoopMachine, MachineState
+from loopctl.messages import Message, RequestOptions
 from loopctl.observers import Observer
+from loopctl.providers.stream_handler import StreamHandler
+from loopctl.records import Session
+from loopctl.tools.base import Tool
 from loopctl.tools.registry import ToolRegistry
 
 _TURN_MODES = ("streaming", "non_streaming")
-_L = TypeVar("_L", bound="BuilderMixin")
+_L = TypeVar("_L", bound="LoopSetup")
 
 
-class BuilderMixin:
-    """Setters for ``BareLoop`` (mixed in; operates on its private fields)."""
+class LoopSetup:
+    """A loop's configuration and loop-level state (``BareLoop`` adds running).
 
-    _started: bool
-    _active: Any
-    _turn_mode: str
-    _request_options: RequestOptions
-    _counter: TokenCounter
-    _meter: ConversationMeter
-    _memory: Any
-    _context_manager: Any
-    _stream_handler: Any
-    _hooks: Optional[HookExecutor]
-    _emitter: Any
-    _health: Any
-    _reflector: Any
-    _recovery: Any
-    _pipeline: Any
-    _tools: ToolRegistry
-    _text_streamer: Optional[Callable[[str], None]]
-    _contributors: list[Any]
-    _resources: LoopResources
-    _fallback: Any
-    _routed_model: Optional[str]
-    _loop_detector: Any
-    _convergence: Any
-    _client: Any
+    Args:
+        client: a model client (``complete``/``stream``; see ``ModelClient``).
+        tools: a ``ToolRegistry`` or an iterable of tools.
+        config: the session configuration.
+        history: committed messages to resume from.
+    """
 
-    def _model_name(self) -> str:
-        return str(getattr(self._client, "model", "") or "")
+    def __init__(
+        self,
+        client: Any,
+        tools: Union[ToolRegistry, Iterable[Tool]] = (),
+        config: SessionConfig = SessionConfig(),
+        *,
+        history: Iterable[Message] = (),
+    ) -> None:
+        if not isinstance(config, SessionConfig):
+            raise ConfigError(f"config must be a SessionConfig, got {type(config).__name__}")
+        registry = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+        counter: TokenCounter = HeuristicTokenCounter()
+        self._parts = LoopParts(
+            client=client,
+            tools=registry,
+            session_config=config,
+            counter=counter,
+            context_manager=ContextManager(
+                TruncatingCompactor(),
+                context_window=config.context_window,
+                compact_threshold=config.compact_threshold,
+                counter=counter,
+            ),
+            stream_handler=StreamHandler(),
+            loop_detector=LoopDetector(),
+            convergence=ConvergenceDetector(),
+        )
+        self._session_config = config
+        self._machine = LoopMachine(history)
+        self._session = Session(uuid.uuid4().hex)
+        self._emitter = Emitter(self._session.id)
+        self._meter = TokenMeter(counter)
+        self._cancel = CancelSignal()
+        self._steering = Steering()
+        self._resources = LoopResources(self, self._session.id)
+        self._dispatcher = Dispatcher(self._parts, self._resources)
+        self._busy = threading.Lock()
+        self._active: Optional[RunContext] = None
+        self._started = False
+        self._closed = False
+        self._last_config: Optional[RunConfig] = None
 
+    def _between_runs(self) -> RunEvents:
+        """Events that belong to no run (``switch_model`` between runs)."""
+        return RunEvents(self._emitter, "", None, None, self._parts.window())
+
+    @property
+    def tool_extras(self) -> dict[str, Any]:
+        """The dict every ``ToolContext.extras`` is (the host fills it)."""
+        return self._parts.tool_extras
+
+    @tool_extras.setter
+    def tool_extras(self, extras: dict[str, Any]) -> None:
+        self._parts.tool_extras = extras
+
+    # -- cancellation and steering (any thread) --------------------------------
+
+    def cancel(self, reason: Optional[str] = None) -> bool:
+        """Cancel the run in flight (any thread).
+
+        Returns:
+            True if it reached a run; False (no effect) when no run is in
+            flight or the run has reached its end. It never cancels a later run.
+        """
+        active = self._active
+        if active is None:
+            return False
+        return self._cancel_run(active, reason)
+
+    def _cancel_run(self, rc: RunContext, reason: Optional[str]) -> bool:
+        """Cancel ``rc``'s run only; False once that run has reached its end."""
+        with self._busy:
+            if self._active is not rc or rc.ending:
+                return False
+        # Fired through the run's own view, outside the lock (listeners may
+        # wait for the run): if the run ended meanwhile and the signal was
+        # re-armed, only that run's flag fires, never the next run's.
+        rc.cancel.cancel(reason)
+        return True
+
+    def is_cancelled(self) -> bool:
+        """True while the cancel signal is fired (any thread)."""
+        return self._cancel.is_cancelled()
+
+    def cancel_signal(self) -> CancelSignal:
+        """The loop's shared ``CancelSignal`` (any thread)."""
+        return self._cancel
+
+    def steering(self) -> Steering:
+        """The loop's one shared ``Steering`` (any thread)."""
+        return self._steering
+
+    # -- read-only views -------------------------------------------------------
+
+    @property
+    def session(self) -> Session:
+        """The audit trail: one ``Run`` per run, success or failure."""
+        return self._session
+
+    @property
+    def machine(self) -> LoopMachine:
+        """The brain (read-only use)."""
+        return self._machine
+
+    @property
+    def client(self) -> Any:
+        """The model client."""
+        return self._parts.client
+
+    @property
+    def tools(self) -> ToolRegistry:
+        """The tool registry."""
+        return self._parts.tools
+
+    @property
+    def session_config(self) -> SessionConfig:
+        """The session configuration."""
+        return self._session_config
+
+    @property
+    def is_running(self) -> bool:
+        """True while a run is in flight."""
+        return self._active is not None
+
+    @property
+    def abandoned_tool_threads(self) -> int:
+        """Tool calls of cancelled runs still running (tools that ignore ``ctx.cancel``).
+
+        Bounded: past ``MAX_ABANDONED_TOOL_THREADS`` (64), parallel waves run
+        one call at a time on the run's thread instead of starting threads.
+        """
+        return self._resources.abandoned_tool_threads
+
+    def conversation(self) -> list[Message]:
+        """History plus pending (a new list)."""
+        return self._machine.full_history()
+
+    def run_config(self) -> Optional[RunConfig]:
+        """The in-flight run's config, or the last run's; None before the first."""
+        return self._last_config
+
+    def state(self) -> MachineState:
+        """The machine's state."""
+        return self._machine.state
+
+    def should_continue(self) -> bool:
+        """True while the machine is not terminal."""
+        return not self._machine.is_terminal
+
+    # -- the builder surface ---------------------------------------------------
     def _configurable(self: _L, name: str) -> None:
         if self._started:
             raise ConfigError(f"{name}() must be called before the first run starts")
@@ -62,7 +215,7 @@ class BuilderMixin:
         self._configurable("set_turn_mode")
         if mode not in _TURN_MODES:
             raise ConfigError(f"turn mode must be 'streaming' or 'non_streaming', got {mode!r}")
-        self._turn_mode = mode
+        self._parts.turn_mode = mode
 
     def with_turn_mode(self: _L, mode: str) -> _L:
         """Fluent ``set_turn_mode``."""
@@ -74,7 +227,7 @@ class BuilderMixin:
         self._configurable("set_request_options")
         if not isinstance(options, RequestOptions):
             raise ConfigError(f"request options must be RequestOptions, got {options!r:.80}")
-        self._request_options = options
+        self._parts.request_options = options
 
     def with_request_options(self: _L, options: RequestOptions) -> _L:
         """Fluent ``set_request_options``."""
@@ -86,10 +239,10 @@ class BuilderMixin:
         self._configurable("set_token_counter")
         if not (hasattr(counter, "count_text") and hasattr(counter, "count_message")):
             raise ConfigError(f"token counter needs count_text and count_message: {counter!r:.80}")
-        self._counter = counter
-        self._meter = ConversationMeter(counter)
-        if self._context_manager is not None and hasattr(self._context_manager, "counter"):
-            self._context_manager.counter = counter
+        self._parts.counter = counter
+        self._meter.set_counter(counter)
+        if self._parts.context_manager is not None and hasattr(self._parts.context_manager, "counter"):
+            self._parts.context_manager.counter = counter
 
     def with_token_counter(self: _L, counter: TokenCounter) -> _L:
         """Fluent ``set_token_counter``."""
@@ -99,7 +252,7 @@ class BuilderMixin:
     def set_memory(self: _L, memory: Any) -> None:
         """A memory store (``store``/``retrieve``/``consolidate``)."""
         self._configurable("set_memory")
-        self._memory = memory
+        self._parts.memory = memory
 
     def with_memory(self: _L, memory: Any) -> _L:
         """Fluent ``set_memory``."""
@@ -110,8 +263,8 @@ class BuilderMixin:
         """Replace the default ``ContextManager`` (None disables compaction)."""
         self._configurable("set_context_manager")
         if manager is not None and hasattr(manager, "counter"):
-            manager.counter = self._counter
-        self._context_manager = manager
+            manager.counter = self._parts.counter
+        self._parts.context_manager = manager
 
     def with_context_manager(self: _L, manager: Any) -> _L:
         """Fluent ``set_context_manager``."""
@@ -123,7 +276,7 @@ class BuilderMixin:
         self._configurable("set_stream_handler")
         if not hasattr(handler, "stream_turn"):
             raise ConfigError(f"stream handler needs stream_turn(): {handler!r:.80}")
-        self._stream_handler = handler
+        self._parts.stream_handler = handler
 
     def with_stream_handler(self: _L, handler: Any) -> _L:
         """Fluent ``set_stream_handler``."""
@@ -135,7 +288,7 @@ class BuilderMixin:
         self._configurable("set_hook_executor")
         if not isinstance(hooks, HookExecutor):
             raise ConfigError(f"hooks must be a HookExecutor, got {hooks!r:.80}")
-        self._hooks = hooks
+        self._parts.hooks = hooks
         self._emitter.hooks = hooks
 
     def with_hook_executor(self: _L, hooks: HookExecutor) -> _L:
@@ -146,7 +299,7 @@ class BuilderMixin:
     def set_health_registry(self: _L, health: Any) -> None:
         """Per-tool circuit breakers."""
         self._configurable("set_health_registry")
-        self._health = health
+        self._parts.health = health
 
     def with_health_registry(self: _L, health: Any) -> _L:
         """Fluent ``set_health_registry``."""
@@ -156,7 +309,7 @@ class BuilderMixin:
     def set_reflector(self: _L, reflector: Any) -> None:
         """Analyses failed tool calls for recovery."""
         self._configurable("set_reflector")
-        self._reflector = reflector
+        self._parts.reflector = reflector
 
     def with_reflector(self: _L, reflector: Any) -> _L:
         """Fluent ``set_reflector``."""
@@ -166,7 +319,7 @@ class BuilderMixin:
     def set_recovery_strategy(self: _L, strategy: Any) -> None:
         """Decides retry / skip / ask / fail for a failed tool call."""
         self._configurable("set_recovery_strategy")
-        self._recovery = strategy
+        self._parts.recovery = strategy
 
     def with_recovery_strategy(self: _L, strategy: Any) -> _L:
         """Fluent ``set_recovery_strategy``."""
@@ -182,7 +335,7 @@ class BuilderMixin:
             )
         if not hasattr(builder, "build"):
             raise ConfigError(f"set_pipeline() takes a ToolPipeline builder, got {builder!r:.80}")
-        self._pipeline = builder.build_with_core(self._tools)
+        self._parts.pipeline = builder.build_with_core(self._parts.tools)
 
     def with_pipeline(self: _L, builder: Any) -> _L:
         """Fluent ``set_pipeline``."""
@@ -194,7 +347,7 @@ class BuilderMixin:
         self._configurable("set_text_streamer")
         if not callable(streamer):
             raise ConfigError(f"text streamer must be callable, got {streamer!r:.80}")
-        self._text_streamer = streamer
+        self._parts.text_streamer = streamer
 
     def with_text_streamer(self: _L, streamer: Callable[[str], None]) -> _L:
         """Fluent ``set_text_streamer``."""
@@ -206,7 +359,7 @@ class BuilderMixin:
         self._configurable("add_contributor")
         if not hasattr(contributor, "contribute"):
             raise ConfigError(f"a contributor needs contribute(ctx): {contributor!r:.80}")
-        self._contributors.append(contributor)
+        self._parts.contributors.append(contributor)
 
     def with_contributor(self: _L, contributor: Any) -> _L:
         """Fluent ``add_contributor``."""
@@ -228,7 +381,7 @@ class BuilderMixin:
     def set_fallback(self: _L, manager: Any) -> None:
         """A ``FallbackManager``: model breaker and fallback chain (routing per request)."""
         self._configurable("set_fallback")
-        self._fallback = manager
+        self._parts.fallback = manager
 
     def with_fallback(self: _L, manager: Any) -> _L:
         """Fluent ``set_fallback``."""
@@ -238,7 +391,7 @@ class BuilderMixin:
     def set_loop_detector(self: _L, detector: Any) -> None:
         """Replace the tool-loop detector (None disables it)."""
         self._configurable("set_loop_detector")
-        self._loop_detector = detector
+        self._parts.loop_detector = detector
 
     def with_loop_detector(self: _L, detector: Any) -> _L:
         """Fluent ``set_loop_detector``."""
@@ -248,7 +401,7 @@ class BuilderMixin:
     def set_convergence_detector(self: _L, detector: Any) -> None:
         """Replace the final-answer convergence detector (None disables it)."""
         self._configurable("set_convergence_detector")
-        self._convergence = detector
+        self._parts.convergence = detector
 
     def with_convergence_detector(self: _L, detector: Any) -> _L:
         """Fluent ``set_convergence_detector``."""
@@ -276,16 +429,16 @@ class BuilderMixin:
             raise ConfigError(f"model name must be a non-empty str, got {name!r}")
         if self._active is not None:
             raise ConfigError("switch_model() cannot be called while a run is in flight")
-        setter: Optional[Callable[[str], bool]] = getattr(self._client, "set_model", None)
-        old = self._routed_model or self._model_name()
+        setter: Optional[Callable[[str], bool]] = getattr(self._parts.client, "set_model", None)
+        old = self._parts.routed_model or self._parts.model_name()
         if setter is None or not setter(name):
             return False
         if old != name:
-            self._emitter.model_switched(old, name)
-        if self._fallback is not None and hasattr(self._fallback, "set_primary"):
-            self._fallback.set_primary(name)
-        self._routed_model = None
+            self._between_runs().model_switched(old, name)
+        if self._parts.fallback is not None and hasattr(self._parts.fallback, "set_primary"):
+            self._parts.fallback.set_primary(name)
+        self._parts.routed_model = None
         return True
 
 
-__all__ = ["BuilderMixin"]
+__all__ = ["LoopSetup"]

@@ -1,11 +1,13 @@
 """Checkpoints and resumption: a run's resumable state at its turn boundaries.
 
 A host that wants durable runs (``CeleryRunRegistry(resume=...)``) passes
-``checkpoint=`` to ``BareLoop.start``: the run's thread then hands it a
-``Checkpoint`` after each model turn (``"model"``), after each settled tool
-call or parallel wave (``"call"``) and after each tool phase (``"tools"``).
-The callback runs fenced on the run's thread, so it must only queue the
-state (the Celery worker writes it with the events that precede it).
+``checkpoint=`` to ``BareLoop.start``: at ``RunDriver.boundary`` the run's
+thread hands it a ``Checkpoint`` after each model turn (``"model"``), after
+each settled tool call or parallel wave (``"call"``) and after each tool
+phase (``"tools"``). The callback runs fenced on the run's thread: it
+queues the state (the Celery worker writes it with the events before it)
+and waits only for what at-most-once needs (a model turn's calls are
+durable before any of them starts).
 
 ``ResumePoint`` is the other direction: ``start(..., resume=point)`` runs
 ``on_run_resumed`` in place of ``on_run_start`` and restores the machine
@@ -17,19 +19,12 @@ error saying it was interrupted and its effect is unknown (at most once).
 
 from __future__ import annotations
 
-import logging
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import Any, Dict, Optional
 
 import attrs
 
 from loopctl.messages import Message, ToolResultPart
 from loopctl.records import Turn
-
-if TYPE_CHECKING:
-    from loopctl.driver.handle import RunContext
-    from loopctl.driver.loop import BareLoop
-
-log = logging.getLogger("loopctl")
 
 #: The error text an interrupted, non-idempotent call comes back with.
 INTERRUPTED = "the call was interrupted by a worker failure; its effect is unknown"
@@ -75,62 +70,53 @@ class ResumePoint:
     clean: bool = False
 
 
-def take_checkpoint(loop: BareLoop, rc: RunContext, after: str) -> None:
-    """Hand the run's state to its checkpoint callback (run thread, fenced)."""
-    sink = rc.checkpoint
-    if sink is None:
-        return
-    m = loop._machine
-    if m.is_terminal:
-        return  # the run is ending: its end is the record
-    history = tuple(m.history) if m.history_epoch != rc.base_epoch else None
-    point = Checkpoint(
+def snapshot(machine: Any, turns: Any, answered: Any, base_epoch: int, after: str) -> Optional[Checkpoint]:
+    """The run's state now (None once the machine is terminal: the run's end is its record).
+
+    Args:
+        machine: the run's ``LoopMachine``.
+        turns: the run's ``Turn`` records so far.
+        answered: the awaited wave's settled results (kept for ``"call"``).
+        base_epoch: the history epoch the host has committed (a different
+            epoch means the run compacted: the checkpoint carries the history).
+        after: ``"model"``, ``"call"`` or ``"tools"``.
+    """
+    if machine.is_terminal:
+        return None
+    history = tuple(machine.history) if machine.history_epoch != base_epoch else None
+    return Checkpoint(
         after,
-        tuple(m.pending),
-        m.turns_taken,
-        tuple(rc.run.turns),
-        tuple(rc.answered) if after == "call" else (),
+        tuple(machine.pending),
+        machine.turns_taken,
+        tuple(turns),
+        tuple(answered) if after == "call" else (),
         history,
     )
-    try:
-        sink(point)
-    except Exception:  # a host's bug must not end the run; the next boundary tries again
-        log.exception("run %s: the checkpoint callback failed", rc.run.id)
 
 
-def settle(loop: BareLoop, rc: RunContext, results: Any) -> None:
-    """Record settled results of the awaited wave, then checkpoint."""
-    if rc.checkpoint is None:
-        return
-    rc.answered.extend(results)
-    take_checkpoint(loop, rc, "call")
+def answers_for(point: ResumePoint, tools: Any) -> Dict[str, ToolResultPart]:
+    """The pre-answers of the awaited wave a resumed run starts with.
 
-
-def restore(loop: BareLoop, rc: RunContext, point: ResumePoint) -> None:
-    """Put the machine where the checkpoint left the run (the resumed run's thread)."""
-    m = loop._machine
+    A call with a committed result gets it; a call to a tool that is gone
+    gets "not available"; unless the run stopped cleanly at the checkpoint,
+    a call to a tool that is not ``idempotent`` gets the "interrupted" error
+    (it may have run). Every other call runs.
+    """
     cp = point.checkpoint
-    if cp is None:
-        m.accept_input(rc.run.input)
-        return
-    rc.run.turns.extend(cp.turns)
-    last = cp.pending[-1] if cp.pending else None
     answered: Dict[str, ToolResultPart] = {}
-    if last is not None and last.role == "assistant":
-        settled = {r.tool_call_id: r for r in cp.answered}
-        names = loop._tools.name_set()
-        for c in last.tool_calls:
-            if c.id in settled:
-                answered[c.id] = settled[c.id]
-            elif c.name not in names:
-                answered[c.id] = ToolResultPart(c.id, c.name, f"tool '{c.name}' is not available", True)
-            elif not point.clean and not getattr(loop._tools.get(c.name), "idempotent", False):
-                answered[c.id] = ToolResultPart(c.id, c.name, f"tool '{c.name}': {INTERRUPTED}", True)
-    # A checkpoint's own history (after a compaction) reached the loop through
-    # the host's factory; later checkpoints must carry it again.
-    m.resume(cp.pending, cp.turns_taken, answered)
-    rc.base_epoch = -1 if cp.history is not None else m.history_epoch
-    rc.answered = list(answered.values())
+    last = cp.pending[-1] if cp is not None and cp.pending else None
+    if cp is None or last is None or last.role != "assistant":
+        return answered
+    settled = {r.tool_call_id: r for r in cp.answered}
+    names = tools.name_set()
+    for c in last.tool_calls:
+        if c.id in settled:
+            answered[c.id] = settled[c.id]
+        elif c.name not in names:
+            answered[c.id] = ToolResultPart(c.id, c.name, f"tool '{c.name}' is not available", True)
+        elif not point.clean and not getattr(tools.get(c.name), "idempotent", False):
+            answered[c.id] = ToolResultPart(c.id, c.name, f"tool '{c.name}': {INTERRUPTED}", True)
+    return answered
 
 
-__all__ = ["INTERRUPTED", "Checkpoint", "ResumePoint", "restore", "settle", "take_checkpoint"]
+__all__ = ["INTERRUPTED", "Checkpoint", "ResumePoint", "answers_for", "snapshot"]

@@ -3,8 +3,10 @@
 The brain already decided that a pass is due; this module does the IO:
 
 1. read ``full_history()`` and measure it (calibrated, overhead included);
-2. take the deferred-extras reservation (one-shot) plus the request overhead;
-3. offer the pre-compact hooks a veto, instructions and extra context;
+2. take the deferred-extras reservation (one-shot, given by the run) plus
+   the request overhead;
+3. offer the pre-compact hooks a veto, instructions and extra context
+   (unfenced: hooks are user code and never hold a cancel);
 4. run the context manager UNFENCED (a summarizing compactor makes a model
    call), so a cancel takes the run over at once; the uncompacted history
    then survives and the run ends ``Cancelled``;
@@ -21,52 +23,65 @@ chained to it.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from loopctl.errors import Cancelled, ContextExceeded, LoopError
 from loopctl.hooks import CompactHookContext
 
 if TYPE_CHECKING:
+    from loopctl.driver.emission import RunEvents
     from loopctl.driver.handle import RunContext
-    from loopctl.driver.loop import BareLoop
+    from loopctl.driver.meter import TokenMeter
+    from loopctl.driver.parts import LoopParts
+    from loopctl.machine import LoopMachine
 
 log = logging.getLogger("loopctl")
 
 
-def run_compaction(loop: BareLoop, rc: RunContext, reason: str) -> None:
+def run_compaction(
+    parts: LoopParts,
+    machine: LoopMachine,
+    meter: TokenMeter,
+    rc: RunContext,
+    events: RunEvents,
+    reason: str,
+    deferred_tokens: int,
+    summarize: Callable[[Any], Any],
+) -> None:
     """Compact the conversation and feed the outcome to the machine."""
-    m = loop._machine
+    m = machine
+    window = parts.session_config.context_window
     messages = m.full_history()
-    before = loop._measure_figure()
-    reserved = loop._deferred_transient_tokens + loop._overhead_tokens()
-    loop._deferred_transient_tokens = 0
-    manager = loop._context_manager
+    before = meter.figure(m)
+    reserved = deferred_tokens + meter.overhead
+    manager = parts.context_manager
     instructions: Optional[str] = None
     extra: Optional[str] = None
-    hooks = loop._hooks
+    hooks = parts.hooks
     has_hooks = hooks is not None and bool(hooks.hooks)
-    hook_ctx = CompactHookContext(loop.session.id, rc.run.id, reason, tuple(messages), before)
+    hook_ctx = CompactHookContext(events.session_id, rc.run.id, reason, tuple(messages), before)
     if has_hooks:
-        decision = hooks.pre_compact(hook_ctx)  # type: ignore[union-attr]
+        with rc.unfenced():
+            decision = hooks.pre_compact(hook_ctx)  # type: ignore[union-attr]
         if decision.abort:
             log.info("compaction (%s) vetoed by a pre-compact hook", reason)
-            m.compaction_noop(before, before)
+            m.compaction_noop(before, before, window)
             return
         instructions, extra = decision.instructions, decision.extra_context
     if manager is None:
-        m.compaction_noop(before, before)
+        m.compaction_noop(before, before, window)
         return
     if rc.cancel.is_cancelled():
-        raise Cancelled(loop._cancel.reason)
+        raise Cancelled(rc.cancel.reason)
     kwargs: dict[str, Any] = {
         "reason": reason,
         "reserved": reserved,
         "instructions": instructions,
         "extra_context": extra,
-        "summarize": loop._summarize,
+        "summarize": summarize,
     }
     if _takes_scale(manager):
-        kwargs["scale"] = loop._calibration.scale
+        kwargs["scale"] = meter.calibration.scale
     with rc.unfenced():
         try:
             compacted = manager.compact(messages, **kwargs)
@@ -76,20 +91,20 @@ def run_compaction(loop: BareLoop, rc: RunContext, reason: str) -> None:
         except Exception as exc:  # a custom manager's bug: the pass failed
             compacted, failure = None, exc
     if failure is not None:
-        window = loop._session_config.context_window
         raise ContextExceeded(before, window) from failure
     if rc.cancel.is_cancelled():
-        raise Cancelled(loop._cancel.reason)
+        raise Cancelled(rc.cancel.reason)
     if compacted is None:
-        m.compaction_noop(before, before)
+        m.compaction_noop(before, before, window)
         return
-    after = loop._figure_for(compacted)
-    m.compaction_result(compacted, before, after)
+    after = meter.figure_for(compacted)
+    m.compaction_result(compacted, before, after, window)
     if m.is_terminal:
         return
-    loop._emitter.compaction(reason, before, after)
+    events.compaction(reason, before, after)
     if has_hooks:
-        hooks.post_compact(hook_ctx, after)  # type: ignore[union-attr]
+        with rc.unfenced():
+            hooks.post_compact(hook_ctx, after)  # type: ignore[union-attr]
 
 
 def _takes_scale(manager: Any) -> bool:

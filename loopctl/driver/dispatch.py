@@ -3,17 +3,26 @@
 Every attempt of a call goes through one pipeline (reference §5.5), split
 in three phases so that events and state stay on the run's thread:
 
-- begin (run thread, fenced): cancel check, ``on_tool_pre``, pre-tool hooks
-  (a block is a soft error with no ``on_tool_post``), the loop detector's
-  pre-check (a pending stop is a hard ``LoopDetected``), the health gate
-  (keyed on the requested name; an open breaker is a soft refusal);
+- begin (run thread): cancel check, ``on_tool_pre``, then the call's GATE
+  (``_gate``: the one point where a call may wait before it runs; today the
+  pre-tool hooks, run UNFENCED so a ``ConfirmationHook`` waiting for a
+  person never holds a cancel; a block is a soft error with no
+  ``on_tool_post``), the loop detector's pre-check (a pending stop is a
+  hard ``LoopDetected``), the health gate (keyed on the requested name; an
+  open breaker is a soft refusal);
 - execute (unfenced; inline for a lone call, on the loop's pool for a
-  parallel wave): through ``loop._pipeline`` when set, else the registry;
-- finish (run thread, fenced): detector record, ``on_tool_post``, post-tool
-  hooks, health record (under the resolved name), memory trajectory
+  parallel wave): through the pipeline when set, else the registry. A
+  ``KeyboardInterrupt`` from a tool cancels the run ("interrupted"); any
+  other ``BaseException`` (``SystemExit``, ``GeneratorExit``) is a soft
+  error naming it, alone or in a wave;
+- finish (run thread): detector record, ``on_tool_post``, post-tool hooks
+  (unfenced), health record (under the resolved name), memory trajectory
   (successful calls only), then recovery: a ``Retry`` waits (cancel-aware,
   unfenced), applies the correction and runs the whole pipeline again with
   ``attempt + 1``; more than five retries is ``ToolRecoveryExhausted``.
+
+The dispatcher holds the loop's parts and resources, never the loop; a
+run reaches it through its ``ToolRun``.
 
 A wave fires every ``on_tool_pre`` (in request order), runs its calls
 together (each in a copy of the run's contextvars), then fires every ``on_tool_post`` in request order; retries of a
@@ -28,33 +37,30 @@ import logging
 import threading
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-import attrs
-
-from loopctl.driver.checkpoint import settle
+from loopctl.driver.recovery import corrected, decide
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
-from loopctl.observers import ToolPost
+from loopctl.observers import ToolPost, ToolPre
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.pipeline import DispatchContext, invoke_tool, not_found_text
 from loopctl.tools.recovery import (
     MAX_RETRIES,
-    CorrectionKind,
     ExponentialBackoffRecovery,
-    Fail,
-    FailureAnalysis,
     NoopReflector,
-    RecoveryAction,
     ReflectionContext,
     Retry,
 )
 
 if TYPE_CHECKING:
+    from loopctl.config import ParallelDispatch
+    from loopctl.driver.emission import RunEvents
     from loopctl.driver.handle import RunContext
-    from loopctl.driver.loop import BareLoop
+    from loopctl.driver.parts import LoopParts
+    from loopctl.driver.resources import LoopResources
 
 log = logging.getLogger("loopctl")
 
@@ -74,7 +80,7 @@ def _cancel_wait(cancel: Any, delay: float) -> bool:
 class _Call:
     """One call's state across its attempts."""
 
-    __slots__ = ("original", "call", "attempt", "ctx", "out", "ms", "resolved", "correction")
+    __slots__ = ("original", "call", "attempt", "ctx", "out", "ms", "resolved", "correction", "interrupted")
 
     def __init__(self, call: ToolCallPart) -> None:
         self.original = call
@@ -85,77 +91,119 @@ class _Call:
         self.ms = 0.0
         self.resolved = call.name
         self.correction: Any = None
+        self.interrupted = False
 
     def result(self) -> ToolResultPart:
         o = self.original
         return ToolResultPart(o.id, o.name, self.out.text, self.out.is_error)
 
 
+class ToolRun:
+    """What one run lends the dispatcher: its fence, events, input and dispatch mode."""
+
+    __slots__ = ("rc", "events", "run_input", "parallel", "session_id", "settled")
+
+    def __init__(
+        self, rc: RunContext, events: RunEvents, run_input: str, parallel: ParallelDispatch, session_id: str
+    ) -> None:
+        self.rc = rc
+        self.events = events
+        self.run_input = run_input
+        self.parallel = parallel
+        self.session_id = session_id
+        # A durable run's checkpoint after each settled call or wave (run thread, fenced).
+        self.settled: Optional[Callable[[Sequence[ToolResultPart]], None]] = None
+
+
 class Dispatcher:
-    """Runs one turn's tool calls for a loop.
+    """Runs one turn's tool calls; holds the loop's parts and resources, not the loop.
 
     Attributes:
         sleep: ``sleep(cancel, seconds) -> bool`` waits between recovery
             retries (True if cancelled meanwhile); tests inject a fake.
     """
 
-    def __init__(self, loop: BareLoop) -> None:
-        self.loop = loop
+    def __init__(self, parts: LoopParts, resources: LoopResources) -> None:
+        self.parts = parts
+        self.resources = resources
         self.sleep: Callable[[Any, float], bool] = _cancel_wait
 
     # -- batches ---------------------------------------------------------------
 
-    def dispatch(
-        self, rc: RunContext, turn: int, calls: Sequence[ToolCallPart]
-    ) -> list[ToolResultPart]:
+    def dispatch(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> list[ToolResultPart]:
         """Run ``calls``; results in the same order.
 
         Raises:
             Cancelled: the signal fired before a call, between calls or waves,
-                while a wave was running, or during a retry's backoff.
+                while a wave was running, or during a retry's backoff; or a
+                tool raised ``KeyboardInterrupt`` (the run is cancelled).
             LoopDetected: the loop detector's stop was pending.
             ToolRecoveryExhausted: a call needed more than five retries.
         """
         if not calls:
             return []
-        parallel = self.loop._run_config_now.parallel
-        loop = self.loop
+        parallel = run.parallel
+        settled = run.settled
         if parallel.mode == "sequential" or parallel.max_concurrency == 1 or len(calls) == 1:
+            if settled is None:
+                return [self._run_one(run, turn, _Call(c)) for c in calls]
             out = []
             for c in calls:
-                out.append(self._run_one(rc, turn, _Call(c)))
-                settle(loop, rc, out[-1:])
+                out.append(self._run_one(run, turn, _Call(c)))
+                settled(out[-1:])
             return out
         results: list[Optional[ToolResultPart]] = [None] * len(calls)
         for wave in self._plan_waves(calls, parallel.max_concurrency):
-            self._check_cancel(rc)
+            self._check_cancel(run.rc)
             if len(wave) == 1:
                 i = wave[0]
-                results[i] = self._run_one(rc, turn, _Call(calls[i]))
+                results[i] = self._run_one(run, turn, _Call(calls[i]))
             else:
-                for i, r in zip(wave, self._run_wave(rc, turn, [calls[i] for i in wave])):
+                for i, r in zip(wave, self._run_wave(run, turn, [calls[i] for i in wave])):
                     results[i] = r
-            settle(loop, rc, [results[i] for i in wave])
+            if settled is not None:
+                settled([results[i] for i in wave])  # type: ignore[misc]
         return results  # type: ignore[return-value]
 
     def _check_cancel(self, rc: RunContext) -> None:
         if rc.cancel.is_cancelled():
-            raise Cancelled(self.loop._cancel.reason)
+            raise Cancelled(rc.cancel.reason)
 
-    def _run_one(self, rc: RunContext, turn: int, st: _Call) -> ToolResultPart:
+    def _check_interrupted(self, rc: RunContext, states: Sequence[_Call]) -> None:
+        """A tool raised ``KeyboardInterrupt``: the user means the run, so cancel it."""
+        for st in states:
+            if st.interrupted:
+                rc.cancel.cancel("interrupted")
+                raise Cancelled("interrupted")
+
+    def _run_one(self, run: ToolRun, turn: int, st: _Call) -> ToolResultPart:
         """The whole per-call pipeline, inline on the run's thread, retries included."""
+        rc = run.rc
         while True:
-            kind = self._begin(rc, turn, st)
+            kind = self._begin(run, turn, st)
             if kind == _BLOCKED:
                 return st.result()
             if kind == _RUN:
-                with rc.unfenced():
-                    self._execute(turn, st)
-                self._check_cancel(rc)
-            retry = self._finish(rc, turn, st, kind == _GATED)
+                self._execute_inline(rc, turn, st)
+                if st.interrupted:
+                    self._check_interrupted(rc, (st,))
+                if rc.cancel.is_cancelled():
+                    raise Cancelled(rc.cancel.reason)
+            retry = self._finish(run, turn, st, kind == _GATED)
             if retry is None:
                 return st.result()
             self._prepare_retry(rc, st, retry)
+
+    def _execute_inline(self, rc: RunContext, turn: int, st: _Call) -> None:
+        """Run the attempt on the run's thread, unfenced (a cancel may abandon it)."""
+        rc.inline_tool = True
+        try:
+            with rc.unfenced():
+                self._execute(turn, st)
+        finally:
+            rc.inline_tool = False
+            if rc.tools_abandoned:  # rare: the run was abandoned meanwhile
+                self.resources.inline_ended(rc)
 
     def _plan_waves(self, calls: Sequence[ToolCallPart], limit: int) -> list[list[int]]:
         """Group call indices into waves, keeping request order across waves.
@@ -163,7 +211,7 @@ class Dispatcher:
         Safe calls join the current wave up to ``limit`` unless their resource
         key is already in it; an unsafe call runs alone.
         """
-        registry = self.loop._tools
+        registry = self.parts.tools
         waves: list[list[int]] = []
         current: list[int] = []
         keys: set[str] = set()
@@ -187,14 +235,14 @@ class Dispatcher:
             waves.append(current)
         return waves
 
-    def _run_wave(
-        self, rc: RunContext, turn: int, calls: Sequence[ToolCallPart]
-    ) -> list[ToolResultPart]:
+    def _run_wave(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> list[ToolResultPart]:
+        rc = run.rc
         states = [_Call(c) for c in calls]
-        kinds = [self._begin(rc, turn, st) for st in states]
+        kinds = [self._begin(run, turn, st) for st in states]
         runnable = [st for st, k in zip(states, kinds) if k == _RUN]
         if runnable:
-            self._execute_together(rc, turn, runnable)
+            self._execute_together(run, turn, runnable)
+        self._check_interrupted(rc, runnable)
         self._check_cancel(rc)
         slots: list[Optional[ToolResultPart]] = [None] * len(states)
         retries: list[tuple[int, Retry]] = []
@@ -202,7 +250,7 @@ class Dispatcher:
             if kind == _BLOCKED:
                 slots[k] = st.result()
                 continue
-            retry = self._finish(rc, turn, st, kind == _GATED)
+            retry = self._finish(run, turn, st, kind == _GATED)
             if retry is None:
                 slots[k] = st.result()
             else:
@@ -210,10 +258,21 @@ class Dispatcher:
         for k, retry in retries:
             st = states[k]
             self._prepare_retry(rc, st, retry)
-            slots[k] = self._run_one(rc, turn, st)
+            slots[k] = self._run_one(run, turn, st)
         return slots  # type: ignore[return-value]
 
-    def _execute_together(self, rc: RunContext, turn: int, states: list[_Call]) -> None:
+    def _execute_together(self, run: ToolRun, turn: int, states: list[_Call]) -> None:
+        rc = run.rc
+        resources = self.resources
+        pool = resources.executor(run.parallel.max_concurrency)
+        if pool is None:
+            # Past the bound on abandoned tool threads: no new threads; the
+            # wave's calls run one by one on the run's thread.
+            for st in states:
+                self._execute_inline(rc, turn, st)
+                if st.interrupted or rc.cancel.is_cancelled():
+                    return
+            return
         lock = threading.Lock()
         all_done = threading.Event()
         remaining = [len(states)]
@@ -222,14 +281,17 @@ class Dispatcher:
             try:
                 if st.ctx is not None and st.ctx.cancel.is_cancelled():
                     return  # cancelled while it waited for a worker: never start it
-                self._execute(turn, st)
+                resources.tool_started(rc)
+                try:
+                    self._execute(turn, st)
+                finally:
+                    resources.tool_ended(rc)
             finally:
                 with lock:
                     remaining[0] -= 1
                     if remaining[0] == 0:
                         all_done.set()
 
-        pool = self.loop._executor()
         wake = all_done.set
         rc.cancel.add_listener(wake)
         try:
@@ -243,93 +305,121 @@ class Dispatcher:
 
     # -- one attempt's phases ------------------------------------------------------
 
-    def _hook_ctx(self, rc: RunContext, turn: int, st: _Call) -> ToolHookContext:
+    def _hook_ctx(self, run: ToolRun, turn: int, st: _Call) -> ToolHookContext:
         c = st.call
-        return ToolHookContext(self.loop.session.id, rc.run.id, turn, c.id, c.name, c.input, st.attempt)
+        return ToolHookContext(run.session_id, run.rc.run.id, turn, c.id, c.name, c.input, st.attempt)
 
-    def _begin(self, rc: RunContext, turn: int, st: _Call) -> int:
-        """Run thread: cancel check, pre event, hooks, detector pre-check, health gate."""
-        self._check_cancel(rc)
-        loop = self.loop
+    def _begin(self, run: ToolRun, turn: int, st: _Call) -> int:
+        """Run thread: cancel check, pre event, the gate, detector pre-check, health gate."""
+        rc = run.rc
+        cancel = rc.cancel
+        if cancel.is_cancelled():
+            raise Cancelled(cancel.reason)
+        parts = self.parts
         call = st.call
-        loop._emitter.tool_pre(turn, call.id, call.name, st.attempt)
-        hooks = loop._hooks
-        if hooks is not None and hooks.hooks:
-            decision = hooks.pre_tool_use(self._hook_ctx(rc, turn, st))
-            if decision.blocks:
-                st.out = ToolOutput.error(f"Tool '{call.name}' blocked: {decision.reason or 'blocked by hook'}")
-                return _BLOCKED
-        detector = loop._loop_detector
+        em = run.events
+        if ToolPre in em._wanted:
+            em.tool_pre(turn, call.id, call.name, st.attempt)
+        hooks = parts.hooks
+        if hooks is not None and hooks.hooks and self._gate(run, turn, st):
+            return _BLOCKED
+        detector = parts.loop_detector
         if detector is not None:
             stop = detector.pre_check()
             if stop is not None:
                 raise stop
-        health = loop._health
+        health = parts.health
         if health is not None:
             refusal = health.check(call.name)
             if refusal is not None:
                 st.out, st.ms, st.resolved = ToolOutput.error(refusal), 0.0, call.name
                 return _GATED
         st.ctx = ToolContext(
-            loop.session.id, rc.run.id, turn, call.id, loop._ensure_temp_dir(), rc.cancel, loop.tool_extras
+            run.session_id, rc.run.id, turn, call.id, self.resources.ensure_temp_dir(), rc.cancel, parts.tool_extras
         )
-        self._check_cancel(rc)  # biased: a cancel from on_tool_pre or a hook means it never starts
+        if cancel.is_cancelled():  # biased: a cancel from on_tool_pre or a hook means it never starts
+            raise Cancelled(cancel.reason)
         return _RUN
+
+    def _gate(self, run: ToolRun, turn: int, st: _Call) -> bool:
+        """The one point where a call may wait before it runs; True when it is blocked.
+
+        Runs unfenced (a hook may wait for a person): a cancel meanwhile takes
+        the run over at once. Its soft answer, when blocked, is in ``st.out``.
+        """
+        hooks = self.parts.hooks
+        assert hooks is not None
+        ctx = self._hook_ctx(run, turn, st)
+        with run.rc.unfenced():
+            decision = hooks.pre_tool_use(ctx)
+        if decision.blocks:
+            st.out = ToolOutput.error(f"Tool '{st.call.name}' blocked: {decision.reason or 'blocked by hook'}")
+            return True
+        return False
 
     def _execute(self, turn: int, st: _Call) -> None:
         """Any thread, unfenced: run the attempt; never raises."""
-        loop = self.loop
+        parts = self.parts
         call = st.call
         t0 = time.perf_counter()
-        pipeline = loop._pipeline
+        pipeline = parts.pipeline
         try:
             if pipeline is None:
-                tool = loop._tools.get(call.name)
+                tools = parts.tools
+                tool = tools.get(call.name)
                 if tool is None:
-                    out = ToolOutput.error(not_found_text(call.name, loop._tools))
+                    out = ToolOutput.error(not_found_text(call.name, tools))
                 else:
                     out = invoke_tool(tool, call.input, st.ctx)
                 st.resolved = call.name
             else:
-                d = DispatchContext(call.name, call.input, call.name, call.id, turn, st.attempt, st.ctx, loop._tools)
+                d = DispatchContext(call.name, call.input, call.name, call.id, turn, st.attempt, st.ctx, parts.tools)
                 out = pipeline.dispatch(d)
                 st.resolved = d.tool_name
         except Exception as exc:  # a custom pipeline that raises; never kill the run
             out = ToolOutput.error(f"Tool '{call.name}' raised {type(exc).__name__}: {exc}")
+        except KeyboardInterrupt:
+            st.interrupted = True  # the run is cancelled by whoever waits for this call
+            out = ToolOutput.error(f"Tool '{call.name}' was interrupted (KeyboardInterrupt)")
+        except BaseException as exc:  # SystemExit, GeneratorExit: the tool failed, not the run
+            out = ToolOutput.error(f"Tool '{call.name}' raised {type(exc).__name__}: {exc}")
         st.out = out
         st.ms = (time.perf_counter() - t0) * 1000.0
 
-    def _finish(self, rc: RunContext, turn: int, st: _Call, gated: bool) -> Optional[Retry]:
+    def _finish(self, run: ToolRun, turn: int, st: _Call, gated: bool) -> Optional[Retry]:
         """Run thread: record, post event, hooks, health, memory, recovery.
 
         Returns a ``Retry`` when the call should run again, else None.
         """
-        loop = self.loop
+        parts = self.parts
+        rc = run.rc
         call, out = st.call, st.out
-        detector = loop._loop_detector
+        em = run.events
+        detector = parts.loop_detector
         if detector is not None and not gated:
             found = detector.record(call.name, call.input, out.text, out.is_error)
             if found is not None:
-                loop._emitter.loop_detected(found[0], found[1])
-        em = loop._emitter
-        if em.wants(ToolPost):  # hashing costs more than the check
+                em.loop_detected(found[0], found[1])
+        if ToolPost in em._wanted:  # hashing costs more than the check
             em.tool_post(turn, call.id, call.name, st.attempt, out.is_error, st.ms, out.text, result_hash(out.text))
-        hooks = loop._hooks
+        hooks = parts.hooks
         if hooks is not None and hooks.hooks:
-            hooks.post_tool_use(self._hook_ctx(rc, turn, st), out.text, out.is_error)
+            ctx = self._hook_ctx(run, turn, st)
+            with rc.unfenced():  # user code: never holds a cancel
+                hooks.post_tool_use(ctx, out.text, out.is_error)
         if gated:
             return None  # it never ran: nothing to record, nothing to retry
-        health = loop._health
+        health = parts.health
         if health is not None:
             health.record(st.resolved, not out.is_error)
         if not out.is_error:
-            if loop._memory is not None:
+            if parts.memory is not None:
                 with rc.unfenced():  # a store may block (SQLite locks): let cancel take over
                     self._remember(st)
             return None
-        if loop._reflector is None and loop._recovery is None:
+        if parts.reflector is None and parts.recovery is None:
             return None
-        return self._recover(rc, turn, st)
+        return self._recover(run, turn, st)
 
     def _remember(self, st: _Call) -> None:
         global _trajectory_entry
@@ -339,24 +429,24 @@ class Dispatcher:
 
                 _trajectory_entry = trajectory_entry
             # tool={name}; input={JSON, 500 chars}; result={500 chars}, tagged "trajectory"
-            self.loop._memory.store(_trajectory_entry(st.resolved, st.call.input, st.out.text))
+            self.parts.memory.store(_trajectory_entry(st.resolved, st.call.input, st.out.text))
         except Exception:
             log.exception("memory store of a tool trajectory failed (tool %r)", st.resolved)
 
     # -- recovery ------------------------------------------------------------------
 
-    def _recover(self, rc: RunContext, turn: int, st: _Call) -> Optional[Retry]:
-        loop = self.loop
-        reflector = loop._reflector if loop._reflector is not None else NoopReflector()
-        strategy = loop._recovery if loop._recovery is not None else ExponentialBackoffRecovery()
+    def _recover(self, run: ToolRun, turn: int, st: _Call) -> Optional[Retry]:
+        parts = self.parts
+        reflector = parts.reflector if parts.reflector is not None else NoopReflector()
+        strategy = parts.recovery if parts.recovery is not None else ExponentialBackoffRecovery()
         limit = getattr(strategy, "max_attempts", MAX_RETRIES)
         max_attempts = limit if isinstance(limit, int) else MAX_RETRIES
-        tool = loop._tools.get(st.call.name)
+        tool = parts.tools.get(st.call.name)
         schema = tool.schema() if tool is not None else None
-        rctx = ReflectionContext(st.attempt, max_attempts, loop._run_input, turn, st.call.id)
+        rctx = ReflectionContext(st.attempt, max_attempts, run.run_input, turn, st.call.id)
         call, text = st.call, st.out.text
-        with rc.unfenced():  # a reflector may ask a model: blocking work
-            analysis, action = _decide(reflector, strategy, text, call, schema, rctx, st.attempt, max_attempts)
+        with run.rc.unfenced():  # a reflector may ask a model: blocking work
+            analysis, action = decide(reflector, strategy, text, call, schema, rctx, st.attempt, max_attempts)
         if type(action) is not Retry:
             return None
         st.correction = analysis.correction
@@ -371,52 +461,9 @@ class Dispatcher:
             with rc.unfenced():
                 self.sleep(rc.cancel, delay)
         self._check_cancel(rc)
-        st.call = _corrected(st.call, st.correction)
+        st.call = corrected(st.call, st.correction)
         st.correction = None
         st.attempt += 1
 
 
-def _decide(
-    reflector: Any,
-    strategy: Any,
-    error: str,
-    call: ToolCallPart,
-    schema: Any,
-    rctx: ReflectionContext,
-    attempt: int,
-    max_attempts: int,
-) -> tuple[FailureAnalysis, RecoveryAction]:
-    try:
-        analysis = reflector.analyze(error, call.name, call.input, schema, rctx)
-        if not isinstance(analysis, FailureAnalysis):
-            raise TypeError(f"analyze() returned {type(analysis).__name__}, not FailureAnalysis")
-    except Exception as exc:
-        log.exception("reflector failed on tool %r; treated as not recoverable", call.name)
-        return FailureAnalysis(False, f"reflector failed: {exc}"), Fail("reflector failed")
-    try:
-        action = strategy.decide(analysis, attempt, max_attempts)
-    except Exception as exc:
-        log.exception("recovery strategy failed on tool %r; giving up", call.name)
-        return analysis, Fail(f"strategy failed: {exc}")
-    return analysis, action
-
-
-def _corrected(call: ToolCallPart, correction: Any) -> ToolCallPart:
-    """Apply an input fix or a tool change; anything else (or a bad fix) is skipped."""
-    if correction is None:
-        return call
-    kind = getattr(correction, "kind", None)
-    if kind == CorrectionKind.INPUT_FIX:
-        new = getattr(correction, "modified_input", None)
-        if isinstance(new, Mapping):
-            return attrs.evolve(call, input=dict(new))
-        log.warning("input fix for tool %r is not an object (%r); retrying uncorrected", call.name, new)
-    elif kind == CorrectionKind.TOOL_CHANGE:
-        name = getattr(correction, "alternative_tool", None)
-        if isinstance(name, str) and name:
-            return attrs.evolve(call, name=name)
-        log.warning("tool change for %r names no tool; retrying uncorrected", call.name)
-    return call
-
-
-__all__ = ["Dispatcher", "result_hash"]
+__all__ = ["Dispatcher", "ToolRun", "result_hash"]

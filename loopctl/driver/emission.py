@@ -1,17 +1,34 @@
 """The ONLY caller of observers and run hooks.
 
-Observers are called in registration order; one that raises is logged with
-its name and skipped. An event object is built only when someone listens
-(an observer that overrides its method, or the run's tap), so a loop with
-no observers pays almost nothing per event. Run-start goes to observers
-then hooks; run-end to hooks then observers.
+``Emitter`` (one per loop) holds the observers and delivers to them one
+event at a time, in order, across runs: whichever thread finds delivery
+idle delivers, first its own event, then whatever other threads queued
+meanwhile (each queued event runs in a copy of the context it was emitted
+in, so an observer reads the caller's contextvars). A run's body delivers
+UNFENCED, so an observer that blocks never delays a cancel: the takeover
+queues its events (the failed ``on_turn_end``, ``on_run_end``) behind the
+blocked one, or hands them to a short-lived ``loopctl-events-...`` thread.
+A blocked observer delays delivery, never the cancel; ``on_run_end`` stays
+the last event of its run and comes before any event of a later run.
+
+``RunEvents`` (one per run) binds the emitter to the run: its id, its tap
+(called inline, before the queue: the registry's tap never blocks) and its
+fence. ``phase()`` opens an LLM or tool phase whose ``on_turn_end`` is
+always sent exactly once: ok on a clean exit, failed on an error, failed by
+``finalize`` when a cancel cut it short. An event object is built only when
+someone listens. Run-start goes to observers then hooks; run-end to hooks
+then observers.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from loopctl.hooks import HookExecutor, RunHookContext
 from loopctl.messages import Message, StopReason, Usage
@@ -43,9 +60,13 @@ from loopctl.observers import (
     TurnStart,
 )
 
+if TYPE_CHECKING:
+    from loopctl.driver.handle import RunContext
+
 log = logging.getLogger("loopctl")
 
 Listener = Callable[[Any], None]
+_Item = tuple[Callable[[Any], None], Any, Optional[contextvars.Context]]
 
 
 def _label(observer: Observer, fn: Listener) -> str:
@@ -57,16 +78,17 @@ def _label(observer: Observer, fn: Listener) -> str:
 
 
 class Emitter:
-    """Fans events out to observers, the run's tap, and run hooks."""
+    """The loop's observers and run hooks, and the one-at-a-time delivery to them."""
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
-        self.run_id = ""
         self.observers: list[Observer] = []
         self.hooks: Optional[HookExecutor] = None
-        self.tap: Optional[Callable[[Event], None]] = None
         self._table: dict[type[Event], tuple[Listener, ...]] = {cls: () for cls in EVENT_METHODS}
         self._labels: dict[int, str] = {}  # id(listener) -> the name logged when it raises
+        self._queue: deque[_Item] = deque()
+        self._qlock = threading.Lock()
+        self._delivering = False
 
     def add_observer(self, observer: Observer) -> None:
         """Register ``observer`` (duplicates are called twice)."""
@@ -81,18 +103,17 @@ class Emitter:
             self._table[cls] = self._table[cls] + (fn,)
             self._labels[id(fn)] = _label(observer, fn)
 
-    def wants(self, cls: type[Event]) -> bool:
-        """True when an event of ``cls`` would reach anyone."""
-        return bool(self._table[cls]) or self.tap is not None
+    def observes(self, cls: type[Event]) -> bool:
+        """True when an observer listens to events of ``cls``."""
+        return bool(self._table[cls])
 
-    def emit(self, event: Event) -> None:
-        """Deliver ``event`` to the tap, then observers in order; contain failures."""
-        tap = self.tap
-        if tap is not None:
-            try:
-                tap(event)
-            except Exception:
-                log.exception("event tap raised on %s", type(event).__name__)
+    @property
+    def is_delivering(self) -> bool:
+        """True while some thread is delivering (an observer may be blocked)."""
+        return self._delivering
+
+    def fan_out(self, event: Event) -> None:
+        """Deliver ``event`` to observers in order; contain their failures."""
         for fn in self._table[type(event)]:
             try:
                 fn(event)
@@ -103,52 +124,245 @@ class Emitter:
                     EVENT_METHODS[type(event)],
                 )
 
+    def deliver(self, fn: Callable[[Any], None], arg: Any, fence: Any, handoff: bool = False) -> None:
+        """Call ``fn(arg)`` after everything queued before it, one call at a time.
+
+        Args:
+            fence: the caller's ``RunContext`` (released while delivering, so a
+                blocked observer never holds the run), or None.
+            handoff: never deliver on this thread; a ``loopctl-events-...``
+                thread does it if delivery is idle (the takeover's events).
+        """
+        with self._qlock:
+            if self._delivering or handoff:
+                self._queue.append((fn, arg, contextvars.copy_context()))
+                if self._delivering:
+                    return
+            self._delivering = True
+        if handoff:
+            threading.Thread(
+                target=self._drain, name=f"loopctl-events-{self.session_id[:8]}", daemon=True
+            ).start()
+        elif fence is not None:
+            with fence.unfenced():
+                self._deliver_then_drain(fn, arg)
+        else:
+            self._deliver_then_drain(fn, arg)
+
+    def _deliver_then_drain(self, fn: Callable[[Any], None], arg: Any) -> None:
+        try:
+            fn(arg)
+        finally:
+            self._drain()
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                with self._qlock:
+                    if not self._queue:
+                        self._delivering = False
+                        return
+                    fn, arg, ctx = self._queue.popleft()
+                if ctx is not None:
+                    ctx.run(fn, arg)
+                else:
+                    fn(arg)
+        except BaseException:
+            with self._qlock:
+                self._delivering = False
+            raise
+
+
+class Phase:
+    """An open LLM or tool phase: its ``on_turn_end`` is owed until closed."""
+
+    __slots__ = ("turn", "name", "t0", "input_tokens", "output_tokens", "stop_reason", "context_tokens", "closed")
+
+    def __init__(self, turn: int, name: str, context_tokens: int) -> None:
+        self.turn = turn
+        self.name = name
+        self.t0 = time.perf_counter()
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.stop_reason: Optional[StopReason] = None
+        self.context_tokens = context_tokens
+        self.closed = False
+
+
+class PhaseScope:
+    """``with events.phase(turn, "llm", ctx) as phase:`` — closes the phase on every exit.
+
+    A clean exit sends ``on_turn_end(success=True)`` with the phase's fields
+    as the body set them; an error sends it failed with the error's text. A
+    run abandoned on cancel sends nothing here: ``finalize`` closed it.
+    """
+
+    __slots__ = ("events", "phase")
+
+    def __init__(self, events: RunEvents, phase: Phase) -> None:
+        self.events = events
+        self.phase = phase
+
+    def __enter__(self) -> Phase:
+        self.events.open_phase = self.phase
+        return self.phase
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
+        phase = self.phase
+        if phase.closed or (et is not None and not issubclass(et, Exception)):
+            return False  # closed by finalize, or unwinding an abandoned body
+        self.events.close_phase(phase, None if et is None else str(ev))
+        return False
+
+
+class _NullPhase:
+    """The phase of a run nobody watches turn ends of: fields are written, never read."""
+
+    __slots__ = ("input_tokens", "output_tokens", "stop_reason", "context_tokens")
+
+
+class _NullScope:
+    """``phase()`` when no ``on_turn_end`` would reach anyone: no clock, no event."""
+
+    __slots__ = ("phase",)
+
+    def __init__(self) -> None:
+        self.phase = _NullPhase()
+
+    def __enter__(self) -> Any:
+        return self.phase
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
+        return False
+
+
+class RunEvents:
+    """One run's binding of the emitter: run id, tap, fence, the open phase."""
+
+    def __init__(
+        self,
+        emitter: Emitter,
+        run_id: str,
+        tap: Optional[Callable[[Event], None]],
+        fence: Optional[RunContext],
+        window: Optional[int],
+    ) -> None:
+        self.emitter = emitter
+        self.session_id = emitter.session_id
+        self.run_id = run_id
+        self.tap = tap
+        self.fence = fence
+        self.handoff = False
+        self.window = window
+        self.open_phase: Optional[Phase] = None
+        self._table = emitter._table
+        # Observers are fixed while a run is in flight, and so is the tap:
+        # the event types anyone listens to, decided once per run.
+        table = self._table
+        self._wanted = frozenset(cls for cls in table if table[cls] or tap is not None)
+        self._null_scope: Optional[_NullScope] = None if self.wants(TurnEnd) else _NullScope()
+
+    def wants(self, cls: type[Event]) -> bool:
+        """True when an event of ``cls`` would reach anyone."""
+        return cls in self._wanted
+
+    def emit(self, event: Event) -> None:
+        """Tap first (inline), then observers (queued, one at a time)."""
+        tap = self.tap
+        if tap is not None:
+            try:
+                tap(event)
+            except Exception:
+                log.exception("event tap raised on %s", type(event).__name__)
+        if self._table[type(event)]:
+            self.emitter.deliver(self.emitter.fan_out, event, self.fence, self.handoff)
+
+    def take_over(self) -> None:
+        """From now on this run's events are handed off (the takeover finalizes it)."""
+        self.fence = None
+        self.handoff = True
+
+    # -- phases ------------------------------------------------------------------
+
+    def phase(self, turn: int, name: str, context_tokens: int) -> Any:
+        """Open a phase; the scope sends its ``on_turn_end`` on every exit."""
+        null = self._null_scope
+        if null is not None:
+            return null
+        return PhaseScope(self, Phase(turn, name, context_tokens))
+
+    def close_phase(self, phase: Phase, error: Optional[str]) -> None:
+        """Send the phase's ``on_turn_end`` (failed when ``error`` is given), once."""
+        if phase.closed:
+            return
+        phase.closed = True
+        if self.open_phase is phase:
+            self.open_phase = None
+        self.turn_end(
+            phase.turn,
+            phase.name,
+            error is None,
+            error,
+            (time.perf_counter() - phase.t0) * 1000.0,
+            phase.input_tokens,
+            phase.output_tokens,
+            phase.stop_reason,
+            phase.context_tokens,
+            self.window,
+        )
+
     # -- one method per event (build only when someone listens) ---------------
 
     def run_start(self, input: str) -> None:
-        if self.wants(RunStart):
+        if RunStart in self._wanted:
             self.emit(RunStart(self.session_id, self.run_id, input))
-        if self.hooks is not None:
-            self.hooks.run_start(RunHookContext(self.session_id, self.run_id, input))
+        hooks = self.emitter.hooks
+        if hooks is not None and hooks.hooks:
+            ctx = RunHookContext(self.session_id, self.run_id, input)
+            self.emitter.deliver(hooks.run_start, ctx, self.fence, self.handoff)
 
     def run_resumed(self, input: str, attempt: int, cause: str, turn: int) -> None:
-        if self.wants(RunResumed):
+        if RunResumed in self._wanted:
             self.emit(RunResumed(self.session_id, self.run_id, attempt, cause, turn))
-        if self.hooks is not None:  # this process never ran the run's start hooks
-            self.hooks.run_start(RunHookContext(self.session_id, self.run_id, input))
+        hooks = self.emitter.hooks
+        if hooks is not None and hooks.hooks:  # this process never ran the run's start hooks
+            ctx = RunHookContext(self.session_id, self.run_id, input)
+            self.emitter.deliver(hooks.run_start, ctx, self.fence, self.handoff)
 
     def run_end(
         self, input: str, success: bool, error: Optional[str], total_turns: int, duration_ms: float
     ) -> None:
-        if self.hooks is not None:
-            self.hooks.run_end(RunHookContext(self.session_id, self.run_id, input), success, error)
-        if self.wants(RunEnd):
+        hooks = self.emitter.hooks
+        if hooks is not None and hooks.hooks:
+            ctx = RunHookContext(self.session_id, self.run_id, input)
+            self.emitter.deliver(lambda c: hooks.run_end(c, success, error), ctx, self.fence, self.handoff)
+        if RunEnd in self._wanted:
             self.emit(RunEnd(self.session_id, self.run_id, success, error, total_turns, duration_ms))
 
     def turn_start(self, turn: int, query: str) -> None:
-        if self.wants(TurnStart):
+        if TurnStart in self._wanted:
             self.emit(TurnStart(self.session_id, self.run_id, turn, query))
 
     def text_delta(self, turn: int, delta: str) -> None:
-        if self.wants(TextDelta):
+        if TextDelta in self._wanted:
             self.emit(TextDelta(self.session_id, self.run_id, turn, delta))
 
     def thinking_delta(self, turn: int, delta: str) -> None:
-        if self.wants(ThinkingDelta):
+        if ThinkingDelta in self._wanted:
             self.emit(ThinkingDelta(self.session_id, self.run_id, turn, delta))
 
     def tool_input_delta(self, turn: int, call_id: str, tool: str, delta: str) -> None:
-        if self.wants(ToolInputDelta):
+        if ToolInputDelta in self._wanted:
             self.emit(ToolInputDelta(self.session_id, self.run_id, turn, call_id, tool, delta))
 
     def attempt_reset(self, turn: int, attempt: int) -> None:
-        if self.wants(AttemptReset):
+        if AttemptReset in self._wanted:
             self.emit(AttemptReset(self.session_id, self.run_id, turn, attempt))
 
     def retry_scheduled(
         self, turn: int, model: str, cause: str, wait_s: float, attempt: int, max_attempts: int
     ) -> None:
-        if self.wants(RetryScheduled):
+        if RetryScheduled in self._wanted:
             self.emit(
                 RetryScheduled(
                     self.session_id, self.run_id, turn, model, cause, wait_s, attempt, max_attempts
@@ -156,15 +370,15 @@ class Emitter:
             )
 
     def response(self, turn: int, text: str, usage: Optional[Usage]) -> None:
-        if self.wants(Response):
+        if Response in self._wanted:
             self.emit(Response(self.session_id, self.run_id, turn, text, usage))
 
     def stream_success(self, turn: int, model: str, usage: Optional[Usage]) -> None:
-        if self.wants(StreamSuccess):
+        if StreamSuccess in self._wanted:
             self.emit(StreamSuccess(self.session_id, self.run_id, turn, model, usage))
 
     def stream_failure(self, turn: int, model: str, error: str) -> None:
-        if self.wants(StreamFailure):
+        if StreamFailure in self._wanted:
             self.emit(StreamFailure(self.session_id, self.run_id, turn, model, error))
 
     def turn_end(
@@ -180,7 +394,7 @@ class Emitter:
         context_tokens: int,
         context_window: Optional[int],
     ) -> None:
-        if self.wants(TurnEnd):
+        if TurnEnd in self._wanted:
             self.emit(
                 TurnEnd(
                     self.session_id,
@@ -201,11 +415,11 @@ class Emitter:
     def tool_call_received(
         self, turn: int, call_id: str, tool: str, input: Mapping[str, Any]
     ) -> None:
-        if self.wants(ToolCallReceived):
+        if ToolCallReceived in self._wanted:
             self.emit(ToolCallReceived(self.session_id, self.run_id, turn, call_id, tool, input))
 
     def tool_pre(self, turn: int, call_id: str, tool: str, attempt: int) -> None:
-        if self.wants(ToolPre):
+        if ToolPre in self._wanted:
             self.emit(ToolPre(self.session_id, self.run_id, turn, call_id, tool, attempt))
 
     def tool_post(
@@ -219,7 +433,7 @@ class Emitter:
         output: str,
         result_hash: str,
     ) -> None:
-        if self.wants(ToolPost):
+        if ToolPost in self._wanted:
             self.emit(
                 ToolPost(
                     self.session_id,
@@ -236,28 +450,28 @@ class Emitter:
             )
 
     def compaction(self, reason: str, tokens_before: int, tokens_after: int) -> None:
-        if self.wants(Compaction):
+        if Compaction in self._wanted:
             self.emit(Compaction(self.session_id, self.run_id, reason, tokens_before, tokens_after))
 
     def fallback(self, from_model: str, to_model: str) -> None:
-        if self.wants(Fallback):
+        if Fallback in self._wanted:
             self.emit(Fallback(self.session_id, self.run_id, from_model, to_model))
 
     def model_switched(self, from_model: str, to_model: str) -> None:
-        if self.wants(ModelSwitched):
+        if ModelSwitched in self._wanted:
             self.emit(ModelSwitched(self.session_id, self.run_id, from_model, to_model))
 
     def loop_detected(self, pattern: str, repetitions: int) -> None:
-        if self.wants(LoopDetectedEvent):
+        if LoopDetectedEvent in self._wanted:
             self.emit(LoopDetectedEvent(self.session_id, self.run_id, pattern, repetitions))
 
     def convergence_detected(self, action: str, similarity: float, count: int) -> None:
-        if self.wants(ConvergenceDetected):
+        if ConvergenceDetected in self._wanted:
             self.emit(ConvergenceDetected(self.session_id, self.run_id, action, similarity, count))
 
     def steering(self, turn: int, messages: Sequence[Message]) -> None:
-        if self.wants(SteeringDelivered):
+        if SteeringDelivered in self._wanted:
             self.emit(SteeringDelivered(self.session_id, self.run_id, turn, tuple(messages)))
 
 
-__all__ = ["Emitter"]
+__all__ = ["Emitter", "Phase", "RunEvents"]

@@ -41,10 +41,11 @@ class RunContext:
         "tap",
         "thread",
         "context",
-        "checkpoint",
-        "resume",
-        "answered",
-        "base_epoch",
+        "tools_running",
+        "tools_abandoned",
+        "inline_tool",
+        "inline_counted",
+        "driver",
     )
 
     def __init__(self, run: Run, cancel: Any, waiter: bool, tap: Any = None) -> None:
@@ -62,13 +63,11 @@ class RunContext:
         self.tap = tap
         self.thread: Optional[threading.Thread] = None
         self.context: Optional[contextvars.Context] = None
-        # Durable runs (see checkpoint.py): the host's checkpoint sink, where
-        # the run resumes, the awaited wave's settled results, and the
-        # history epoch the host has committed.
-        self.checkpoint: Optional[Callable[[Any], None]] = None
-        self.resume: Any = None
-        self.answered: list[Any] = []
-        self.base_epoch = 0
+        self.tools_running = 0  # pool calls executing now (guarded by the loop's tally lock)
+        self.tools_abandoned = False  # set when a cancel abandoned them
+        self.inline_tool = False  # a call runs on the run's own thread now (lock-free flag)
+        self.inline_counted = False  # that call was counted as abandoned
+        self.driver: Any = None  # the run's RunDriver
 
     def unfenced(self) -> Unfenced:
         """A context manager that releases the fence around blocking work."""

@@ -3,15 +3,18 @@
 The request is ``[contributors..., memory?, history..., pending...]`` plus the
 system prompt and tool schemas, built with one copy. The user's input
 reaches the model only through pending. Blocking work (the provider call,
-each stream read) runs unfenced, so a cancel can take the run over; the
-stream is closed from the cancelling thread so a blocked read returns.
+each stream read) and user code (contributors, memory look-ups, the text
+streamer) run unfenced, so a cancel can take the run over; the stream is
+closed from the cancelling thread so a blocked read returns. Everything
+arrives as an argument: the loop's parts, the machine, the run's fence and
+events.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from loopctl.context.memory import MEMORY_PREFIX, format_memory, memory_query
 from loopctl.errors import Cancelled, LoopError, ModelError
@@ -20,15 +23,17 @@ from loopctl.observers import TextDelta
 from loopctl.providers.base import (
     PartDelta,
     PartStart,
+    RetryWait,
     StreamAccumulator,
     StreamAttemptReset,
     StreamRescue,
 )
-from loopctl.providers.stream_handler import cancellable_complete
 
 if TYPE_CHECKING:
+    from loopctl.driver.emission import RunEvents
     from loopctl.driver.handle import RunContext
-    from loopctl.driver.loop import BareLoop
+    from loopctl.driver.parts import LoopParts
+    from loopctl.machine import LoopMachine
 
 log = logging.getLogger("loopctl")
 
@@ -45,21 +50,22 @@ def turn_query(run_input: str, turn: int, conversation: Sequence[Message]) -> st
     return "\n".join(outs)
 
 
-def gather_transients(loop: BareLoop, rc: RunContext, turn: int, query: str) -> list[Message]:
+def gather_transients(
+    parts: LoopParts, machine: LoopMachine, rc: RunContext, turn: int, query: str, run_input: str, top_k: int
+) -> list[Message]:
     """Contributor messages in registration order, then one memory message.
 
     Contributors and the memory store are user code that may block (a
     database, a network index): they run unfenced, on copies of what they
     read, so a cancel can take the run over meanwhile.
     """
-    contributors = tuple(loop._contributors)
-    memory = loop._memory
-    top_k = loop._run_config_now.memory_top_k
+    contributors = tuple(parts.contributors)
+    memory = parts.memory
     ctx = None
     if contributors:
         from loopctl.context.contributors import ContributorContext
 
-        ctx = ContributorContext(turn, loop._machine.full_history(), loop._run_input)
+        ctx = ContributorContext(turn, machine.full_history(), run_input)
     out: list[Message] = []
     with rc.unfenced():
         for contributor in contributors:
@@ -82,15 +88,18 @@ def gather_transients(loop: BareLoop, rc: RunContext, turn: int, query: str) -> 
     return out
 
 
-def build_request(loop: BareLoop, transients: Sequence[Message]) -> ModelRequest:
+def build_request(
+    parts: LoopParts, machine: LoopMachine, transients: Sequence[Message], options: Any
+) -> ModelRequest:
     """The request for this turn (one copy of the conversation)."""
-    messages = loop._machine.snapshot_conversation(transients)
-    schemas = loop._tools.schemas()
-    options = loop._effective_options()
-    return ModelRequest(messages, loop._session_config.system_prompt, schemas, options)
+    messages = machine.snapshot_conversation(transients)
+    schemas = parts.tools.schemas()
+    return ModelRequest(messages, parts.session_config.system_prompt, schemas, options)
 
 
-def call_model(loop: BareLoop, rc: RunContext, turn: int, request: ModelRequest) -> ModelResponse:
+def call_model(
+    parts: LoopParts, rc: RunContext, events: RunEvents, turn: int, request: ModelRequest
+) -> ModelResponse:
     """Make the model call (streaming or not), cancel-aware.
 
     Raises:
@@ -99,28 +108,22 @@ def call_model(loop: BareLoop, rc: RunContext, turn: int, request: ModelRequest)
     """
     cancel = rc.cancel
     if cancel.is_cancelled():
-        raise Cancelled(loop._cancel.reason)
-    client = loop._client
-    if loop._turn_mode == "non_streaming":
-        try:
-            with rc.unfenced():
-                response: ModelResponse = cancellable_complete(client, request, rc.cancel)
-        except LoopError:
-            raise
-        except Exception as exc:
-            raise ModelError(f"model call failed: {type(exc).__name__}: {exc}") from exc
-    else:
-        response = _stream_turn(loop, rc, turn, request)
+        raise Cancelled(cancel.reason)
+    response = _stream_turn(parts, rc, events, turn, request)
     if cancel.is_cancelled():
-        raise Cancelled(loop._cancel.reason)
+        raise Cancelled(cancel.reason)
     return response
 
 
-def _stream_turn(loop: BareLoop, rc: RunContext, turn: int, request: ModelRequest) -> ModelResponse:
-    em = loop._emitter
-    streamer = loop._text_streamer
-    handler = loop._stream_handler
-    events = handler.stream_turn(loop._client, request, rc.cancel)
+def _stream_turn(
+    parts: LoopParts, rc: RunContext, em: RunEvents, turn: int, request: ModelRequest
+) -> ModelResponse:
+    streamer = parts.text_streamer
+    handler = parts.stream_handler
+    if parts.turn_mode == "non_streaming":  # the same retries, one whole reply
+        events = handler.complete_turn(parts.client, request, rc.cancel)
+    else:
+        events = handler.stream_turn(parts.client, request, rc.cancel)
     acc = StreamAccumulator()
     rescued: Optional[ModelResponse] = None
     tool_slots: dict[int, tuple[str, str]] = {}
@@ -137,7 +140,7 @@ def _stream_turn(loop: BareLoop, rc: RunContext, turn: int, request: ModelReques
                 raise
             except Exception as exc:
                 if rc.cancel.is_cancelled():
-                    raise Cancelled(loop._cancel.reason) from exc
+                    raise Cancelled(rc.cancel.reason) from exc
                 raise ModelError(f"stream failed: {type(exc).__name__}: {exc}") from exc
             if ev is None:
                 break
@@ -146,10 +149,11 @@ def _stream_turn(loop: BareLoop, rc: RunContext, turn: int, request: ModelReques
                 if kind == "text":
                     if want_text:
                         if streamer is not None:
-                            try:
-                                streamer(ev.text)
-                            except Exception:
-                                log.exception("text streamer raised; ignored")
+                            with rc.unfenced():  # user code: never holds a cancel
+                                try:
+                                    streamer(ev.text)
+                                except Exception:
+                                    log.exception("text streamer raised; ignored")
                         em.text_delta(turn, ev.text)
                 elif kind == "thinking":
                     em.thinking_delta(turn, ev.text)
@@ -167,12 +171,14 @@ def _stream_turn(loop: BareLoop, rc: RunContext, turn: int, request: ModelReques
                 em.attempt_reset(turn, ev.attempt)
             elif isinstance(ev, StreamRescue):
                 rescued = ev.response
+            elif isinstance(ev, RetryWait):
+                em.retry_scheduled(turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts)
             else:
                 acc.feed(ev)
     finally:
         rc.cancel.remove_listener(close)
     if rc.cancel.is_cancelled():
-        raise Cancelled(loop._cancel.reason)
+        raise Cancelled(rc.cancel.reason)
     if rescued is not None:
         return rescued
     return acc.build()

@@ -1,75 +1,35 @@
 """BareLoop: the blocking driver (the hands) over the sans-IO machine (the brain).
 
-``run()`` follows the seed exactly: audit entry -> ``on_run_start`` ->
-``accept_input`` -> open the steering slot -> loop over ``next_step`` ->
-``finalize``. The run's body always executes on its own named thread;
-``run()`` waits on it (with the caller's contextvars copied in) and
-``start()`` returns a ``RunHandle``. On cancel, whoever waits takes the run
-over at once (see ``handle.py``), so ``run()`` returns within the cancel
-bound even while a tool or a model call is stuck. Every exit goes through
-``finalize()``.
+``BareLoop`` keeps the configuration, the machine and its history, and the
+signals (``LoopSetup``); each run gets its own ``RunDriver`` (``run.py``)
+that owns the run's state and does the work. The run's body always
+executes on its own named thread; ``run()`` waits on it (with the caller's
+contextvars copied in) and ``start()`` returns a ``RunHandle``. On cancel,
+whoever waits takes the run over at once (see ``handle.py``), so ``run()``
+returns within the cancel bound even while a tool, a model call or user
+code (an observer, a hook) is stuck. Every exit goes through ``finalize``.
 """
 
 from __future__ import annotations
 
 import contextvars
-import logging
 import threading
 import uuid
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
 from loopctl.config import RunConfig, SessionConfig
-from loopctl.context.tokens import (
-    ConversationMeter,
-    HeuristicTokenCounter,
-    TokenCounter,
-    UsageCalibration,
-    count_messages,
-)
-from loopctl.driver.builder import BuilderMixin
-from loopctl.driver.checkpoint import Checkpoint, ResumePoint, restore
-from loopctl.driver.compaction import run_compaction
-from loopctl.driver.dispatch import Dispatcher
-from loopctl.driver.emission import Emitter
-from loopctl.driver.finalize import finalize_run
-from loopctl.driver.handle import Abandoned, RunContext, RunHandle
-from loopctl.driver.resources import LoopResources
-from loopctl.driver.signals import CancelSignal, Steering
-from loopctl.driver.turns import handle_call_llm, handle_call_tools
-from loopctl.driver.views import ViewsMixin
-from loopctl.errors import (
-    Cancelled,
-    ConfigError,
-    LoopBusy,
-    LoopError,
-    MaxTurnsExceeded,
-)
-from loopctl.hooks import HookExecutor
-from loopctl.machine import (
-    CallLLM,
-    CallTools,
-    CancelledOutcome,
-    Compact,
-    Completed,
-    Failed,
-    LoopMachine,
-    MachinePolicy,
-    MaxTurnsReached,
-    Outcome,
-)
-from loopctl.messages import Message, RequestOptions, StopReason
-from loopctl.providers.stream_handler import StreamHandler, cancellable_complete
-from loopctl.records import Run, Session
-from loopctl.tools.base import Tool
-from loopctl.tools.registry import ToolRegistry
-
-log = logging.getLogger("loopctl")
+from loopctl.driver.builder import LoopSetup
+from loopctl.driver.checkpoint import Checkpoint, ResumePoint
+from loopctl.driver.emission import RunEvents
+from loopctl.driver.handle import RunContext, RunHandle
+from loopctl.driver.run import LoopSlot, RunDriver
+from loopctl.errors import Cancelled, ConfigError, LoopBusy, LoopError, MaxTurnsExceeded
+from loopctl.machine import Completed, Failed, MaxTurnsReached
+from loopctl.records import Run
 
 
-class BareLoop(BuilderMixin, ViewsMixin):
+class BareLoop(LoopSetup):
     """Runs an agent: asks the machine what is next, does it, reports back.
 
     Args:
@@ -78,75 +38,13 @@ class BareLoop(BuilderMixin, ViewsMixin):
         config: the session configuration.
     """
 
-    def __init__(
-        self,
-        client: Any,
-        tools: Union[ToolRegistry, Iterable[Tool]] = (),
-        config: SessionConfig = SessionConfig(),
-        *,
-        history: Iterable[Message] = (),
-    ) -> None:
-        if not isinstance(config, SessionConfig):
-            raise ConfigError(f"config must be a SessionConfig, got {type(config).__name__}")
-        self._client = client
-        self._tools = tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
-        self._session_config = config
-        self._machine = LoopMachine(history)
-        self._session = Session(uuid.uuid4().hex)
-        self._emitter = Emitter(self._session.id)
-        self._cancel = CancelSignal()
-        self._steering = Steering()
-        self._dispatcher = Dispatcher(self)
-        self.tool_extras: dict[str, Any] = {}
-
-        self._turn_mode = "streaming"
-        self._request_options = RequestOptions()
-        self._counter: TokenCounter = HeuristicTokenCounter()
-        self._meter = ConversationMeter(self._counter)
-        self._calibration = UsageCalibration()
-        self._memory: Any = None
-        self._context_manager: Any = _default_context_manager(config, self._counter)
-        self._custom_context_manager = False
-        self._stream_handler: Any = StreamHandler()
-        self._hooks: Optional[HookExecutor] = None
-        self._health: Any = None
-        self._reflector: Any = None
-        self._recovery: Any = None
-        self._pipeline: Any = None
-        self._text_streamer: Optional[Callable[[str], None]] = None
-        self._contributors: list[Any] = []
-        self._fallback: Any = None  # loopctl.fallback.FallbackManager
-        self._routed_model: Optional[str] = None
-        self._loop_detector: Any = _default_loop_detector()
-        self._convergence: Any = _default_convergence_detector()
-
-        self._busy = threading.Lock()
-        self._active: Optional[RunContext] = None
-        self._started = False
-        self._closed = False
-        self._last_config: Optional[RunConfig] = None
-
-        # Run-scoped working state (valid while a run is in flight).
-        self._run_input = ""
-        self._run_config_now = RunConfig()
-        self._base_options: Optional[RequestOptions] = None
-        self._deferred_transient_tokens = 0
-        self._overhead = 0
-        self._tool_names: frozenset[str] = frozenset()
-        self._llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
-        # The phase whose on_turn_end is still owed: (turn, phase, t0, in, out, stop, context).
-        self._open_phase: Optional[tuple[Any, ...]] = None
-        self._overflow_retried: set[int] = set()
-
-        self._resources = LoopResources(self, self._session.id)
-
     @classmethod
     def from_history(
         cls,
         client: Any,
-        tools: Union[ToolRegistry, Iterable[Tool]] = (),
+        tools: Any = (),
         config: SessionConfig = SessionConfig(),
-        history: Iterable[Message] = (),
+        history: Any = (),
     ) -> BareLoop:
         """A loop that resumes a conversation from stored messages."""
         return cls(client, tools, config, history=history)
@@ -193,7 +91,8 @@ class BareLoop(BuilderMixin, ViewsMixin):
         Args:
             tap: receives every event of this run (used by ``RunRegistry``).
             checkpoint: receives the run's resumable state at each turn
-                boundary, on the run's thread (used by durable registries).
+                boundary, on the run's thread (durable registries; see
+                ``loopctl.driver.checkpoint``).
             resume: continue a run from a checkpoint instead of starting it
                 (``on_run_resumed`` in place of ``on_run_start``).
 
@@ -227,12 +126,27 @@ class BareLoop(BuilderMixin, ViewsMixin):
             if self._active is not None:
                 raise LoopBusy(f"a run ({self._active.run.id}) is already in flight on this loop")
             rc = RunContext(run, self._cancel.view(), waiter, tap)
-            rc.checkpoint = checkpoint
-            rc.resume = resume
             self._active = rc
             self._started = True
             self._last_config = config
         rc.lock.acquire()  # the body's fence: released only while it blocks
+        events = RunEvents(self._emitter, rid, tap, rc, self._parts.window())
+        rc.driver = RunDriver(
+            rc,
+            self._parts,
+            self._machine,
+            self._meter,
+            events,
+            self._dispatcher,
+            self._steering,
+            self._session,
+            LoopSlot(self._busy, self._cancel, self._release),
+            self._resources,
+        )
+        if checkpoint is not None:
+            rc.driver.checkpoint_sink = checkpoint
+            rc.driver.tool_run.settled = rc.driver.settle
+        rc.driver.resume_point = resume
 
         def on_cancel() -> None:
             rc.wake.set()
@@ -272,143 +186,26 @@ class BareLoop(BuilderMixin, ViewsMixin):
         return rc
 
     def _body(self, rc: RunContext) -> None:
-        held = True
-        try:
-            error: Optional[LoopError] = None
-            try:
-                self._steps(rc)
-            except Abandoned:
-                held = False
-                return
-            except LoopError as exc:
-                error = exc
-            except BaseException as exc:  # a bug, or a user callback's escape
-                error = LoopError(f"internal error: {type(exc).__name__}: {exc}")
-                error.__cause__ = exc
-                log.exception("run %s failed inside the driver", rc.run.id)
-            try:
-                if error is not None:
-                    self._set_error_state(error)
-            finally:
-                self._finalize(rc, error)
-        finally:
-            if held and not rc.finished:
-                # Something escaped finalize itself: still close the slot and
-                # free the loop, so a stray handle cannot push into a dead run.
-                self._steering._close_and_seal()
-                with self._busy:
-                    self._active = None
-                    rc.finished = True
-            if held:
-                rc.lock.release()
-            rc.done.set()
-            rc.wake.set()
+        rc.driver.body()
 
     def _takeover(self, rc: RunContext) -> None:
         """On cancel: wait for the body to block (or end), then finish the run here."""
-        rc.lock.acquire()
-        try:
-            if rc.finished:
-                return
-            rc.abandoned = True
-            err = Cancelled(self._cancel.reason)
-            self._set_error_state(err)
-            self._finalize(rc, err)
-        finally:
-            rc.lock.release()
-        rc.done.set()
-        rc.wake.set()
+        rc.driver.take_over()
 
-    def _steps(self, rc: RunContext) -> None:
-        run = rc.run
-        m = self._machine
-        self._session.runs.append(run)
-        em = self._emitter
-        em.run_id = run.id
-        em.tap = rc.tap
-        self._begin_run(run)
-        rc.base_epoch = m.history_epoch
-        point = rc.resume
-        if point is None:
-            em.run_start(run.input)
-            m.accept_input(run.input)
-        else:
-            turn = point.checkpoint.turns_taken if point.checkpoint is not None else 0
-            em.run_resumed(run.input, point.attempt, point.cause, turn)
-            restore(self, rc, point)
-        self._steering._open_slot()
-        policy = self._policy()
-        cancel = rc.cancel
-        while True:
-            if cancel.is_cancelled():
-                m.cancel()
-            step = m.next_step(policy)
-            t = type(step)
-            if t is CallLLM:
-                handle_call_llm(self, rc, step.turn, policy)  # type: ignore[union-attr]
-            elif t is CallTools:
-                handle_call_tools(self, rc, step)  # type: ignore[arg-type]
-            elif t is Compact:
-                run_compaction(self, rc, step.reason)  # type: ignore[union-attr]
-            else:
-                outcome = step.outcome  # type: ignore[union-attr]
-                with self._busy:
-                    rc.ending = True  # from here a cancel no longer reaches this run
-                if type(outcome) is Completed:
-                    run.output = outcome.final_text
-                    return
-                raise self._error_for(outcome)
-
-    def _begin_run(self, run: Run) -> None:
-        reset_loops = getattr(self._loop_detector, "reset", None)
-        if reset_loops is not None:
-            reset_loops()  # tool-loop detection is per run; convergence persists
-        if run.config.reset_managers:
-            for part in (self._health, self._loop_detector, self._convergence, self._fallback):
-                reset = getattr(part, "reset", None)
-                if reset is not None:
-                    reset()
-        self._run_input = run.input
-        self._run_config_now = run.config
-        self._deferred_transient_tokens = 0
-        self._overflow_retried = set()
-        self._open_phase = None
-        opts = self._request_options
-        self._base_options = None if opts.is_empty() else opts
-        self._tool_names = self._tools.name_set()
-        sysp = self._session_config.system_prompt
-        self._overhead = (self._counter.count_message(Message.system(sysp)) if sysp else 0) + sum(
-            self._counter.count_text(repr(s.to_dict())) for s in self._tools.schemas()
-        )
-        self._machine.set_context_tokens(self._measure_figure())
-
-    def _policy(self) -> MachinePolicy:
-        sc = self._session_config
-        return MachinePolicy(
-            self._run_config_now.max_turns, sc.context_window, sc.compact_threshold, sc.auto_compact
-        )
-
-    def _error_for(self, outcome: Outcome) -> LoopError:
-        if type(outcome) is MaxTurnsReached:
-            return MaxTurnsExceeded(self._run_config_now.max_turns)
-        if type(outcome) is CancelledOutcome:
-            return Cancelled(self._cancel.reason)
-        if type(outcome) is Failed:
-            return outcome.error
-        return LoopError(f"unmapped terminal outcome: {outcome!r}")
-
-    def _set_error_state(self, error: LoopError) -> None:
-        m = self._machine
-        if isinstance(error, Cancelled):
-            m.cancel()
-            m.next_step(self._policy())
-        else:
-            m.fail(error)
+    def _release(self, rc: RunContext, error: Optional[LoopError]) -> None:
+        """Finalize's last step: re-arm the cancel signal and free the loop."""
+        if rc.listener is not None:
+            self._cancel.remove_listener(rc.listener)
+        rc.error = error
+        with self._busy:
+            self._cancel.reset()  # last: one cancel = one cancelled run
+            self._active = None
+            rc.finished = True
 
     # -- finalize: the single exit door -----------------------------------------
 
     def finalize(self, error: Optional[LoopError] = None) -> Run:
-        """The ``Loop`` protocol's exit door; ``run()`` calls it for every run.
+        """The ``Loop`` protocol's exit door; every run leaves through it.
 
         Called by hand it only reports: it returns the last finished ``Run``.
 
@@ -423,54 +220,6 @@ class BareLoop(BuilderMixin, ViewsMixin):
             raise LoopError("no run to finalize")
         return last
 
-    def _finalize(self, rc: RunContext, error: Optional[LoopError]) -> None:
-        finalize_run(self, rc, error)
-
-    # -- measuring ----------------------------------------------------------------
-
-    def _measure_raw(self) -> int:
-        m = self._machine
-        return (
-            self._meter.measure(m.history, m.pending, m.history_epoch, m.pending_epoch)
-            + self._overhead
-        )
-
-    def _measure_figure(self) -> int:
-        return self._calibration.scale(self._measure_raw())
-
-    def _figure_for(self, messages: Iterable[Message]) -> int:
-        return self._calibration.scale(count_messages(self._counter, messages) + self._overhead)
-
-    def _overhead_tokens(self) -> int:
-        return self._overhead
-
-    def _window(self) -> Optional[int]:
-        w = self._session_config.context_window
-        return w if w > 0 else None
-
-    def _model_name(self) -> str:
-        return str(getattr(self._client, "model", "") or "")
-
-    def _effective_options(self) -> Optional[RequestOptions]:
-        routed = self._routed_model
-        if routed is not None and routed != self._model_name():
-            # Routing beats a host override; the shared client is never mutated.
-            return self._request_options.with_model(routed)
-        return self._base_options
-
-    def _summarize(self, request: Any) -> Any:
-        rc = self._active
-        cancel = rc.cancel if rc is not None else self._cancel.view()
-        return cancellable_complete(self._client, request, cancel)
-
-    def _cancel_run(self, rc: RunContext, reason: Optional[str]) -> bool:
-        """Cancel ``rc``'s run only; False once that run has reached its end."""
-        with self._busy:
-            if self._active is rc and not rc.ending:
-                self._cancel.cancel(reason)
-                return True
-            return False
-
     def stop_reason(self) -> Optional[LoopError]:
         """Why the last run ended: ``Cancelled`` while the signal is fired, else its error."""
         if self._cancel.is_cancelled():
@@ -481,20 +230,18 @@ class BareLoop(BuilderMixin, ViewsMixin):
         outcome = self._machine.outcome
         if outcome is None or type(outcome) is Completed:
             return None
-        return self._error_for(outcome)
+        if type(outcome) is MaxTurnsReached:
+            return MaxTurnsExceeded((self._last_config or RunConfig()).max_turns)
+        if type(outcome) is Failed:
+            return outcome.error
+        return Cancelled(self._cancel.reason)
 
     # -- lifecycle -------------------------------------------------------------------
-
-    def _ensure_temp_dir(self) -> Optional[Path]:
-        return self._resources.ensure_temp_dir()
 
     @property
     def temp_dir(self) -> Optional[Path]:
         """The managed temp dir's path (None when disabled); made on first tool use."""
         return self._resources.temp_path
-
-    def _executor(self) -> ThreadPoolExecutor:
-        return self._resources.executor(self._run_config_now.parallel.max_concurrency)
 
     def close(self) -> None:
         """Cancel a run in flight, shut the tool executor, remove the temp dir.
@@ -517,36 +264,7 @@ class BareLoop(BuilderMixin, ViewsMixin):
         self.close()
 
     def __repr__(self) -> str:
-        return f"<BareLoop session={self._session.id[:8]} model={self._model_name()!r}>"
-
-
-def _default_loop_detector() -> Any:
-    try:
-        from loopctl.detection import LoopDetector
-    except ImportError:  # pragma: no cover - the detection module lands separately
-        return None
-    return LoopDetector()
-
-
-def _default_convergence_detector() -> Any:
-    try:
-        from loopctl.detection import ConvergenceDetector
-    except ImportError:  # pragma: no cover - the detection module lands separately
-        return None
-    return ConvergenceDetector()
-
-
-def _default_context_manager(config: SessionConfig, counter: TokenCounter) -> Any:
-    try:
-        from loopctl.context.manager import ContextManager, TruncatingCompactor
-    except ImportError:  # pragma: no cover - the context package lands separately
-        return None
-    return ContextManager(
-        TruncatingCompactor(),
-        context_window=config.context_window,
-        compact_threshold=config.compact_threshold,
-        counter=counter,
-    )
+        return f"<BareLoop session={self._session.id[:8]} model={self._parts.model_name()!r}>"
 
 
 __all__ = ["BareLoop"]

@@ -5,6 +5,16 @@ removed by ``close()`` or when the loop is garbage-collected; if it cannot
 be made, tools get the system temp dir. The ``ThreadPoolExecutor`` for
 parallel tool waves is made on first use (threads ``loopctl-tools-...``)
 and shut down without waiting, so a stuck tool never blocks ``close()``.
+
+Abandoned tool work never starves a later run: when a cancel abandons a
+run whose tools are still running, the pool is retired (its stuck workers
+finish alone and exit) and the next wave gets a fresh one. The bound on
+threads: the live pool (``max(2, max_concurrency)`` workers) plus at most
+``MAX_ABANDONED_TOOL_THREADS`` abandoned ones; past that, parallel waves
+run their calls one by one on the run's thread instead of starting
+threads. ``abandoned_tool_threads`` counts the abandoned calls still
+running; a warning is logged each time it reaches a multiple of
+``ABANDONED_WARN_EVERY``.
 """
 
 from __future__ import annotations
@@ -12,12 +22,21 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Optional
 
+from loopctl.driver.handle import RunContext
+
 log = logging.getLogger("loopctl")
+
+
+#: Abandoned tool threads allowed to linger before waves stop starting threads.
+MAX_ABANDONED_TOOL_THREADS = 64
+#: A warning is logged each time the abandoned count reaches a multiple of this.
+ABANDONED_WARN_EVERY = 8
 
 
 def _shutdown(box: list[Optional[ThreadPoolExecutor]]) -> None:
@@ -44,6 +63,58 @@ class LoopResources:
         self._pool_box: list[Optional[ThreadPoolExecutor]] = [None]
         self._pool_size = 0
         self._pool_finalizer = weakref.finalize(owner, _shutdown, self._pool_box)
+        self._tally = threading.Lock()
+        self._abandoned = 0
+
+    # -- tool work accounting --------------------------------------------------------
+
+    @property
+    def abandoned_tool_threads(self) -> int:
+        """Tool calls of cancelled runs that are still running (their threads are stuck)."""
+        return self._abandoned
+
+    def tool_started(self, rc: RunContext) -> None:
+        """A call of ``rc``'s run starts executing (any thread)."""
+        with self._tally:
+            rc.tools_running += 1
+
+    def tool_ended(self, rc: RunContext) -> None:
+        """A call of ``rc``'s run stopped executing (any thread)."""
+        with self._tally:
+            rc.tools_running -= 1
+            if rc.tools_abandoned:
+                self._abandoned -= 1
+
+    def inline_ended(self, rc: RunContext) -> None:
+        """An inline call (on the run's thread) of an abandoned run returned: uncount it."""
+        with self._tally:
+            if rc.inline_counted:
+                rc.inline_counted = False
+                self._abandoned -= 1
+
+    def abandon(self, rc: RunContext) -> None:
+        """``rc``'s run was cancelled away from its tools: count them, retire the pool."""
+        with self._tally:
+            # Written before ``inline_tool`` is read; the run's thread writes
+            # ``inline_tool`` before it reads this: one of the two sees the other.
+            rc.tools_abandoned = True
+            stuck = rc.tools_running
+            if rc.inline_tool:
+                rc.inline_counted = True
+                stuck += 1
+            before = self._abandoned
+            self._abandoned = before + stuck
+        if stuck <= 0:
+            return
+        if self._abandoned // ABANDONED_WARN_EVERY > before // ABANDONED_WARN_EVERY:
+            log.warning(
+                "%d abandoned tool calls are still running (tools that ignore ctx.cancel)",
+                self._abandoned,
+            )
+        # Its workers may be the stuck ones: the next wave gets fresh threads.
+        pool, self._pool_box[0] = self._pool_box[0], None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def temp_path(self) -> Optional[Path]:
@@ -70,8 +141,10 @@ class LoopResources:
             self._temp_made = True
         return self._temp_dir
 
-    def executor(self, workers: int) -> ThreadPoolExecutor:
-        """The tool pool, made on first use."""
+    def executor(self, workers: int) -> Optional[ThreadPoolExecutor]:
+        """The tool pool, made on first use; None past the abandoned-thread bound."""
+        if self._abandoned >= MAX_ABANDONED_TOOL_THREADS:
+            return None
         want = max(2, workers)
         pool = self._pool_box[0]
         if pool is not None and self._pool_size < want:
@@ -95,4 +168,4 @@ class LoopResources:
             self._temp_finalizer()
 
 
-__all__ = ["LoopResources"]
+__all__ = ["ABANDONED_WARN_EVERY", "MAX_ABANDONED_TOOL_THREADS", "LoopResources"]

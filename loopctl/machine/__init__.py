@@ -5,7 +5,7 @@ Imports only the leaves (errors, messages): no threads, clock, IO or logging.
 
 from __future__ import annotations
 
-from loopctl.machine.machine import ConversationSnapshot, LoopMachine, MessagesView
+from loopctl.machine.machine import LoopMachine
 from loopctl.machine.steps import (
     CallLLM,
     CallTools,
@@ -21,6 +21,7 @@ from loopctl.machine.steps import (
     PendingToolCall,
     Step,
 )
+from loopctl.machine.views import ConversationSnapshot, MessagesView
 
 __all__ = [
     "CallLLM",

@@ -2,8 +2,12 @@
 
 Rules it keeps:
 1. No threads, clock, IO or logging. Token figures arrive as arguments.
-2. ``next_step`` only reports; asked twice with no feed between, it answers
-   the same. Every other public method that is not a property mutates.
+2. ``next_step`` only reports: it changes nothing, so asked twice with no
+   feed between, it answers the same. Every other public method that is not
+   a property mutates; the driver reports what it measured or met
+   (``prepare_turn``: the request's measured size; ``context_overflow``: the
+   provider refused the request as too long; ``conclude``: it acts on a
+   ``Done``) and the machine decides.
 3. Terminal is forever: feeds after it are no-ops, except ``accept_input``
    and ``resume`` (the next run), ``commit_pending`` and ``discard_pending``
    (finalize).
@@ -15,10 +19,10 @@ Rules it keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Optional, Union, overload
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Optional
 
-from loopctl.errors import ContextExceeded, LoopError
+from loopctl.errors import ContextExceeded, LoopError, ModelError
 from loopctl.machine.steps import (
     CallLLM,
     CallTools,
@@ -34,96 +38,8 @@ from loopctl.machine.steps import (
     PendingToolCall,
     Step,
 )
+from loopctl.machine.views import ConversationSnapshot, MessagesView
 from loopctl.messages import Message, ModelResponse, ToolResultPart
-
-
-class MessagesView(Sequence[Message]):
-    """A live, read-only view of one of the machine's message lists (no copy)."""
-
-    __slots__ = ("_items",)
-
-    def __init__(self, items: list[Message]) -> None:
-        self._items = items
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    @overload
-    def __getitem__(self, index: int) -> Message: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Message]: ...
-
-    def __getitem__(self, index: Union[int, slice]) -> Union[Message, list[Message]]:
-        return self._items[index]
-
-    def __iter__(self) -> Iterator[Message]:
-        return iter(self._items)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, MessagesView):
-            return self._items == other._items
-        if isinstance(other, (list, tuple)):
-            return self._items == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"MessagesView({self._items!r})"
-
-
-class ConversationSnapshot(Sequence[Message]):
-    """A stable, read-only snapshot of ``prefix + history + pending``, made in O(1).
-
-    It stays valid because the machine only ever appends to its lists or
-    replaces them wholesale; the snapshot keeps each list and its length.
-    """
-
-    __slots__ = ("_segments", "_len")
-
-    def __init__(self, segments: Sequence[tuple[Sequence[Message], int]]) -> None:
-        self._segments = tuple(segments)
-        self._len = sum(n for _, n in self._segments)
-
-    def __len__(self) -> int:
-        return self._len
-
-    @overload
-    def __getitem__(self, index: int) -> Message: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Message]: ...
-
-    def __getitem__(self, index: Union[int, slice]) -> Union[Message, list[Message]]:
-        if isinstance(index, slice):
-            return list(self)[index]
-        i = index + self._len if index < 0 else index
-        if not 0 <= i < self._len:
-            raise IndexError("conversation index out of range")
-        for items, n in self._segments:
-            if i < n:
-                return items[i]
-            i -= n
-        raise IndexError("conversation index out of range")  # pragma: no cover
-
-    def __iter__(self) -> Iterator[Message]:
-        for items, n in self._segments:
-            if n == len(items):
-                yield from items
-            else:
-                for k in range(n):
-                    yield items[k]
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (list, tuple, ConversationSnapshot)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return f"ConversationSnapshot({list(self)!r})"
 
 
 class LoopMachine:
@@ -143,6 +59,7 @@ class LoopMachine:
         self._compact_reason: Optional[str] = None
         self._history_epoch = 0
         self._pending_epoch = 0
+        self._overflow_turn: Optional[int] = None  # the turn that used its overflow retry
 
     @classmethod
     def from_history(cls, history: Iterable[Message]) -> LoopMachine:
@@ -170,6 +87,11 @@ class LoopMachine:
     def pending_epoch(self) -> int:
         """Bumped whenever pending is replaced or cleared (not when it grows)."""
         return self._pending_epoch
+
+    @property
+    def size_key(self) -> tuple[int, int, int, int]:
+        """(history epoch, history length, pending epoch, pending length): equal keys, equal lists."""
+        return (self._history_epoch, len(self._history), self._pending_epoch, len(self._pending))
 
     @property
     def state(self) -> MachineState:
@@ -217,7 +139,7 @@ class LoopMachine:
     # -- the decision ----------------------------------------------------------
 
     def next_step(self, policy: MachinePolicy) -> Step:
-        """Decide what the driver does next; records the transition it reports.
+        """Report what the driver does next; changes nothing.
 
         Order: terminal; cancel flag; awaiting tools; awaiting compaction;
         then for a model turn: max turns, emergency line (>= 95%, inclusive),
@@ -228,30 +150,32 @@ class LoopMachine:
             assert self._outcome is not None
             return Done(self._outcome)
         if self._cancelled:
-            return Done(self._terminate(CancelledOutcome()))
+            return _CANCELLED_DONE  # pragma: no cover - cancel() terminates at once
         if state is MachineState.AWAITING_TOOLS:
             return CallTools(self._tool_turn, self._pending_tools)
         if state is MachineState.AWAITING_COMPACTION:
             assert self._compact_reason is not None
             return Compact(self._compact_reason)
-        # START or AWAITING_MODEL: (re)evaluate the limits against the estimate.
+        # START or AWAITING_MODEL: evaluate the limits against the estimate.
+        return self._model_turn(policy)
+
+    def _model_turn(self, policy: MachinePolicy) -> Step:
+        """The model-turn decision from the turn count and the estimate (pure)."""
         if self._turns_taken >= policy.max_turns:
-            return Done(self._terminate(MaxTurnsReached()))
+            return _MAX_TURNS_DONE
         window = policy.context_window
         if window > 0:
             tokens = self._context_tokens
             if tokens >= window * 95 // 100:
-                return self._compact("emergency")
+                return _EMERGENCY
             threshold = policy.compact_threshold
             if policy.auto_compact and threshold > 0 and tokens > window * threshold // 100:
-                return self._compact("threshold")
-        self._state = MachineState.AWAITING_MODEL
+                return _THRESHOLD
         return CallLLM(self._turns_taken)
 
-    def _compact(self, reason: str) -> Compact:
+    def _await_compaction(self, reason: str) -> None:
         self._state = MachineState.AWAITING_COMPACTION
         self._compact_reason = reason
-        return Compact(reason)
 
     def _terminate(self, outcome: Outcome) -> Outcome:
         self._state = MachineState.TERMINAL
@@ -261,6 +185,71 @@ class LoopMachine:
         return outcome
 
     # -- feeds -----------------------------------------------------------------
+
+    def prepare_turn(self, request_tokens: int, policy: MachinePolicy) -> Step:
+        """The driver measured the request it is about to send: call the model, or compact first?
+
+        ``request_tokens`` is the request's calibrated size with this turn's
+        transient extras (contributors, memory) counted. It becomes the
+        estimate; the answer is ``CallLLM`` (the model call is awaited) or
+        ``Compact`` (the turn defers; the compaction is awaited), and
+        ``next_step`` reports the same until the next feed. Terminal: the
+        same ``Done``; awaiting tools or a compaction: what is awaited.
+        """
+        state = self._state
+        if state is MachineState.TERMINAL or state is MachineState.AWAITING_TOOLS:
+            return self.next_step(policy)
+        if state is MachineState.AWAITING_COMPACTION:
+            return self.next_step(policy)
+        self._context_tokens = request_tokens
+        step = self._model_turn(policy)
+        if type(step) is CallLLM:
+            self._state = MachineState.AWAITING_MODEL
+        elif type(step) is Compact:
+            self._await_compaction(step.reason)
+        return step
+
+    def context_overflow(self, error: ModelError, request_tokens: int, policy: MachinePolicy) -> Step:
+        """The provider refused the request as too long for its window (mutates).
+
+        The first refusal of a turn awaits an emergency compaction, after
+        which the same turn is asked again; a second refusal of that turn
+        ends the run with ``ContextExceeded`` naming the window. Without a
+        window (0) there is nothing to compact: the run fails with ``error``.
+
+        Returns:
+            What ``next_step`` now reports: ``Compact`` or ``Done``.
+        """
+        if self._state is MachineState.TERMINAL:
+            return self.next_step(policy)
+        self._check_not_awaiting_tools("context_overflow")
+        window = policy.context_window
+        if window <= 0:
+            self._terminate(Failed(error))
+        elif self._overflow_turn == self._turns_taken:
+            self._terminate(Failed(ContextExceeded(used=max(request_tokens, window + 1), limit=window)))
+        else:
+            self._overflow_turn = self._turns_taken
+            self._context_tokens = request_tokens
+            self._await_compaction("emergency")
+        return self.next_step(policy)
+
+    def conclude(self, policy: MachinePolicy) -> Outcome:
+        """The driver acts on the ``Done`` that ``next_step(policy)`` reports: it becomes terminal.
+
+        Returns:
+            The run's outcome (the same one for every later call).
+
+        Raises:
+            RuntimeError: ``next_step(policy)`` does not report ``Done``.
+        """
+        step = self.next_step(policy)
+        if type(step) is not Done:
+            raise RuntimeError(f"conclude() while the machine reports {step!r}")
+        if self._state is not MachineState.TERMINAL:
+            self._terminate(step.outcome)
+        assert self._outcome is not None
+        return self._outcome
 
     def accept_input(self, text: str) -> None:
         """Start a run: pending := [user(text)]; turns, estimate and cancel reset.
@@ -277,33 +266,30 @@ class LoopMachine:
         self._cancelled = False
         self._pending_tools = ()
         self._compact_reason = None
+        self._overflow_turn = None
 
     def resume(
         self, pending: Iterable[Message], turns_taken: int, answered: Mapping[str, ToolResultPart]
     ) -> None:
         """Continue a run from a checkpoint (mutates): pending and the turn count restored.
 
-        ``pending`` is the run's messages so far (its input first). When it
-        ends with the model's tool calls, the machine awaits their results;
-        a call with an entry in ``answered`` is pre-answered with it and
-        never dispatched. History is untouched; estimate and cancel reset.
+        ``pending`` is the run's messages so far. When it ends with the
+        model's tool calls the machine awaits their results; a call with an
+        entry in ``answered`` is pre-answered with it, never dispatched.
+        History is untouched; estimate and cancel reset as ``accept_input``.
 
         Raises:
-            ValueError: an empty ``pending``, a negative ``turns_taken``, or
-                an answer for a call the last message did not make.
+            ValueError: a negative ``turns_taken``, or an answer for a call
+                the last message did not make.
         """
         msgs = list(pending)
-        if not msgs or turns_taken < 0:
-            raise ValueError(f"resume needs pending messages and turns >= 0, got {len(msgs)}, {turns_taken}")
+        calls = msgs[-1].tool_calls if msgs and msgs[-1].role == "assistant" else []
+        stray = sorted(set(answered) - {c.id for c in calls})
+        if turns_taken < 0 or stray:
+            raise ValueError(f"resume: turns_taken {turns_taken}, answers for calls not made: {stray!r}")
         self.accept_input("")
         self._pending = msgs
         self._turns_taken = turns_taken
-        last = msgs[-1]
-        calls = last.tool_calls if last.role == "assistant" else []
-        ids = {c.id for c in calls}
-        stray = [k for k in answered if k not in ids]
-        if stray:
-            raise ValueError(f"resume: answers for call ids the last message did not make: {stray!r}")
         if calls:
             self._pending_tools = tuple(PendingToolCall(c, answered.get(c.id)) for c in calls)
             self._tool_turn = max(0, turns_taken - 1)
@@ -315,7 +301,8 @@ class LoopMachine:
         """Record a model reply (mutates).
 
         A reply without tool calls completes the run. Otherwise each call to a
-        tool not in ``available_tools`` gets a soft pre-answer in its slot.
+        tool not in ``available_tools``, and each call marked ``invalid``,
+        gets a soft pre-answer in its slot.
 
         Raises:
             RuntimeError: when tool results or a compaction are still awaited.
@@ -339,7 +326,9 @@ class LoopMachine:
             available_tools
         )
         self._pending_tools = tuple(
-            PendingToolCall(c)
+            PendingToolCall(c, ToolResultPart(c.id, c.name, c.invalid, True))
+            if c.invalid is not None  # a malformed call: the model's to fix
+            else PendingToolCall(c)
             if c.name in known
             else PendingToolCall(
                 c, ToolResultPart(c.id, c.name, f"tool '{c.name}' is not available", True)
@@ -397,11 +386,12 @@ class LoopMachine:
             self._context_tokens = tokens
 
     def compaction_result(
-        self, messages: Iterable[Message], tokens_before: int, tokens_after: int
+        self, messages: Iterable[Message], tokens_before: int, tokens_after: int, window: int = 0
     ) -> None:
         """Adopt a compacted conversation as history; clears pending (a commit point).
 
-        ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``.
+        ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``
+        naming ``window`` as the limit (``tokens_before`` when no window is given).
 
         Raises:
             RuntimeError: when tool results are awaited (clearing pending
@@ -410,7 +400,7 @@ class LoopMachine:
         if self._state is MachineState.TERMINAL:
             return
         self._check_not_awaiting_tools("compaction_result")
-        if self._no_progress(tokens_before, tokens_after):
+        if self._no_progress(tokens_before, tokens_after, window):
             return
         self._history = list(messages)
         self._pending = []
@@ -420,10 +410,11 @@ class LoopMachine:
         self._compact_reason = None
         self._state = MachineState.START
 
-    def compaction_noop(self, tokens_before: int, tokens_after: int) -> None:
+    def compaction_noop(self, tokens_before: int, tokens_after: int, window: int = 0) -> None:
         """A pass that changed nothing; history and pending stay as they are.
 
-        ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``.
+        ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``
+        naming ``window`` as the limit (``tokens_before`` when no window is given).
 
         Raises:
             RuntimeError: when tool results are awaited.
@@ -431,7 +422,7 @@ class LoopMachine:
         if self._state is MachineState.TERMINAL:
             return
         self._check_not_awaiting_tools("compaction_noop")
-        if self._no_progress(tokens_before, tokens_after):
+        if self._no_progress(tokens_before, tokens_after, window):
             return
         self._context_tokens = tokens_after
         self._compact_reason = None
@@ -441,19 +432,20 @@ class LoopMachine:
         if self._state is MachineState.AWAITING_TOOLS:
             raise RuntimeError(f"{feed} fed while tool results are awaited")
 
-    def _no_progress(self, before: int, after: int) -> bool:
+    def _no_progress(self, before: int, after: int, window: int) -> bool:
         if after >= before:
-            self._terminate(Failed(ContextExceeded(used=after, limit=before)))
+            self._terminate(Failed(ContextExceeded(used=after, limit=window if window > 0 else before)))
             return True
         return False
 
     def cancel(self) -> None:
-        """Set the cancel flag; the next decision ends the run as cancelled.
+        """Set the cancel flag: the run ends as cancelled at once (mutates).
 
         A no-op when terminal: a finished run keeps its outcome.
         """
         if self._state is not MachineState.TERMINAL:
             self._cancelled = True
+            self._terminate(_CANCELLED)
 
     def fail(self, error: LoopError) -> None:
         """End the run as ``Failed(error)`` at once; no-op when already terminal."""
@@ -481,5 +473,11 @@ class LoopMachine:
         """A JSON-safe picture of the committed history (for checkpoints)."""
         return {"history": [m.to_dict() for m in self._history]}
 
+
+_CANCELLED = CancelledOutcome()
+_CANCELLED_DONE = Done(_CANCELLED)
+_MAX_TURNS_DONE = Done(MaxTurnsReached())
+_EMERGENCY = Compact("emergency")
+_THRESHOLD = Compact("threshold")
 
 __all__ = ["ConversationSnapshot", "LoopMachine", "MessagesView"]

@@ -2,7 +2,7 @@
 
 ``OpenAIClient`` (chat completions and compatible servers) and
 ``AnthropicClient`` (messages) speak the real wire formats; ``StreamHandler``
-adds timeouts, retries, rate limits and the rescue around a streamed turn.
+adds timeouts, retries, rate limits and the rescue around every model call.
 """
 
 from __future__ import annotations

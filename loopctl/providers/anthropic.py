@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Optional, cast
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional
 
 import requests
 
@@ -47,22 +47,25 @@ from loopctl.providers.base import (
     PartStop,
     Ping,
     StreamEvent,
+    tool_call_part,
 )
-from loopctl.providers.client import HTTPClientBase
-from loopctl.providers.http import (
-    DEFAULT_TIMEOUT,
+from loopctl.providers.boundary import (
     PROTOCOL,
     RATE_LIMIT,
     STATUS,
     TRANSPORT,
-    Timeout,
+    is_context_overflow,
     model_error,
+    overflow_error,
     parse_json,
 )
+from loopctl.providers.client import HTTPClientBase
+from loopctl.providers.http import DEFAULT_TIMEOUT, Timeout
 from loopctl.providers.sse import SSEEvent
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
+INVALID_TOOL_NAME = "invalid_tool_call"  # the wire name of a replayed call that had none
 
 STOP_REASONS = {
     "end_turn": StopReason.END_TURN,
@@ -72,9 +75,6 @@ STOP_REASONS = {
     "pause_turn": StopReason.END_TURN,
     "refusal": StopReason.END_TURN,
 }
-
-# The C scanner behind json.loads, called directly: one document from index 0.
-_scan_json = cast(Callable[[str, int], tuple[Any, int]], vars(json.JSONDecoder())["scan_once"])
 
 # Mid-stream error types -> (status it stands for, retryable, kind).
 _ERROR_TYPES = {
@@ -118,7 +118,10 @@ def _error_event(payload: Any, label: str) -> ModelError:
     etype = str(err.get("type") or "error")
     msg = str(err.get("message") or etype)[:1000]
     status, retryable, kind = _ERROR_TYPES.get(etype, (None, False, STATUS))
-    return model_error(f"{label}: {etype} mid-stream: {msg}", status, retryable, kind=kind)
+    if etype in ("invalid_request_error", "request_too_large") and is_context_overflow(None, msg):
+        return overflow_error(f"{label}: context too long: {msg}", status)
+    summary = f"{etype} ({status})" if status else etype
+    return model_error(f"{label}: {etype} from the server: {msg}", status, retryable, kind=kind, summary=summary)
 
 
 class AnthropicStreamParser:
@@ -126,20 +129,12 @@ class AnthropicStreamParser:
 
     def __init__(self, label: str = "anthropic") -> None:
         self.done = False
-        self.delta_field: Optional[str] = None
         self._label = label
         self._skip: set[int] = set()
 
     def feed(self, event: SSEEvent) -> list[StreamEvent]:
         """Stream events for one SSE event (see ``feed_checked`` for shape errors)."""
-        self.delta_field = None
-        text = event.data
-        try:  # the usual shape: one JSON document and nothing else
-            data, end = _scan_json(text, 0)
-        except (StopIteration, ValueError):
-            end = -1
-        if end != len(text):  # whitespace, trailing text or malformed: the careful path
-            data = parse_json(text, self._label, "stream event")
+        data = parse_json(event.data, self._label, "stream event")
         if type(data) is not dict:
             raise model_error(f"{self._label}: stream event is not a JSON object: {event.data[:200]!r}", kind=PROTOCOL)
         etype = data.get("type") or event.event
@@ -153,10 +148,7 @@ class AnthropicStreamParser:
             if known is None:
                 return []  # unknown deltas are ignored
             field, kind = known
-            value = delta.get(field, "")
-            if type(value) is str and field in delta:
-                self.delta_field = field
-            return [PartDelta(idx, kind, value)]
+            return [PartDelta(idx, kind, delta.get(field, ""))]
         if etype == "content_block_start":
             return self._block_start(data.get("index", 0), data.get("content_block") or {})
         if etype == "content_block_stop":
@@ -235,7 +227,9 @@ def _blocks(msg: Message) -> list[dict[str, Any]]:
                 block["is_error"] = True
             out.append(block)
         elif t is ToolCallPart:
-            out.append({"type": "tool_use", "id": p.id, "name": p.name, "input": dict(p.input)})  # type: ignore[union-attr]
+            # A nameless call (answered with a soft error) still needs a name on the wire.
+            name = p.name or INVALID_TOOL_NAME  # type: ignore[union-attr]
+            out.append({"type": "tool_use", "id": p.id, "name": name, "input": dict(p.input)})  # type: ignore[union-attr]
         elif t is ThinkingPart:
             # Only a signed block can be replayed; an unsigned one is dropped.
             if p.signature:  # type: ignore[union-attr]
@@ -296,6 +290,9 @@ class AnthropicClient(HTTPClientBase):
     """
 
     provider = "anthropic"
+    key_env = "ANTHROPIC_API_KEY"
+    default_base_url = DEFAULT_BASE_URL
+    stream_hint = " (is base_url right? for Anthropic it is the host root, requests go to {base_url}/v1/messages)"
 
     def __init__(
         self,
@@ -369,7 +366,7 @@ class AnthropicClient(HTTPClientBase):
             raise _error_event(data, label)
         content = data.get("content")
         if not isinstance(content, list):
-            raise model_error(f"{label}: response has no content list: {json.dumps(data)[:200]}", kind=PROTOCOL)
+            raise model_error(f"{label}: response has no content list: keys {sorted(map(str, data))[:10]}", kind=PROTOCOL)
         parts: list[Any] = []
         for block in content:
             btype = block.get("type") if isinstance(block, Mapping) else None
@@ -377,12 +374,7 @@ class AnthropicClient(HTTPClientBase):
                 if block.get("text"):
                     parts.append(TextPart(block["text"]))
             elif btype == "tool_use":
-                inp = block.get("input")
-                if inp is None:
-                    inp = {}
-                if not isinstance(inp, dict):
-                    raise ModelError(f"input for tool {block.get('name')!r} is not a JSON object: {inp!r:.200}")
-                parts.append(ToolCallPart(block.get("id") or "", block.get("name") or "", inp))
+                parts.append(tool_call_part(block.get("id") or "", block.get("name") or "", block.get("input")))
             elif btype == "thinking":
                 parts.append(ThinkingPart(block.get("thinking") or "", block.get("signature") or None))
         message = Message(Role.ASSISTANT, tuple(parts))

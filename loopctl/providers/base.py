@@ -6,7 +6,8 @@ below in this order: ``MessageStart``, then per part ``PartStart`` ->
 ``Ping`` may come anywhere. A stream that ends without ``MessageStop`` was
 truncated and is never taken as a complete reply. The stream handler adds
 ``StreamAttemptReset`` (a new attempt starts) and ``StreamRescue`` (a
-complete reply from the non-streaming rescue).
+complete reply from the non-streaming rescue, or the reply of a
+non-streaming call) and ``RetryWait`` (a backoff is about to start).
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ from loopctl.messages import (
     ThinkingPart,
     ToolCallPart,
     Usage,
+)
+from loopctl.providers.boundary import (
+    MAX_JSON_DEPTH,
+    json_depth_exceeds,
+    redact_key_shapes,
+    value_depth_exceeds,
 )
 
 # Part kinds of ``PartStart``; delta kinds add "tool_input" and "signature".
@@ -55,6 +62,7 @@ class PartStart:
     kind: str
     call_id: Optional[str] = None
     name: Optional[str] = None
+    invalid: Optional[str] = None  # a tool call already known to be unusable, and why
 
 
 @attrs.frozen
@@ -103,6 +111,21 @@ class StreamAttemptReset:
 
 
 @attrs.frozen
+class RetryWait:
+    """The stream handler waits ``wait_s`` seconds before retrying a failed call.
+
+    ``cause`` says what failed in a few words ("rate limited (429)",
+    "connection refused at http://127.0.0.1:1/v1"); ``attempt`` is the try
+    about to start (2 for the first retry) of at most ``max_attempts``.
+    """
+
+    cause: str
+    wait_s: float
+    attempt: int
+    max_attempts: int
+
+
+@attrs.frozen
 class StreamRescue:
     """A complete reply obtained by the non-streaming rescue."""
 
@@ -110,7 +133,7 @@ class StreamRescue:
 
 
 StreamEvent = Union[MessageStart, PartStart, PartDelta, PartStop, MessageDelta, MessageStop, Ping]
-HandlerEvent = Union[StreamEvent, StreamAttemptReset, StreamRescue]
+HandlerEvent = Union[StreamEvent, StreamAttemptReset, StreamRescue, RetryWait]
 
 
 @runtime_checkable
@@ -175,13 +198,59 @@ def response_events(response: ModelResponse, chunk: int = 8) -> Iterator[StreamE
             if part.signature:
                 yield PartDelta(i, SIGNATURE, part.signature)
         elif isinstance(part, ToolCallPart):
-            yield PartStart(i, TOOL_CALL, call_id=part.id, name=part.name)
+            yield PartStart(i, TOOL_CALL, call_id=part.id, name=part.name, invalid=part.invalid)
             yield PartDelta(i, TOOL_INPUT, json.dumps(dict(part.input)))
         else:
             continue
         yield PartStop(i)
     yield MessageDelta(stop_reason=response.stop_reason, usage=response.usage)
     yield MessageStop()
+
+
+_SHOWN = 120  # characters of offending arguments quoted back to the model
+
+
+def _quote(text: str) -> str:
+    shown = redact_key_shapes(text[:_SHOWN])
+    more = f" ... ({len(text)} characters)" if len(text) > _SHOWN else ""
+    return f"{shown!r}{more}"
+
+
+def tool_call_part(call_id: str, name: str, arguments: Any) -> ToolCallPart:
+    """A well-formed ``ToolCallPart`` from a provider's tool call.
+
+    ``arguments`` is the JSON text the model sent (or an already parsed
+    value). Arguments that are not one JSON object (malformed, a list, nested
+    deeper than ``MAX_JSON_DEPTH``) or a missing name give a part with
+    ``input == {}`` and ``invalid`` saying what is wrong (the offending text
+    cut short, key-shaped strings masked): a soft error for the model to fix,
+    never an exception.
+    """
+    name = name if isinstance(name, str) else ""
+    problem: Optional[str] = None
+    data: Any = {}
+    if isinstance(arguments, str):
+        if arguments.strip():
+            if json_depth_exceeds(arguments):
+                problem = f"arguments for tool {name!r} nest deeper than {MAX_JSON_DEPTH} levels"
+            else:
+                try:
+                    data = json.loads(arguments)
+                except (ValueError, RecursionError):
+                    problem = f"invalid JSON arguments for tool {name!r}: {_quote(arguments)}"
+            if problem is None and not isinstance(data, dict):
+                problem = f"arguments for tool {name!r} are not a JSON object: {_quote(arguments)}"
+    elif arguments is not None:
+        data = arguments
+        if not isinstance(data, dict):
+            problem = f"arguments for tool {name!r} are not a JSON object: {_quote(repr(arguments)[:_SHOWN])}"
+        elif value_depth_exceeds(data):
+            problem = f"arguments for tool {name!r} nest deeper than {MAX_JSON_DEPTH} levels"
+    if not name.strip():
+        problem = "the tool call has no tool name" + (f" ({problem})" if problem else "")
+    if problem is not None:
+        return ToolCallPart(call_id, name, {}, f"{problem}; send a call with a tool name and a JSON object")
+    return ToolCallPart(call_id, name, data)
 
 
 @attrs.define
@@ -191,6 +260,7 @@ class _Slot:
     name: Optional[str] = None
     chunks: list[str] = attrs.field(factory=list)
     signature: Optional[str] = None
+    invalid: Optional[str] = None
     part: Optional[Part] = None
     closed: bool = False
 
@@ -199,8 +269,9 @@ class StreamAccumulator:
     """Assembles stream events into a ``ModelResponse``.
 
     Slots are fixed at ``PartStart`` and routed by (kind, index); tool JSON is
-    parsed once when its part closes (empty -> ``{}``; invalid -> ``ModelError``
-    naming the tool). Thinking stays out of the assembled text.
+    parsed once when its part closes (empty -> ``{}``; invalid JSON, a
+    non-object or no name -> a part marked ``invalid``, see
+    ``tool_call_part``). Thinking stays out of the assembled text.
     """
 
     def __init__(self) -> None:
@@ -229,6 +300,7 @@ class StreamAccumulator:
             slot = self._open(event.index, event.kind)
             slot.call_id = event.call_id
             slot.name = event.name
+            slot.invalid = event.invalid
         elif isinstance(event, PartStop):
             idx = event.index
             found = (
@@ -261,21 +333,12 @@ class StreamAccumulator:
         slot.closed = True
         text = "".join(slot.chunks)
         if slot.kind == TOOL_CALL:
-            name = slot.name or ""
-            if not name:
-                return
-            if text.strip():
-                try:
-                    data = json.loads(text)
-                except ValueError as exc:
-                    raise ModelError(
-                        f"invalid JSON arguments for tool {name!r}: {text[:200]!r}"
-                    ) from exc
-                if not isinstance(data, dict):
-                    raise ModelError(f"arguments for tool {name!r} are not a JSON object: {text[:200]!r}")
+            # A bad call is kept, marked invalid: the model gets a soft error for it.
+            call_id = slot.call_id or f"call_{id(slot):x}"
+            if slot.invalid is not None:
+                slot.part = ToolCallPart(call_id, slot.name or "", {}, slot.invalid)
             else:
-                data = {}
-            slot.part = ToolCallPart(slot.call_id or f"call_{id(slot):x}", name, data)
+                slot.part = tool_call_part(call_id, slot.name or "", text)
         elif slot.kind == THINKING:
             slot.part = ThinkingPart(text, slot.signature)
         elif text:
@@ -321,9 +384,11 @@ __all__ = [
     "PartStart",
     "PartStop",
     "Ping",
+    "RetryWait",
     "StreamAccumulator",
     "StreamAttemptReset",
     "StreamEvent",
     "StreamRescue",
     "response_events",
+    "tool_call_part",
 ]

@@ -18,24 +18,35 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Optional
 
+import attrs
 import requests
 
-from loopctl.errors import Cancelled, ConfigError, ModelError
-from loopctl.messages import ModelRequest, ModelResponse
+from loopctl.errors import Cancelled, ConfigError, LoopError, ModelError
+from loopctl.messages import ModelRequest, ModelResponse, ToolCallPart
 from loopctl.providers.base import StreamEvent, response_events
+from loopctl.providers.boundary import (
+    PROTOCOL,
+    CallInfo,
+    Secret,
+    model_error,
+    raise_mapped,
+    url_credentials,
+)
 from loopctl.providers.http import (
     READ_SIZE,
     CallScope,
-    Secret,
     Timeout,
+    check_deadline,
     current_scope,
     make_session,
     post,
+    read_bound,
     read_json,
-    status_error,
-    transport_error,
+    response_status_error,
+    split_timeout,
 )
 from loopctl.providers.reader import StreamParser, StreamReader
+from loopctl.providers.secrets import header_secrets
 
 log = logging.getLogger("loopctl")
 
@@ -57,14 +68,15 @@ class SSEStream:
         self,
         open_response: Callable[[CallScope], requests.Response],
         parser: StreamParser,
-        label: str,
+        call: CallInfo,
         on_json: Optional[Callable[[Any], Iterator[StreamEvent]]] = None,
-        idle_timeout: Optional[float] = None,
+        hint: str = "",
     ) -> None:
         self._open_response = open_response
-        self._idle = idle_timeout
+        self._call = call
         self._parser = parser
-        self._label = label
+        self._label = call.label
+        self._hint = hint
         self._on_json = on_json
         self._scope = CallScope()
         self._lock = threading.Lock()
@@ -117,25 +129,36 @@ class SSEStream:
             if self._closed:
                 return None
             self._reading = True
-        t = self._idle
+        t, deadline_hit = read_bound(self._call.read_timeout, scope.deadline)
         try:
-            deadline = scope.deadline
-            if deadline is not None:
-                left = max(deadline - time.monotonic(), 0.001)
-                t = left if t is None else min(t, left)
+            try:
+                check_deadline(scope, self._call)
+            except ModelError:
+                if self._closed:
+                    return None
+                raise
             sock = scope.sock
             if sock is not None:
                 sock.settimeout(t)
             return read1(READ_SIZE)
+        except ModelError:
+            raise
         except Exception as exc:
             if self._closed:
                 return None
-            raise transport_error(self._label, exc, t) from exc
+            raise_mapped(exc, self._call, deadline_hit=deadline_hit)
         finally:
             with self._lock:
                 self._reading = False
 
     def __iter__(self) -> Iterator[StreamEvent]:
+        try:
+            yield from self._events()
+        except LoopError as err:
+            self._call.secret.scrub(err)  # the one redaction point of a streamed call
+            raise
+
+    def _events(self) -> Iterator[StreamEvent]:
         scope = self._scope
         if self._closed:
             return
@@ -150,13 +173,22 @@ class SSEStream:
         try:
             if closed:
                 return
-            ctype = resp.headers.get("content-type", "")
+            ctype = resp.headers.get("content-type", "").lower()
+            if ctype and not ctype.startswith("text/event-stream") and not (
+                self._on_json is not None and ctype.startswith("application/json")
+            ):
+                raise model_error(
+                    f"{self._label}: expected an event stream from {self._call.url}, got "
+                    f"{ctype.split(';')[0]}{self._hint}",
+                    kind=PROTOCOL,
+                    summary=f"not an event stream ({ctype.split(';')[0]})",
+                )
             if self._on_json is not None and ctype.startswith("application/json"):
                 # A server that ignored "stream": true answered with one JSON body.
                 with self._lock:
                     self._reading = True  # close() then only shuts the socket
                 try:
-                    data = read_json(resp, scope, self._label)
+                    data = read_json(resp, scope, self._call)
                 except Cancelled:
                     return
                 finally:
@@ -232,7 +264,8 @@ class HTTPClientBase:
         if not isinstance(model, str) or not model.strip():
             raise ConfigError(f"model must be a non-empty str, got {model!r}")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"base_url must be an http(s) URL, got {base_url!r}")
+            shown = url_credentials(base_url)[0] if isinstance(base_url, str) else base_url
+            raise ConfigError(f"base_url must be an http(s) URL, got {shown!r}")
         if isinstance(timeout, tuple):
             ok = len(timeout) == 2 and all(isinstance(t, (int, float)) and t > 0 for t in timeout)
         else:
@@ -240,8 +273,10 @@ class HTTPClientBase:
         if not ok:
             raise ConfigError(f"timeout must be seconds > 0 or a (connect, read) pair, got {timeout!r}")
         self._model = model
-        self._secret = Secret(api_key)
         self._base_url = base_url.rstrip("/")
+        self._shown_url, url_secrets = url_credentials(self._base_url)
+        # Every secret the client was given is masked in every error it raises.
+        self._secret = Secret(api_key, [*header_secrets(extra_headers or {}), *url_secrets])
         self._owns_session = session is None
         self._session = session if session is not None else make_session()
         self._timeout: Timeout = timeout
@@ -270,7 +305,7 @@ class HTTPClientBase:
             self._session.close()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(model={self._model!r}, base_url={self._base_url!r})"
+        return f"{type(self).__name__}(model={self._model!r}, base_url={self._shown_url!r})"
 
     # -- subclass hooks
     def _url(self) -> str:
@@ -340,17 +375,33 @@ class HTTPClientBase:
     def _label(self, body: Mapping[str, Any]) -> str:
         return f"{self.provider} ({body.get('model', self._model)})"
 
-    def _post(self, body: dict[str, Any], scope: CallScope, stream: bool) -> requests.Response:
+    # What a client says when a call cannot work as configured.
+    key_env = ""
+    default_base_url = ""
+    stream_hint = ""
+
+    def _call_info(self, body: Mapping[str, Any]) -> CallInfo:
+        connect, read = split_timeout(self._timeout)
+        return CallInfo(self._label(body), self._shown_url, self._secret, connect, read)
+
+    def _request_headers(self, stream: bool) -> dict[str, str]:
         headers = self._headers()
         headers.update(self._extra_headers)
         if stream:
             headers["accept"] = "text/event-stream"
             headers["accept-encoding"] = "identity"  # no compression holding deltas back
-        label = self._label(body)
-        log.debug("POST %s (%s, stream=%s)", self._url(), label, stream)
-        resp = post(self._session, self._url(), headers, body, timeout=self._timeout, scope=scope, label=label)
+        return headers
+
+    def _post(self, body: dict[str, Any], scope: CallScope, call: CallInfo, stream: bool) -> requests.Response:
+        if not self._secret and self.key_env and self._base_url == self.default_base_url:
+            raise model_error(
+                f"{call.label}: no API key for {self._shown_url}: pass api_key= or set {self.key_env}",
+                summary=f"no API key (set {self.key_env})",
+            )
+        log.debug("POST %s (%s, stream=%s)", self._shown_url, call.label, stream)
+        resp = post(self._session, call, self._url(), self._request_headers(stream), body, scope=scope)
         if resp.status_code >= 400:
-            raise status_error(resp, label, self._secret)
+            raise response_status_error(resp, call.label)
         return resp
 
     def stream(self, request: ModelRequest) -> SSEStream:
@@ -360,21 +411,34 @@ class HTTPClientBase:
             ConfigError: an option this client cannot honour.
         """
         body = self._body(request, True)
+        call = self._call_info(body)
 
         def open_response(scope: CallScope) -> requests.Response:
-            return self._post(body, scope, True)
+            return self._post(body, scope, call, True)
 
         def on_json(data: Any) -> Iterator[StreamEvent]:
-            return response_events(self._response_from_json(data))
+            return response_events(self._redact_calls(self._response_from_json(data)))
 
-        read = self._timeout[1] if isinstance(self._timeout, tuple) else float(self._timeout)
-        return SSEStream(open_response, self._parser(), self._label(body), on_json, read)
+        return SSEStream(open_response, self._parser(), call, on_json, self.stream_hint)
+
+    def _redact_calls(self, response: ModelResponse) -> ModelResponse:
+        # The reason of an invalid tool call quotes the model's text: mask this client's secrets in it.
+        parts = response.message.parts
+        if not any(type(p) is ToolCallPart and p.invalid for p in parts):
+            return response
+        fixed = tuple(
+            attrs.evolve(p, invalid=self._secret.redact(p.invalid)) if type(p) is ToolCallPart and p.invalid else p
+            for p in parts
+        )
+        return attrs.evolve(response, message=attrs.evolve(response.message, parts=fixed))
 
     def complete(self, request: ModelRequest) -> ModelResponse:
         """The whole reply from one non-streaming call.
 
         Cancellable: closing the ``CallScope`` bound on this thread (if any)
-        makes the call return at once with ``Cancelled``.
+        makes the call return at once with ``Cancelled``; its deadline bounds
+        the call. Every error raised is redacted (no credential in it or its
+        causes).
 
         Raises:
             ConfigError: an option this client cannot honour.
@@ -382,9 +446,14 @@ class HTTPClientBase:
             Cancelled: the bound scope was closed.
         """
         body = self._body(request, False)
+        call = self._call_info(body)
         scope = current_scope() or CallScope()
-        resp = self._post(body, scope, False)
-        return self._response_from_json(read_json(resp, scope, self._label(body)))
+        try:
+            resp = self._post(body, scope, call, False)
+            return self._redact_calls(self._response_from_json(read_json(resp, scope, call)))
+        except LoopError as err:
+            self._secret.scrub(err)  # the one redaction point of a whole call
+            raise
 
 
 __all__ = ["HTTPClientBase", "SSEStream", "StreamParser"]

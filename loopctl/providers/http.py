@@ -1,102 +1,58 @@
-"""The shared HTTP layer: sessions, cancellable calls, status -> error mapping.
+"""The shared HTTP layer: sessions, cancellable calls, bodies in and out.
 
 Owns everything the clients do with ``requests``: one ``requests.Session``
 per client whose connections report their sockets to the ``CallScope`` bound
 on the calling thread, so ``CallScope.close()`` from any other thread can
 shut a socket down and make a read blocked in ``recv`` (even one still
 waiting for the response headers) return at once; the reader then releases
-the connection. Errors leave this module as ``ModelError`` with two extra
-attributes, ``kind`` ("status", "rate_limit", "timeout", "transport",
-"protocol") and ``retry_after`` (seconds or None); foreign exceptions are
-chained. Error bodies are read up to 8 KiB. Secrets never reach a message.
+the connection. Request bodies are strict JSON and valid UTF-8 (lone
+surrogates become U+FFFD, NaN/inf become null). Every read is bounded by the
+client's read timeout and, nearer, the scope's deadline. Foreign exceptions
+are translated in one place (``boundary.raise_mapped``); error bodies are
+read up to 8 KiB. No local of ours holds the request headers once sent.
 """
 
 from __future__ import annotations
 
-import email.utils
 import json
 import logging
+import math
 import re
 import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import requests
-import urllib3
 from requests.adapters import HTTPAdapter
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
 from loopctl.errors import Cancelled, ModelError
+from loopctl.providers.boundary import (
+    ERROR_BODY_LIMIT,
+    PROTOCOL,
+    RATE_LIMIT,
+    STATUS,
+    TIMEOUT,
+    TRANSPORT,
+    CallInfo,
+    Secret,
+    error_kind,
+    model_error,
+    parse_json,
+    parse_retry_after,
+    raise_mapped,
+    status_error,
+)
 
 log = logging.getLogger("loopctl")
 
-ERROR_BODY_LIMIT = 8 * 1024
 RESPONSE_BODY_LIMIT = 10 * 1024 * 1024
 READ_SIZE = 64 * 1024
-RATE_LIMIT_STATUSES = frozenset((429, 503, 529))
 Timeout = Union[float, tuple[float, float]]
 DEFAULT_TIMEOUT: tuple[float, float] = (10.0, 120.0)
-
-# Kinds of failure a ModelError from this layer carries in ``.kind``.
-STATUS = "status"
-RATE_LIMIT = "rate_limit"
-TIMEOUT = "timeout"
-TRANSPORT = "transport"
-PROTOCOL = "protocol"
-
-
-def model_error(
-    message: str,
-    status: Optional[int] = None,
-    retryable: bool = False,
-    *,
-    kind: str = STATUS,
-    retry_after: Optional[float] = None,
-) -> ModelError:
-    """A ``ModelError`` tagged with the failure ``kind`` and ``retry_after``."""
-    err = ModelError(message, status, retryable)
-    err.__dict__.update(kind=kind, retry_after=retry_after)
-    return err
-
-
-def error_kind(err: BaseException) -> Optional[str]:
-    """The ``kind`` tag of an error from this layer (None for other errors)."""
-    return getattr(err, "kind", None)
-
-
-# -- secrets -------------------------------------------------------------------
-
-_KEY_SHAPES = re.compile(r"\b(sk-[A-Za-z0-9_\-*]{6,}|key-[A-Za-z0-9_\-*]{12,})")
-
-
-class Secret:
-    """A credential that never shows itself in a repr, str or log line."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: Optional[str]) -> None:
-        self._value = value or None
-
-    def reveal(self) -> Optional[str]:
-        """The credential itself (for the request header only)."""
-        return self._value
-
-    def __bool__(self) -> bool:
-        return self._value is not None
-
-    def __repr__(self) -> str:
-        return "Secret(<redacted>)" if self._value else "Secret(None)"
-
-    __str__ = __repr__
-
-    def redact(self, text: str) -> str:
-        """``text`` with this credential and anything key-shaped masked."""
-        if self._value:
-            text = text.replace(self._value, "<redacted>")
-        return _KEY_SHAPES.sub("<redacted>", text)
 
 
 # -- cancellable calls ---------------------------------------------------------
@@ -219,6 +175,8 @@ class _TrackedHTTPSPool(HTTPSConnectionPool):
     ConnectionCls = _TrackedHTTPSConnection
 
 
+
+
 class TrackingAdapter(HTTPAdapter):
     """An ``HTTPAdapter`` whose connections attach their sockets to the bound scope."""
 
@@ -248,58 +206,110 @@ def _sock_of(resp: requests.Response) -> Any:
     return sock
 
 
-def _timeouts(timeout: Timeout, deadline: Optional[float]) -> tuple[float, float]:
+def split_timeout(timeout: Timeout) -> tuple[float, float]:
+    """``(connect, read)`` seconds from a client's ``timeout``."""
     if isinstance(timeout, tuple):
-        connect, read = timeout
-    else:
-        connect = read = float(timeout)
-    if deadline is not None:
-        left = max(deadline - time.monotonic(), 0.001)
-        read = min(read, left)
-        connect = min(connect, left)
-    return connect, read
+        return float(timeout[0]), float(timeout[1])
+    return float(timeout), float(timeout)
 
 
-_TIMEOUT_EXC = (requests.Timeout, urllib3.exceptions.TimeoutError, socket.timeout)
+def read_bound(read_timeout: Optional[float], deadline: Optional[float]) -> tuple[Optional[float], bool]:
+    """The socket timeout for one read, and whether the deadline is the nearer bound."""
+    if deadline is None:
+        return read_timeout, False
+    left = max(deadline - time.monotonic(), 0.001)
+    if read_timeout is None or left < read_timeout:
+        return left, True
+    return read_timeout, False
 
 
-def transport_error(label: str, exc: BaseException, timeout: Optional[float] = None) -> ModelError:
-    """Map a foreign network exception to a tagged, retryable ``ModelError``."""
-    if isinstance(exc, _TIMEOUT_EXC) or "timed out" in str(exc):
-        within = f" within {timeout:g}s" if timeout is not None else ""
-        return model_error(f"{label}: timed out: no data{within}", retryable=True, kind=TIMEOUT)
-    return model_error(f"{label}: connection failed: {type(exc).__name__}", retryable=True, kind=TRANSPORT)
+def check_deadline(scope: CallScope, call: CallInfo) -> None:
+    """Raise the timeout error once the scope's deadline has passed.
+
+    Between reads: a server trickling bytes never lets one read time out.
+    """
+    if scope.deadline is not None and time.monotonic() >= scope.deadline:
+        err = model_error(f"{call.label}: timed out: the call's deadline passed", retryable=True, kind=TIMEOUT,
+                          summary="the call's deadline passed")
+        err.__dict__["deadline_hit"] = True
+        raise err
+
+
+# -- request bodies ---------------------------------------------------------------
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _finite(value: Any) -> Any:
+    # NaN and infinities are not JSON: they go as null.
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def encode_body(body: Mapping[str, Any]) -> bytes:
+    """``body`` as strict JSON in valid UTF-8 (what a provider accepts).
+
+    NaN/inf (not JSON) are sent as ``null``; a lone surrogate (not UTF-8)
+    as U+FFFD. The usual body takes the fast path: one ``dumps``, one encode.
+    """
+    try:
+        text = json.dumps(body, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(body), ensure_ascii=False, allow_nan=False)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text).encode("utf-8")
+
+
+# -- the calls -----------------------------------------------------------------------
 
 
 def post(
     session: requests.Session,
+    call: CallInfo,
     url: str,
-    headers: Mapping[str, str],
+    headers: dict[str, str],
     body: Mapping[str, Any],
     *,
-    timeout: Timeout,
     scope: CallScope,
-    label: str,
 ) -> requests.Response:
     """POST ``body`` as JSON and return the response with its body unread.
 
     The scope is bound for the call, so ``scope.close()`` interrupts it.
+    ``headers`` is consumed: this frame drops it once sent.
 
     Raises:
         Cancelled: the scope was closed.
+        ConfigError: a header value ``requests`` refuses (no cause chained).
         ModelError: a timeout or connection failure (tagged, retryable).
     """
     if scope.closed:
         raise Cancelled("model call closed")
-    data = json.dumps(body, ensure_ascii=False).encode("utf-8")
-    connect, read = _timeouts(timeout, scope.deadline)
+    data = encode_body(body)
+    connect, read = call.connect_timeout, call.read_timeout
+    deadline_hit = False
+    if scope.deadline is not None:
+        left = max(scope.deadline - time.monotonic(), 0.001)
+        if connect is not None:
+            connect = min(connect, left)
+        if read is None or left < read:
+            read, deadline_hit = left, True
     try:
-        with scope.bound():
-            resp = session.post(url, data=data, headers=dict(headers), timeout=(connect, read), stream=True)
+        try:
+            with scope.bound():
+                resp = session.post(url, data=data, headers=headers, timeout=(connect, read), stream=True)
+        finally:
+            del headers  # never kept alive by a traceback through this frame
     except Exception as exc:
         if scope.closed:
-            raise Cancelled("model call closed") from exc
-        raise transport_error(label, exc, read) from exc
+            raise Cancelled("model call closed") from None
+        raise_mapped(exc, call, deadline_hit=deadline_hit)
     scope.attach(_sock_of(resp))  # sessions without tracking adapters
     if scope.closed:
         resp.close()
@@ -307,108 +317,49 @@ def post(
     return resp
 
 
-_raw_decode = json.JSONDecoder().raw_decode
-
-
-def parse_json(text: str, label: str, what: str) -> Any:
-    """Parse one JSON document from a stream (fast path for the usual shape).
-
-    Raises:
-        ModelError: (kind "protocol") the text is not one JSON document.
-    """
-    try:
-        value, end = _raw_decode(text)
-        if end == len(text) or not text[end:].strip():
-            return value
-    except ValueError:
-        pass
-    try:
-        return json.loads(text)  # leading whitespace and the exact error
-    except ValueError as exc:
-        raise model_error(f"{label}: malformed JSON in {what}: {text[:200]!r}", kind=PROTOCOL) from exc
-
-
-def parse_retry_after(value: Optional[str], now: Optional[float] = None) -> Optional[float]:
-    """Seconds to wait from a ``Retry-After`` header (delta-seconds or HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when is None:
-        return None
-    base = time.time() if now is None else now
-    return max(0.0, when.timestamp() - base)
-
-
-def _provider_message(body: bytes) -> str:
-    text = body.decode("utf-8", "replace")
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return text.strip()[:500]
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict):
-            msg = err.get("message") or err.get("type")
-            if msg:
-                return str(msg)[:1000]
-        elif isinstance(err, str):
-            return err[:1000]
-        if isinstance(data.get("message"), str):
-            return str(data["message"])[:1000]
-    return text.strip()[:500]
-
-
-def status_error(resp: requests.Response, label: str, secret: Secret) -> ModelError:
-    """The ``ModelError`` for a non-2xx response (reads at most 8 KiB of body)."""
-    status = resp.status_code
+def response_status_error(resp: requests.Response, label: str) -> ModelError:
+    """The ``ModelError`` for a non-2xx response (reads at most 8 KiB; closes it)."""
     try:
         body = resp.raw.read(ERROR_BODY_LIMIT) or b""
     except Exception:  # the message is best effort; the status still tells
         body = b""
     finally:
         resp.close()
-    msg = secret.redact(_provider_message(body)) or resp.reason or "no message"
-    if status in RATE_LIMIT_STATUSES:
-        after = parse_retry_after(resp.headers.get("retry-after"))
-        return model_error(
-            f"{label}: rate limited (HTTP {status}): {msg}", status, True, kind=RATE_LIMIT, retry_after=after
-        )
-    retryable = status >= 500 or status == 408
-    return model_error(f"{label}: HTTP {status}: {msg}", status, retryable, kind=STATUS)
+    return status_error(resp.status_code, resp.reason or "", body, resp.headers.get("retry-after"), label)
 
 
-def read_json(resp: requests.Response, scope: CallScope, label: str, limit: int = RESPONSE_BODY_LIMIT) -> Any:
-    """Read a whole JSON body (at most ``limit`` bytes), cancellable via ``scope``."""
+def read_json(resp: requests.Response, scope: CallScope, call: CallInfo, limit: int = RESPONSE_BODY_LIMIT) -> Any:
+    """Read a whole JSON body (at most ``limit`` bytes), cancellable via ``scope``.
+
+    Each read waits at most the client's read timeout, and never past the
+    scope's deadline.
+    """
     chunks: list[bytes] = []
     size = 0
+    raw: Any = resp.raw
+    read = getattr(raw, "read1", None) or raw.read  # read1: what has arrived, so the deadline is checked
     try:
         while True:
+            check_deadline(scope, call)
+            t, deadline_hit = read_bound(call.read_timeout, scope.deadline)
             sock = scope.sock
-            if sock is not None and scope.deadline is not None:
-                sock.settimeout(max(scope.deadline - time.monotonic(), 0.001))
-            chunk = resp.raw.read(READ_SIZE)
+            if sock is not None:
+                sock.settimeout(t)
+            try:
+                chunk = read(READ_SIZE)
+            except Exception as exc:
+                if scope.closed:
+                    raise Cancelled("model call closed") from None
+                raise_mapped(exc, call, deadline_hit=deadline_hit)
             if not chunk:
                 break
             size += len(chunk)
             if size > limit:
-                raise model_error(f"{label}: response body larger than {limit} bytes", kind=PROTOCOL)
+                raise model_error(f"{call.label}: response body larger than {limit} bytes", kind=PROTOCOL)
             chunks.append(chunk)
-    except ModelError:
+    except BaseException:
         resp.close()
         raise
-    except Exception as exc:
-        resp.close()
-        if scope.closed:
-            raise Cancelled("model call closed") from exc
-        raise transport_error(label, exc) from exc
     if scope.closed:
         resp.close()
         raise Cancelled("model call closed")
@@ -418,23 +369,33 @@ def read_json(resp: requests.Response, scope: CallScope, label: str, limit: int 
     except Exception:
         resp.close()
     raw = b"".join(chunks)
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise model_error(f"{label}: malformed JSON response: {raw[:200]!r}", kind=PROTOCOL) from exc
+    text = raw.decode("utf-8", "replace")
+    return parse_json(text, call.label, "response body")
 
+
+Reader = Callable[[int], bytes]
 
 __all__ = [
+    "DEFAULT_TIMEOUT",
+    "PROTOCOL",
+    "RATE_LIMIT",
+    "STATUS",
+    "TIMEOUT",
+    "TRANSPORT",
     "CallScope",
     "Secret",
+    "Timeout",
     "TrackingAdapter",
+    "check_deadline",
     "current_scope",
+    "encode_body",
     "error_kind",
     "make_session",
     "model_error",
     "parse_retry_after",
     "post",
+    "read_bound",
     "read_json",
-    "status_error",
-    "transport_error",
+    "response_status_error",
+    "split_timeout",
 ]

@@ -16,8 +16,8 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any, Optional, cast
+from collections.abc import Mapping
+from typing import Any, Optional
 
 import requests
 
@@ -46,17 +46,19 @@ from loopctl.providers.base import (
     PartStart,
     PartStop,
     StreamEvent,
+    tool_call_part,
 )
-from loopctl.providers.client import HTTPClientBase
-from loopctl.providers.http import (
-    DEFAULT_TIMEOUT,
+from loopctl.providers.boundary import (
     PROTOCOL,
     RATE_LIMIT,
     STATUS,
-    Timeout,
+    is_context_overflow,
     model_error,
+    overflow_error,
     parse_json,
 )
+from loopctl.providers.client import HTTPClientBase
+from loopctl.providers.http import DEFAULT_TIMEOUT, Timeout
 from loopctl.providers.sse import DONE, SSEEvent
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
@@ -74,10 +76,7 @@ FINISH_REASONS = {
 }
 
 _TOOL_CHOICES = ("auto", "none", "required")
-
-# The C scanner behind json.loads, called directly: one document from index 0.
-_scan_json = cast(Callable[[str, int], tuple[Any, int]], vars(json.JSONDecoder())["scan_once"])
-
+INVALID_TOOL_NAME = "invalid_tool_call"  # the wire name of a replayed call that had none
 
 def _usage(data: Any) -> Optional[Usage]:
     if not isinstance(data, Mapping):
@@ -99,9 +98,14 @@ def _stream_error(payload: Any, label: str) -> ModelError:
     else:
         msg, etype = str(err)[:1000], ""
     if "rate_limit" in etype or "overloaded" in etype:
-        return model_error(f"{label}: rate limited mid-stream: {msg}", 429, True, kind=RATE_LIMIT)
+        return model_error(
+            f"{label}: rate limited mid-stream: {msg}", 429, True, kind=RATE_LIMIT, summary="rate limited (429)"
+        )
+    if is_context_overflow(None, f"{etype} {msg}"):
+        return overflow_error(f"{label}: context too long: {msg}", None)
     retryable = etype in ("server_error", "api_error", "internal_error", "timeout")
-    return model_error(f"{label}: error mid-stream: {msg}", None, retryable, kind=STATUS)
+    return model_error(f"{label}: error from the server: {msg}", None, retryable, kind=STATUS,
+                       summary="server error" if retryable else None)
 
 
 class OpenAIStreamParser:
@@ -109,7 +113,6 @@ class OpenAIStreamParser:
 
     def __init__(self, label: str = "openai") -> None:
         self.done = False
-        self.delta_field: Optional[str] = None
         self._label = label
         self._started = False
         self._next = 0
@@ -137,17 +140,11 @@ class OpenAIStreamParser:
 
     def feed(self, event: SSEEvent) -> list[StreamEvent]:
         """Stream events for one SSE event (see ``feed_checked`` for shape errors)."""
-        self.delta_field = None
         data = event.data
         if data == DONE:
             self.done = True
             return self._end()
-        try:  # the usual shape: one JSON document and nothing else
-            chunk, end = _scan_json(data, 0)
-        except (StopIteration, ValueError):
-            end = -1
-        if end != len(data):  # whitespace, trailing text or malformed: the careful path
-            chunk = parse_json(data, self._label, "stream chunk")
+        chunk = parse_json(data, self._label, "stream chunk")
         if type(chunk) is not dict:
             raise model_error(f"{self._label}: stream chunk is not a JSON object: {data[:200]!r}", kind=PROTOCOL)
         if "error" in chunk and not chunk.get("choices"):
@@ -157,7 +154,6 @@ class OpenAIStreamParser:
             self._started = True
             out.append(MessageStart(model=chunk.get("model")))
         choices = chunk.get("choices")
-        field: Optional[str] = None  # the key of the one plain delta, if that is all
         if choices:
             choice = choices[0]
             delta = choice.get("delta")
@@ -169,40 +165,29 @@ class OpenAIStreamParser:
                     if idx is None:
                         idx = self._thinking = self._open_part(out, THINKING)
                     out.append(PartDelta(idx, THINKING, reasoning))
-                    # An empty "reasoning_content" would fall back to "reasoning".
-                    if reasoning is not reasoning_content or not delta.get("reasoning"):
-                        field = "reasoning_content" if reasoning is reasoning_content else "reasoning"
                 content = delta.get("content")
                 if content and isinstance(content, str):
                     idx = self._text
                     if idx is None:
                         idx = self._text = self._open_part(out, TEXT)
                     out.append(PartDelta(idx, TEXT, content))
-                    field = "content"
                 tool_calls = delta.get("tool_calls")
                 if tool_calls:
                     for tc in tool_calls:
-                        field = self._tool_fragment(tc, out)
+                        self._tool_fragment(tc, out)
             reason = choice.get("finish_reason")
             if reason:
-                field = None
                 self._stop = FINISH_REASONS.get(reason, self._stop)
                 self._finished = True
                 self._close_all(out)
-            elif len(choices) > 1:
-                field = None
         usage = chunk.get("usage")
         if usage:
-            field = None
             self._usage = _usage(usage) or self._usage
-        if field is not None and len(out) == 1 and "error" not in chunk:
-            self.delta_field = field
         return out
 
-    def _tool_fragment(self, tc: Any, out: list[StreamEvent]) -> Optional[str]:
-        # Returns "arguments" when the fragment's arguments came as a string.
+    def _tool_fragment(self, tc: Any, out: list[StreamEvent]) -> None:
         if not isinstance(tc, Mapping):
-            return None
+            return
         fn = tc.get("function") or {}
         call_id = tc.get("id")
         i = tc.get("index")
@@ -222,12 +207,10 @@ class OpenAIStreamParser:
             self._tool_ids[cid] = i
         args = fn.get("arguments")
         if not args:
-            return None
+            return
         if not isinstance(args, str):  # some servers send the object itself
-            out.append(PartDelta(idx, TOOL_INPUT, json.dumps(args)))
-            return None
+            args = json.dumps(args)
         out.append(PartDelta(idx, TOOL_INPUT, args))
-        return "arguments"
 
     def _end(self) -> list[StreamEvent]:
         out: list[StreamEvent] = []
@@ -267,7 +250,9 @@ def message_to_openai(msg: Message) -> list[dict[str, Any]]:
             {
                 "id": p.id,
                 "type": "function",
-                "function": {"name": p.name, "arguments": json.dumps(dict(p.input), ensure_ascii=False)},
+                # A nameless call (answered with a soft error) still needs a name on the wire.
+                "function": {"name": p.name or INVALID_TOOL_NAME,
+                             "arguments": json.dumps(dict(p.input), ensure_ascii=False)},
             }
             for p in msg.parts
             if type(p) is ToolCallPart
@@ -310,6 +295,9 @@ class OpenAIClient(HTTPClientBase):
     """
 
     provider = "openai"
+    key_env = "OPENAI_API_KEY"
+    default_base_url = DEFAULT_BASE_URL
+    stream_hint = " (is base_url right? for OpenAI-compatible servers it should end in /v1)"
 
     def __init__(
         self,
@@ -389,7 +377,7 @@ class OpenAIClient(HTTPClientBase):
             raise _stream_error(data, label)
         choices = data.get("choices")
         if not choices or not isinstance(choices[0], Mapping):
-            raise model_error(f"{label}: response has no choices: {json.dumps(data)[:200]}", kind=PROTOCOL)
+            raise model_error(f"{label}: response has no choices: keys {sorted(map(str, data))[:10]}", kind=PROTOCOL)
         choice = choices[0]
         msg = choice.get("message") or {}
         parts: list[Any] = []
@@ -401,16 +389,7 @@ class OpenAIClient(HTTPClientBase):
             parts.append(TextPart(content))
         for tc in msg.get("tool_calls") or ():
             fn = tc.get("function") or {}
-            name = fn.get("name") or ""
-            args = fn.get("arguments")
-            if isinstance(args, str):
-                try:
-                    args = json.loads(args) if args.strip() else {}
-                except ValueError as exc:
-                    raise ModelError(f"invalid JSON arguments for tool {name!r}: {args[:200]!r}") from exc
-            if not isinstance(args, dict):
-                raise ModelError(f"arguments for tool {name!r} are not a JSON object: {args!r:.200}")
-            parts.append(ToolCallPart(tc.get("id") or _new_call_id(), name, args))
+            parts.append(tool_call_part(tc.get("id") or _new_call_id(), fn.get("name") or "", fn.get("arguments")))
         stop = FINISH_REASONS.get(choice.get("finish_reason") or "", StopReason.END_TURN)
         message = Message(Role.ASSISTANT, tuple(parts))
         if stop is StopReason.END_TURN and message.tool_calls:

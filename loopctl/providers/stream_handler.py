@@ -1,16 +1,20 @@
-"""StreamHandler: how one streamed model turn survives a real network.
+"""StreamHandler: how one model call survives a real network.
 
-Owns the policy around a client's stream, never the wire: deadlines (first
-event, each next event, the whole turn), retries of timeouts, connection
+Owns the policy around a client's calls, never the wire: deadlines (first
+event, each next event, the whole call), retries of timeouts, connection
 failures, truncated streams, 5xx and 408 with jittered exponential backoff,
-the rate-limit ladder (429/503/529, honouring ``Retry-After``, then
-``RateLimitEscalation``), and one non-streaming rescue after a timeout or a
-transport failure (never after an HTTP error status or a rate limit).
-400/401/403/404 and every other non-retryable error get exactly one attempt.
-``tenacity`` decides (stop, wait, retry); every sleep is ``cancel.wait``.
-The turn's events come out as the client yields them, plus
-``StreamAttemptReset(n)`` before attempt ``n`` (n >= 1; the first attempt is
-0 and gets none) and ``StreamRescue(response)``. ``close()`` works from any
+rate limits (429/503/529, honouring ``Retry-After`` up to ``max_retry_wait``,
+then ``RateLimitEscalation``; a longer ``Retry-After`` fails at once with
+``RateLimited``), and one non-streaming rescue after a timeout or a transport
+failure of a streamed call (never after an HTTP error status or a rate
+limit). 400/401/403/404 and every other non-retryable error get exactly one
+attempt. Non-streaming calls (``complete_turn``) get the same retries.
+
+The retry loop is a short loop over a cancel-aware wait (``cancel.wait``).
+The call's events come out as the client yields them, plus ``RetryWait``
+before each wait, ``StreamAttemptReset(n)`` before attempt ``n`` (n >= 1; the
+first attempt is 0 and gets none) and ``StreamRescue(response)`` (the
+rescue's reply, or a non-streaming call's). ``close()`` works from any
 thread. Deadlines reach a stream that has ``set_deadline(monotonic_time)``
 (the HTTP clients' streams do) so a silent socket is cut on time; for other
 streams only the total deadline is checked, between events.
@@ -25,20 +29,33 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import attrs
-import tenacity
 
-from loopctl.errors import Cancelled, ConfigError, LoopError, ModelError, RateLimitEscalation
+from loopctl.errors import (
+    Cancelled,
+    ConfigError,
+    LoopError,
+    ModelError,
+    RateLimited,
+    RateLimitEscalation,
+)
 from loopctl.messages import ModelRequest, ModelResponse
-from loopctl.providers.base import HandlerEvent, MessageStop, StreamAttemptReset, StreamRescue
-from loopctl.providers.http import (
+from loopctl.providers.base import (
+    HandlerEvent,
+    MessageStop,
+    RetryWait,
+    StreamAttemptReset,
+    StreamRescue,
+)
+from loopctl.providers.boundary import (
     RATE_LIMIT,
     TIMEOUT,
     TRANSPORT,
-    CallScope,
     error_kind,
+    error_summary,
     model_error,
-    transport_error,
+    tag,
 )
+from loopctl.providers.http import CallScope
 
 _NO_RETRY_STATUSES = frozenset((400, 401, 403, 404))
 
@@ -66,16 +83,17 @@ def _fraction(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
 
 @attrs.frozen
 class StreamHandler:
-    """Timeouts, retries, rate limits and the rescue for streamed turns.
+    """Timeouts, retries, rate limits and the rescue for model calls.
 
     Every delay and timeout is in seconds and configurable (``None`` turns a
-    timeout off). Defaults follow the original.
+    timeout off). The client's own ``timeout=(connect, read)`` still bounds
+    every connect and every read, the rescue's included.
 
     Args:
         first_event_timeout: from the start of an attempt to its first event.
         event_timeout: between two events.
-        total_timeout: for the whole turn's streaming (all attempts); once
-            passed, no further streaming attempt starts.
+        total_timeout: for the whole model call (all attempts and waits,
+            streamed or not); once passed, no further attempt starts.
         max_retries: retries of timeouts, connection failures, truncated
             streams, 5xx and 408.
         base_delay, max_delay, jitter: the backoff, ``base * 2**(n-1)``
@@ -83,10 +101,12 @@ class StreamHandler:
         rate_limit_retries: retries of 429/503/529 before
             ``RateLimitEscalation``.
         rate_limit_delay: the wait when the server sends no ``Retry-After``.
-        rate_limit_max_delay: the longest wait, whatever ``Retry-After`` says.
+        max_retry_wait: the longest wait accepted; a ``Retry-After`` beyond
+            it fails at once with ``RateLimited``.
         rescue: make one non-streaming call after timeouts or transport
-            failures used up the retries.
-        rescue_timeout: the rescue call's own deadline.
+            failures used up the retries of a streamed call.
+        rescue_timeout: the rescue call's own deadline (its reads still
+            wait at most the client's read timeout each).
         single_attempt: one attempt, no deadlines, errors as raised (set by
             ``passthrough()``).
     """
@@ -100,7 +120,7 @@ class StreamHandler:
     jitter: float = attrs.field(default=0.1, validator=_fraction)
     rate_limit_retries: int = attrs.field(default=5, validator=_count)
     rate_limit_delay: float = attrs.field(default=5.0, validator=_seconds(False))
-    rate_limit_max_delay: float = attrs.field(default=60.0, validator=_seconds(False))
+    max_retry_wait: float = attrs.field(default=60.0, validator=_seconds(False))
     rescue: bool = True
     rescue_timeout: float = attrs.field(default=120.0, validator=_seconds(False))
     single_attempt: bool = False
@@ -122,17 +142,29 @@ class StreamHandler:
         """The turn's events; ``close()`` (any thread) stops a blocked read."""
         return TurnStream(self, client, request, cancel)
 
+    def complete_turn(self, client: Any, request: ModelRequest, cancel: Any) -> TurnStream:
+        """A non-streaming call under the same retries and total deadline.
+
+        Yields ``RetryWait``/``StreamAttemptReset`` around retries and, last,
+        one ``StreamRescue`` carrying the reply.
+        """
+        return TurnStream(self, client, request, cancel, streaming=False)
+
 
 class TurnStream:
-    """One turn's events under a ``StreamHandler`` (iterate once; close from anywhere)."""
+    """One model call's events under a ``StreamHandler`` (iterate once; close from anywhere)."""
 
-    def __init__(self, handler: StreamHandler, client: Any, request: ModelRequest, cancel: Any) -> None:
+    def __init__(
+        self, handler: StreamHandler, client: Any, request: ModelRequest, cancel: Any, streaming: bool = True
+    ) -> None:
         self._h = handler
         self._client = client
         self._request = request
         self._cancel = cancel
+        self._streaming = streaming
         self._lock = threading.Lock()
         self._closed = False
+        self._woken = threading.Event()  # set by close(): ends a backoff wait
         self._stream: Any = None
         self._scope: Optional[CallScope] = None
         self._transport_failures = 0
@@ -142,11 +174,12 @@ class TurnStream:
         self.attempts = 0
 
     def close(self) -> None:
-        """Stop the turn (idempotent, any thread): the current read returns."""
+        """Stop the call (idempotent, any thread): the current read returns."""
         with self._lock:
             self._closed = True
             stream = self._stream
             scope = self._scope
+        self._woken.set()
         if stream is not None:
             stream.close()
         if scope is not None:
@@ -160,7 +193,7 @@ class TurnStream:
 
     def __iter__(self) -> Iterator[HandlerEvent]:
         if self._h.single_attempt:
-            return self._single()
+            return self._single() if self._streaming else self._single_complete()
         return self._run()
 
     # -- one attempt -------------------------------------------------------------
@@ -193,12 +226,26 @@ class TurnStream:
         finally:
             stream.close()
 
+    def _single_complete(self) -> Iterator[HandlerEvent]:
+        if self._stopped():
+            return
+        yield StreamRescue(self._complete(None))
+
     def _attempt(self) -> Iterator[HandlerEvent]:
-        """One streaming attempt; raises a ``LoopError`` unless it completes."""
-        h = self._h
+        """One attempt; raises a ``LoopError`` unless it completes."""
         self.attempts += 1
         if self._stopped():
             raise self._cancelled()
+        if not self._streaming:
+            try:
+                response = self._complete(self._total_deadline)
+            except LoopError as exc:
+                if error_kind(exc) == TIMEOUT and getattr(exc, "deadline_hit", False):
+                    raise self._timeout("end", None) from exc
+                raise
+            yield StreamRescue(response)
+            return
+        h = self._h
         stream = self._open()
         set_deadline: Optional[Callable[[Optional[float]], None]] = getattr(stream, "set_deadline", None)
         total = self._total_deadline
@@ -210,7 +257,7 @@ class TurnStream:
                 if set_deadline is not None:
                     deadline = None if limit is None else time.monotonic() + limit
                     if total is not None and (deadline is None or total <= deadline):
-                        deadline, what = total, "end of the turn's total timeout"
+                        deadline, what = total, "end"
                     set_deadline(deadline)
                 try:
                     ev = next(it)
@@ -219,7 +266,8 @@ class TurnStream:
                 except LoopError as exc:
                     if self._stopped():
                         raise self._cancelled() from exc
-                    if error_kind(exc) == TIMEOUT:
+                    if error_kind(exc) == TIMEOUT and getattr(exc, "deadline_hit", True):
+                        # Our deadline fired (not the client's read timeout): name ours.
                         raise self._timeout(what, limit) from exc
                     raise
                 except Exception as exc:
@@ -230,7 +278,7 @@ class TurnStream:
                     finished = True
                 yield ev
                 if total is not None and set_deadline is None and time.monotonic() > total:
-                    raise self._timeout("end of the turn's total timeout", h.total_timeout)
+                    raise self._timeout("end", None)
                 limit, what = h.event_timeout, "next event"
         finally:
             stream.close()
@@ -238,126 +286,21 @@ class TurnStream:
             raise self._cancelled()
         if not finished:
             raise model_error(
-                "stream truncated: it ended without its terminal event", retryable=True, kind=TRANSPORT
+                "stream truncated: it ended without its terminal event",
+                retryable=True, kind=TRANSPORT, summary="stream truncated",
             )
 
     def _timeout(self, what: str, limit: Optional[float]) -> ModelError:
-        if what.startswith("end"):
-            msg = f"stream timed out: the total timeout of {self._h.total_timeout:g}s passed"
+        if what == "end":
+            short = f"the total timeout of {self._h.total_timeout:g}s passed"
         else:
-            msg = f"stream timed out: no {what} within {limit:g}s"
-        return model_error(msg, retryable=True, kind=TIMEOUT)
+            short = f"no {what} within {limit:g}s"
+        prefix = "stream" if self._streaming else "model call"
+        return model_error(f"{prefix} timed out: {short}", retryable=True, kind=TIMEOUT, summary=short)
 
-    # -- the retry loop ------------------------------------------------------------
-
-    def _run(self) -> Iterator[HandlerEvent]:
-        h = self._h
-        if h.total_timeout is not None:
-            self._total_deadline = time.monotonic() + h.total_timeout
-        # The first attempt runs without the retry engine: the common case is cheap.
-        try:
-            yield from self._attempt()
-            return
-        except Cancelled:
-            raise
-        except LoopError as exc:
-            failure: LoopError = exc
-        self._note(failure)
-        if self._stopped():
-            raise self._cancelled() from failure
-        if not _retryable(failure):
-            raise failure
-        retrying = tenacity.Retrying(
-            stop=self._stop,
-            wait=self._wait,
-            retry=tenacity.retry_if_exception(_retryable),
-            sleep=self._sleep,
-            reraise=True,
-        )
-        state = tenacity.RetryCallState(retrying, fn=None, args=(), kwargs={})
-        retrying.begin()
-        retrying.iter(retry_state=state)  # DoAttempt: the first attempt, already made
-        state.set_exception((type(failure), failure, failure.__traceback__))
-        while True:
-            try:
-                do = retrying.iter(retry_state=state)
-            except Cancelled:
-                raise
-            except LoopError as exc:  # reraise=True: the last failure, retries done
-                failure = exc
-                break
-            if isinstance(do, tenacity.DoAttempt):
-                yield StreamAttemptReset(self.attempts)
-                try:
-                    yield from self._attempt()
-                    return
-                except Cancelled:
-                    raise
-                except LoopError as exc:
-                    self._note(exc)
-                    state.set_exception((type(exc), exc, exc.__traceback__))
-            elif isinstance(do, tenacity.DoSleep):
-                state.prepare_for_next_attempt()
-                retrying.sleep(do)
-            else:  # pragma: no cover - a success returns above
-                return
-        yield from self._give_up(failure)
-
-    def _note(self, exc: BaseException) -> None:
-        if error_kind(exc) == RATE_LIMIT:
-            self._rate_limited += 1
-            self._retry_after = getattr(exc, "retry_after", None)
-        else:
-            self._transport_failures += 1
-
-    def _stop(self, state: tenacity.RetryCallState) -> bool:
-        if self._stopped():
-            return True
-        exc = state.outcome.exception() if state.outcome is not None else None
-        total = self._total_deadline
-        past_total = total is not None and time.monotonic() >= total
-        if exc is not None and error_kind(exc) == RATE_LIMIT:
-            return self._rate_limited > self._h.rate_limit_retries or past_total
-        return self._transport_failures > self._h.max_retries or past_total
-
-    def _wait(self, state: tenacity.RetryCallState) -> float:
-        h = self._h
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if exc is not None and error_kind(exc) == RATE_LIMIT:
-            after = getattr(exc, "retry_after", None)
-            return float(min(h.rate_limit_delay if after is None else after, h.rate_limit_max_delay))
-        n = max(self._transport_failures, 1)
-        delay = float(min(h.max_delay, h.base_delay * (2 ** (n - 1))))
-        if h.jitter:
-            delay *= 1.0 + h.jitter * (2.0 * random.random() - 1.0)
-        total = self._total_deadline
-        if total is not None:
-            delay = min(delay, max(0.0, total - time.monotonic()))
-        return max(0.0, delay)
-
-    def _sleep(self, seconds: float) -> None:
-        if self._cancel is not None:
-            fired = self._cancel.wait(seconds)
-        else:
-            fired = False
-        if fired or self._closed:
-            raise self._cancelled()
-
-    def _give_up(self, failure: LoopError) -> Iterator[HandlerEvent]:
-        if self._stopped():
-            raise self._cancelled() from failure
-        kind = error_kind(failure)
-        if kind == RATE_LIMIT:
-            raise RateLimitEscalation(self._rate_limited, self._retry_after) from failure
-        if self._h.rescue and kind in (TIMEOUT, TRANSPORT) and not self._rate_limited:
-            # A provider that rate-limited this turn would rate-limit the rescue too.
-            yield StreamAttemptReset(self.attempts)
-            yield StreamRescue(self._rescue(failure))
-            return
-        raise failure
-
-    def _rescue(self, cause: LoopError) -> ModelResponse:
-        scope = CallScope(deadline=time.monotonic() + self._h.rescue_timeout)
+    def _complete(self, deadline: Optional[float]) -> ModelResponse:
+        """One non-streaming call, interruptible by ``close()``; ``deadline`` bounds it."""
+        scope = CallScope(deadline=deadline)
         with self._lock:
             if self._closed:
                 raise self._cancelled()
@@ -367,18 +310,121 @@ class TurnStream:
                 response: ModelResponse = self._client.complete(self._request)
         except Cancelled:
             raise
+        except LoopError as exc:
+            if self._stopped():
+                raise self._cancelled() from exc
+            raise
         except Exception as exc:
             if self._stopped():
                 raise self._cancelled() from exc
-            err = exc if isinstance(exc, LoopError) else _foreign(exc)
-            raise ModelError(
-                f"stream ({cause}) and the non-streaming rescue failed: {err}",
-                getattr(err, "status", None),
-                False,
-            ) from exc
+            raise _foreign(exc) from exc
         if self._stopped():
             raise self._cancelled()
         return response
+
+    # -- the retry loop ------------------------------------------------------------
+
+    def _run(self) -> Iterator[HandlerEvent]:
+        h = self._h
+        if h.total_timeout is not None:
+            self._total_deadline = time.monotonic() + h.total_timeout
+        while True:
+            try:
+                yield from self._attempt()
+                return
+            except Cancelled:
+                raise
+            except LoopError as exc:
+                failure: LoopError = exc
+            if self._stopped():
+                raise self._cancelled() from failure
+            if not _retryable(failure):
+                raise failure
+            wait = self._next_wait(failure)
+            if wait is None:
+                break
+            yield wait
+            self._sleep(wait.wait_s)
+            yield StreamAttemptReset(self.attempts)
+        yield from self._give_up(failure)
+
+    def _next_wait(self, failure: LoopError) -> Optional[RetryWait]:
+        """The wait before the next attempt, or None when the retries are used up.
+
+        Raises:
+            RateLimited: the server asks for a longer wait than ``max_retry_wait``.
+        """
+        h = self._h
+        total = self._total_deadline
+        now = time.monotonic()
+        if error_kind(failure) == RATE_LIMIT:
+            self._rate_limited += 1
+            after = getattr(failure, "retry_after", None)
+            self._retry_after = after
+            if after is not None and after > h.max_retry_wait:
+                raise RateLimited(
+                    f"{failure}; the server asks to wait {after:g}s, longer than "
+                    f"max_retry_wait ({h.max_retry_wait:g}s)",
+                    after,
+                    h.max_retry_wait,
+                    getattr(failure, "status", 429),
+                ) from failure
+            if self._rate_limited > h.rate_limit_retries:
+                return None
+            delay = float(min(h.rate_limit_delay if after is None else after, h.max_retry_wait))
+            if total is not None and now + delay >= total:
+                return None  # the next attempt could not start before the total deadline
+            n, of = self._rate_limited, h.rate_limit_retries
+        else:
+            self._transport_failures += 1
+            n, of = self._transport_failures, h.max_retries
+            if n > of or (total is not None and now >= total):
+                return None
+            delay = float(min(h.max_delay, h.base_delay * (2 ** (n - 1))))
+            if h.jitter:
+                delay *= 1.0 + h.jitter * (2.0 * random.random() - 1.0)
+            if total is not None:
+                delay = min(delay, max(0.0, total - now))
+            delay = max(0.0, delay)
+        return RetryWait(error_summary(failure), delay, n + 1, of + 1)
+
+    def _sleep(self, seconds: float) -> None:
+        # The driver closes the call from its cancel listener, so either wait ends early on cancel.
+        fired = self._cancel.wait(seconds) if self._cancel is not None else self._woken.wait(seconds)
+        if fired or self._closed:
+            raise self._cancelled()
+
+    def _give_up(self, failure: LoopError) -> Iterator[HandlerEvent]:
+        if self._stopped():
+            raise self._cancelled() from failure
+        kind = error_kind(failure)
+        if kind == RATE_LIMIT:
+            raise RateLimitEscalation(self._rate_limited, self._retry_after) from failure
+        if self._streaming and self._h.rescue and kind in (TIMEOUT, TRANSPORT) and not self._rate_limited:
+            # A provider that rate-limited this call would rate-limit the rescue too.
+            yield StreamAttemptReset(self.attempts)
+            yield StreamRescue(self._rescue(failure))
+            return
+        raise failure
+
+    def _rescue(self, cause: LoopError) -> ModelResponse:
+        try:
+            return self._complete(time.monotonic() + self._h.rescue_timeout)
+        except Cancelled:
+            raise
+        except LoopError as err:
+            first, second = error_summary(cause), error_summary(err)
+            shown: str = str(err)
+            if error_kind(err) == TIMEOUT and getattr(err, "deadline_hit", False):
+                second = f"the rescue timeout of {self._h.rescue_timeout:g}s passed"
+                shown = f"timed out: {second}"
+            if first == second:
+                text = f"{cause} (the non-streaming rescue failed the same way)"
+            else:
+                text = f"{cause}; the non-streaming rescue failed too: {shown}"
+            raise tag(
+                ModelError(text, getattr(err, "status", None), False), error_kind(err) or TRANSPORT, None, second
+            ) from err
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -394,8 +440,9 @@ def _foreign(exc: BaseException) -> ModelError:
     if isinstance(exc, (OSError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
         ("requests", "urllib3")
     ):
-        return transport_error("stream", exc)
-    return ModelError(f"stream failed: {type(exc).__name__}: {exc}")
+        kind = TIMEOUT if isinstance(exc, TimeoutError) else TRANSPORT
+        return model_error(f"model call failed: {type(exc).__name__}", retryable=True, kind=kind)
+    return ModelError(f"model call failed: {type(exc).__name__}: {exc}")
 
 
 def cancellable_complete(client: Any, request: ModelRequest, cancel: Any) -> ModelResponse:

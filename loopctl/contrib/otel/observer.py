@@ -1,0 +1,424 @@
+"""``OTelObserver``: loopctl's observer events as OpenTelemetry GenAI spans and metrics.
+
+The span tree is built from the events themselves (run id, turn, call id),
+never from ambient context: a run's ``invoke_agent`` span is opened on
+``on_run_start`` with the caller's current span as its parent (events are
+delivered inside a copy of the caller's contextvars, for ``run()`` and
+``start()`` alike), and every ``chat {model}`` and ``execute_tool {name}``
+span is made a child of that run span explicitly, whichever thread the
+work ran on. Chat and tool spans are created when they end, with the start
+time stamped by the event that opened them (a tool attempt runs from its
+``on_tool_pre`` to its ``on_tool_post``, so a parallel wave's spans overlap
+as the calls did), and a span's attributes are all known when the sampler
+sees it.
+
+Rules it keeps: per-run state lives on a per-run object keyed by run id
+(one observer may watch many loops at once); message content (inputs,
+replies, tool arguments and results, steering text) is recorded only with
+``record_content=True``; error text is redacted and cut short; a run that
+ends by any path (cancel takeover included) closes every span it opened.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any, Optional
+
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
+from opentelemetry.trace import SpanKind
+
+from loopctl.observers import (
+    AttemptReset,
+    Compaction,
+    ConvergenceDetected,
+    Fallback,
+    LoopDetectedEvent,
+    ModelSwitched,
+    Observer,
+    Response,
+    RetryScheduled,
+    RunEnd,
+    RunStart,
+    SteeringDelivered,
+    StreamFailure,
+    StreamSuccess,
+    ToolCallReceived,
+    ToolPost,
+    ToolPre,
+    TurnEnd,
+    TurnStart,
+)
+
+from . import conventions as cv
+from .instruments import Instruments
+from .spans import ChatCall, RunState, SpanWriter, is_cancel, json_text, messages_json, record_error
+
+_SCOPE = "loopctl"
+_MAX_PENDING_CANCELS = 4096
+#: Observer methods that only serve recorded content: skipped entirely unless opted in.
+_CONTENT_METHODS = ("on_response", "on_tool_call_received")
+
+
+def _scope_version() -> str:
+    try:
+        from loopctl import __version__
+    except ImportError:  # pragma: no cover - a broken install
+        return "unknown"
+    return str(__version__)
+
+
+class OTelObserver(Observer):
+    """Turns a loop's events into OpenTelemetry GenAI spans and metrics.
+
+    Register it like any observer (``loop.register_observer(OTelObserver())``),
+    or with ``instrument(loop)``, which also watches the loop's cancel signal
+    (the cancel's own time on the span, and the cancel latency metric) and
+    names the loop's provider. Spans: ``invoke_agent`` per run (a child of
+    the caller's current span), ``chat {model}`` per model call and
+    ``execute_tool {name}`` per tool call attempt (children of the run's
+    span). Compaction, retries, steering, fallbacks, detections, approvals
+    and cancel are span events; a failed run or call has an error status,
+    an ``error.type`` and a redacted ``exception`` event. A cancelled run is
+    not an error: its spans say ``loopctl.cancelled`` / ``loopctl.run.outcome``.
+
+    Args:
+        tracer_provider: the provider to use (default: the global one, as
+            set by ``opentelemetry.trace.set_tracer_provider``).
+        meter_provider: the provider for metrics (default: the global one).
+        agent_name: ``gen_ai.agent.name`` on every run span.
+        provider_name: ``gen_ai.provider.name`` (e.g. ``"openai"``); by
+            default taken from the client by ``instrument(loop)``, else left out.
+        record_content: also record message content (run input and reply,
+            each turn's reply, tool arguments and results, steering text).
+            Off by default: content may hold personal data.
+    """
+
+    def __init__(
+        self,
+        *,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+        agent_name: str = "loopctl",
+        provider_name: Optional[str] = None,
+        record_content: bool = False,
+    ) -> None:
+        version = _scope_version()
+        if tracer_provider is None:
+            self._tracer = trace.get_tracer(_SCOPE, version)
+        else:
+            self._tracer = tracer_provider.get_tracer(_SCOPE, version)
+        if meter_provider is None:
+            meter = metrics.get_meter(_SCOPE, version)
+        else:
+            meter = meter_provider.get_meter(_SCOPE, version)
+        self._metrics = Instruments(meter)
+        self._spans = SpanWriter(self._tracer, self._metrics, bool(record_content))
+        self.agent_name = agent_name
+        self.provider_name = provider_name
+        self.record_content = bool(record_content)
+        self._runs: dict[str, RunState] = {}
+        # session id -> the loop ``instrument`` wired (weakly: a closed loop leaves nothing here)
+        self._loops: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+        self._cancels: dict[str, int] = {}  # session id -> ns of the pending cancel request
+        self._cancels_lock = threading.Lock()
+        if not self.record_content:
+            for name in _CONTENT_METHODS:
+                # The base no-op, bound: the loop then skips the event entirely.
+                setattr(self, name, getattr(Observer, name).__get__(self))
+
+    # -- wiring -------------------------------------------------------------------------------
+
+    def instrument(self, loop: Any) -> Any:
+        """Register on ``loop`` and watch its cancel signal; returns the loop.
+
+        Watching the signal puts each cancel's request time on the run's
+        ``loopctl.cancel`` event and records the cancel latency metric;
+        the loop's client names ``gen_ai.provider.name`` (its ``provider``).
+        """
+        session_id = loop.session.id
+        with self._cancels_lock:
+            if self._loops.get(session_id) is loop:
+                return loop  # once per loop: a second registration would double every span
+            self._loops[session_id] = loop
+        loop.cancel_signal().add_listener(lambda: self._cancel_requested(session_id))
+        loop.register_observer(self)
+        return loop
+
+    def _provider_of(self, session_id: str) -> Optional[str]:
+        loop = self._loops.get(session_id)
+        provider = getattr(getattr(loop, "client", None), "provider", None)
+        return provider if isinstance(provider, str) and provider else None
+
+    def _cancel_requested(self, session_id: str) -> None:
+        # On the cancelling thread: only a timestamp, never a span call.
+        with self._cancels_lock:
+            if len(self._cancels) >= _MAX_PENDING_CANCELS:
+                self._cancels.pop(next(iter(self._cancels)))
+            self._cancels[session_id] = time.time_ns()
+
+    def _take_cancel(self, session_id: str) -> Optional[int]:
+        with self._cancels_lock:
+            return self._cancels.pop(session_id, None)
+
+    # -- the run ------------------------------------------------------------------------------
+
+    def on_run_start(self, event: RunStart) -> None:
+        """Open the run's ``invoke_agent`` span under the caller's current span."""
+        provider = self.provider_name or self._provider_of(event.session_id)
+        attrs: dict[str, Any] = {
+            cv.OPERATION_NAME: cv.OP_AGENT,
+            cv.AGENT_NAME: self.agent_name,
+            cv.CONVERSATION_ID: event.session_id,
+            cv.RUN_ID: event.run_id,
+        }
+        if provider:
+            attrs[cv.PROVIDER_NAME] = provider
+        if self.record_content:
+            attrs[cv.INPUT_MESSAGES] = messages_json("user", event.input)
+        span = self._tracer.start_span(
+            cv.OP_AGENT,
+            context=otel_context.get_current(),
+            kind=SpanKind.INTERNAL,
+            attributes=attrs,
+            start_time=time.time_ns(),
+        )
+        self._runs[event.run_id] = RunState(span, event.session_id, provider)
+        self._metrics.runs_started.add(1, {cv.AGENT_NAME: self.agent_name})
+
+    def on_run_end(self, event: RunEnd) -> None:
+        """Close whatever the run left open, then its span; count the outcome."""
+        st = self._runs.pop(event.run_id, None)
+        cancel_ns = self._take_cancel(event.session_id)
+        if st is None:
+            return
+        now = time.time_ns()
+        error = event.error
+        if event.success:
+            outcome = "completed"
+        elif is_cancel(error):
+            outcome = "cancelled"
+        else:
+            outcome = "failed"
+        if st.chat is not None:
+            self._spans.chat(st, st.chat, now, event.success, error, None)
+        self._spans.open_tools(st, now, error)
+        span = st.span
+        attrs: dict[str, Any] = {cv.RUN_OUTCOME: outcome, cv.RUN_TURNS: event.total_turns}
+        if st.input_tokens or st.output_tokens:
+            attrs[cv.INPUT_TOKENS] = st.input_tokens
+            attrs[cv.OUTPUT_TOKENS] = st.output_tokens
+        if self.record_content and event.success and st.text is not None:
+            attrs[cv.OUTPUT_MESSAGES] = messages_json("assistant", st.text)
+        metric_attrs: dict[str, Any] = {cv.AGENT_NAME: self.agent_name, cv.RUN_OUTCOME: outcome}
+        if outcome == "cancelled":
+            attrs[cv.CANCELLED] = True
+            reason = cv.cancel_reason(error)
+            span.add_event(
+                cv.EV_CANCEL, {"loopctl.cancel.reason": reason} if reason else {},
+                timestamp=cancel_ns if cancel_ns is not None else now,
+            )
+            if cancel_ns is not None:
+                self._metrics.cancel_latency.record(max(0, now - cancel_ns) / 1e9, {cv.AGENT_NAME: self.agent_name})
+        elif outcome == "failed":
+            kind = cv.error_type(error)
+            attrs[cv.ERROR_TYPE] = kind
+            metric_attrs[cv.ERROR_TYPE] = kind
+            record_error(span, kind, error, now)
+        span.set_attributes(attrs)
+        span.end(end_time=now)
+        self._metrics.runs_ended.add(1, metric_attrs)
+
+    # -- model calls ----------------------------------------------------------------------------
+
+    def on_turn_start(self, event: TurnStart) -> None:
+        """A model call begins: remember when (its span is made when it ends)."""
+        st = self._runs.get(event.run_id)
+        if st is not None:
+            st.chat = ChatCall(event.turn, time.time_ns())
+
+    def on_attempt_reset(self, event: AttemptReset) -> None:
+        """A stream attempt failed and another starts: an event on the call's span."""
+        chat = self._chat(event.run_id, event.turn)
+        if chat is not None:
+            chat.events.append((cv.EV_ATTEMPT_RESET, {cv.ATTEMPT: event.attempt}, time.time_ns()))
+
+    def on_retry_scheduled(self, event: RetryScheduled) -> None:
+        """A failed call will be retried: an event with the cause and the wait."""
+        chat = self._chat(event.run_id, event.turn)
+        if chat is None:
+            return
+        chat.model = event.model or chat.model
+        chat.events.append(
+            (
+                cv.EV_RETRY,
+                {
+                    cv.ATTEMPT: event.attempt,
+                    "loopctl.retry.max_attempts": event.max_attempts,
+                    "loopctl.retry.wait_s": float(event.wait_s),
+                    "loopctl.retry.cause": cv.redact(event.cause),
+                },
+                time.time_ns(),
+            )
+        )
+
+    def on_stream_success(self, event: StreamSuccess) -> None:
+        """The call succeeded: note the model that served it."""
+        chat = self._chat(event.run_id, event.turn)
+        if chat is not None:
+            chat.model = event.model or chat.model
+            chat.usage_known = event.usage is not None
+
+    def on_stream_failure(self, event: StreamFailure) -> None:
+        """The call failed: note the model (the error arrives with the turn's end)."""
+        chat = self._chat(event.run_id, event.turn)
+        if chat is not None:
+            chat.model = event.model or chat.model
+
+    def on_response(self, event: Response) -> None:
+        """The reply's text (subscribed only with ``record_content``)."""
+        chat = self._chat(event.run_id, event.turn)
+        if chat is not None:
+            chat.text = event.text
+        st = self._runs.get(event.run_id)
+        if st is not None:
+            st.text = event.text
+
+    def on_turn_end(self, event: TurnEnd) -> None:
+        """End the model call's span (``phase="llm"``) or close tools a phase cut short."""
+        st = self._runs.get(event.run_id)
+        if st is None:
+            return
+        now = time.time_ns()
+        if event.phase == "llm":
+            chat = st.chat
+            if chat is not None and chat.turn == event.turn:
+                self._spans.chat(st, chat, now, event.success, event.error, event)
+        elif st.tools:
+            self._spans.open_tools(st, now, None if event.success else event.error)
+
+    def _chat(self, run_id: str, turn: int) -> Optional[ChatCall]:
+        st = self._runs.get(run_id)
+        if st is None:
+            return None
+        chat = st.chat
+        return chat if chat is not None and chat.turn == turn else None
+
+    # -- tool calls ----------------------------------------------------------------------------
+
+    def on_tool_call_received(self, event: ToolCallReceived) -> None:
+        """The call's arguments (subscribed only with ``record_content``)."""
+        st = self._runs.get(event.run_id)
+        if st is not None:
+            st.arguments[event.call_id] = json_text(event.input)
+
+    def on_tool_pre(self, event: ToolPre) -> None:
+        """An attempt starts: remember when (its span is made when it ends)."""
+        st = self._runs.get(event.run_id)
+        if st is not None:
+            st.tools[(event.call_id, event.attempt)] = (time.time_ns(), event.turn, event.tool)
+
+    def on_tool_post(self, event: ToolPost) -> None:
+        """An attempt ended: its span runs from its ``on_tool_pre`` to now.
+
+        A parallel wave fires every pre before any call runs and every post
+        after all have returned, so the wave's spans always overlap, as the
+        calls did; each call's own run time is ``loopctl.tool.duration_ms``.
+        """
+        st = self._runs.get(event.run_id)
+        if st is None:
+            return
+        opened = st.tools.pop((event.call_id, event.attempt), None)
+        if opened is None:
+            return
+        output = event.output if self.record_content else None
+        self._spans.tool(
+            st, event.call_id, event.attempt, opened, time.time_ns(), event.is_error, output, event.duration_ms
+        )
+
+    # -- events on the run's span ---------------------------------------------------------------
+
+    def _run_event(self, run_id: str, name: str, attrs: dict[str, Any]) -> None:
+        st = self._runs.get(run_id)
+        if st is not None:
+            st.span.add_event(name, attrs, timestamp=time.time_ns())
+
+    def on_compaction(self, event: Compaction) -> None:
+        """The conversation was compacted."""
+        self._run_event(
+            event.run_id,
+            cv.EV_COMPACTION,
+            {
+                "loopctl.compaction.reason": event.reason,
+                "loopctl.compaction.tokens_before": event.tokens_before,
+                "loopctl.compaction.tokens_after": event.tokens_after,
+            },
+        )
+
+    def on_steering(self, event: SteeringDelivered) -> None:
+        """Guidance landed in the conversation (its text only with ``record_content``)."""
+        attrs: dict[str, Any] = {cv.TURN: event.turn, "loopctl.steering.count": len(event.messages)}
+        if self.record_content:
+            attrs["loopctl.steering.messages"] = tuple(cv.clean(m.text) for m in event.messages)
+        self._run_event(event.run_id, cv.EV_STEERING, attrs)
+
+    def on_fallback(self, event: Fallback) -> None:
+        """Requests moved to a fallback model."""
+        self._run_event(
+            event.run_id, cv.EV_FALLBACK, {"loopctl.model.from": event.from_model, "loopctl.model.to": event.to_model}
+        )
+
+    def on_model_switched(self, event: ModelSwitched) -> None:
+        """The serving model changed."""
+        self._run_event(
+            event.run_id,
+            cv.EV_MODEL_SWITCHED,
+            {"loopctl.model.from": event.from_model, "loopctl.model.to": event.to_model},
+        )
+
+    def on_loop_detected(self, event: LoopDetectedEvent) -> None:
+        """A repeating tool pattern (the pattern's text, which quotes inputs, only with content)."""
+        attrs: dict[str, Any] = {"loopctl.loop.repetitions": event.repetitions}
+        if self.record_content:
+            attrs["loopctl.loop.pattern"] = cv.clean(event.pattern)
+        self._run_event(event.run_id, cv.EV_LOOP_DETECTED, attrs)
+
+    def on_convergence_detected(self, event: ConvergenceDetected) -> None:
+        """The final answers converged."""
+        self._run_event(
+            event.run_id,
+            cv.EV_CONVERGENCE,
+            {
+                "loopctl.convergence.action": event.action,
+                "loopctl.convergence.similarity": float(event.similarity),
+                "loopctl.convergence.count": event.count,
+            },
+        )
+
+    def on_approval_requested(self, event: Any) -> None:
+        """A tool call waits for a person's approval."""
+        self._run_event(event.run_id, cv.EV_APPROVAL_REQUESTED, _approval_attrs(event))
+
+    def on_approval_resolved(self, event: Any) -> None:
+        """A pending approval was granted or denied."""
+        attrs = _approval_attrs(event)
+        approved = getattr(event, "approved", None)
+        if isinstance(approved, bool):
+            attrs["loopctl.approval.approved"] = approved
+        self._run_event(event.run_id, cv.EV_APPROVAL_RESOLVED, attrs)
+
+
+def _approval_attrs(event: Any) -> dict[str, Any]:
+    attrs: dict[str, Any] = {}
+    call_id = getattr(event, "call_id", None)
+    tool = getattr(event, "tool", None)
+    if isinstance(call_id, str):
+        attrs[cv.TOOL_CALL_ID] = call_id
+    if isinstance(tool, str):
+        attrs[cv.TOOL_NAME] = tool
+    return attrs
+
+
+__all__ = ["OTelObserver"]

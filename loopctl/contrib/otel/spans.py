@@ -1,0 +1,241 @@
+"""Per-run tracing state and the writer that turns it into finished spans and metrics.
+
+``RunState`` is one run's open span and what its children will say;
+``ChatCall`` is a model call in flight. ``SpanWriter`` makes the ``chat``
+and ``execute_tool`` spans when their call ends — as children of the run's
+span, with the start time stamped when the call began — and records the
+GenAI metrics alongside. Content (replies, tool arguments and results) is
+written only when the writer was made with ``record_content``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from loopctl.observers import TurnEnd
+
+from . import conventions as cv
+from .instruments import Instruments
+
+
+class ChatCall:
+    """One model call in flight: what its span will say when it ends."""
+
+    __slots__ = ("turn", "start_ns", "model", "usage_known", "events", "text")
+
+    def __init__(self, turn: int, start_ns: int) -> None:
+        self.turn = turn
+        self.start_ns = start_ns
+        self.model: Optional[str] = None
+        self.usage_known = False
+        self.events: list[tuple[str, dict[str, Any], int]] = []  # (name, attributes, ns)
+        self.text: Optional[str] = None
+
+
+#: An attempt in flight: (start ns, turn, tool name).
+OpenTool = tuple[int, int, str]
+
+
+class RunState:
+    """One run's span and tallies (touched only by the thread delivering its events)."""
+
+    __slots__ = (
+        "span",
+        "parent",
+        "session_id",
+        "provider",
+        "model",
+        "chat",
+        "tools",
+        "arguments",
+        "input_tokens",
+        "output_tokens",
+        "text",
+    )
+
+    def __init__(self, span: Any, session_id: str, provider: Optional[str]) -> None:
+        self.span = span
+        self.parent = trace.set_span_in_context(span)  # every child's explicit parent
+        self.session_id = session_id
+        self.provider = provider
+        self.model: Optional[str] = None  # the last model seen in this run
+        self.chat: Optional[ChatCall] = None
+        self.tools: dict[tuple[str, int], OpenTool] = {}  # (call id, attempt) -> its start
+        self.arguments: dict[str, str] = {}  # call id -> JSON arguments (content only)
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.text: Optional[str] = None  # the last reply's text (content only)
+
+
+def is_cancel(error: Optional[str]) -> bool:
+    """True for a ``Cancelled`` error's message."""
+    return error is not None and error.startswith("run cancelled")
+
+
+class SpanWriter:
+    """Makes the finished child spans of a run and records the GenAI metrics."""
+
+    def __init__(self, tracer: Any, instruments: Instruments, record_content: bool) -> None:
+        self.tracer = tracer
+        self.metrics = instruments
+        self.record_content = record_content
+
+    def chat(
+        self, st: RunState, chat: ChatCall, now: int, success: bool, error: Optional[str], end: Optional[TurnEnd]
+    ) -> None:
+        """End the model call ``chat`` of ``st``: its span, its duration and token metrics."""
+        st.chat = None
+        model = chat.model or st.model
+        if chat.model:
+            st.model = chat.model
+        attrs: dict[str, Any] = {cv.OPERATION_NAME: cv.OP_CHAT, cv.TURN: chat.turn}
+        if st.provider:
+            attrs[cv.PROVIDER_NAME] = st.provider
+        if model:
+            attrs[cv.REQUEST_MODEL] = model
+        cancelled = not success and is_cancel(error)
+        kind: Optional[str] = None
+        if success and end is not None:
+            if chat.model:
+                attrs[cv.RESPONSE_MODEL] = chat.model
+            if chat.usage_known:
+                attrs[cv.INPUT_TOKENS] = end.input_tokens
+                attrs[cv.OUTPUT_TOKENS] = end.output_tokens
+                st.input_tokens += end.input_tokens
+                st.output_tokens += end.output_tokens
+            if end.stop_reason is not None:
+                attrs[cv.FINISH_REASONS] = (cv.FINISH_REASON_OF.get(end.stop_reason, str(end.stop_reason)),)
+            if self.record_content and chat.text is not None:
+                attrs[cv.OUTPUT_MESSAGES] = messages_json("assistant", chat.text)
+        elif cancelled:
+            attrs[cv.CANCELLED] = True
+        else:
+            kind = cv.error_type(error, "ModelError")
+            attrs[cv.ERROR_TYPE] = kind
+        span = self.tracer.start_span(
+            f"{cv.OP_CHAT} {model}" if model else cv.OP_CHAT,
+            context=st.parent,
+            kind=SpanKind.CLIENT,
+            attributes=attrs,
+            start_time=chat.start_ns,
+        )
+        for name, event_attrs, ts in chat.events:
+            span.add_event(name, event_attrs, timestamp=ts)
+        if kind is not None:
+            record_error(span, kind, error, now)
+        span.end(end_time=now)
+        # The metrics carry the conventions' attributes only (low cardinality).
+        m_attrs: dict[str, Any] = {cv.OPERATION_NAME: cv.OP_CHAT}
+        if st.provider:
+            m_attrs[cv.PROVIDER_NAME] = st.provider
+        if model:
+            m_attrs[cv.REQUEST_MODEL] = model
+        if success and chat.model:
+            m_attrs[cv.RESPONSE_MODEL] = chat.model
+        if kind is not None:
+            m_attrs[cv.ERROR_TYPE] = kind
+        seconds = end.duration_ms / 1000.0 if end is not None else max(0, now - chat.start_ns) / 1e9
+        self.metrics.duration.record(seconds, m_attrs)
+        if success and end is not None and chat.usage_known:
+            usage = self.metrics.token_usage
+            usage.record(end.input_tokens, {**m_attrs, cv.TOKEN_TYPE: "input"})
+            usage.record(end.output_tokens, {**m_attrs, cv.TOKEN_TYPE: "output"})
+
+    def tool(
+        self,
+        st: RunState,
+        call_id: str,
+        attempt: int,
+        opened: OpenTool,
+        end_ns: int,
+        is_error: bool,
+        output: Optional[str] = None,
+        duration_ms: Optional[float] = None,
+        cancelled: bool = False,
+        error: Optional[str] = None,
+        kind: Optional[str] = None,
+    ) -> None:
+        """One tool call attempt's span, from ``opened`` to ``end_ns``.
+
+        ``error`` is the run's error when the attempt was cut short by it;
+        a soft error result (``is_error`` alone) says only that, never the
+        tool's own text, unless content is recorded.
+        """
+        start_ns, turn, tool = opened
+        attrs: dict[str, Any] = {
+            cv.OPERATION_NAME: cv.OP_TOOL,
+            cv.TOOL_NAME: tool,
+            cv.TOOL_CALL_ID: call_id,
+            cv.TOOL_TYPE: "function",
+            cv.TURN: turn,
+            cv.ATTEMPT: attempt,
+        }
+        if duration_ms is not None:
+            attrs[cv.TOOL_DURATION] = float(duration_ms)
+        if self.record_content:
+            args = st.arguments.get(call_id)
+            if args is not None:
+                attrs[cv.TOOL_ARGUMENTS] = args
+            if output is not None:
+                attrs[cv.TOOL_RESULT] = cv.clean(output)
+        if cancelled:
+            attrs[cv.CANCELLED] = True
+        elif is_error:
+            attrs[cv.ERROR_TYPE] = kind or ("tool_error" if error is None else cv.error_type(error))
+        span = self.tracer.start_span(
+            f"{cv.OP_TOOL} {tool}", context=st.parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
+        )
+        if is_error and not cancelled:
+            text = cv.redact(error) if error else "the tool returned an error result"
+            span.set_status(Status(StatusCode.ERROR, text))
+        span.end(end_time=max(start_ns, end_ns))
+
+    def open_tools(self, st: RunState, now: int, error: Optional[str]) -> None:
+        """End the attempts that never posted at ``now``.
+
+        ``error`` is what cut them short (a cancel, a hard stop); None when
+        the tool phase ended well, which leaves only attempts a pre-tool
+        hook blocked (a soft refusal without ``on_tool_post``).
+        """
+        if not st.tools:
+            return
+        open_tools, st.tools = st.tools, {}
+        cancelled = is_cancel(error)
+        for (call_id, attempt), opened in open_tools.items():
+            self.tool(
+                st, call_id, attempt, opened, now, not cancelled, cancelled=cancelled,
+                error=error or NO_RESULT, kind=None if error else "no_result",
+            )
+
+
+#: The status of an attempt that ended without ``on_tool_post`` while its phase went on.
+NO_RESULT = "the call ended without a result (blocked before it ran)"
+
+
+def record_error(span: Any, kind: str, error: Optional[str], now: int) -> None:
+    """Error status plus the conventions' ``exception`` event, both redacted."""
+    text = cv.redact(error) or kind
+    span.set_status(Status(StatusCode.ERROR, text))
+    span.add_event(cv.EV_EXCEPTION, {"exception.type": kind, "exception.message": text}, timestamp=now)
+
+
+def json_text(value: Mapping[str, Any]) -> str:
+    """Tool arguments as JSON text, cleaned for export."""
+    try:
+        text = json.dumps(dict(value), ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return cv.clean(text)
+
+
+def messages_json(role: str, text: str) -> str:
+    """One message in the conventions' ``gen_ai.*.messages`` shape."""
+    return json.dumps([{"role": role, "parts": [{"type": "text", "content": cv.clean(text)}]}], ensure_ascii=False)
+
+
+__all__ = ["ChatCall", "OpenTool", "RunState", "SpanWriter", "is_cancel", "json_text", "messages_json", "record_error"]

@@ -1,0 +1,67 @@
+"""Token measuring for the driver: the conversation, the request overhead, calibration.
+
+The machine never counts: the driver measures and reports figures to it.
+A figure is the raw count (cached per conversation epoch by
+``ConversationMeter``) plus the request overhead (system prompt and tool
+schemas, fixed per run), scaled by what the provider's usage reports taught
+the calibration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional
+
+from loopctl.context.tokens import ConversationMeter, TokenCounter, UsageCalibration, count_messages
+from loopctl.messages import Message
+
+
+class TokenMeter:
+    """Measures what a request costs, in calibrated tokens (one per loop)."""
+
+    __slots__ = ("counter", "_conversation", "calibration", "overhead", "_key", "_raw")
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter
+        self._conversation = ConversationMeter(counter)
+        self.calibration = UsageCalibration()
+        self.overhead = 0
+        self._key: Any = None  # the machine's size key at the last measure
+        self._raw = 0
+
+    def set_counter(self, counter: TokenCounter) -> None:
+        """Use ``counter`` from now on (before the first run)."""
+        self.counter = counter
+        self._conversation = ConversationMeter(counter)
+        self._key = None
+
+    def begin_run(self, system_prompt: Optional[str], schemas: Iterable[Any]) -> None:
+        """Fix the request overhead for the run: system prompt plus tool schemas."""
+        counter = self.counter
+        head = counter.count_message(Message.system(system_prompt)) if system_prompt else 0
+        self.overhead = head + sum(counter.count_text(repr(s.to_dict())) for s in schemas)
+        self._key = None
+
+    def raw(self, machine: Any) -> int:
+        """Uncalibrated tokens of history + pending + overhead."""
+        m = machine
+        key = m.size_key
+        if key != self._key:  # the machine only appends or replaces: same key, same lists
+            self._raw = self._conversation.measure(m.history, m.pending, key[0], key[2])
+            self._key = key
+        return self._raw + self.overhead
+
+    def figure(self, machine: Any) -> int:
+        """The calibrated size of the conversation as the next request would send it."""
+        return self.calibration.scale(self.raw(machine))
+
+    def count(self, messages: Sequence[Message]) -> int:
+        """Uncalibrated tokens of ``messages`` (transient extras)."""
+        return count_messages(self.counter, messages) if messages else 0
+
+    def figure_for(self, messages: Iterable[Message]) -> int:
+        """The calibrated size of a request carrying ``messages``."""
+        return self.calibration.scale(count_messages(self.counter, messages) + self.overhead)
+
+
+__all__ = ["TokenMeter"]

@@ -1,0 +1,531 @@
+"""RunDriver: one run of the hands, its own state, its handlers in timeline order.
+
+A ``RunDriver`` is made for each run and owns everything run-scoped: the
+input and config, the policy, the emitter's binding (``RunEvents``, with the
+open phase), the last LLM phase's figures, the deferred-extras reservation.
+Its collaborators arrive explicitly: the loop's parts, the machine, the
+token meter, the dispatcher, the steering slot, and ``LoopSlot`` (the
+loop's busy lock, cancel signal and release). It never holds the loop.
+
+Read top to bottom it is the seed's timeline: ``body`` (audit entry ->
+``on_run_start`` -> ``accept_input`` -> open the steering slot -> loop over
+``next_step``), handler 1 ``call_llm``, handler 2 ``call_tools``, handler 3
+``compact``, then ``finalize``. The brain decides, the hands report: the
+request's measured size goes to ``prepare_turn`` (call the model, or
+compact first), a provider's ``ContextOverflow`` to ``context_overflow``,
+and a ``Done`` is acted on with ``conclude``.
+
+The body runs fenced (``RunContext.lock``) except around blocking work and
+user code; on cancel, ``take_over`` (on the waiting thread) finalizes the
+run itself while the body is blocked, and the body leaves silently when it
+wakes (see ``handle.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from loopctl.config import RunConfig
+from loopctl.driver.checkpoint import Checkpoint, ResumePoint, answers_for, snapshot
+from loopctl.driver.compaction import run_compaction
+from loopctl.driver.dispatch import Dispatcher, ToolRun
+from loopctl.driver.emission import RunEvents
+from loopctl.driver.handle import Abandoned, RunContext
+from loopctl.driver.llm_turn import (
+    build_request,
+    call_model,
+    gather_transients,
+    turn_query,
+)
+from loopctl.driver.meter import TokenMeter
+from loopctl.driver.parts import LoopParts
+from loopctl.errors import (
+    Cancelled,
+    ContextOverflow,
+    LoopDetected,
+    LoopError,
+    MaxTurnsExceeded,
+    RateLimitEscalation,
+    UserInputRequired,
+)
+from loopctl.machine import (
+    CallLLM,
+    CallTools,
+    CancelledOutcome,
+    Compact,
+    Completed,
+    Done,
+    Failed,
+    LoopMachine,
+    MachinePolicy,
+    MaxTurnsReached,
+    Outcome,
+)
+from loopctl.messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    RequestOptions,
+    StopReason,
+    ToolResultPart,
+)
+from loopctl.observers import Response, StreamSuccess, ToolCallReceived, TurnStart
+from loopctl.providers.stream_handler import cancellable_complete
+from loopctl.records import Turn
+
+if TYPE_CHECKING:
+    from loopctl.cancel import CancelSignal
+    from loopctl.driver.signals import Steering
+    from loopctl.records import Session
+
+log = logging.getLogger("loopctl")
+
+
+class LoopSlot:
+    """The loop's side of a run: its busy lock, its cancel signal, and how a run frees it."""
+
+    __slots__ = ("busy", "cancel", "release")
+
+    def __init__(
+        self, busy: threading.Lock, cancel: CancelSignal, release: Callable[[RunContext, Optional[LoopError]], None]
+    ) -> None:
+        self.busy = busy
+        self.cancel = cancel
+        self.release = release
+
+
+class RunDriver:
+    """One run: its state and the three handlers, then ``finalize``."""
+
+    def __init__(
+        self,
+        rc: RunContext,
+        parts: LoopParts,
+        machine: LoopMachine,
+        meter: TokenMeter,
+        events: RunEvents,
+        dispatcher: Dispatcher,
+        steering: Steering,
+        session: Session,
+        slot: LoopSlot,
+        resources: Any,
+    ) -> None:
+        self.rc = rc
+        self.parts = parts
+        self.machine = machine
+        self.meter = meter
+        self.events = events
+        self.dispatcher = dispatcher
+        self.steering = steering
+        self.session = session
+        self.slot = slot
+        self.resources = resources
+        run = rc.run
+        self.run_input = run.input
+        self.config: RunConfig = run.config
+        sc = parts.session_config
+        self.policy = MachinePolicy(self.config.max_turns, sc.context_window, sc.compact_threshold, sc.auto_compact)
+        self.tool_run = ToolRun(rc, events, run.input, self.config.parallel, events.session_id)
+        # Durable runs (checkpoint.py): the host's sink, where the run resumes,
+        # the awaited wave's settled results, the history epoch the host holds.
+        self.checkpoint_sink: Optional[Callable[[Checkpoint], None]] = None
+        self.resume_point: Optional[ResumePoint] = None
+        self.answered: list[ToolResultPart] = []
+        self.base_epoch = 0
+        self.tool_names: frozenset[str] = frozenset()
+        self.base_options: Optional[RequestOptions] = None
+        self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
+        self.deferred_tokens = 0  # the extras' cost a deferred turn reserves for the compaction
+        self.gathers = False  # contributors or memory: transient extras to gather each turn
+
+    # -- the body: the seed's run() ----------------------------------------------------
+
+    def body(self) -> None:
+        """The run's thread: every step, then ``finalize``; leaves silently if abandoned."""
+        rc = self.rc
+        held = True
+        try:
+            error: Optional[LoopError] = None
+            try:
+                self.steps()
+            except Abandoned:
+                held = False
+                return
+            except LoopError as exc:
+                error = exc
+            except BaseException as exc:  # a bug, or a user callback's escape
+                error = LoopError(f"internal error: {type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+                log.exception("run %s failed inside the driver", rc.run.id)
+            try:
+                if error is not None:
+                    self.set_error_state(error)
+            finally:
+                self._finalize(error)
+        except Abandoned:  # abandoned while finalize delivered: the takeover owns the end
+            held = False
+        finally:
+            if held and not rc.finished:
+                # Something escaped finalize itself: still close the slot and
+                # free the loop, so a stray handle cannot push into a dead run.
+                self.steering._close_and_seal()
+                self.slot.release(rc, rc.error)
+            if held:
+                rc.lock.release()
+            rc.done.set()
+            rc.wake.set()
+
+    def take_over(self) -> None:
+        """On cancel (the waiting thread): once the body blocks, finish the run here.
+
+        A run already in ``finalize`` (or done) is left to its body.
+        """
+        rc = self.rc
+        with rc.lock:
+            if rc.finished or rc.ending:
+                return
+            rc.abandoned = True
+            self.resources.abandon(rc)
+            self.events.take_over()  # observers may be blocked: never deliver on this thread
+            err = Cancelled(self.slot.cancel.reason)
+            self.set_error_state(err)
+            self._finalize(err)
+        rc.done.set()
+        rc.wake.set()
+
+    def steps(self) -> None:
+        """Audit entry, ``on_run_start``, ``accept_input``, the slot; then loop over ``next_step``."""
+        rc = self.rc
+        run = rc.run
+        m = self.machine
+        self.session.runs.append(run)
+        self.begin()
+        self.base_epoch = m.history_epoch
+        point = self.resume_point
+        if point is None:
+            self.events.run_start(run.input)
+            m.accept_input(run.input)
+        else:
+            self.resume(point)
+        self.steering._open_slot()
+        policy = self.policy
+        cancel = rc.cancel
+        while True:
+            if cancel.is_cancelled():
+                m.cancel()
+            step = m.next_step(policy)
+            t = type(step)
+            if t is CallLLM:
+                self.call_llm(step.turn)  # type: ignore[union-attr]
+            elif t is CallTools:
+                self.call_tools(step)  # type: ignore[arg-type]
+            elif t is Compact:
+                self.compact(step.reason)  # type: ignore[union-attr]
+            else:
+                with self.slot.busy:
+                    rc.ending = True  # from here a cancel no longer reaches this run
+                outcome = m.conclude(policy)
+                if type(outcome) is Completed:
+                    run.output = outcome.final_text
+                    return
+                raise self.error_for(outcome)
+
+    def begin(self) -> None:
+        """Per-run resets and the request overhead (fixed for the run)."""
+        parts = self.parts
+        reset_loops = getattr(parts.loop_detector, "reset", None)
+        if reset_loops is not None:
+            reset_loops()  # tool-loop detection is per run; convergence persists
+        if self.config.reset_managers:
+            for part in (parts.health, parts.loop_detector, parts.convergence, parts.fallback):
+                reset = getattr(part, "reset", None)
+                if reset is not None:
+                    reset()
+        self.gathers = bool(parts.contributors) or (parts.memory is not None and self.config.memory_top_k > 0)
+        opts = parts.request_options
+        self.base_options = None if opts.is_empty() else opts
+        self.tool_names = parts.tools.name_set()
+        self.meter.begin_run(parts.session_config.system_prompt, parts.tools.schemas())
+
+    def boundary(self, after: str) -> None:
+        """The run's one checkpoint seam: after each model turn, settled call and tool phase.
+
+        ``after`` is ``"model"``, ``"call"`` or ``"tools"``. A durable run
+        hands its resumable state to the host's sink here (see checkpoint.py).
+        """
+        sink = self.checkpoint_sink
+        if sink is None:
+            return
+        if after == "model":
+            self.answered = []
+        point = snapshot(self.machine, self.rc.run.turns, self.answered, self.base_epoch, after)
+        if point is not None:
+            sink(point)
+
+    def settle(self, results: Sequence[ToolResultPart]) -> None:
+        """Settled results of the awaited wave (the dispatcher): checkpoint them."""
+        self.answered.extend(results)
+        self.boundary("call")
+
+    def resume(self, point: ResumePoint) -> None:
+        """``on_run_resumed``, then the machine where the checkpoint left the run."""
+        cp = point.checkpoint
+        run = self.rc.run
+        self.events.run_resumed(run.input, point.attempt, point.cause, cp.turns_taken if cp else 0)
+        if cp is None:
+            self.machine.accept_input(run.input)
+            return
+        run.turns.extend(cp.turns)
+        answered = answers_for(point, self.parts.tools)
+        self.machine.resume(cp.pending, cp.turns_taken, answered)
+        self.answered = list(answered.values())
+        if cp.history is not None:
+            self.base_epoch = -1  # the host holds an older history: checkpoints carry ours
+
+    # -- handler 1: one model call -----------------------------------------------------
+
+    def call_llm(self, turn: int) -> None:
+        """Drain steering, gather extras, measure, let the brain decide; then call the model."""
+        m = self.machine
+        em = self.events
+        parts = self.parts
+        meter = self.meter
+        conv_last = m.pending if len(m.pending) else m.history
+        query = turn_query(self.run_input, turn, conv_last)
+        steering = self.steering
+        gather = self.gathers
+        while True:
+            arrived = steering._arrived  # before the drain: a push landing after it is seen below
+            self.drain_steering(turn)
+            transients = (
+                gather_transients(parts, m, self.rc, turn, query, self.run_input, self.config.memory_top_k)
+                if gather
+                else []
+            )
+            if steering._arrived == arrived:
+                break
+        extra = meter.count(transients) if transients else 0
+        raw = meter.raw(m) + extra
+        figure = meter.calibration.scale(raw)
+        if type(m.prepare_turn(figure, self.policy)) is not CallLLM:
+            # Deferral: compact first, with room reserved for these extras.
+            self.deferred_tokens = extra
+            return
+        meter.calibration.note_prediction(raw)
+        if parts.fallback is not None:
+            self.route_model()
+        if TurnStart in em._wanted:
+            em.turn_start(turn, query)
+        request = build_request(parts, m, transients, self.options())
+        try:
+            with em.phase(turn, "llm", figure) as phase:
+                response = self.ask_model(turn, request)
+                self.record_reply(turn, query, figure, response, phase)
+        except ContextOverflow as exc:
+            # The brain decides: one compact-and-retry per turn, else the run fails.
+            step = m.context_overflow(exc, figure, self.policy)
+            if type(step) is Done and type(step.outcome) is Failed and step.outcome.error is not exc:
+                step.outcome.error.__cause__ = exc
+            return
+        self.boundary("model")
+
+    def ask_model(self, turn: int, request: ModelRequest) -> ModelResponse:
+        """The model call; a failure is reported (fallback, ``on_stream_failure``) and raised."""
+        parts = self.parts
+        rc = self.rc
+        try:
+            return call_model(parts, rc, self.events, turn, request)
+        except Cancelled:
+            raise
+        except LoopError as exc:
+            if rc.cancel.is_cancelled():  # failed because it was cancelled: not the model's fault
+                raise Cancelled(rc.cancel.reason) from exc
+            if parts.fallback is not None and not isinstance(exc, ContextOverflow):
+                # A "context too long" rejection says nothing about the model's health.
+                tripped = parts.fallback.record_failure(isinstance(exc, RateLimitEscalation))
+                if tripped is not None:
+                    self.events.fallback(*tripped)
+            self.events.stream_failure(turn, parts.routed_model or parts.model_name(), str(exc))
+            raise
+
+    def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
+        """Calibrate, detect convergence, ``on_response``, feed the machine, the ``Turn`` record."""
+        parts = self.parts
+        em = self.events
+        m = self.machine
+        usage = response.usage
+        if usage is not None and usage.input_tokens:
+            self.meter.calibration.observe(usage.input_tokens)
+        if parts.fallback is not None:
+            parts.fallback.record_success()
+        wanted = em._wanted
+        if StreamSuccess in wanted:
+            em.stream_success(turn, response.model or parts.model_name(), usage)
+        message = response.message
+        if not message.tool_calls and parts.convergence is not None:
+            self.check_convergence(message.text)
+        if Response in wanted:
+            em.response(turn, message.text, usage)
+        m.model_response(response, figure, self.tool_names)
+        figure_after = self.meter.figure(m)
+        m.set_context_tokens(figure_after)
+        in_tok = usage.input_tokens if usage else 0
+        out_tok = usage.output_tokens if usage else 0
+        self.rc.run.turns.append(
+            Turn(turn, query, message.text, tuple(message.tool_calls), in_tok, out_tok, response.stop_reason)
+        )
+        self.llm_phase = (in_tok, out_tok, response.stop_reason)
+        phase.input_tokens, phase.output_tokens = in_tok, out_tok
+        phase.stop_reason, phase.context_tokens = response.stop_reason, figure_after
+
+    def options(self) -> Optional[RequestOptions]:
+        """The request options: the routed model beats a host override; the client is never mutated."""
+        parts = self.parts
+        routed = parts.routed_model
+        if routed is not None and routed != parts.model_name():
+            return parts.request_options.with_model(routed)
+        return self.base_options
+
+    def route_model(self) -> None:
+        """Ask the fallback chain which model serves this turn; announce a change."""
+        parts = self.parts
+        fb = parts.fallback
+        if fb is None:
+            return
+        model = fb.before_request()  # raises FallbackExhausted when every model is down
+        previous = parts.routed_model or parts.model_name()
+        parts.routed_model = model
+        if model != previous:
+            self.events.model_switched(previous, model)
+
+    def check_convergence(self, text: str) -> None:
+        """Record a final answer; a detected convergence warns, stops or asks the user."""
+        detector = self.parts.convergence
+        found = detector.record(text)
+        if found is None:
+            return
+        similarity, count = found
+        action = detector.action
+        self.events.convergence_detected(action, similarity, count)
+        if action == "stop":
+            raise LoopDetected("agent stopped: convergence detected")
+        if action == "ask_user":
+            raise UserInputRequired("convergence detected, user input needed")
+
+    def drain_steering(self, turn: int) -> None:
+        """Move pushed guidance into pending (``on_steering`` when any arrived)."""
+        msgs = self.steering._drain()
+        if not msgs:
+            return
+        for msg in msgs:
+            self.machine.inject(msg)
+        self.events.steering(turn, msgs)
+
+    def summarize(self, request: Any) -> Any:
+        """A cancel-aware model call for a summarizing compactor."""
+        return cancellable_complete(self.parts.client, request, self.rc.cancel)
+
+    # -- handler 2: the tools the reply asked for ---------------------------------------
+
+    def call_tools(self, step: CallTools) -> None:
+        """Dispatch the calls not pre-answered; ONE results message, in request order."""
+        turn = step.turn
+        em = self.events
+        m = self.machine
+        if ToolCallReceived in em._wanted:
+            for p in step.calls:
+                em.tool_call_received(turn, p.call.id, p.call.name, p.call.input)
+        results = [p.preresolved for p in step.calls]
+        todo = [i for i, p in enumerate(step.calls) if p.preresolved is None]
+        with em.phase(turn, "tools", m.context_tokens) as phase:
+            phase.input_tokens, phase.output_tokens, phase.stop_reason = self.llm_phase
+            outs = self.dispatcher.dispatch(self.tool_run, turn, [step.calls[i].call for i in todo])
+            for i, r in zip(todo, outs):
+                results[i] = r
+            m.tool_results([Message.from_tool_results(results)])  # type: ignore[arg-type]
+            figure = self.meter.figure(m)
+            m.set_context_tokens(figure)
+            phase.context_tokens = figure
+        self.boundary("tools")
+
+    # -- handler 3: compact ----------------------------------------------------------------
+
+    def compact(self, reason: str) -> None:
+        """One compaction pass; the deferred extras' reservation is used once."""
+        deferred, self.deferred_tokens = self.deferred_tokens, 0
+        run_compaction(
+            self.parts, self.machine, self.meter, self.rc, self.events, reason, deferred, self.summarize
+        )
+
+    # -- the end -----------------------------------------------------------------------------
+
+    def error_for(self, outcome: Outcome) -> LoopError:
+        """The error a terminal outcome raises."""
+        if type(outcome) is MaxTurnsReached:
+            return MaxTurnsExceeded(self.config.max_turns)
+        if type(outcome) is CancelledOutcome:
+            return Cancelled(self.rc.cancel.reason)
+        if type(outcome) is Failed:
+            return outcome.error
+        return LoopError(f"unmapped terminal outcome: {outcome!r}")
+
+    def set_error_state(self, error: LoopError) -> None:
+        """Tell the brain how the run ended: cancelled, or failed with ``error``."""
+        if isinstance(error, Cancelled):
+            self.machine.cancel()
+        else:
+            self.machine.fail(error)
+
+    def _finalize(self, error: Optional[LoopError]) -> None:
+        """The single exit door, in the seed's order.
+
+        1. record end time and stop reason; 2. success: commit pending and
+        consolidate memory (its error is logged); failure: discard pending;
+        3. clear a loop-detection stop that never fired; 4. close a phase a
+        cancel cut short (failed ``on_turn_end``), then ``on_run_end``
+        (hooks first, then observers); 5. re-arm the cancel signal, last,
+        and free the loop. The steering slot closes first, so a push from
+        ``on_run_end`` is refused.
+        """
+        rc = self.rc
+        with self.slot.busy:
+            rc.ending = True
+        try:
+            self.steering._close_and_seal()
+            run = rc.run
+            run.end = time.time()
+            run.stop_reason = error
+            m = self.machine
+            parts = self.parts
+            if error is None:
+                m.commit_pending()
+                if parts.memory is not None:
+                    try:
+                        parts.memory.consolidate()
+                    except Exception:
+                        log.exception("memory consolidate failed after run %s", run.id)
+            else:
+                m.discard_pending()
+                error.run = run
+            if parts.loop_detector is not None:
+                parts.loop_detector.consume_pending_stop()
+            em = self.events
+            phase = em.open_phase
+            if phase is not None:  # a phase cut short (cancel, an escape): close it, failed
+                em.close_phase(phase, str(error) if error is not None else "run ended")
+            em.run_end(
+                run.input,
+                error is None,
+                None if error is None else str(error),
+                run.turn_count,
+                (run.end - run.start) * 1000.0,
+            )
+        finally:
+            self.slot.release(rc, error)
+
+
+__all__ = ["LoopSlot", "RunDriver"]

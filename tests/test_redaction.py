@@ -1,0 +1,260 @@
+"""No secret a client was given ever leaves it: one table, every failure path, every outlet.
+
+Each case scripts a fake server (real HTTP, real SSE bytes) so that a call
+fails (or, for bad tool arguments, goes on) with the key ``sk-SECRET-123``,
+a custom header value or URL credentials echoed somewhere the old code
+quoted. Every outlet is then searched for the secrets: ``str``/``repr`` of
+the error and of its whole cause/context chain, ``traceback`` output (with
+frame locals), the pickled error, events' ``to_dict()``, ``Run.to_dict()``,
+the registry's status and events, DEBUG logs, and ``loopctl run --json``
+stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import logging
+import pickle
+import traceback
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+import attrs
+import pytest
+from fakeserver import (
+    Cut,
+    FakeServer,
+    Item,
+    Reply,
+    Stream,
+    anthropic_stream,
+    oa_chunk,
+    openai_stream,
+    sse,
+)
+from support import Recorder
+
+from loopctl import BareLoop, LoopError
+from loopctl.demo.cli import main as cli_main
+from loopctl.errors import ConfigError
+from loopctl.hosting.registry import RunRegistry
+from loopctl.messages import Message, ModelRequest
+from loopctl.providers import AnthropicClient, OpenAIClient, StreamHandler
+from loopctl.providers.base import StreamAccumulator, StreamAttemptReset, StreamRescue
+
+KEY = "sk-SECRET-123"
+HEADER_VALUE = "hdr-SECRET-456"
+URL_PASSWORD = "pw-SECRET-789"
+SECRETS = ("SECRET",)  # every secret above carries this marker
+
+QUICK = dict(max_retries=0, rescue=False, base_delay=0.0, jitter=0.0)
+
+
+@attrs.frozen
+class Case:
+    """One failure path: what the server sends for one model call, and how the client is made."""
+
+    name: str
+    provider: str = "openai"
+    script: Callable[[], list[Item]] = list
+    streaming: bool = True
+    handler: dict[str, Any] = attrs.field(factory=lambda: dict(QUICK))
+    key: str = KEY
+    extra_headers: Optional[dict[str, str]] = None
+    url_password: bool = False
+    dead_port: bool = False
+    fails: bool = True
+    in_cli: bool = True
+
+
+def _midstream_openai() -> list[Item]:
+    error = {"error": {"message": f"invalid key {KEY}", "type": "invalid_request_error"}}
+    return [Stream([oa_chunk({"role": "assistant", "content": "hi"}), sse(error)])]
+
+
+def _midstream_anthropic() -> list[Item]:
+    head = anthropic_stream("x")[:2]
+    error = {"type": "error", "error": {"type": "invalid_request_error", "message": f"bad key {KEY}"}}
+    return [Stream([*head, sse(error, "error")])]
+
+
+CASES = [
+    Case("openai mid-stream error chunk", script=_midstream_openai),
+    Case("anthropic error event", provider="anthropic", script=_midstream_anthropic),
+    Case("HTTP 200 JSON error body to a stream",
+         script=lambda: [Reply(200, {"error": {"message": f"key {KEY} was revoked"}})]),
+    Case("HTTP 200 JSON error body, non-streaming", streaming=False,
+         script=lambda: [Reply(200, {"error": {"message": f"key {KEY} was revoked"}})]),
+    Case("malformed JSON in a stream chunk",
+         script=lambda: [Stream([f'data: {{"echo": "{KEY}",\n\n'.encode()])]),
+    Case("the rescue's malformed JSON response",
+         handler=dict(QUICK, rescue=True),
+         script=lambda: [Stream([Cut()]),
+                         Reply(200, f'{{"echo": "{KEY}"'.encode(), {"content-type": "application/json"})]),
+    Case("malformed JSON response, non-streaming", streaming=False,
+         script=lambda: [Reply(200, f'{{"echo": "{KEY}"'.encode(), {"content-type": "application/json"})]),
+    Case("invalid JSON tool arguments (a soft error; the run goes on)", fails=False,
+         script=lambda: [Stream(openai_stream(tool_calls=[("c1", "add", f'{{"k": "{KEY}",')])),
+                         Stream(openai_stream("done"))]),
+    Case("key with a trailing newline (requests' InvalidHeader)", key=KEY + "\n"),
+    Case("401 body echoing the key",
+         script=lambda: [Reply(401, {"error": {"message": f"Incorrect API key provided: {KEY}"}})]),
+    Case("400 body echoing a custom header value", extra_headers={"x-team-token": HEADER_VALUE}, in_cli=False,
+         script=lambda: [Reply(400, {"error": {"message": f"bad team token {HEADER_VALUE}"}})]),
+    Case("connection refused at a URL with credentials", url_password=True, dead_port=True),
+    Case("anthropic 529 then a body echoing the key", provider="anthropic",
+         handler=dict(QUICK, rate_limit_retries=1, rate_limit_delay=0.0),
+         script=lambda: [Reply(529, {"error": {"message": f"overloaded {KEY}"}}),
+                         Reply(529, {"error": {"message": f"overloaded {KEY}"}})]),
+]
+
+
+def base_url(case: Case, server: FakeServer) -> str:
+    port = 1 if case.dead_port else server.port
+    creds = f"user:{URL_PASSWORD}@" if case.url_password else ""
+    return f"http://{creds}127.0.0.1:{port}" + ("/v1" if case.provider == "openai" else "")
+
+
+def make_client(case: Case, server: FakeServer) -> Any:
+    cls = OpenAIClient if case.provider == "openai" else AnthropicClient
+    return cls("m", api_key=case.key, base_url=base_url(case, server), extra_headers=case.extra_headers)
+
+
+def assert_clean(where: str, text: Any) -> None:
+    blob = text if isinstance(text, str) else repr(text)
+    for marker in SECRETS:
+        lines = [ln for ln in blob.splitlines() if marker in ln]
+        assert not lines, f"a secret leaks through {where}: {lines[:5]}"
+
+
+def error_chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    todo: list[Optional[BaseException]] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__]
+
+
+def assert_error_clean(exc: BaseException) -> None:
+    for e in error_chain(exc):
+        assert_clean(f"str() of {type(e).__name__}", str(e))
+        assert_clean(f"repr() of {type(e).__name__}", repr(e))
+    assert_clean("traceback.format_exception", "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__, capture_locals=True)
+    assert_clean("a traceback with frame locals", "".join(te.format()))
+    if isinstance(exc, LoopError):
+        blob = pickle.dumps(exc)
+        assert b"SECRET" not in blob, "a secret leaks through the pickled error"
+
+
+def caught(fn: Callable[[], Any]) -> LoopError:
+    """The error ``fn()`` raises (caught here, so no test frame is in its traceback)."""
+    try:
+        fn()
+    except LoopError as exc:
+        return exc
+    raise AssertionError("the call did not fail")
+
+
+def _call(handler: StreamHandler, client: Any, streaming: bool) -> Any:
+    # Consume one model call like the driver does; returns the reply.
+    request = ModelRequest([Message.user("hi")], "sys")
+    events = (handler.stream_turn if streaming else handler.complete_turn)(client, request, None)
+    acc = StreamAccumulator()
+    rescued = None
+    for ev in events:
+        if isinstance(ev, StreamAttemptReset):
+            acc = StreamAccumulator()
+        elif isinstance(ev, StreamRescue):
+            rescued = ev.response
+        elif not hasattr(ev, "wait_s"):
+            acc.feed(ev)
+    return rescued if rescued is not None else acc.build()
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_no_secret_reaches_any_outlet(case: Case, server: FakeServer, caplog: pytest.LogCaptureFixture,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    # 1. The client under the stream handler: the error, its chain, its tracebacks.
+    server.push(*case.script())
+    client = make_client(case, server)
+    handler = StreamHandler(**case.handler)
+    if case.fails:
+        error = caught(functools.partial(_call, handler, client, case.streaming))
+        assert_error_clean(error)
+        if isinstance(error, ConfigError):
+            assert error.__cause__ is None and error.__suppress_context__
+    else:
+        reply = _call(StreamHandler(**case.handler), client, case.streaming)
+        assert reply.message.tool_calls and reply.message.tool_calls[0].invalid
+        assert_clean("the reply", reply)
+    assert_clean("the client's repr", repr(client))
+
+    # 2. A run: the error, its Run record, every event.
+    server.push(*case.script())
+    recorder = Recorder()
+    loop = BareLoop(make_client(case, server), [])
+    loop.set_stream_handler(StreamHandler(**case.handler))
+    loop.set_turn_mode("streaming" if case.streaming else "non_streaming")
+    loop.register_observer(recorder)
+    with loop:
+        if case.fails:
+            error = caught(lambda: loop.run("hi"))
+            assert_error_clean(error)
+            run = error.run
+        else:
+            run = loop.run("hi")
+            assert run.output == "done"
+        assert_clean("Run.to_dict()", json.dumps(run.to_dict()))
+        for event in recorder.snapshot():
+            assert_clean(f"{type(event).__name__}.to_dict()", json.dumps(event.to_dict()))
+
+    # 3. The registry: status and events.
+    server.push(*case.script())
+    registry = RunRegistry()
+    loop = BareLoop(make_client(case, server), [])
+    loop.set_stream_handler(StreamHandler(**case.handler))
+    loop.set_turn_mode("streaming" if case.streaming else "non_streaming")
+    try:
+        rid = registry.start(loop, "hi")
+        try:
+            registry.result(rid, timeout=20)
+        except LoopError:
+            pass
+        assert_clean("RunRegistry.status", repr(registry.status(rid)))
+        assert_clean("RunRegistry.events", json.dumps([ev for _, ev in registry.events(rid, timeout=5)]))
+    finally:
+        registry.close()
+        loop.close()
+
+    # 4. Logs at DEBUG, from all of the above.
+    assert_clean("the DEBUG log", caplog.text)
+
+    # 5. `loopctl run --json`: stdout and stderr.
+    if case.in_cli:
+        env_var = "OPENAI_API_KEY" if case.provider == "openai" else "ANTHROPIC_API_KEY"
+        monkeypatch.setenv(env_var, case.key)
+        for _ in range(5):  # the CLI's default handler may retry: enough replies for all of them
+            server.push(*case.script())
+        out, err = io.StringIO(), io.StringIO()
+        argv = ["run", "hi", "--json", "--provider", case.provider, "--model", "m",
+                "--base-url", base_url(case, server)]
+        if not case.streaming:
+            argv.append("--no-stream")
+        code = cli_main(argv, stdin=io.StringIO(""), stdout=out, stderr=err, env={})
+        assert (code != 0) == case.fails, (code, err.getvalue()[-500:])
+        assert_clean("`loopctl run --json` stdout", out.getvalue())
+        assert_clean("`loopctl run --json` stderr", err.getvalue())
+        assert_clean("the DEBUG log", caplog.text)
+
+
+def test_the_table_covers_each_path_of_the_issue() -> None:
+    assert len({c.name for c in CASES}) == len(CASES) >= 12
