@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -77,15 +76,16 @@ from loopctl.hosting.serialization import history_from_dict, message_from_dict
 from loopctl.messages import Message
 from loopctl.records import Run
 
+from .celery_fields import run_from_fields, status_from_fields
+from .celery_options import factory_spec, max_resumes_of, number, resume_mode_of
 from .celery_redis import (
     TERMINAL,
     RedisBackend,
     RegistryUnavailable,
     WorkerLost,
     dumps,
-    run_from_fields,
-    status_from_fields,
 )
+from .celery_signals import connect_signals
 from .celery_sweeper import Sweeper
 from .celery_worker import WorkerHost, WorkerSettings, execute_run
 
@@ -96,9 +96,6 @@ log = logging.getLogger("loopctl")
 _REGISTRIES: weakref.WeakValueDictionary[str, CeleryRunRegistry] = weakref.WeakValueDictionary()
 _TASKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _TASKS_LOCK = threading.Lock()
-
-
-RESUME_MODES = ("on_worker_loss", "never")
 
 
 def _execute_task(
@@ -138,58 +135,9 @@ def _propagation() -> Any:
     return _PROPAGATION[0]
 
 
-def _on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
-    """Celery ``task_received``: note which worker process holds a run's message."""
-    if request is None or getattr(request, "name", None) != TASK_NAME:
-        return
-    kwargs = getattr(request, "kwargs", None) or {}
-    reg = _REGISTRIES.get(str(kwargs.get("prefix", "")))
-    if reg is not None and kwargs.get("run_id"):
-        try:
-            reg.reserved(str(kwargs["run_id"]))
-        except LoopError as exc:  # the sweepers resend it once this worker is gone
-            log.warning("could not note the reservation of run %s: %s", kwargs["run_id"], exc)
-
-
-def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    """Celery ``worker_ready``: start the sweepers of this app's registries."""
-    app = getattr(sender, "app", None)
-    for reg in list(_REGISTRIES.values()):
-        if reg._app is app:
-            reg.start_sweeper()
-
-
-def _on_worker_shutting_down(how: Any = None, **_: Any) -> None:
-    """Celery ``worker_shutting_down`` (in a signal handler: only flags): drain on a warm one."""
-    if how == "Warm":
-        for reg in list(_REGISTRIES.values()):
-            reg.drain()
-
-
-def _on_worker_shutdown(**_: Any) -> None:
-    """Celery ``worker_shutdown``: stop the sweepers."""
-    for reg in list(_REGISTRIES.values()):
-        reg.stop_sweeper()
-
-
-_SIGNALS_CONNECTED: List[bool] = []
-
-
-def _connect_signals() -> None:
-    if _SIGNALS_CONNECTED:
-        return
-    from celery import signals
-
-    signals.task_received.connect(_on_task_received, weak=False)
-    signals.worker_ready.connect(_on_worker_ready, weak=False)
-    signals.worker_shutting_down.connect(_on_worker_shutting_down, weak=False)
-    signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)
-    _SIGNALS_CONNECTED.append(True)
-
-
 def _task_for(app: Any) -> Any:
     with _TASKS_LOCK:
-        _connect_signals()
+        connect_signals(_REGISTRIES, TASK_NAME)
         task = _TASKS.get(app)
         if task is None:
             task = app.task(
@@ -202,46 +150,6 @@ def _task_for(app: Any) -> Any:
             )(_execute_task)
             _TASKS[app] = task
         return task
-
-
-def _factory_spec(factory: Union[str, Callable[..., Any]]) -> str:
-    if isinstance(factory, str):
-        module, sep, attr = factory.partition(":")
-        if sep and module and attr:
-            return factory
-        raise ConfigError(f"loop_factory must look like 'pkg.module:factory', got {factory!r}")
-    qual = getattr(factory, "__qualname__", "")
-    module = getattr(factory, "__module__", "")
-    if callable(factory) and module and qual and "<" not in qual:
-        return f"{module}:{qual}"
-    raise ConfigError(
-        f"loop_factory must be 'pkg.module:factory' or a module-level function, got {factory!r:.80}"
-    )
-
-
-def _resume_mode(value: Any) -> str:
-    if value is None or value == "never":
-        return ""
-    if value == "on_worker_loss":
-        return "on_worker_loss"
-    raise ConfigError(f"CeleryRunRegistry resume must be None, 'on_worker_loss' or 'never', got {value!r}")
-
-
-def _max_resumes(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"CeleryRunRegistry max_resumes must be an int >= 0, got {value!r}")
-    return value
-
-
-def _number(name: str, value: Any, minimum: float) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or math.isnan(value)
-        or value < minimum
-    ):
-        raise ConfigError(f"CeleryRunRegistry {name} must be a number >= {minimum}, got {value!r}")
-    return float(value)
 
 
 class CeleryRunRegistry:
@@ -304,20 +212,20 @@ class CeleryRunRegistry:
             raise ConfigError(f"CeleryRunRegistry queue must be a non-empty str or None, got {queue!r}")
         if isinstance(event_buffer, bool) or not isinstance(event_buffer, int) or event_buffer < 1:
             raise ConfigError(f"CeleryRunRegistry event_buffer must be an int >= 1, got {event_buffer!r}")
-        keep = _number("keep_finished_s", keep_finished_s, 0.001)
-        interval = _number("heartbeat_interval", heartbeat_interval, 0.01)
-        ttl = _number("heartbeat_ttl", heartbeat_ttl, 0.02)
+        keep = number("keep_finished_s", keep_finished_s, 0.001)
+        interval = number("heartbeat_interval", heartbeat_interval, 0.01)
+        ttl = number("heartbeat_ttl", heartbeat_ttl, 0.02)
         if ttl < 2 * interval:
             raise ConfigError(
                 f"CeleryRunRegistry heartbeat_ttl must be at least twice heartbeat_interval "
                 f"({interval}), got {heartbeat_ttl!r}"
             )
-        qtimeout = _number("queue_timeout", queue_timeout, 0.001)
-        stimeout = _number("socket_timeout", socket_timeout, 0.01)
-        self._resume = _resume_mode(resume)
-        self._max_resumes = _max_resumes(max_resumes)
-        drain = _number("drain_timeout", drain_timeout, 0.0)
-        self._factory = _factory_spec(loop_factory)
+        qtimeout = number("queue_timeout", queue_timeout, 0.001)
+        stimeout = number("socket_timeout", socket_timeout, 0.01)
+        self._resume = resume_mode_of(resume)
+        self._max_resumes = max_resumes_of(max_resumes)
+        drain = number("drain_timeout", drain_timeout, 0.0)
+        self._factory = factory_spec(loop_factory)
         self._app = app
         self._prefix = prefix
         self._queue = queue
@@ -379,8 +287,8 @@ class CeleryRunRegistry:
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
-        mode = self._resume if resume is None else _resume_mode(resume)
-        bound = self._max_resumes if max_resumes is None else _max_resumes(max_resumes)
+        mode = self._resume if resume is None else resume_mode_of(resume)
+        bound = self._max_resumes if max_resumes is None else max_resumes_of(max_resumes)
         cfg = dumps(config.to_dict()) if config is not None else ""
         res = self._backend.start(
             rid, conversation, input, cfg, self._factory, self._queue_ms, mode, bound, self._queue or ""
@@ -594,6 +502,11 @@ class CeleryRunRegistry:
             self._kick()
             return "skipped"
         return execute_run(self._backend, run_id, conversation, self._settings, self._worker, self._host)
+
+    @property
+    def app(self) -> Any:
+        """The Celery app the registry sends runs with."""
+        return self._app
 
     def reserved(self, run_id: str) -> None:
         """The run's task message reached this worker process (Celery's ``task_received``)."""

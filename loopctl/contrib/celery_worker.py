@@ -52,7 +52,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import attrs
 
@@ -65,92 +65,24 @@ from loopctl.hosting.serialization import (
     history_from_dict,
     history_to_dict,
     message_from_dict,
-    message_to_dict,
 )
 from loopctl.messages import Message
-from loopctl.observers import Event, RunEnd, SteeringDelivered
-from loopctl.records import Run, Turn
+from loopctl.observers import RunEnd
+from loopctl.records import Run
 
 from .celery_bridge import Bridge, SteerFeed
+from .celery_durable import (
+    HANDED_BACK,
+    WorkerHost,
+    checkpoint_from_json,
+    checkpointer,
+    hand_back,
+    wait_or_drain,
+)
+from .celery_events import EventWriter, WorkerSettings
 from .celery_redis import Claim, RedisBackend, RegistryUnavailable, dumps
 
 log = logging.getLogger("loopctl")
-
-#: How long the events thread lets a burst of events collect into one write
-#: (a stream consumer sees events at most this much later; run_end is never held).
-LINGER_S = 0.002
-
-
-@attrs.frozen
-class WorkerSettings:
-    """Timing of a worker's run: heartbeat every ``interval`` s, lapse after ``ttl`` s."""
-
-    heartbeat_interval: float
-    heartbeat_ttl: float
-    event_buffer: int
-
-    @property
-    def ttl_ms(self) -> int:
-        """The heartbeat TTL in milliseconds."""
-        return max(1, int(self.heartbeat_ttl * 1000))
-
-
-#: The cause a run handed back on a warm shutdown shows in ``run_resumed``.
-HANDED_BACK = "the worker shut down and handed the run back"
-
-
-class WorkerHost:
-    """What a worker process offers its runs: the drain switch and a prompt resend.
-
-    Attributes:
-        draining: set on a warm shutdown; durable runs are handed back.
-        drain_timeout: seconds a run may take to reach a boundary once draining.
-    """
-
-    def __init__(self, drain_timeout: float, kick: Callable[[], None]) -> None:
-        self.draining = threading.Event()
-        self.drain_timeout = drain_timeout
-        self._kick = kick
-
-    def kick(self) -> None:
-        """Send the outbox's due task messages now (after a handback)."""
-        self._kick()
-
-
-def checkpoint_to_json(cp: Checkpoint, steers: int, clean: bool = False) -> str:
-    """A checkpoint as JSON, with the count of steers it has delivered.
-
-    ``clean``: the run stops right here (handed back), nothing runs after it.
-    """
-    return dumps(
-        {
-            "clean": clean,
-            "after": cp.after,
-            "pending": history_to_dict(cp.pending),
-            "turns_taken": cp.turns_taken,
-            "turns": [t.to_dict() for t in cp.turns],
-            "answered": message_to_dict(Message.from_tool_results(cp.answered)) if cp.answered else None,
-            "history": history_to_dict(cp.history) if cp.history is not None else None,
-            "steers": steers,
-        }
-    )
-
-
-def checkpoint_from_json(text: str) -> Tuple[Checkpoint, int, bool]:
-    """The checkpoint, its delivered-steer count and clean flag (``checkpoint_to_json`` reversed)."""
-    data = json.loads(text)
-    answered = message_from_dict(data["answered"]).tool_results if data.get("answered") else []
-    history = history_from_dict(data["history"]) if data.get("history") is not None else None
-    cp = Checkpoint(
-        str(data["after"]),
-        tuple(history_from_dict(data["pending"])),
-        int(data["turns_taken"]),
-        tuple(Turn.from_dict(t) for t in data["turns"]),
-        tuple(answered),
-        tuple(history) if history is not None else None,
-    )
-    return cp, int(data.get("steers") or 0), bool(data.get("clean"))
-
 
 def resolve_factory(spec: str) -> Callable[..., Any]:
     """Import ``"pkg.module:attr"`` (``attr`` may be dotted).
@@ -170,186 +102,6 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
     if not callable(obj):
         raise ConfigError(f"loop_factory {spec!r} is not callable: {obj!r:.60}")
     return obj  # type: ignore[no-any-return]
-
-
-class EventWriter:
-    """The run's events thread: heartbeats and batched event appends."""
-
-    def __init__(
-        self, backend: RedisBackend, run_id: str, token: str, settings: WorkerSettings, first_seq: int = 0
-    ) -> None:
-        self._backend = backend
-        self._run_id = run_id
-        self._token = token
-        self._settings = settings
-        self._cond = threading.Condition(threading.Lock())
-        self._queue: List[Tuple[int, Event]] = []
-        self._seq = first_seq  # a resumed run numbers on from the stream's last event
-        self._ckpt: Optional[Tuple[str, int]] = None  # (json, seq): written with the events before it
-        self._sealed = False
-        self._written: List[threading.Event] = []  # waiters for the queued checkpoint
-        self.delivered = 0  # steering messages drained into the conversation by this attempt
-        self._stopping = False
-        self._handle: Optional[RunHandle] = None
-        self.session_id = ""
-        self.end: Optional[Tuple[int, Dict[str, Any]]] = None
-        self.lost = False
-        self.on_beat: Optional[Callable[[bool, Optional[str], int], None]] = None
-        self._thread = threading.Thread(
-            target=self._main, name=f"loopctl-celery-events-{run_id[:12]}", daemon=True
-        )
-
-    def start(self) -> None:
-        """Start heartbeating (right after the claim)."""
-        self._thread.start()
-
-    def tap(self, event: Event) -> None:
-        """The run's tap (its thread): number, append, notify."""
-        with self._cond:
-            if self.end is not None or self._sealed:
-                return  # run_end is the last event; a handed-back run writes no more
-            self._seq += 1
-            self.session_id = event.session_id
-            if type(event) is SteeringDelivered:
-                self.delivered += len(event.messages)
-            if type(event) is RunEnd:
-                self.end = (self._seq, event.to_dict())
-            else:
-                q = self._queue
-                if len(q) >= self._settings.event_buffer:
-                    del q[0]  # a reader sees the hole as a gap
-                q.append((self._seq, event))
-                if len(q) > 1:
-                    return  # the writer was already told (it lingers to batch)
-            self._cond.notify()
-
-    def checkpoint(self, text: str, confirm: bool = False) -> Optional[threading.Event]:
-        """Queue a checkpoint (the run's thread); it lands with the events before it.
-
-        With ``confirm``, returns an Event set once it is written (or the
-        worker is fenced out); None when nothing will be written.
-        """
-        with self._cond:
-            if self._sealed or self.lost:
-                return None
-            self._ckpt = (text, self._seq)
-            written: Optional[threading.Event] = None
-            if confirm:
-                written = threading.Event()
-                self._written.append(written)
-            self._cond.notify()
-            return written
-
-    def seal(self) -> None:
-        """Write nothing the run emits from now on (it is being handed back)."""
-        with self._cond:
-            self._sealed = True
-
-    @property
-    def confirm_timeout(self) -> float:
-        """The longest a run waits for a checkpoint to be confirmed (the heartbeat TTL)."""
-        return self._settings.heartbeat_ttl
-
-    @property
-    def seq(self) -> int:
-        """The last sequence number handed out."""
-        return self._seq
-
-    def attach(self, handle: RunHandle) -> None:
-        """Know the run (for progress figures and to cancel it if we are fenced out)."""
-        self._handle = handle
-        if self.lost:
-            handle.cancel("worker lost: the run's heartbeat lapsed")
-
-    def progress(self) -> List[Any]:
-        """session id, turns, tool calls, input and output tokens so far."""
-        h = self._handle
-        turns = [*h.record.turns] if h is not None else []
-        return [
-            self.session_id,
-            len(turns),
-            sum(len(t.tool_calls) for t in turns),
-            sum(t.input_tokens for t in turns),
-            sum(t.output_tokens for t in turns),
-        ]
-
-    def stop(self) -> None:
-        """Flush what is queued (best effort), stop heartbeating, join the thread."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _fenced_out(self) -> None:
-        if not self.lost:
-            log.warning("run %s: fenced out (declared lost); cancelling it here", self._run_id)
-        self.lost = True
-        with self._cond:
-            written, self._written = self._written, []
-        for w in written:
-            w.set()
-        h = self._handle
-        if h is not None:
-            h.cancel("worker lost: the run's heartbeat lapsed")
-
-    def _main(self) -> None:
-        interval = self._settings.heartbeat_interval
-        next_beat = time.monotonic() + interval
-        failures = 0
-        while True:
-            with self._cond:
-                while not self._queue and self._ckpt is None and not self._stopping:
-                    left = next_beat - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-                if self._queue and not self._stopping and not self._written and LINGER_S > 0:
-                    self._cond.wait(LINGER_S)  # let a burst collect into one round trip
-                batch, self._queue = self._queue, []
-                ckpt, self._ckpt = self._ckpt, None
-                written, self._written = self._written, []
-                stopping = self._stopping
-            ok = True
-            if (batch or ckpt is not None) and not self.lost:
-                try:
-                    data = [(seq, dumps(ev.to_dict())) for seq, ev in batch]
-                    if not self._backend.append(self._run_id, self._token, self.progress(), data, ckpt):
-                        self._fenced_out()
-                    failures = 0
-                    for w in written:
-                        w.set()
-                    written = []
-                except RegistryUnavailable as exc:
-                    ok = False
-                    failures += 1
-                    log.warning("run %s: events not written yet: %s", self._run_id, exc)
-                    with self._cond:  # keep them, in order, for the next try
-                        self._queue[:0] = batch
-                        del self._queue[: max(0, len(self._queue) - self._settings.event_buffer)]
-                        if self._ckpt is None:
-                            self._ckpt = ckpt
-                        self._written[:0] = written
-                        written = []
-            for w in written:  # fenced out before writing: the waiter sees ``lost``
-                w.set()
-            if not stopping and time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + interval
-                if not self.lost:
-                    try:
-                        beat = self._backend.heartbeat(self._run_id, self._token, self._settings.ttl_ms)
-                    except RegistryUnavailable as exc:
-                        log.warning("run %s: heartbeat failed: %s", self._run_id, exc)
-                    else:
-                        if beat is None:
-                            self._fenced_out()
-                        elif self.on_beat is not None:
-                            self.on_beat(*beat)
-            if stopping and (ok or failures >= 3 or self.lost):
-                return
-            if not ok:
-                with self._cond:  # a short pause before retrying (woken by stop)
-                    self._cond.wait(min(interval, 0.2))
 
 
 def _build_loop(
@@ -434,7 +186,7 @@ def execute_run(
             loop, feed = _build_loop(claim, conversation, saved, steer_base)
             if claim.cancel:
                 loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
-            sink = _checkpointer(loop, writer, steer_base, host, handed) if durable else None
+            sink = checkpointer(loop, writer, steer_base, host, handed) if durable else None
             point = ResumePoint(saved, claim.resumes, claim.cause, clean) if claim.resumes > 0 else None
             handle = loop.start(claim.input, config, run_id, tap=writer.tap, checkpoint=sink, resume=point)
         except Exception as exc:
@@ -449,7 +201,7 @@ def execute_run(
             bridge.start(handle, feed)
             writer.on_beat = bridge.poke
             if durable and host is not None:
-                _wait_or_drain(handle, writer, host, handed)
+                wait_or_drain(handle, writer, host, handed)
             else:
                 handle.wait()
     finally:
@@ -457,7 +209,7 @@ def execute_run(
         bridge.stop()
     try:
         if handed.is_set():
-            return _hand_back(backend, run_id, token, writer, host)
+            return hand_back(backend, run_id, token, writer, host)
         if handle is not None:
             run = handle.record
         else:
@@ -478,67 +230,6 @@ def execute_run(
     finally:
         if loop is not None:
             loop.close()
-
-
-def _checkpointer(
-    loop: BareLoop, writer: EventWriter, steer_base: int, host: Optional[WorkerHost], handed: threading.Event
-) -> Callable[[Checkpoint], None]:
-    """The run's checkpoint sink (its thread): queue the state; hand back if draining."""
-
-    def sink(cp: Checkpoint) -> None:
-        hand = host is not None and host.draining.is_set() and not handed.is_set()
-        text = checkpoint_to_json(cp, steer_base + writer.delivered, clean=hand)
-        # Write-ahead for at-most-once: the model's calls are durable before any
-        # of them starts, or a crash now would ask (and run) them again.
-        written = writer.checkpoint(text, confirm=cp.after == "model" and not hand)
-        if written is not None and not written.wait(writer.confirm_timeout):
-            log.warning("checkpoint not confirmed within %.1fs; the tools run anyway", writer.confirm_timeout)
-        if writer.lost:
-            loop.cancel("worker lost: the run's heartbeat lapsed")  # before any tool starts
-            return
-        if hand:
-            writer.seal()  # nothing after this boundary reaches the stream
-            handed.set()
-            # On this thread, before the run's next step: no tool starts after the checkpoint.
-            loop.cancel(HANDED_BACK)
-
-    return sink
-
-
-def _wait_or_drain(handle: RunHandle, writer: EventWriter, host: WorkerHost, handed: threading.Event) -> None:
-    """Wait for the run; on a warm shutdown, stop it at a boundary (or at the drain deadline)."""
-    deadline: Optional[float] = None
-    while not handle.wait(0.05):
-        if not host.draining.is_set():
-            continue
-        now = time.monotonic()
-        if deadline is None:
-            deadline = now + host.drain_timeout
-        if not handed.is_set() and now >= deadline:
-            writer.seal()  # no boundary in time: back from the last committed checkpoint
-            handed.set()
-        if handed.is_set():
-            handle.cancel(HANDED_BACK)
-            handle.wait()
-            return
-
-
-def _hand_back(
-    backend: RedisBackend, run_id: str, token: str, writer: EventWriter, host: Optional[WorkerHost]
-) -> str:
-    if writer.lost:
-        return "lost"
-    try:
-        got = backend.handback(run_id, token, HANDED_BACK)
-    except RegistryUnavailable as exc:  # the heartbeat lapses: it is resumed as lost
-        log.warning("run %s: could not hand the run back: %s", run_id, exc)
-        return "lost"
-    if got == 1 and host is not None:
-        try:
-            host.kick()
-        except Exception:  # the sweepers send it within their interval
-            log.warning("run %s: could not resend the handed-back run at once", run_id, exc_info=True)
-    return {0: "lost", 1: "handed back", 2: "cancelled", 3: "failed"}.get(got, "lost")
 
 
 def _end_fields(
@@ -600,8 +291,6 @@ __all__ = [
     "EventWriter",
     "WorkerHost",
     "WorkerSettings",
-    "checkpoint_from_json",
-    "checkpoint_to_json",
     "execute_run",
     "resolve_factory",
 ]
