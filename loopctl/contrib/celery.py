@@ -30,6 +30,15 @@ The guarantees are the in-process registry's:
   accepted returned as a leftover. Keep Celery's defaults
   ``task_acks_late=False`` (the task option is forced here) and use
   ``worker_prefetch_multiplier=1`` so a dying worker holds no extra tasks.
+- Durable runs (``resume="on_worker_loss"``, per registry or per run):
+  checkpointed at each turn boundary with their events; a lost worker's run
+  goes back on the queue and another worker continues it from the last
+  checkpoint (``run_resumed`` event, ``RunStatus.resumes``), up to
+  ``max_resumes`` losses; a warm shutdown hands runs back at a boundary.
+  Tool calls in flight at a crash run again only for ``idempotent`` tools
+  (see ``celery_durable`` and docs/distributed.md). Every worker process
+  runs a sweeper (``celery_sweeper``) that reaps lapsed runs and sends again
+  task messages a dead worker held.
 - Redis unreachable: every call raises ``RegistryUnavailable`` (a
   ``LoopError``) within ``socket_timeout``, never hangs.
 
