@@ -262,4 +262,8 @@ def make_registry(app: Any, url: str, factory: str = "tests.celery_app:make_loop
 REDIS_URL: Optional[str] = os.environ.get(ENV_URL)
 app = make_app(REDIS_URL or "redis://127.0.0.1:1/0")
 # The worker's registry: the task finds it by prefix (constructing it connects nothing).
-registry = make_registry(app, REDIS_URL or "redis://127.0.0.1:1/0")
+registry = make_registry(
+    app,
+    REDIS_URL or "redis://127.0.0.1:1/0",
+    drain_timeout=float(os.environ.get("LOOPCTL_TEST_DRAIN_S", "30")),
+)

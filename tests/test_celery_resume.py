@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import pytest
 
@@ -66,8 +66,12 @@ class Cluster:
         self._made: List[CeleryRunRegistry] = []
         self._lock = threading.Lock()
 
-    def add_worker(self, queues: str = "celery", concurrency: int = 3) -> CeleryWorker:
-        w = CeleryWorker(self.url, f"r{uuid.uuid4().hex[:6]}", queues=queues, concurrency=concurrency)
+    def add_worker(
+        self, queues: str = "celery", concurrency: int = 3, env: Optional[Dict[str, str]] = None
+    ) -> CeleryWorker:
+        w = CeleryWorker(
+            self.url, f"r{uuid.uuid4().hex[:6]}", queues=queues, concurrency=concurrency, extra_env=env
+        )
         with self._lock:
             self.workers.append(w)
         return w
@@ -327,6 +331,42 @@ def test_sigterm_hands_the_run_back_at_its_next_boundary_with_no_failure(three_w
     assert c.ran(tag) == {"echo:0": 1, "echo:1": 1}  # handed back before the tool: it ran once, there
     assert not any(p.is_error for p in results(reg.history(conv)))
     assert [r["turn"] for r in c.requests(tag)] == [0, 1, 2]
+
+
+@pytest.mark.slow
+def test_a_run_stuck_past_the_drain_timeout_is_handed_back_from_its_last_checkpoint(
+    three_workers: Cluster,
+) -> None:
+    c = three_workers
+    queue = f"drain-{uid()}"
+    leaving = c.add_worker(queues=queue, concurrency=1, env={"LOOPCTL_TEST_DRAIN_S": "0.5"})
+    reg = c.registry(queue=queue)
+    conv, tag = uid(), uid()
+    rid = reg.start(conv, plan_text(tag, turns=3, gate=[1], record=True))
+    assert c.entered(tag) == 1
+    c.wait_checkpoint(rid, "tools", 1)
+    rescuer = c.add_worker(queues=queue, concurrency=1)
+    with c._lock:
+        c.workers.remove(leaving)
+        c.retired.append(leaving)
+    leaving._p.proc.terminate()  # the model call never returns in time: no boundary to wait for
+    for _, event in reg.events(rid, timeout=WAIT):
+        if event["type"] == "run_resumed":
+            assert event["cause"] == HANDED_BACK and event["turn"] == 1
+            break
+    else:
+        raise AssertionError("the run was never resumed")
+    c.release(tag, 1)
+    c.release(tag, 1)  # one for the abandoned call, should it still be waiting
+    run = reg.result(rid, timeout=WAIT)
+    assert run.output == f"done {tag} turn=2 steers=0"
+    assert assert_resumed_once(events(reg, rid), HANDED_BACK)["turn"] == 1
+    assert c.ran(tag) == {"echo:0": 1, "echo:1": 1}
+    assert leaving._p.proc.wait(WAIT) == 0
+    with c._lock:
+        c.workers.remove(rescuer)
+        c.retired.append(rescuer)
+    rescuer.stop()
 
 
 # -- limits and configuration -----------------------------------------------------------------

@@ -374,9 +374,12 @@ class RedisBackend:
         return out
 
     def resend_soon(self, run_id: str) -> None:
-        """Put a queued run's id in the outbox, due now (its message is sent again)."""
+        """Put a queued run's id in the outbox, due now, and forget who held its message."""
         with self.guard("resend"):
-            self.r.zadd(f"{self.prefix}:outbox", {run_id: 0})
+            pipe = self.r.pipeline(transaction=True)
+            pipe.hdel(self.run_key(run_id), "rsv")
+            pipe.zadd(f"{self.prefix}:outbox", {run_id: 0})
+            pipe.execute()
 
     def sweep(self, worker: str, ttl_ms: int, lease_ms: int) -> List[Tuple[str, str, str]]:
         """The sweeper's step; the (run id, conversation, queue) whose messages to send."""
