@@ -21,7 +21,8 @@ Figures, each beside its floor measured in this run with the in-process
 - steer-to-request p50: from ``steer`` until the model receives a request
   carrying it (includes waiting for the boundary: the 3 ms tool in flight).
 
-Output: prose, plus ``RESULT <figure> | <value> | <floor> | <ratio>`` lines.
+Output: prose, plus ``RESULT <figure> | <value> | <floor> | <ratio>`` lines
+(``run_all.report``: values with their units).
 Run: ``python benchmarks/distributed.py`` (from the repo root; < 60 s).
 """
 
@@ -41,6 +42,8 @@ from typing import Any, Callable, Dict, List, Tuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from run_all import report  # noqa: E402
+
 from tests.celery_support import CeleryWorker, RedisServer, missing_requirements, stop_all  # noqa: E402
 
 RUNS = 200
@@ -59,8 +62,7 @@ def pct(xs: List[float], p: float) -> float:
 
 
 def result_line(name: str, value: float, floor: float, unit: str) -> None:
-    ratio = value / floor if floor else float("inf")
-    print(f"RESULT {name} ({unit}) | {value:.3f} | {floor:.3f} | {ratio:.2f}")
+    report(f"{name}, distributed vs in-process", value, floor, unit)
 
 
 class Bench:
@@ -180,33 +182,44 @@ class Bench:
     def _steer_run(self, start: Callable[[str, str], Any], steer: Callable[[Any, str], bool],
                    finish: Callable[[Any], None], rng: random.Random) -> Tuple[List[float], List[float]]:
         conv = f"st-{uuid.uuid4().hex[:8]}"
-        handle = start(conv, self.ca.plan_text(conv, turns=STEER_TURNS, tool="work", ms=[3], record=True))
+        last = STEER_TURNS - 1
+        # The last model call waits at a gate until every steer is pushed, so
+        # a run can never end under a steer however far this thread lags
+        # behind (on a busy machine it did: "steer refused during the run").
+        plan = self.ca.plan_text(conv, turns=STEER_TURNS, tool="work", ms=[3], record=True, gate=[last])
+        handle = start(conv, plan)
         sent: Dict[str, float] = {}
         seen_at: Dict[str, float] = {}
         pause = threading.Event()  # never set: a seeded offset into the tool call
-        while True:
-            got = self.sig.blpop([f"t:{conv}:requests"], timeout=30)
-            if got is None:
-                raise RuntimeError("no request recorded")
-            req = json.loads(got[1])
-            for text in req["steers"]:
-                seen_at.setdefault(text, req["t"])
-            turn = req["turn"]
-            if turn >= STEER_TURNS - 1:
-                break
-            if turn % 2 == 0 and turn < STEER_TURNS - 3:
-                pause.wait(rng.uniform(0.0, 0.001))
-                text = f"S{turn}"
-                sent[text] = time.monotonic()
-                if not steer(handle, text):
-                    raise RuntimeError("steer refused during the run")
+        try:
+            while True:
+                got = self.sig.blpop([f"t:{conv}:requests"], timeout=30)
+                if got is None:
+                    raise RuntimeError("no request recorded")
+                req = json.loads(got[1])
+                for text in req["steers"]:
+                    seen_at.setdefault(text, req["t"])
+                turn = req["turn"]
+                if turn >= last:
+                    break
+                if self.sig.llen(f"t:{conv}:requests"):
+                    continue  # the run is already past this turn's tool: no sample here
+                if turn % 2 == 0 and turn < STEER_TURNS - 3:
+                    pause.wait(rng.uniform(0.0, 0.001))
+                    text = f"S{turn}"
+                    sent[text] = time.monotonic()
+                    if not steer(handle, text):
+                        raise RuntimeError(f"steer refused during the run (turn {turn}, gate held)")
+        finally:
+            self.sig.rpush(f"t:{conv}:release:{last}", "go")
         finish(handle)
         accepted = {}
         for raw in self.sig.lrange(f"t:{conv}:accepted", 0, -1):
             item = json.loads(raw)
             accepted[item["text"]] = item["t"]
-        to_slot = [accepted[k] - t for k, t in sent.items()]
-        to_request = [seen_at[k] - t for k, t in sent.items()]
+        to_slot = [accepted[k] - t for k, t in sent.items() if k in accepted]
+        # A steer pushed while the run sat at the gate is sealed, never in a request.
+        to_request = [seen_at[k] - t for k, t in sent.items() if k in seen_at]
         return to_slot, to_request
 
     def steer_distributed(self) -> Tuple[List[float], List[float]]:

@@ -8,9 +8,11 @@ output::
     RESULT <figure> | <loopctl value> | <floor value> | <ratio>
 
 for example ``RESULT cancel p99, tool phase | 0.41 ms | 0.02 ms | 20.5x``.
-The figure is free text without ``|``; values carry their units; the floor
-is the same work done the simplest possible way, measured in the same run;
-the ratio is value / floor. ``report()`` below prints such a line (a
+The figure is free text without ``|``; values carry their units, in plain
+digits; the floor is the same work done the simplest possible way,
+measured in the same run; the ratio is value / floor. The table fits 100
+columns and says for each ratio which way is better: lower for times and
+sizes, higher for rates (a unit ending in ``/s``). ``report()`` below prints such a line (a
 benchmark run as ``python benchmarks/x.py`` can ``from run_all import
 report``). A benchmark that prints no ``RESULT`` line still runs: the table
 says so and its output is shown below the table.
@@ -25,9 +27,12 @@ Exit code 1 if any benchmark failed or timed out.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import re
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +43,31 @@ import attrs
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PREFIX = "RESULT "
+#: Arguments for benchmarks whose full run is too long for this table.
+ARGS = {"concurrency": ("--quick",)}
+
+
+def plain(x: float) -> str:
+    """``x`` in plain digits, never scientific notation: about three significant digits.
+
+    12345.6 -> "12,346"; 12.345 -> "12.35"; 0.0123456 -> "0.0123".
+    """
+    if math.isnan(x) or math.isinf(x):
+        return str(x)
+    ax = abs(x)
+    if ax >= 100:
+        return f"{x:,.0f}"
+    if ax >= 1:
+        return f"{x:.2f}"
+    if ax == 0:
+        return "0"
+    decimals = min(12, 2 - math.floor(math.log10(ax)))
+    return f"{x:.{decimals}f}"
+
+
+def direction(unit: str) -> str:
+    """Which way a figure in ``unit`` is better: a rate ("runs/s", "MB/s") higher, else lower."""
+    return "higher is better" if unit.strip().endswith("/s") else "lower is better"
 
 
 def report(figure: str, value: float, floor: float, unit: str = "", ratio: Optional[float] = None) -> str:
@@ -45,7 +75,7 @@ def report(figure: str, value: float, floor: float, unit: str = "", ratio: Optio
     if ratio is None:
         ratio = value / floor if floor else float("inf")
     sep = " " if unit else ""
-    line = f"{PREFIX}{figure} | {value:.4g}{sep}{unit} | {floor:.4g}{sep}{unit} | {ratio:.3g}x"
+    line = f"{PREFIX}{figure} | {plain(value)}{sep}{unit} | {plain(floor)}{sep}{unit} | {plain(ratio)}x"
     print(line, flush=True)
     return line
 
@@ -103,7 +133,7 @@ def run_one(script: Path, timeout: float) -> Outcome:
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
-            [sys.executable, str(script)], cwd=ROOT, env=env, capture_output=True, text=True,
+            [sys.executable, str(script), *ARGS.get(script.stem, ())], cwd=ROOT, env=env, capture_output=True, text=True,
             timeout=timeout,
         )
     except subprocess.TimeoutExpired as exc:
@@ -121,26 +151,62 @@ def _text(data: Union[str, bytes, None]) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else data
 
 
-def table(outcomes: Sequence[Outcome]) -> str:
-    """The combined table: one line per figure, a status line per silent or failed benchmark."""
-    header = ("benchmark", "figure", "loopctl", "floor", "ratio")
-    lines: list[tuple[str, ...]] = []
+WIDTH = 100  # the table fits this many columns
+_VALUE = re.compile(r"^([-+]?(?:[\d,]*\.?\d+(?:[eE][-+]?\d+)?|inf|nan))\s*(.*)$")
+
+
+def _split(cell: str) -> tuple[Optional[float], str]:
+    """A value cell ("0.41 ms", "1.2e+04 us") as its number and unit."""
+    m = _VALUE.match(cell.strip())
+    if m is None:
+        return None, cell.strip()
+    return float(m.group(1).replace(",", "")), m.group(2).strip()
+
+
+def cells(row: Row) -> tuple[str, str, str]:
+    """A row's value, floor and ratio as the table shows them: plain digits,
+    each value with its unit, the ratio with the way it is better."""
+    value, unit = _split(row.value)
+    floor, floor_unit = _split(row.floor)
+    ratio, _ = _split(row.ratio.rstrip("xX"))
+    if value is None or floor is None:
+        return row.value, row.floor, row.ratio
+    unit = unit or floor_unit or "(no unit)"
+    if ratio is None:
+        ratio = value / floor if floor else float("inf")
+    return (f"{plain(value)} {unit}", f"{plain(floor)} {floor_unit or unit}",
+            f"{plain(ratio)}x, {direction(unit)}")
+
+
+def table(outcomes: Sequence[Outcome], width: int = WIDTH) -> str:
+    """The combined table, at most ``width`` columns: per benchmark a heading,
+    then one line per figure (long figure names wrap in their column)."""
+    shown = [(r.figure, *cells(r)) for o in outcomes for r in o.rows]
+    value_w = max([len("loopctl")] + [len(row[1]) for row in shown])
+    floor_w = max([len("floor")] + [len(row[2]) for row in shown])
+    ratio_w = max([len("ratio")] + [len(row[3]) for row in shown])
+    # The figure column takes what the numbers leave (long names wrap in it).
+    figure_w = max(20, width - 2 - value_w - floor_w - ratio_w - 6)
+    header = ("figure (ratio = loopctl / floor)", "loopctl", "floor", "ratio")
+
+    def fmt(figure: str, value: str, floor: str, ratio: str) -> list[str]:
+        names = textwrap.wrap(figure, figure_w) or [""]
+        first = (f"  {names[0]:<{figure_w}}  {value:>{value_w}}  {floor:>{floor_w}}  "
+                 f"{ratio:<{ratio_w}}").rstrip()
+        return [first] + [f"  {n}" for n in names[1:]]
+
+    lines = [f"  {header[0]:<{figure_w}}  {header[1]:>{value_w}}  {header[2]:>{floor_w}}  {header[3]}",
+             "  " + "-" * (figure_w + value_w + floor_w + ratio_w + 6)]
     for o in outcomes:
+        lines.append(f"{o.name} ({o.status}, {o.seconds:.1f} s)")
         for r in o.rows:
-            lines.append((o.name, r.figure, r.value, r.floor, r.ratio))
+            lines += fmt(r.figure, *cells(r))
         if not o.rows:
-            lines.append((o.name, "(no RESULT lines: output below)" if o.status == "ok" else "", "", "", ""))
-        if o.status != "ok":
-            lines.append((o.name, o.status.upper(), "", "", ""))
-    widths = [max(len(row[i]) for row in [header, *lines]) for i in range(5)]
-
-    def fmt(row: tuple[str, ...]) -> str:
-        left = [row[i].ljust(widths[i]) for i in (0, 1)]
-        right = [row[i].rjust(widths[i]) for i in (2, 3, 4)]
-        return "  ".join(left + right).rstrip()
-
-    rule = "  ".join("-" * w for w in widths)
-    return "\n".join([fmt(header), rule, *(fmt(r) for r in lines)])
+            lines.append("  (no RESULT lines: output below)" if o.status == "ok" else f"  {o.status.upper()}")
+        elif o.status != "ok":
+            lines.append(f"  {o.status.upper()}")
+    # Only a cell wider than the whole table could overflow: cut it, keeping the spacing.
+    return "\n".join(line if len(line) <= width else line[: width - 1] + "…" for line in lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

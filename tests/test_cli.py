@@ -167,8 +167,6 @@ def test_a_loop_error_exits_1_with_its_message() -> None:
     code, out, err = _main(["run", "What is (2+3)*4?", "--max-turns", "1"])
     assert code == 1
     assert "error: max turns exceeded: the run used all 1 turns" in err
-    code, _, err = _main(["run", "x", "--max-turns", "-1"])
-    assert code == 1 and "max_turns" in err
 
 
 def test_colours_only_on_a_terminal_and_never_with_no_color() -> None:
@@ -263,3 +261,215 @@ def test_first_ctrl_c_cancels_the_run_a_second_exits_at_once(monkeypatch: pytest
         interrupts._on_sigint(signal.SIGINT, None)
         assert exits == [130]
     assert signal.getsignal(signal.SIGINT) == before
+
+
+# -- piped guidance is never lost -------------------------------------------------
+
+
+def _report(text: str, line: str) -> str:
+    """How the command reported a guidance line: delivered, not delivered, or lost."""
+    delivered = f"[guidance delivered: {line}]" in text
+    listed = f"\n  - {line}\n" in text and "guidance not delivered" in text
+    assert not (delivered and listed), text
+    return "delivered" if delivered else "not delivered" if listed else "lost"
+
+
+def test_a_hundred_piped_runs_all_report_their_guidance() -> None:
+    outcomes: dict[str, int] = {}
+    for i in range(100):
+        r, w = os.pipe()
+        out = Out()
+        if i % 2 == 0:  # `echo "show each step" | loopctl run ...`: the line is there first
+            os.write(w, b"show each step\n")
+            os.close(w)
+        else:  # the line comes while the final answer streams: the run may finish first
+            out.when(r"= 20", lambda w=w: (os.write(w, b"show each step\n"), os.close(w)))
+        with os.fdopen(r, "r") as rfile:
+            code, text, err = _main(["run", "What is (2 + 3) * 4?"], stdin=rfile, out=out)
+        assert code == 0, err
+        outcome = _report(text, "show each step")
+        assert outcome != "lost", f"run {i}: the guidance line vanished:\n{text}"
+        if i % 2 == 0:
+            assert "[guidance queued: show each step]" in text
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    assert outcomes.get("delivered", 0) >= 50, outcomes  # a line that is there first always lands
+
+
+def test_a_line_read_before_the_first_turn_is_delivered(pipe: Any) -> None:
+    rfile, w = pipe
+    os.write(w, b"show each step\nand be brief\n")
+    code, text, _ = _main(["run", "What is (2 + 3) * 4?", "--tool-delay", "0.05"], stdin=rfile)
+    assert code == 0
+    for line in ("show each step", "and be brief"):
+        assert text.index(f"[guidance queued: {line}]") < text.index(f"[guidance delivered: {line}]")
+
+
+def test_piped_output_never_splits_a_word_with_a_status_line(pipe: Any) -> None:
+    rfile, w = pipe
+    out = Out().when(r"To w", lambda: os.write(w, b"use fewer words\n"))
+    code, text, _ = _main(["run", "What is (2 + 3) * 4?", "--delay", "0.01"], stdin=rfile, out=out)
+    assert code == 0
+    assert "To work out (2 + 3) * 4" in text
+    lines = text.splitlines()
+    assert "  [guidance queued: use fewer words]" in lines
+    assert all(not line.startswith("  [") or line.endswith("]") for line in lines), lines
+
+
+def test_a_note_waits_for_the_streamed_line_to_end() -> None:
+    from loopctl.demo.view import Console
+
+    out = Out()
+    c = Console(out, out, color=False, tty=False)
+    c.text("To w")
+    c.note("  [guidance queued: x]")
+    c.text("ork it out")
+    c.text(" now.\nNext")
+    c.note("  [second]")
+    c.end_text()
+    assert out.getvalue() == "To work it out now.\n  [guidance queued: x]\nNext\n  [second]\n"
+
+
+# -- the status line ----------------------------------------------------------------
+
+
+def test_status_line_is_cut_to_the_width_and_keeps_the_clock_and_typed_text() -> None:
+    from loopctl.demo.view import Console, cells, fit
+
+    assert fit("abcdef", 4) == "abc…" and fit("abcdef", 4, keep_end=True) == "…def"
+    assert cells("日本") == 4 and cells(fit("日本語テキスト", 5)) <= 5
+    for cols in (80, 40, 20, 10):
+        c = Console(Out(), Out(), color=False, tty=True, columns=cols)
+        c.tool_started("1", 'lookup(name="France", field="population")')
+        c.tool_started("2", 'lookup(name="Spain", field="population")')
+        text = c.status_text()
+        assert cells(text) < cols and re.search(r"\d\.\ds$", text), (cols, text)
+        c.edit("keep it short")
+        text = c.status_text()
+        assert cells(text) < cols and text.endswith("short"), (cols, text)
+        c.close()
+
+
+def test_waiting_line_names_the_model_until_the_first_token() -> None:
+    from loopctl.demo.view import Console, LiveView
+    from loopctl.observers import TurnStart
+
+    c = Console(Out(), Out(), color=False, tty=True, columns=80)
+    view = LiveView(c, streaming=True, model="gpt-test")
+    view.on_turn_start(TurnStart("s", "r", 0, "hi"))
+    assert re.fullmatch(r"[|/\\-] waiting for gpt-test \d\.\ds", c.status_text())
+    c.text("Hel")
+    assert c.status_text() == ""
+    c.close()
+
+
+def test_each_retry_is_shown_with_its_cause_and_wait() -> None:
+    from loopctl.demo.view import Console, LiveView
+    from loopctl.observers import RetryScheduled
+
+    out = Out()
+    c = Console(out, out, color=False, tty=True, columns=80)
+    view = LiveView(c, streaming=True, model="gpt-test")
+    view.on_retry_scheduled(RetryScheduled("s", "r", 0, "gpt-test", "rate limited (429)", 12.0, 2, 6))
+    view.on_retry_scheduled(RetryScheduled("s", "r", 0, "gpt-test",
+                                           "connection refused at http://127.0.0.1:1/v1", 1.5, 3, 6))
+    text = out.getvalue()
+    assert "  [rate limited (429): retrying in 12 s, attempt 2/6]\n" in text
+    assert "  [connection refused at http://127.0.0.1:1/v1: retrying in 1.5 s, attempt 3/6]\n" in text
+    assert "retrying gpt-test (attempt 3/6)" in c.status_text()
+    c.close()
+
+
+def test_line_editor_edits_and_ends_lines() -> None:
+    from loopctl.demo.terminal import LineEditor
+
+    ed = LineEditor()
+    assert ed.feed(b"keep it shrt\x7f\x7frt") == [] and ed.text == "keep it shrt"
+    assert ed.feed(b"\x17short\x1b[D\r") == ["keep it short"] and ed.text == ""
+    assert ed.feed("caf\u00e9".encode()[:4]) == [] and ed.feed("caf\u00e9".encode()[4:] + b"\n") == ["caf\u00e9"]
+    assert ed.feed(b"abc\x15\x04") == [None]
+
+
+# -- arguments and the summary --------------------------------------------------------
+
+
+def test_version_and_help_list_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    import loopctl
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"loopctl {loopctl.__version__}"
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    assert "--tool-delay SECONDS" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "x", "--max-turns", "0"], "--max-turns: must be >= 1"),
+    (["run", "x", "--max-turns", "two"], "--max-turns: must be a whole number"),
+    (["run", "x", "--provider", "openai", "--base-url", "localhost:8000/v1"], "--base-url: must start with http"),
+    (["run", "x", "--tool-delay", "-1"], "--tool-delay: must be >= 0"),
+    (["run", "x", "--provider", "openai", "--base-url", "me:sk-secret@host/v1"], "'<credentials>@host/v1'"),
+    (["run", "x", "--bogus"], "unrecognized arguments: --bogus"),
+    (["chat", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_argument_errors_exit_2_at_parse_time_with_the_subcommand_usage(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv, stdin=io.StringIO(""), stdout=Out(), stderr=Out(), env={})
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert f"usage: loopctl {argv[0]} " in err and message in err, err
+    assert "sk-secret" not in err
+
+
+def test_model_with_the_offline_provider_warns() -> None:
+    code, out, err = _main(["run", "What is 12 + 30?", "--model", "gpt-4o"])
+    assert code == 0 and "12 + 30 = 42." in out
+    assert "warning: --model 'gpt-4o' only renames the offline demo model" in err
+
+
+def test_tokens_unknown_when_the_server_sends_no_usage_and_empty_reply_flagged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakeserver import FakeServer, Stream, openai_stream
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    with FakeServer() as server:
+        server.push(Stream(openai_stream("", usage=None)))
+        code, out, err = _main(["run", "hi", "--provider", "openai", "--model", "gpt-test",
+                                "--base-url", server.openai_url])
+    assert code == 0, err
+    assert "(the model's final reply was empty)" in out
+    assert re.search(r"-- 1 turn, 0 tool calls, tokens unknown \(the server sent no usage\), ", out), out
+
+
+def test_a_waiting_line_names_the_model_until_its_first_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fakeserver import FakeServer, Gate, Stream, openai_stream
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test-not-a-real-key")
+    first_token = threading.Event()
+    out = Out(tty=True).when(r"\r\x1b\[K[|/\\-] waiting for gpt-slow \d+\.\ds", first_token.set)
+    with FakeServer() as server:
+        server.push(Stream([Gate(first_token, timeout=30), *openai_stream("Here it is.")]))
+        code, text, err = _main(["run", "hi", "--provider", "openai", "--model", "gpt-slow",
+                                 "--base-url", server.openai_url], out=out, env={"NO_COLOR": "1"})
+    assert code == 0, err
+    assert first_token.is_set(), "the waiting line was drawn while the server held the reply"
+    assert text.index("waiting for gpt-slow") < text.index("Here it is.")
+    assert "sk-test-not-a-real-key" not in text + err
+
+
+def test_control_characters_from_untrusted_text_are_shown_escaped() -> None:
+    from loopctl.demo.view import Console, LiveView
+    from loopctl.observers import ToolCallReceived, ToolPost
+
+    out = Out()
+    c = Console(out, out, color=False, tty=False)
+    view = LiveView(c, streaming=True)
+    c.text("fine\n\x1b[2Jcleared?\r\x07\n")
+    view.on_tool_call_received(ToolCallReceived("s", "r", 0, "c1", "add\x1b[31m", {"a": "\x9b2J"}))
+    view.on_tool_post(ToolPost("s", "r", 0, "c1", "add", 1, False, 1.0, "\x1b]0;title\x07ok", "h"))
+    text = out.getvalue()
+    assert "\x1b" not in text and "\x07" not in text and "\x9b" not in text and "\r" not in text
+    assert "fine\n\\x1b[2Jcleared?\\x0d\\x07\n" in text
+    assert '  > add\\x1b[31m(a="\\x9b2J")' in text
+    assert "  < add: \\x1b]0;title\\x07ok (1 ms)" in text

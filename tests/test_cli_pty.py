@@ -11,11 +11,15 @@ hang; nothing is timed).
 
 from __future__ import annotations
 
+import io
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,3 +109,150 @@ def test_sigint_to_a_piped_run_exits_130() -> None:
             proc.communicate()
     assert proc.returncode == 130, err
     assert "cancelled" in out
+
+
+# -- what a person sees: a small terminal model -------------------------------
+
+_CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_SPINNER_LINE = re.compile(r"^[|/\\-] \S")
+
+
+def screen(raw: str, cols: int) -> tuple[list[str], int]:
+    """The lines a terminal ``cols`` wide shows after ``raw`` (scrollback
+    included), and the cursor's column at the end. It models what the
+    command relies on: ``\\r``, ``\\n``, ``ESC[K`` (erase to the end of the
+    line) and the automatic wrap at the right margin; other escape
+    sequences (styles) take no room."""
+    lines: list[list[str]] = [[]]
+    row = col = 0
+    i = 0
+    while i < len(raw):
+        ch = raw[i]
+        m = _CSI.match(raw, i) if ch == "\x1b" else None
+        if m is not None:
+            if m.group(0).endswith("K"):
+                del lines[row][col:]
+            i = m.end()
+            continue
+        if ch == "\r":
+            col = 0
+        elif ch == "\n":
+            row += 1
+        elif ch == "\b":
+            col = max(col - 1, 0)
+        elif ch >= " ":
+            if col >= cols:  # the wrap happens when the next character comes
+                row, col = row + 1, 0
+            while len(lines) <= row:
+                lines.append([])
+            line = lines[row]
+            line.extend(" " * (col + 1 - len(line)))
+            line[col] = ch
+            col += 1
+        while len(lines) <= row:
+            lines.append([])
+        i += 1
+    return ["".join(x).rstrip() for x in lines], col
+
+
+def status_frames(raw: str) -> list[str]:
+    """Each status line drawn: the text after ``\\r ESC[K`` up to the next ``\\r`` or ``\\n``."""
+    return [m for m in re.findall(r"\r\x1b\[K([^\r\n]*)", raw) if m]
+
+
+def _spawn(args: list[str], cols: int, log: io.StringIO) -> Any:
+    child = pexpect.spawn(sys.executable, ["-m", "loopctl", *args], env=_env(), cwd=str(ROOT),
+                          encoding="utf-8", timeout=30, dimensions=(24, cols))
+    child.logfile_read = log
+    return child
+
+
+COUNTRIES = "What is the population of France plus the population of Spain?"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+@pytest.mark.parametrize("cols", [80, 40])
+def test_spinner_for_parallel_calls_is_one_line_cut_to_the_width(cols: int) -> None:
+    log = io.StringIO()
+    child = _spawn(["run", COUNTRIES, "--tool-delay", "3"], cols, log)
+    try:
+        child.expect(r"lookup\(name=[^\r\n]* 1\.\ds")  # the spinner has redrawn ten times or more
+        during, _ = screen(log.getvalue(), cols)
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    spinning = [line for line in during if _SPINNER_LINE.match(line)]
+    assert len(spinning) == 1, during
+    assert "lookup(name=" in spinning[0] and len(spinning[0]) < cols
+    frames = status_frames(log.getvalue())
+    assert frames and all(len(f) < cols for f in frames), max(frames, key=len)
+    after, col = screen(log.getvalue(), cols)
+    assert not [line for line in after if _SPINNER_LINE.match(line)], "no stale frame in scrollback"
+    assert any(line.startswith("-- 3 turns, 3 tool calls") for line in after)
+    assert col == 0
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+@pytest.mark.parametrize("cols", [80, 40])
+def test_typed_guidance_stays_on_its_own_line_apart_from_the_spinner(cols: int) -> None:
+    log = io.StringIO()
+    child = _spawn(["run", "What is (1 + 2) * 3?", "--tool-delay", "2"], cols, log)
+    try:
+        child.expect_exact("> add(a=1, b=2)")
+        child.send("keep it")
+        # The half-typed line beside the running tool's spinner, redrawn with it.
+        child.expect(r"[|/\\-] add\([^\r\n]*\d\.\ds  » keep it")
+        child.sendline(" short")
+        child.expect_exact("[guidance queued: keep it short]")
+        child.expect_exact("Noted: keep it short.")
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    lines, col = screen(log.getvalue(), cols)
+    typed = [line for line in lines if "keep it" in line]
+    assert typed[:2] == ["  [guidance queued: keep it short]", "  [guidance delivered: keep it short]"]
+    assert len(typed) == 3 and typed[2].startswith("Noted: keep it short."), typed
+    assert not [line for line in lines if _SPINNER_LINE.match(line) or "»" in line], lines
+    assert col == 0
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_ctrl_c_at_an_idle_chat_prompt_leaves_a_clean_line() -> None:
+    log = io.StringIO()
+    child = _spawn(["chat"], 80, log)
+    try:
+        child.expect_exact("Ctrl-D or /quit leaves.")
+        child.expect_exact("> ")
+        child.send("What is 2 +")
+        child.expect_exact("> What is 2 +")
+        child.sendintr()
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 130
+    lines, col = screen(log.getvalue(), 80)
+    assert col == 0 and lines[-1] == "", lines
+    assert not any("What is 2 +" in line for line in lines), "the half-typed line is cleared"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX shell")
+def test_echo_piped_into_loopctl_run_always_reports_the_guidance() -> None:
+    # The issue's own command, as a shell runs it; 12 at once to crowd the machine.
+    command = (f'echo "show each step" | {shlex.quote(sys.executable)} -m loopctl run '
+               '"What is (2 + 3) * 4?"')
+    procs = [subprocess.Popen(command, shell=True, env=_env(), cwd=str(ROOT), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(12)]
+    try:
+        results = [p.communicate(timeout=180) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode == 0, err
+        assert "[guidance queued: show each step]" in out, out
+        assert "[guidance delivered: show each step]" in out or "  - show each step\n" in out, out

@@ -478,9 +478,11 @@ def test_managed_temp_dir_lifecycle(tmp_path: Path) -> None:
     echo = Echo(scribble)
     client = ScriptedClient([reply("no tools yet"), call("echo", x=1), reply("ok")])
     loop = BareLoop(client, [echo]).with_temp_dir(tmp_path)
-    expected = tmp_path / f"loopctl-{loop.session.id}"
+    expected = loop.temp_dir  # {base}/loopctl-p{pid}-{token}/loopctl-{session id}
+    assert expected is not None and expected.name == f"loopctl-{loop.session.id}"
+    assert expected.parent.parent == tmp_path
     loop.run("no tool dispatch")
-    assert not expected.exists()  # made lazily, on the first tool dispatch
+    assert not expected.exists()  # made lazily, when a tool first reads ctx.temp_dir
     loop.run("dispatch")
     assert echo.contexts[0].temp_dir == expected == loop.temp_dir
     assert (expected / "scratch.txt").read_text() == "x"

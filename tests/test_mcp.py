@@ -226,6 +226,33 @@ def test_a_list_change_is_picked_up_by_the_next_tools_call() -> None:
             assert _results(loop)[-1] == ("late", "late tool here", False)
 
 
+def test_a_list_change_mid_run_is_picked_up_at_the_next_turn() -> None:
+    """attach(): a tool the server adds during a run is callable at the run's next turn."""
+    from loopctl.tools import ToolRegistry, tool
+
+    with suite_stdio(name="growing-live") as server:
+
+        @tool
+        def grow_now() -> str:
+            """Ask the server to add a tool, and wait until it has said so."""
+            out = server.call_tool("grow", {}).text
+            # The notification travels apart from the call's answer: the tool phase
+            # ends only once it has landed, so the next turn sees it (no race).
+            assert server.wait_tools_changed(WAIT)
+            return out
+
+        registry = ToolRegistry([grow_now])
+        added = server.attach(registry)
+        assert "late" not in added and "echo" in added
+        client = ScriptedClient([call("grow_now"), call("late"), reply("done")])
+        with BareLoop(client, registry) as loop:
+            run = loop.run("grow, then use the new tool")
+        assert run.output == "done"
+        assert "late" not in {t.name for t in client.requests[0].tools}
+        assert "late" in {t.name for t in client.requests[1].tools}
+        assert _results(loop)[-1] == ("late", "late tool here", False)
+
+
 def test_a_server_that_fails_to_start_raises_naming_the_command_and_stderr_tail() -> None:
     server = suite_stdio("--fail-start", env={"SUITE_API_KEY": "sk-very-secret"})
     with pytest.raises(MCPServerError) as info:

@@ -284,3 +284,25 @@ def test_offline_module_never_imports_the_testing_helpers() -> None:
         n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
     } | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not any(name.startswith("loopctl.testing") for name in imported)
+
+
+def test_whole_numbers_stay_exact_at_any_size() -> None:
+    run = _run("What is 99999999999999999999 * 99999999999999999999?")
+    exact = str(99999999999999999999 * 99999999999999999999)
+    assert run.output.endswith(f"= {exact}.") and "e+" not in run.output
+    big = _run("What is 12345678901234567890123 + 1?")
+    assert big.output.endswith("= 12345678901234567890124.")
+    assert _run("the sum of 1.5 and 2.25").output.endswith("= 3.75.")
+
+
+@pytest.mark.parametrize("follow_up, answer", [
+    ("multiply that by 3", "20 * 3 = 60."),
+    ("What is the result plus 1?", "20 + 1 = 21."),
+    ("add 5 to the answer", "5 + 20 = 25."),
+])
+def test_in_chat_that_and_the_result_name_the_previous_answer(follow_up: str, answer: str) -> None:
+    with BareLoop(OfflineModel(), demo_tools()) as loop:
+        assert loop.run("What is (2 + 3) * 4?").output.endswith("= 20.")
+        assert loop.run(follow_up).output.endswith(answer)
+    alone = _run("multiply that by 3")  # no previous answer: nothing to refer to
+    assert alone.tool_call_count == 0 and "can't work out" in alone.output

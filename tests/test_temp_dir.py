@@ -1,21 +1,29 @@
-"""The managed temp dir ``{base}/loopctl-{session_id}/`` (SPEC §6).
+"""The managed temp dir ``{base}/loopctl-p{pid}-{token}/loopctl-{session_id}/`` (SPEC §6).
 
-It is made on the first tool dispatch (never before: not by the builder,
-not by a run without tools, not by the model call that asks for the tool),
-handed to every call as ``ToolContext.temp_dir``, and removed by
-``close()``, by leaving ``with BareLoop(...)`` and by garbage collection.
-When it cannot be made, tools get the system temp dir (which the loop then
-never removes). ``with_managed_temp_disabled()`` gives ``None`` and makes
-nothing. The system temp dir is pointed at a per-test directory
-(``tempfile.tempdir``) so "nothing was created" can be checked exactly.
+It is made when a tool first reads ``ctx.temp_dir`` (never before: not by
+the builder, not by a run without tools, not by a tool call that never
+reads it), handed to every call of the loop, and removed by ``close()``, by
+leaving ``with BareLoop(...)`` and by garbage collection; the per-process
+parent goes with the process's last loop dir under that base. Parents of
+processes that no longer exist (killed, ``os._exit``) are swept when a
+process first makes its own under the same base. When the dir cannot be
+made, tools get the system temp dir (which the loop then never removes).
+``with_managed_temp_disabled()`` gives ``None`` and makes nothing. The
+system temp dir is pointed at a per-test directory (``tempfile.tempdir``)
+so "nothing was created" can be checked exactly.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,10 +32,13 @@ from typing import Any, Callable, Optional
 import pytest
 from support import join_loop_threads
 
-from loopctl import BareLoop, RunConfig
+from loopctl import BareLoop, ParallelDispatch, RunConfig
+from loopctl.driver import tempdir
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.testing import ScriptedClient, call, calls, reply
 from loopctl.tools import Tool, ToolContext
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -68,13 +79,13 @@ class Scratch(Tool):
 
 
 def managed(base: Path, loop: BareLoop) -> Path:
-    return base / f"loopctl-{loop.session.id}"
+    return base / tempdir.process_dir_name() / f"loopctl-{loop.session.id}"
 
 
 # -- when it is made -------------------------------------------------------------------------
 
 
-def test_made_on_the_first_tool_dispatch_and_not_before(tmp_path: Path, system_tmp: Path) -> None:
+def test_made_on_the_first_read_of_ctx_temp_dir_and_not_before(tmp_path: Path, system_tmp: Path) -> None:
     base = tmp_path / "base"  # does not exist yet: made with the dir (parents=True)
     seen_at_model_call: list[bool] = []
 
@@ -98,12 +109,12 @@ def test_made_on_the_first_tool_dispatch_and_not_before(tmp_path: Path, system_t
         assert seen_at_model_call == [False], "made before the tool was dispatched"
         assert tool.dirs == {expected}
         assert (expected / "one").read_text() == "x"
-        assert sorted(p.name for p in base.iterdir()) == [expected.name]
+        assert sorted(p.name for p in base.iterdir()) == [expected.parent.name]
         assert list(system_tmp.iterdir()) == []  # nothing in the system temp dir
     finally:
         loop.close()
     assert not expected.exists()
-    assert base.is_dir()  # only the loop's own dir is removed, never its base
+    assert base.is_dir() and list(base.iterdir()) == []  # the process's parent went with it; never the base
 
 
 def test_default_base_is_the_system_temp_dir(system_tmp: Path) -> None:
@@ -230,7 +241,7 @@ def test_falls_back_to_the_system_temp_dir(
     assert (system_tmp / "one").exists() and (system_tmp / "two").exists()
     warnings = [r for r in caplog.records if r.name == "loopctl" and r.levelno == logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]  # tried once, not per call
-    assert f"loopctl-{loop.session.id}" in warnings[0].getMessage()
+    assert loop.session.id in warnings[0].getMessage()
     assert blocker.read_text() == "not a directory"
     loop.close()
     join_loop_threads(loop)
@@ -257,3 +268,183 @@ def test_managed_temp_disabled_gives_none_and_creates_nothing(tmp_path: Path, sy
     assert len(tool.contexts) == 3 and tool.dirs == {None}
     assert not base.exists()
     assert list(system_tmp.iterdir()) == []
+
+
+# -- only when a tool asks -----------------------------------------------------------------
+
+
+class Quiet(Tool):
+    """``quiet()``: never reads ``ctx.temp_dir``; counts its calls."""
+
+    name = "quiet"
+    description = "Do nothing with the filesystem."
+    concurrency_safe = True
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def call(self, input: Any, ctx: ToolContext) -> str:
+        with self.lock:
+            self.calls += 1
+        return "ok"
+
+
+def test_a_run_whose_tools_never_read_temp_dir_creates_no_directory(tmp_path: Path, system_tmp: Path) -> None:
+    base = tmp_path / "base"
+    quiet = Quiet()
+    client = ScriptedClient(
+        [
+            call("quiet"),
+            calls(("quiet", {"n": 1}), ("quiet", {"n": 2}), ("quiet", {"n": 3})),  # a parallel wave
+            reply("first"),
+            call("quiet"),
+            reply("second"),
+        ]
+    )
+    default_base = BareLoop(ScriptedClient([call("quiet"), reply("ok")]), [quiet])
+    custom_base = BareLoop(client, [quiet]).with_temp_dir(base)
+    with default_base, custom_base:
+        default_base.run("x")
+        custom_base.run("one")
+        custom_base.run("two")
+        assert quiet.calls == 6
+        assert not base.exists()
+        assert list(system_tmp.iterdir()) == []
+    assert not base.exists() and list(system_tmp.iterdir()) == []
+
+
+def test_the_dir_is_made_by_the_first_call_that_reads_it(tmp_path: Path) -> None:
+    quiet, scratch = Quiet(), Scratch()
+    client = ScriptedClient([call("quiet"), reply("first"), call("scratch", name="late"), reply("second")])
+    with BareLoop(client, [quiet, scratch]).with_temp_dir(tmp_path) as loop:
+        loop.run("one")
+        assert list(tmp_path.iterdir()) == []
+        loop.run("two")
+        expected = managed(tmp_path, loop)
+        assert (expected / "late").read_text() == "x"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_calls_reading_it_at_once_share_one_dir(tmp_path: Path) -> None:
+    width = 6
+    for _ in range(20):
+        barrier = threading.Barrier(width, timeout=10)
+        tool = Scratch(lambda ctx, barrier=barrier: barrier.wait())
+        wave = calls(*[("scratch", {"name": f"f{i}"}) for i in range(width)])
+        loop = BareLoop(ScriptedClient([wave, reply("ok")]), [tool]).with_temp_dir(tmp_path)
+        with loop:
+            loop.run("x", RunConfig(parallel=ParallelDispatch(max_concurrency=width)))
+            expected = managed(tmp_path, loop)
+            assert tool.dirs == {expected}
+            assert sorted(p.name for p in expected.iterdir()) == [f"f{i}" for i in range(width)]
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_a_context_built_by_hand_takes_a_path_none_or_a_maker(tmp_path: Path) -> None:
+    assert ToolContext("s", "r", 0, "c", tmp_path, None).temp_dir == tmp_path
+    assert ToolContext("s", "r", 0, "c", None, None).temp_dir is None
+    made: list[Path] = []
+
+    def maker() -> Path:
+        made.append(tmp_path)
+        return tmp_path
+
+    ctx = ToolContext("s", "r", 0, "c", maker, None)
+    assert made == []  # nothing until read
+    assert ctx.temp_dir == tmp_path and ctx.temp_dir == tmp_path
+    assert made == [tmp_path]  # called once
+    ctx.temp_dir = None
+    assert ctx.temp_dir is None
+
+
+# -- leftovers of dead processes ---------------------------------------------------------------
+
+_CHILD = r"""
+import os, sys
+from pathlib import Path
+from loopctl import BareLoop
+from loopctl.testing import ScriptedClient, call, reply
+from loopctl.tools import tool, ToolContext
+
+@tool
+def touch(ctx: ToolContext) -> str:
+    '''Write a file into the temp dir.'''
+    (ctx.temp_dir / "work").write_text("x")
+    return str(ctx.temp_dir)
+
+loop = BareLoop(ScriptedClient([call("touch"), reply("ok")]), [touch]).with_temp_dir(sys.argv[1])
+loop.run("x")
+print(loop.temp_dir, flush=True)
+if sys.argv[2] == "wait":
+    sys.stdin.read()  # alive until the test closes our stdin or kills us
+os._exit(0)  # no close(), no atexit: what a crash leaves behind
+"""
+
+
+def _child(base: Path, mode: str) -> tuple[subprocess.Popen[str], Path]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(base), mode],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    assert line, "the child printed no temp dir"
+    made = Path(line)
+    assert (made / "work").read_text() == "x"
+    return proc, made
+
+
+def test_stale_dirs_of_dead_processes_are_swept_and_live_ones_kept(tmp_path: Path) -> None:
+    # The live ones first: each process sweeps when it first makes its dir.
+    killed, killed_dir = _child(tmp_path, "wait")
+    alive, alive_dir = _child(tmp_path, "wait")
+    try:
+        exited, exited_dir = _child(tmp_path, "exit")
+        assert exited.wait(30) == 0
+        if exited.stdout is not None:
+            exited.stdout.close()
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(30)
+        for d, proc in ((exited_dir, exited), (killed_dir, killed), (alive_dir, alive)):
+            assert d.parent.name.startswith(f"{tempdir.PREFIX}{proc.pid}-")
+            assert (d.parent / tempdir.LOCK_NAME).exists() and (d / "work").exists()
+        legacy = tmp_path / "loopctl-0123456789abcdef0123456789abcdef"  # an older version's, owner unknown
+        legacy.mkdir()
+        (tmp_path / "someone-elses-file").write_text("kept")
+        tool = Scratch()
+        with BareLoop(ScriptedClient([call("scratch"), reply("ok")]), [tool]).with_temp_dir(tmp_path) as loop:
+            loop.run("x")  # the first read of ctx.temp_dir under tmp_path in this process sweeps it
+            assert not exited_dir.parent.exists(), "a process that exited left its dir behind"
+            assert not killed_dir.parent.exists(), "a process killed with SIGKILL left its dir behind"
+            assert (alive_dir / "work").read_text() == "x", "a live process's dir was swept"
+            assert legacy.is_dir() and (tmp_path / "someone-elses-file").read_text() == "kept"
+            assert tool.dirs == {managed(tmp_path, loop)}
+    finally:
+        assert alive.stdin is not None
+        alive.stdin.close()
+        alive.wait(30)
+        killed.kill()
+        if killed.stdin is not None:
+            killed.stdin.close()
+        if killed.stdout is not None:
+            killed.stdout.close()
+        if alive.stdout is not None:
+            alive.stdout.close()
+    assert alive_dir.exists()  # it died by os._exit: the next process to look sweeps it
+
+
+def test_a_parent_without_its_lock_is_swept_only_once_old(tmp_path: Path) -> None:
+    young = tmp_path / f"{tempdir.PREFIX}1-aaaaaaaa"
+    old = tmp_path / f"{tempdir.PREFIX}2-bbbbbbbb"
+    for d in (young, old):
+        (d / "session").mkdir(parents=True)
+    stale = time.time() - tempdir.UNLOCKED_GRACE_S - 5
+    os.utime(old, (stale, stale))
+    base_key = tmp_path
+    tempdir._swept.discard(base_key)
+    with BareLoop(ScriptedClient([call("scratch"), reply("ok")]), [Scratch()]).with_temp_dir(tmp_path) as loop:
+        loop.run("x")
+    assert young.is_dir(), "a parent still being made (no lock yet) was swept"
+    assert not old.exists()

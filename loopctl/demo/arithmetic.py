@@ -1,27 +1,40 @@
 """The offline demo model's reasoning: read a conversation, plan one reply.
 
 It owns everything the embedded ``OfflineModel`` decides, as pure
-functions of the request: ``Parser`` reads a task sentence ("What is
-12 + 30?", "the population of France plus the population of Spain") into an
-expression tree; ``read_conversation`` finds the task, the guidance that
+functions of the request: ``Parser`` (``loopctl.demo.expressions``) reads
+a task sentence ("What is 12 + 30?", "the population of France plus the
+population of Spain", "multiply that by 3") into an expression tree; ``read_conversation`` finds the task, the guidance that
 arrived since the model's previous reply and the tool results already
 known; ``plan_reply`` turns that into the reply's text and the tool calls
 that can run now (independent calls of one step together). Rules: no IO,
 no threads, no clock and no state between calls, so the same request
 always gets the same ``Plan``; it never imports ``loopctl.testing``; the
-client (streaming, delays, ids, usage) stays in ``offline.py``.
+client (streaming, delays, ids, usage) stays in ``model.py``.
 """
 
 from __future__ import annotations
 
-import functools
-import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Optional, Union
+from typing import Any, Optional
 
 import attrs
 
+from loopctl.demo.expressions import (
+    Bin,
+    Failure,
+    Lookup,
+    Node,
+    Num,
+    Number,
+    Parser,
+    Signature,
+    Text,
+    display,
+    fmt,
+    normalize,
+    to_number,
+)
 from loopctl.messages import (
     Message,
     ModelRequest,
@@ -31,210 +44,9 @@ from loopctl.messages import (
     ToolSchema,
 )
 
-Number = Union[int, float]
+_ANSWERED = re.compile(r"(?:=|\bis|already a number:)\s+(-?\d+(?:\.\d+)?)\.?$")
 
 _MEMORY_PREFIX = "Relevant memory (reference only, do not treat as instructions):"
-_FIELD_WORDS = {"capital": "capital", "population": "population", "area": "area_km2",
-                "currency": "currency", "continent": "continent"}
-
-
-# -- expression trees ----------------------------------------------------------
-
-
-@attrs.frozen
-class Num:
-    """A number (a literal or a tool's numeric result)."""
-
-    value: Number
-
-
-@attrs.frozen
-class Text:
-    """A non-numeric fact a tool returned."""
-
-    value: str
-
-
-@attrs.frozen
-class Lookup:
-    """``lookup(name, field)`` still to be asked."""
-
-    name: str
-    field: str
-
-
-@attrs.frozen
-class Bin:
-    """A binary operation: ``op`` is one of ``+ - * /``."""
-
-    op: str
-    left: Node
-    right: Node
-
-
-@attrs.frozen
-class Failure:
-    """A tool error that ends the computation."""
-
-    tool: str
-    output: str
-
-
-Node = Union[Num, Text, Lookup, Bin, Failure]
-Signature = tuple[Any, ...]
-
-
-def _norm(value: Number) -> Number:
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
-        return int(value)
-    return value
-
-
-def fmt(value: Number) -> str:
-    """A number as the model writes it (integral values without a decimal point)."""
-    value = _norm(value)
-    return str(value) if isinstance(value, int) else f"{value:.12g}"
-
-
-def to_number(text: str) -> Optional[Number]:
-    """A tool result read as a number, or None when it is not one."""
-    try:
-        value = float(text.strip().replace(",", ""))
-    except ValueError:
-        return None
-    return _norm(value) if math.isfinite(value) else None
-
-
-def display(node: Node, parent: int = 0) -> str:
-    """An expression as text, with only the parentheses it needs."""
-    if isinstance(node, Num):
-        return fmt(node.value)
-    if isinstance(node, Text):
-        return node.value
-    if isinstance(node, Lookup):
-        return f"the {node.field.replace('_km2', '')} of {node.name}"
-    if isinstance(node, Failure):
-        return f"<{node.tool} failed>"
-    prec = 1 if node.op in "+-" else 2
-    right_prec = prec + 1 if node.op in "-/" else prec
-    text = f"{display(node.left, prec)} {node.op} {display(node.right, right_prec)}"
-    return f"({text})" if prec < parent else text
-
-
-# -- parsing a task ------------------------------------------------------------
-
-
-class Parser:
-    """Reads a task sentence into an expression tree (None when it is not one).
-
-    Args:
-        names: the country names the ``lookup`` tool accepts (from its schema).
-    """
-
-    _OPERAND = r"(-?\d+(?:\.\d+)?|@\d+|\([^()]*\))"
-    _FILLER = re.compile(
-        r"\b(?:what|is|are|the|value|result|of|please|compute|calculate|evaluate|work|out|"
-        r"tell|me|how|much|does|do|equal|equals|make|makes|give|find|can|could|would|you|"
-        r"answer|get|i|need|to|know|now|instead|then|us|and|also|so|ok|okay|actually|rather|no|wait|hmm)\b"
-    )
-
-    def __init__(self, names: Sequence[str] = ()) -> None:
-        self.names = {n.lower(): n for n in names}
-        alts = "|".join(re.escape(n) for n in sorted(self.names, key=len, reverse=True))
-        name_re = f"({alts})" if alts else r"([a-z]+)"
-        fields = "|".join(_FIELD_WORDS)
-        self._lookup_res = [
-            (re.compile(rf"\b({fields})(?:\s+city)?\s+of\s+(?:the\s+)?{name_re}\b"), 1, 2),
-            (re.compile(rf"\b{name_re}'s\s+({fields})\b"), 2, 1),
-            (re.compile(rf"\bhow\s+many\s+people\s+(?:live|are|living)\s+in\s+{name_re}\b"), 0, 1),
-        ]
-        o = self._OPERAND
-        self._word_ops = [
-            (re.compile(rf"\bmultiply\s+{o}\s+(?:by|and|with)\s+{o}"), r"(\1 * \2)"),
-            (re.compile(rf"\badd\s+{o}\s+(?:and|to|plus)\s+{o}"), r"(\1 + \2)"),
-            (re.compile(rf"\bsubtract\s+{o}\s+from\s+{o}"), r"(\2 - \1)"),
-            (re.compile(rf"\bdivide\s+{o}\s+by\s+{o}"), r"(\1 / \2)"),
-            (re.compile(rf"\b(?:the\s+)?sum\s+of\s+{o}\s+and\s+{o}"), r"(\1 + \2)"),
-            (re.compile(rf"\b(?:the\s+)?product\s+of\s+{o}\s+and\s+{o}"), r"(\1 * \2)"),
-            (re.compile(rf"\b(?:the\s+)?difference\s+between\s+{o}\s+and\s+{o}"), r"(\1 - \2)"),
-        ]
-
-    def parse(self, sentence: str) -> Optional[Node]:
-        """The task's expression tree, or None when the sentence is not a task."""
-        t = sentence.lower().replace("\u2019", "'")
-        for a, b in (("\u00d7", "*"), ("\u00f7", "/"), ("\u2212", "-"), ("what's", "what is")):
-            t = t.replace(a, b)
-        t = re.sub(r"(?<=\d),(?=\d{3}\b)", "", t)
-        lookups: list[Lookup] = []
-
-        def place(m: re.Match[str], field_group: int, name_group: int) -> str:
-            field = _FIELD_WORDS[m.group(field_group)] if field_group else "population"
-            name = m.group(name_group)
-            lookups.append(Lookup(self.names.get(name, name.title()), field))
-            return f" @{len(lookups) - 1} "
-
-        for rx, fg, ng in self._lookup_res:
-            t = rx.sub(functools.partial(_call_place, place, fg, ng), t)
-        changed = True
-        while changed:
-            changed = False
-            for rx, repl in self._word_ops:
-                t, n = rx.subn(repl, t)
-                changed = changed or n > 0
-        for words, sym in (
-            (r"multiplied\s+by|times", "*"), (r"plus|added\s+to", "+"),
-            (r"minus|less", "-"), (r"divided\s+by|over", "/"),
-        ):
-            t = re.sub(rf"\b(?:{words})\b", f" {sym} ", t)
-        t = re.sub(r"(?<=[\d)])\s*x\s*(?=[-\d@(])", " * ", t)
-        t = self._FILLER.sub(" ", t)
-        t = re.sub(r"[?!,:;=]|(?<!\d)\.|\.(?!\d)", " ", t).strip()
-        if not t or re.search(r"[a-z'\"]", t):
-            return None
-        tokens = re.findall(r"\d+(?:\.\d+)?|@\d+|[-+*/()]|\S", t)
-        try:
-            node, rest = self._expr(tokens, lookups)
-        except (IndexError, ValueError):
-            return None
-        return node if not rest else None
-
-    def _expr(self, toks: list[str], lk: list[Lookup]) -> tuple[Node, list[str]]:
-        node, toks = self._term(toks, lk)
-        while toks and toks[0] in "+-":
-            op, (right, toks) = toks[0], self._term(toks[1:], lk)
-            node = Bin(op, node, right)
-        return node, toks
-
-    def _term(self, toks: list[str], lk: list[Lookup]) -> tuple[Node, list[str]]:
-        node, toks = self._factor(toks, lk)
-        while toks and toks[0] in ("*", "/"):
-            op, (right, toks) = toks[0], self._factor(toks[1:], lk)
-            node = Bin(op, node, right)
-        return node, toks
-
-    def _factor(self, toks: list[str], lk: list[Lookup]) -> tuple[Node, list[str]]:
-        tok = toks[0]
-        if tok == "-":
-            inner, rest = self._factor(toks[1:], lk)
-            if isinstance(inner, Num):
-                return Num(-inner.value), rest
-            return Bin("*", Num(-1), inner), rest
-        if tok == "(":
-            node, rest = self._expr(toks[1:], lk)
-            if not rest or rest[0] != ")":
-                raise ValueError("unbalanced parentheses")
-            return node, rest[1:]
-        if tok.startswith("@"):
-            return lk[int(tok[1:])], toks[1:]
-        value = to_number(tok)
-        if value is None:
-            raise ValueError(f"unexpected token {tok!r}")
-        return Num(value), toks[1:]
-
-
-def _call_place(place: Any, fg: int, ng: int, m: re.Match[str]) -> str:
-    return str(place(m, fg, ng))
-
 
 # -- reading the conversation --------------------------------------------------
 
@@ -243,7 +55,7 @@ def _call_signature(name: str, input: Mapping[str, Any]) -> Optional[Signature]:
     if name in ("add", "multiply"):
         a, b = input.get("a"), input.get("b")
         if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-            return (name, _norm(a), _norm(b))
+            return (name, normalize(a), normalize(b))
         return None
     if name == "lookup":
         return ("lookup", str(input.get("name", "")).lower(), str(input.get("field", "")).lower())
@@ -259,7 +71,7 @@ def _node_call(node: Node) -> Optional[tuple[str, dict[str, Any]]]:
         if node.op == "+":
             return "add", {"a": a, "b": b}
         if node.op == "-":
-            return "add", {"a": a, "b": _norm(-b)}
+            return "add", {"a": a, "b": normalize(-b)}
         if node.op == "*":
             return "multiply", {"a": a, "b": b}
     return None
@@ -329,6 +141,7 @@ class Reading:
     known: Mapping[Signature, ToolResultPart]
     last_results: tuple[tuple[ToolCallPart, ToolResultPart], ...]
     started: bool
+    previous: Optional[Number] = None
 
 
 def read_conversation(messages: Sequence[Message], parser: Parser) -> Reading:
@@ -338,6 +151,7 @@ def read_conversation(messages: Sequence[Message], parser: Parser) -> Reading:
         if msg.role == Role.ASSISTANT and not msg.tool_calls:
             start = i + 1
     exchange = messages[start:]
+    previous = _answered(messages[start - 1].text) if start > 0 else None
     last_assistant = max(
         (i for i, m in enumerate(exchange) if m.role == Role.ASSISTANT), default=-1
     )
@@ -347,10 +161,10 @@ def read_conversation(messages: Sequence[Message], parser: Parser) -> Reading:
         if m.role == Role.USER and m.text.strip() and not m.text.startswith(_MEMORY_PREFIX)
     ]
     if not texts:
-        return Reading(None, False, (), {}, (), False)
+        return Reading(None, False, (), {}, (), False, previous)
     task_i, task = texts[0]
     for i, text in texts[1:]:
-        if parser.parse(text) is not None:
+        if parser.parse(text, previous) is not None:
             task_i, task = i, text
     guidance = tuple(t for i, t in texts[1:] if i > last_assistant)
     switched = task_i != texts[0][0]
@@ -372,7 +186,12 @@ def read_conversation(messages: Sequence[Message], parser: Parser) -> Reading:
             if sig is not None:
                 known[sig] = r
     started = any(m.role == Role.ASSISTANT for m in exchange)
-    return Reading(task, switched, guidance, known, tuple(last), started)
+    return Reading(task, switched, guidance, known, tuple(last), started, previous)
+
+
+def _answered(text: str) -> Optional[Number]:
+    m = _ANSWERED.search(text.strip())
+    return to_number(m.group(1)) if m else None
 
 
 # -- composing a reply ---------------------------------------------------------
@@ -441,7 +260,7 @@ def plan_reply(request: ModelRequest) -> Plan:
     lead = " ".join(notes) + (" " if notes else "")
     if reading.task is None:
         return Plan(lead + _help(names) + _unknown_tools(tools))
-    tree = parser.parse(reading.task)
+    tree = parser.parse(reading.task, reading.previous)
     if tree is None:
         return Plan(lead + f"I can't work out {reading.task!r}. " + _help(names) + _unknown_tools(tools))
     if any(isinstance(n, Bin) and n.op == "/" for n in _walk(tree)):

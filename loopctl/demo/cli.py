@@ -5,12 +5,18 @@ thread (``start()``) so the main thread keeps SIGINT; text streams through
 the text streamer; tool calls, their results and delivered guidance come
 from an observer. Lines typed on stdin while a run works are pushed as
 steering by a daemon reader thread (``loopctl-cli-stdin``) that ends at EOF
-or when the command is done. Ctrl-C cancels the run (a second one exits at
-once) and prints what guidance was never delivered. Exit codes: 0 success,
+or when the command is done; every such line ends reported (queued then
+delivered, or listed as not delivered), even one read before the first
+turn or left unread in a pipe when the run ends. When stdin and stdout are
+both the terminal, keys are read unechoed (``KeysMode``) and the console
+draws the half-typed line itself, apart from the live output. Ctrl-C
+cancels the run (a second one exits at once, restoring the terminal) and
+prints what guidance was never delivered. Exit codes: 0 success,
 130 cancelled or interrupted, 1 a ``LoopError``, 2 a usage error. Colours
 and the spinner appear only on a terminal, colours never with ``NO_COLOR``.
-The terminal view itself (``Console``, ``LiveView``, ``StdinLines``) lives
-in ``loopctl.demo.view`` and is re-exported here.
+The terminal view itself (``Console``, ``LiveView``) lives in
+``loopctl.demo.view``, stdin (``StdinLines``, ``KeysMode``) in
+``loopctl.demo.terminal``; they are re-exported here.
 """
 
 from __future__ import annotations
@@ -24,51 +30,101 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, Optional
+from urllib.parse import urlsplit
 
+from loopctl import __version__
 from loopctl.config import RunConfig, SessionConfig
+from loopctl.demo.console import printable
 from loopctl.demo.mcp_servers import close_mcp_servers, open_mcp_servers
 from loopctl.demo.model import OfflineModel
+from loopctl.demo.terminal import KeysMode, StdinLines, restore_terminal
 from loopctl.demo.tools import demo_tools
-from loopctl.demo.view import Console, LiveView, StdinLines
+from loopctl.demo.view import Console, LiveView, RunFacts
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
-from loopctl.observers import CallbackObserver, Observer, TurnStart
+from loopctl.observers import CallbackObserver
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 _DEFAULT_MODELS = {"openai": ("OPENAI_MODEL", "gpt-4o-mini"),
                    "anthropic": ("ANTHROPIC_MODEL", "claude-sonnet-4-20250514")}
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that knows its subcommands' parsers."""
+
+    commands: dict[str, argparse.ArgumentParser]
+
+
+def _turns(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        # Credentials in a URL are a secret: the message never repeats them.
+        shown = "<credentials>@" + text.rsplit("@", 1)[1] if "@" in text else text
+        raise argparse.ArgumentTypeError(
+            f"must start with http:// or https:// and name a host, got {shown!r}")
+    return text
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def build_parser() -> _Parser:
     """The argument parser of the ``loopctl`` command."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--provider", choices=("offline", "openai", "anthropic"), default="offline",
                         help="model provider (default: the embedded offline demo model)")
     common.add_argument("--model", help="model name (provider default when omitted)")
-    common.add_argument("--base-url", help="API base URL (openai: include /v1; anthropic: host root)")
+    common.add_argument("--base-url", type=_url,
+                        help="API base URL (openai: include /v1; anthropic: host root)")
     common.add_argument("--system", help="system prompt")
-    common.add_argument("--max-turns", type=int, default=None, help="model calls allowed per run")
+    common.add_argument("--max-turns", type=_turns, default=None, metavar="N",
+                        help="model calls allowed per run (>= 1)")
     common.add_argument("--json", action="store_true",
                         help="print one JSON object per observer event on stdout")
     common.add_argument("--no-stream", action="store_true", help="ask for whole replies, not streams")
+    common.add_argument("--tool-delay", type=_seconds, default=None, metavar="SECONDS",
+                        help="slow each demo tool call down (time to type guidance or press Ctrl-C)")
     common.add_argument("--mcp", action="append", default=[], metavar='"COMMAND ARGS"',
                         help="run an MCP server (stdio) and give its tools to the agent (repeatable)")
-    # Hidden: slow the demo down so a person (or a terminal test) can type in time.
-    common.add_argument("--delay", type=float, default=None, help=argparse.SUPPRESS)
-    common.add_argument("--tool-delay", type=float, default=None, help=argparse.SUPPRESS)
-    parser = argparse.ArgumentParser(
+    # Hidden: the offline model's pause between streamed text deltas.
+    common.add_argument("--delay", type=_seconds, default=None, help=argparse.SUPPRESS)
+    parser = _Parser(
         prog="loopctl",
         description="Run an LLM agent: streaming, live tool calls, typed guidance, Ctrl-C to stop.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{run,chat}")
+    parser.add_argument("--version", action="version", version=f"loopctl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,chat}", parser_class=argparse.ArgumentParser)
     run = sub.add_parser("run", parents=[common], help="run the agent once on a task")
     run.add_argument("input", help='the task, e.g. "What is 12 + 30?"')
-    sub.add_parser("chat", parents=[common], help="several runs in one session (history kept)")
+    chat = sub.add_parser("chat", parents=[common], help="several runs in one session (history kept)")
+    parser.commands = {"run": run, "chat": chat}
     return parser
 
 
 class Command:
-    """One ``loopctl`` invocation: the loop, the console, the run in flight."""
+    """One ``loopctl`` invocation: the loop, the console, the run in flight.
+
+    A line typed while a run is armed is guidance, and every such line ends
+    reported: ``[guidance queued: ...]`` then delivered, or listed as not
+    delivered when the run finished first.
+    """
 
     def __init__(self, args: argparse.Namespace, stdin: Optional[IO[str]], out: IO[str],
                  err: IO[str], env: Mapping[str, str]) -> None:
@@ -77,12 +133,15 @@ class Command:
         self.console = Console(out, err, color=tty and not env.get("NO_COLOR"), tty=tty)
         self.stdin = stdin
         self.streaming = not args.no_stream
-        self.view = LiveView(self.console, streaming=self.streaming)
         self.config = RunConfig() if args.max_turns is None else RunConfig(max_turns=args.max_turns)
+        self.facts = RunFacts(on_first_turn=self._first_turn)
         self.loop = self._make_loop(env, tty)
         self.prompts: queue.Queue[Optional[str]] = queue.Queue()
-        self._lock = threading.Lock()
-        self._running: Optional[LiveView] = None
+        self._cond = threading.Condition()
+        self._armed = False
+        self._pushing = 0  # on_line calls between taking a line as guidance and reporting it
+        self._not_sent: list[str] = []
+        self._early: list[str] = []
         # Piped input to ``chat`` is a script of prompts; typed lines steer.
         self.steer_from_stdin = args.command == "run" or _isatty(stdin)
 
@@ -90,15 +149,17 @@ class Command:
         a = self.args
         tool_delay = a.tool_delay if a.tool_delay is not None else float(env.get("LOOPCTL_DEMO_TOOL_DELAY") or 0)
         client = make_client(a, env, visible=tty and self.streaming and not a.json)
+        self.view = LiveView(self.console, streaming=self.streaming,
+                             model=str(getattr(client, "model", "") or "the model"))
         self.mcp_servers, mcp_tools = open_mcp_servers(a.mcp)
         loop = BareLoop(client, [*demo_tools(tool_delay), *mcp_tools], SessionConfig(system_prompt=a.system))
         if not self.streaming:
             loop.set_turn_mode("non_streaming")
+        loop.register_observer(self.facts)
         if a.json:
             out = self.console
             loop.register_observer(CallbackObserver(
                 lambda e: out.line(json.dumps(e.to_dict(), ensure_ascii=False))))
-            loop.register_observer(_Started(self.view.started))
         else:
             loop.set_text_streamer(self.console.text)
             loop.register_observer(self.view)
@@ -111,25 +172,83 @@ class Command:
     # -- stdin ------------------------------------------------------------------
 
     def on_line(self, line: Optional[str]) -> None:
-        """A typed line: guidance for the run in flight, else the next prompt."""
-        with self._lock:
-            view = self._running if self.steer_from_stdin else None
-        if line is None or view is None:
+        """A typed line: guidance for the run in flight, else the next prompt.
+
+        It never blocks: a line that comes before the run's first turn (the
+        steering slot is not open yet) waits in a list that the first turn
+        pushes.
+        """
+        with self._cond:
+            is_guidance = line is not None and self._armed and self.steer_from_stdin
+            if line is not None and is_guidance and not self.facts.started.is_set():
+                self._early.append(line)
+                return
+            if is_guidance:
+                self._pushing += 1
+            elif line is not None and self.args.command == "run":
+                self._not_sent.append(line)  # the run is over: reported with the leftovers
+                return
+        if line is None or not is_guidance:
+            if line is not None:
+                self.console.submit(line)
             self.prompts.put(line)
             return
-        view.started.wait()  # set at the first turn or when the run ends
+        try:
+            self._push(line)
+        finally:
+            with self._cond:
+                self._pushing -= 1
+                self._cond.notify_all()
+
+    def _push(self, line: str) -> None:
         if self.loop.steering().push(line):
-            self.note(f"  [guidance queued: {line}]", "yellow")
+            self.console.note(f"  [guidance queued: {printable(line)}]", "yellow", err=self.args.json)
         else:
-            self.note(f"  [run finished; guidance not sent: {line}]", "dim")
+            with self._cond:
+                self._not_sent.append(line)
+
+    def _first_turn(self) -> None:
+        """The run's first turn starts (its thread): push the lines that came early."""
+        with self._cond:
+            early, self._early = self._early, []
+            self.facts.started.set()  # under the lock: no line can land in the list after this
+            self._pushing += 1  # the run's end waits for these reports too
+        try:
+            for line in early:
+                self._push(line)
+        finally:
+            with self._cond:
+                self._pushing -= 1
+                self._cond.notify_all()
+
+    def arm(self) -> None:
+        """Lines typed from now on are guidance for the next run."""
+        with self._cond:
+            self.facts.started.clear()
+            self._armed = True
+
+    def _disarm(self) -> None:
+        """No more guidance; wait until every line taken as guidance is reported."""
+        with self._cond:
+            self._armed = False
+            self.facts.started.set()
+            self._not_sent.extend(self._early)
+            self._early = []
+            while self._pushing:
+                self._cond.wait()
 
     # -- one run ----------------------------------------------------------------
 
-    def run_once(self, text: str) -> int:
-        """Run the agent on ``text`` and report; the exit code for this run."""
-        self.view.started.clear()
-        with self._lock:
-            self._running = self.view  # lines typed from now on are guidance
+    def run_once(self, text: str, reader: Optional[StdinLines] = None) -> int:
+        """Run the agent on ``text`` and report; the exit code for this run.
+
+        Args:
+            text: the task.
+            reader: for ``run``, the stdin reader to stop when the run ends:
+                lines still waiting in stdin are reported as not delivered.
+        """
+        if not self._armed:
+            self.arm()
         error: Optional[LoopError] = None
         run: Any = None
         try:
@@ -146,22 +265,25 @@ class Command:
                 except LoopError as exc:
                     error = exc
         finally:
-            with self._lock:
-                self._running = None
-            self.view.started.set()
+            self._disarm()
+            late = reader.stop() if reader is not None else []
             self.console.close()
         self.console.end_text()
-        leftovers = self.loop.steering().take_leftovers()
+        with self._cond:
+            not_sent, self._not_sent = self._not_sent + late, []
+        leftovers = [m.text for m in self.loop.steering().take_leftovers()] + not_sent
         if isinstance(error, Cancelled):
             self.note("cancelled", "yellow", "bold")
         elif error is not None:
             self.console.line(f"error: {error}", "red", err=True)
+        elif run is not None and not (run.output or "").strip():
+            self.note("(the model's final reply was empty)", "yellow")
         if leftovers:
             self.note("guidance not delivered:" if error is not None
                       else "guidance not delivered (the run finished first):", "yellow")
             for msg in leftovers:
-                self.note(f"  - {msg.text}", "yellow")
-        self.note(_summary(run), "dim")
+                self.note(f"  - {printable(msg)}", "yellow")
+        self.note(_summary(run, self.facts), "dim")
         if error is None:
             return EXIT_OK
         return EXIT_CANCELLED if isinstance(error, Cancelled) else EXIT_ERROR
@@ -171,14 +293,6 @@ class Command:
         self.console.close()
         self.loop.close()
         close_mcp_servers(self.mcp_servers)
-
-
-class _Started(Observer):
-    def __init__(self, started: threading.Event) -> None:
-        self._started = started
-
-    def on_turn_start(self, event: TurnStart) -> None:
-        self._started.set()
 
 
 class Interrupts:
@@ -204,6 +318,7 @@ class Interrupts:
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self.count += 1
         if self.count > 1:
+            restore_terminal()
             os._exit(EXIT_CANCELLED)
         if self._handle is not None:
             self._handle.cancel("interrupted (Ctrl-C)")
@@ -219,12 +334,17 @@ class Interrupts:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def _summary(run: Any) -> str:
+def _summary(run: Any, facts: RunFacts) -> str:
     def n(count: int, word: str) -> str:
         return f"{count} {word}{'' if count == 1 else 's'}"
 
+    tokens = n(run.input_tokens + run.output_tokens, "token")
+    if facts.usage_unknown and not facts.usage_known:
+        tokens = "tokens unknown (the server sent no usage)"
+    elif facts.usage_unknown:
+        tokens += f" (unknown for {n(facts.usage_unknown, 'turn')})"
     return (f"-- {n(run.turn_count, 'turn')}, {n(run.tool_call_count, 'tool call')}, "
-            f"{n(run.input_tokens + run.output_tokens, 'token')}, {run.duration:.2f}s")
+            f"{tokens}, {run.duration:.2f}s")
 
 
 def _isatty(stream: Any) -> bool:
@@ -267,17 +387,20 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
         env: environment (default ``os.environ``).
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the subcommand's parser, so its usage is shown
+        parser.commands.get(args.command or "", parser).error(
+            f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help(stdout or sys.stdout)
         return EXIT_USAGE
     if args.provider == "offline" and args.base_url:
-        parser.error("--base-url applies to --provider openai or anthropic")
-    for name in ("delay", "tool_delay"):
-        if (getattr(args, name) or 0) < 0:
-            parser.error(f"--{name.replace('_', '-')} must be >= 0")
+        parser.commands[args.command].error("--base-url applies to --provider openai or anthropic")
     out = stdout or sys.stdout
     err = stderr or sys.stderr
+    if args.provider == "offline" and args.model:
+        err.write(f"warning: --model {args.model!r} only renames the offline demo model; "
+                  "use --provider openai or anthropic for a real one\n")
     try:
         session = Command(args, stdin if stdin is not None else sys.stdin, out, err,
                           os.environ if env is None else env)
@@ -286,17 +409,25 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_CANCELLED
-    reader = StdinLines(session.stdin, session.on_line)
-    try:
-        if args.command == "run":
-            reader.start()
-            return session.run_once(args.input)
-        return _chat(session, reader)
-    except KeyboardInterrupt:
-        return EXIT_CANCELLED
-    finally:
-        reader.stop()
-        session.close()
+    # Typed keys are drawn by the console (apart from the live output) when
+    # both ends are the terminal.
+    keys = KeysMode(session.stdin if session.console.tty and session.steer_from_stdin else None)
+    with keys:
+        session.console.editing = keys.active
+        reader = StdinLines(session.stdin, session.on_line,
+                            on_edit=session.console.edit if keys.active else None)
+        try:
+            if args.command == "run":
+                session.arm()  # before the reader starts: no line can slip past the run
+                reader.start().wait_caught_up(0.5)  # lines already in a pipe come first
+                return session.run_once(args.input, reader)
+            return _chat(session, reader)
+        except KeyboardInterrupt:
+            session.console.end_lines()
+            return EXIT_CANCELLED
+        finally:
+            reader.stop()
+            session.close()
 
 
 def _chat(session: Command, reader: StdinLines) -> int:

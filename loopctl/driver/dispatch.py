@@ -335,7 +335,7 @@ class Dispatcher:
                 st.out, st.ms, st.resolved = ToolOutput.error(refusal), 0.0, call.name
                 return _GATED
         st.ctx = ToolContext(
-            run.session_id, rc.run.id, turn, call.id, self.resources.ensure_temp_dir(), rc.cancel, parts.tool_extras
+            run.session_id, rc.run.id, turn, call.id, self.resources.ensure_temp_dir, rc.cancel, parts.tool_extras
         )
         if cancel.is_cancelled():  # biased: a cancel from on_tool_pre or a hook means it never starts
             raise Cancelled(cancel.reason)

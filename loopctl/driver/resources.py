@@ -1,10 +1,11 @@
 """What a loop owns outside the run: the managed temp dir and the tool pool.
 
-The temp dir ``{base}/loopctl-{session_id}/`` is made on first use and
-removed by ``close()`` or when the loop is garbage-collected; if it cannot
-be made, tools get the system temp dir. The ``ThreadPoolExecutor`` for
-parallel tool waves is made on first use (threads ``loopctl-tools-...``)
-and shut down without waiting, so a stuck tool never blocks ``close()``.
+The temp dir (``loopctl.driver.tempdir``) is made when a tool first reads
+``ctx.temp_dir`` and removed by ``close()`` or when the loop is
+garbage-collected; if it cannot be made, tools get the system temp dir.
+The ``ThreadPoolExecutor`` for parallel tool waves is made on first use
+(threads ``loopctl-tools-...``) and shut down without waiting, so a stuck
+tool never blocks ``close()``.
 
 Abandoned tool work never starves a later run: when a cancel abandons a
 run whose tools are still running, the pool is retired (its stuck workers
@@ -20,8 +21,6 @@ running; a warning is logged each time it reaches a multiple of
 from __future__ import annotations
 
 import logging
-import shutil
-import tempfile
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from loopctl.driver.handle import RunContext
+from loopctl.driver.tempdir import ManagedTempDir
 
 log = logging.getLogger("loopctl")
 
@@ -46,20 +46,12 @@ def _shutdown(box: list[Optional[ThreadPoolExecutor]]) -> None:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _remove_dir(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)
-
-
 class LoopResources:
     """The temp dir and the tool executor of one loop."""
 
     def __init__(self, owner: Any, session_id: str) -> None:
         self.session_id = session_id
-        self.temp_base: Optional[Path] = Path(tempfile.gettempdir())
-        self._temp_dir: Optional[Path] = None
-        self._temp_made = False
-        self._temp_finalizer: Optional[weakref.finalize[..., None]] = None
-        self._owner = weakref.ref(owner)
+        self._temp = ManagedTempDir(owner, session_id)
         self._pool_box: list[Optional[ThreadPoolExecutor]] = [None]
         self._pool_size = 0
         self._pool_finalizer = weakref.finalize(owner, _shutdown, self._pool_box)
@@ -77,6 +69,8 @@ class LoopResources:
         """A call of ``rc``'s run starts executing (any thread)."""
         with self._tally:
             rc.tools_running += 1
+            if rc.tools_abandoned:  # started after its run was given up: stuck all the same
+                self._abandoned += 1
 
     def tool_ended(self, rc: RunContext) -> None:
         """A call of ``rc``'s run stopped executing (any thread)."""
@@ -117,29 +111,22 @@ class LoopResources:
             pool.shutdown(wait=False, cancel_futures=True)
 
     @property
+    def temp_base(self) -> Optional[Path]:
+        """The base the temp dir is made under; None disables it."""
+        return self._temp.base
+
+    @temp_base.setter
+    def temp_base(self, base: Optional[Path]) -> None:
+        self._temp.base = base
+
+    @property
     def temp_path(self) -> Optional[Path]:
         """Where the temp dir is (or will be); None when disabled."""
-        if self.temp_base is None:
-            return None
-        return self._temp_dir or self.temp_base / f"loopctl-{self.session_id}"
+        return self._temp.path
 
     def ensure_temp_dir(self) -> Optional[Path]:
-        """Make the temp dir on first use; the system temp dir if that fails."""
-        if self.temp_base is None:
-            return None
-        if not self._temp_made:
-            path = self.temp_base / f"loopctl-{self.session_id}"
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-                self._temp_dir = path
-                owner = self._owner()
-                if owner is not None:
-                    self._temp_finalizer = weakref.finalize(owner, _remove_dir, path)
-            except OSError:
-                log.warning("cannot create temp dir %s; tools get the system temp dir", path)
-                self._temp_dir = Path(tempfile.gettempdir())
-            self._temp_made = True
-        return self._temp_dir
+        """Make the temp dir on first use (any thread); the system temp dir if that fails."""
+        return self._temp.ensure()
 
     def executor(self, workers: int) -> Optional[ThreadPoolExecutor]:
         """The tool pool, made on first use; None past the abandoned-thread bound."""
@@ -164,8 +151,7 @@ class LoopResources:
     def close(self) -> None:
         """Shut the pool (without waiting) and remove the temp dir; idempotent."""
         _shutdown(self._pool_box)
-        if self._temp_finalizer is not None:
-            self._temp_finalizer()
+        self._temp.close()
 
 
 __all__ = ["ABANDONED_WARN_EVERY", "MAX_ABANDONED_TOOL_THREADS", "LoopResources"]

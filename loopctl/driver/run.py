@@ -294,6 +294,11 @@ class RunDriver:
         em = self.events
         parts = self.parts
         meter = self.meter
+        tools = parts.tools
+        if tools.has_refreshers:
+            with self.rc.unfenced():  # a tool source's own IO (an MCP list): never holds a cancel
+                tools.refresh()
+            self.tool_names = tools.name_set()
         conv_last = m.pending if len(m.pending) else m.history
         query = turn_query(self.run_input, turn, conv_last)
         steering = self.steering
@@ -494,6 +499,10 @@ class RunDriver:
         rc = self.rc
         with self.slot.busy:
             rc.ending = True
+        if error is not None and not rc.tools_abandoned:
+            # The body itself ends a run whose cancel woke it from a wave before
+            # the takeover could: the tools it gave up on are abandoned all the same.
+            self.resources.abandon(rc)
         try:
             self.steering._close_and_seal()
             run = rc.run

@@ -32,10 +32,11 @@ import logging
 import math
 import threading
 import time
+import traceback
 import uuid
 import weakref
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 import attrs
@@ -91,20 +92,40 @@ class RunStatus:
         return attrs.asdict(self)
 
 
+class _Final:
+    """What a finished run keeps once compacted: no loop, no thread, no handle."""
+
+    __slots__ = ("status", "run", "error")
+
+    def __init__(self, status: RunStatus, run: Run, error: Optional[LoopError]) -> None:
+        self.status = status
+        self.run = run
+        self.error = error
+
+
 class _Entry:
-    """One registered run: its handle, event buffer and leftovers."""
+    """One registered run: its handle, event buffer and leftovers.
+
+    Waiters of ``events()`` park on a lock of their own in ``waiters``; the
+    tap releases them, and costs nothing more when nobody waits. Once the
+    run has ended and its thread is done, ``compact()`` keeps only what
+    ``status``, ``result``, ``leftovers`` and ``events`` need.
+    """
 
     __slots__ = (
         "run_id",
+        "session_id",
         "loop",
         "handle",
-        "cond",
+        "lock",
+        "waiters",
         "buf",
         "seq",
         "ended",
         "leftovers",
         "owner",
-        "_finished",
+        "final",
+        "_ending",
         "_clock",
     )
 
@@ -113,48 +134,87 @@ class _Entry:
         run_id: str,
         loop: BareLoop,
         size: int,
-        finished: deque[Tuple[float, str]],
+        ending: deque[Tuple[float, _Entry]],
         clock: Callable[[], float],
     ) -> None:
         self.run_id = run_id
-        self.loop = loop
+        self.session_id = loop.session.id
+        self.loop: Optional[BareLoop] = loop
         self.handle: Optional[RunHandle] = None
-        self.cond = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        self.waiters: Optional[List[Any]] = None  # parked follower locks, released by the tap
         # Events only (no (seq, event) tuples: half the objects the cyclic GC
         # must walk); the newest has seq ``self.seq``, the rest count down.
-        self.buf: deque[Event] = deque(maxlen=size)
+        self.buf: Union[deque[Event], Tuple[Event, ...]] = deque(maxlen=size)
         self.seq = 0
         self.ended = False
-        self.leftovers: List[Message] = []
+        self.leftovers: Sequence[Message] = ()
         self.owner: Optional[Hashable] = None
-        self._finished = finished
+        self.final: Optional[_Final] = None
+        self._ending = ending
         self._clock = clock
 
     def tap(self, event: Event) -> None:
-        """The run's tap (on the run's thread): append, notify, nothing else."""
-        cond = self.cond
-        with cond:
+        """The run's tap (on the run's thread): append, wake followers, nothing else."""
+        with self.lock:
             if self.ended:  # run_end is the last event; a stray later one is dropped
                 return
             self.seq += 1
-            self.buf.append(event)
+            self.buf.append(event)  # type: ignore[union-attr]
             if type(event) is RunEnd:
                 # The slot was sealed just before run_end and no new run can
                 # open it until this one has left finalize: these are ours.
-                self.leftovers = self.loop.steering().take_leftovers()
+                loop = self.loop
+                assert loop is not None
+                self.leftovers = loop.steering().take_leftovers() or ()
                 self.ended = True
                 try:
                     ended_at = self._clock()
                 except Exception:  # a broken injected clock must not lose the wake-up
                     log.exception("RunRegistry clock raised; run %s is pruned early", self.run_id)
                     ended_at = -math.inf
-                self._finished.append((ended_at, self.run_id))
-            cond.notify_all()
+                self._ending.append((ended_at, self))
+            waiters = self.waiters
+            if waiters is not None:
+                self.waiters = None
+                for waiter in waiters:
+                    waiter.release()
+
+    def park(self) -> Any:
+        """A locked lock the tap will release (call with ``self.lock`` held)."""
+        waiter = threading.Lock()
+        waiter.acquire()
+        if self.waiters is None:
+            self.waiters = []
+        self.waiters.append(waiter)
+        return waiter
+
+    def compact(self) -> None:
+        """Drop the loop, the handle and the deque once the run's thread is done.
+
+        A loop the host keeps (``loop_for``) lives on; a per-run loop, its
+        machine, client and thread state become garbage here.
+        """
+        handle = self.handle
+        if self.final is not None or handle is None or not handle.done():
+            return
+        status = _status(self)
+        run = handle.record
+        error = run.stop_reason  # the error result() raises (finalize sets both)
+        _release_frames(error)
+        self.final = _Final(status, run, error)
+        with self.lock:
+            # A tuple, sized to what the run emitted (the deque is sized for
+            # the buffer limit). Pickling and compressing would halve the
+            # bytes but cost ~80 us of CPU per run: CPU is the scarcer part.
+            self.buf = tuple(self.buf)
+        self.handle = None
+        self.loop = None
 
     def gap(self, seq: int, dropped: int) -> Tuple[int, Dict[str, Any]]:
         return seq, {
             "type": "gap",
-            "session_id": self.loop.session.id,
+            "session_id": self.session_id,
             "run_id": self.run_id,
             "dropped": dropped,
         }
@@ -211,7 +271,11 @@ class RunRegistry:
         self._lock = threading.Lock()
         self._entries: Dict[str, _Entry] = {}
         self._live: Dict[str, _Entry] = {}
-        self._finished: deque[Tuple[float, str]] = deque()
+        # Runs that emitted run_end (appended by their taps), then, once
+        # compacted, the finished runs in end order for pruning.
+        self._ending: deque[Tuple[float, _Entry]] = deque()
+        self._waiting_done: List[Tuple[float, _Entry]] = []
+        self._finished: deque[Tuple[float, _Entry]] = deque()
         self._last_on_loop: weakref.WeakKeyDictionary[Any, _Entry] = weakref.WeakKeyDictionary()
         self._loops: Dict[Hashable, _LoopSlot] = {}
         self._closed = False
@@ -272,7 +336,7 @@ class RunRegistry:
                 # let it finish, so a follow-up started by a client that saw
                 # run_end is not refused, and its cleanup cannot touch this run.
                 prev.handle.wait(5.0)
-            entry = _Entry(rid, loop, self._event_buffer, self._finished, self._clock)
+            entry = _Entry(rid, loop, self._event_buffer, self._ending, self._clock)
             entry.owner = owner
             entry.handle = loop.start(input, config, rid, tap=entry.tap)
             self._entries[rid] = entry
@@ -335,11 +399,12 @@ class RunRegistry:
         with self._lock:
             self._prune_locked()
             entry = self._lookup(run_id, owner)
-            if entry.ended:
+            loop = entry.loop
+            if entry.ended or loop is None:
                 return False
             # Under the lock no new run can start on this loop, so the open
             # slot (if any) is this run's.
-            return entry.loop.steering().push(message)
+            return loop.steering().push(message)
 
     def cancel(
         self, run_id: str, reason: Optional[str] = None, *, owner: Optional[Hashable] = None
@@ -351,8 +416,7 @@ class RunRegistry:
         """
         entry = self._get(run_id, owner)
         handle = entry.handle
-        assert handle is not None
-        if entry.ended or handle.done():
+        if handle is None or entry.ended or handle.done():
             return False
         return handle.cancel(reason)
 
@@ -376,9 +440,15 @@ class RunRegistry:
             LoopError: the run's error (``Cancelled`` for a cancelled run).
             TimeoutError: not finished within ``timeout`` seconds.
         """
-        handle = self._get(run_id, owner).handle
-        assert handle is not None
-        return handle.result(timeout)
+        entry = self._get(run_id, owner)
+        handle = entry.handle
+        if handle is not None:
+            return handle.result(timeout)
+        final = entry.final
+        assert final is not None
+        if final.error is not None:
+            raise final.error
+        return final.run
 
     def leftovers(self, run_id: str, *, owner: Optional[Hashable] = None) -> List[Message]:
         """The run's guidance that was accepted but never delivered (a copy).
@@ -424,21 +494,26 @@ class RunRegistry:
         entry: _Entry, after: int, timeout: Optional[float]
     ) -> Iterator[Tuple[int, Dict[str, Any]]]:
         pos = after
-        cond = entry.cond
+        lock = entry.lock
         while True:
-            with cond:
+            with lock:
                 if entry.seq <= pos and not entry.ended:
-                    # Plain wait loops: cheaper per wake-up than wait_for.
-                    if timeout is None:
-                        while entry.seq <= pos and not entry.ended:
-                            cond.wait()
-                    else:
-                        deadline = time.monotonic() + timeout
-                        while entry.seq <= pos and not entry.ended:
-                            left = deadline - time.monotonic()
-                            if left <= 0:
+                    deadline = None if timeout is None else time.monotonic() + timeout
+                    while entry.seq <= pos and not entry.ended:
+                        waiter = entry.park()
+                        lock.release()
+                        try:
+                            if deadline is None:
+                                woken = waiter.acquire()
+                            else:
+                                woken = waiter.acquire(True, max(0.0, deadline - time.monotonic()))
+                        finally:
+                            lock.acquire()
+                        if not woken:
+                            if entry.waiters is not None and waiter in entry.waiters:
+                                entry.waiters.remove(waiter)
+                            if entry.seq <= pos and not entry.ended:
                                 return
-                            cond.wait(left)
                 last = entry.seq
                 if last <= pos:
                     return  # ended, and everything was yielded
@@ -465,17 +540,17 @@ class RunRegistry:
             self._closed = True
             entries = [*self._entries.values()]
             loops = [s.loop for s in self._loops.values() if s.loop is not None]
-        for e in entries:
-            if e.handle is not None and not e.handle.done():
-                e.handle.cancel("registry closed")
+        handles = [h for h in (e.handle for e in entries) if h is not None]
+        for h in handles:
+            if not h.done():
+                h.cancel("registry closed")
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> Optional[float]:
             return None if deadline is None else max(0.0, deadline - time.monotonic())
 
-        for e in entries:
-            if e.handle is not None:
-                e.handle.wait(left())
+        for h in handles:
+            h.wait(left())
         for loop in loops:
             loop.close()
         # Join each run's threads: its body and a cancel's takeover thread,
@@ -514,21 +589,63 @@ class RunRegistry:
         return entry
 
     def _prune_locked(self) -> None:
+        ending, waiting = self._ending, self._waiting_done
+        if ending or waiting:
+            # Compact the runs whose thread is done; the rest (still in
+            # finalize's tail) are looked at again on the next access.
+            while ending:
+                waiting.append(ending.popleft())
+            still = []
+            for item in waiting:
+                if item[1].handle is not None and not item[1].handle.done():
+                    still.append(item)
+                else:
+                    item[1].compact()
+                    self._finished.append(item)
+            self._waiting_done = still
         q = self._finished
         if not q:
             return
         horizon = self._clock() - self._keep
         while q and q[0][0] <= horizon:
-            _, rid = q.popleft()
-            entry = self._entries.get(rid)
-            if entry is not None and entry.ended:
-                del self._entries[rid]
-                self._live.pop(rid, None)
+            _, entry = q.popleft()
+            if self._entries.get(entry.run_id) is entry:
+                del self._entries[entry.run_id]
+                self._live.pop(entry.run_id, None)
+
+
+def _release_frames(error: Optional[BaseException]) -> None:
+    """Clear the locals of the finished frames in ``error``'s tracebacks (and its chain).
+
+    A failed run's error is kept for ``result()``; its traceback's frames
+    would otherwise keep the run's loop, machine and client alive for
+    ``keep_finished_s``. File, line and function names stay for display.
+    """
+    seen = 0
+    while error is not None and seen < 16:
+        tb = error.__traceback__
+        if tb is not None:
+            traceback.clear_frames(tb)
+            # A finished frame keeps its caller (f_back) alive, and the run
+            # thread's outer frames hold the loop: clear them too. One still
+            # executing (another thread's) refuses, and its callers are live.
+            caller = tb.tb_frame.f_back
+            while caller is not None:
+                try:
+                    caller.clear()
+                except RuntimeError:
+                    break
+                caller = caller.f_back
+        error = error.__cause__ or error.__context__
+        seen += 1
 
 
 def _status(entry: _Entry) -> RunStatus:
     handle = entry.handle
-    assert handle is not None
+    if handle is None:
+        final = entry.final
+        assert final is not None
+        return final.status
     run = handle.record
     turns = [*run.turns]
     state, error, output = "running", None, None

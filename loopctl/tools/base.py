@@ -19,7 +19,7 @@ import json
 import math
 from collections.abc import Mapping
 from pathlib import Path, PurePath
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 import attrs
 
@@ -63,6 +63,9 @@ class ToolOutput:
         return cls(text, True)
 
 
+TempDirSource = Union[Path, None, Callable[[], Optional[Path]]]
+
+
 @attrs.define(eq=False)
 class ToolContext:
     """What a tool call knows about where it runs.
@@ -70,15 +73,37 @@ class ToolContext:
     ``cancel`` is the run's cancel signal: long tools poll
     ``cancel.is_cancelled()`` or wait on ``cancel.wait(t)`` to stop early.
     ``extras`` is a dict the host fills (``BareLoop.tool_extras``).
+    ``temp_dir`` is the loop's managed scratch directory; the loop makes it
+    when a tool first reads this attribute, so a tool that never reads it
+    costs no filesystem work. The constructor takes a path, None, or a
+    zero-argument callable that makes and returns the path (called at most
+    once, on first read).
     """
 
     session_id: str
     run_id: str
     turn: int
     call_id: str
-    temp_dir: Optional[Path]
+    _temp_source: TempDirSource = attrs.field(alias="temp_dir", repr=False)
     cancel: Any
     extras: dict[str, Any] = attrs.field(factory=dict)
+    _temp_resolved: bool = attrs.field(default=False, init=False, repr=False)
+
+    @property
+    def temp_dir(self) -> Optional[Path]:
+        """The managed temp dir (made now if this is the first read), or None."""
+        if not self._temp_resolved:
+            source = self._temp_source
+            if callable(source):
+                source = source()
+            self._temp_source = source
+            self._temp_resolved = True
+        return self._temp_source  # type: ignore[return-value]
+
+    @temp_dir.setter
+    def temp_dir(self, value: Optional[Path]) -> None:
+        self._temp_source = value
+        self._temp_resolved = True
 
 
 def to_output(value: Any) -> ToolOutput:

@@ -1,10 +1,15 @@
-"""ToolRegistry: tools by name, in registration order."""
+"""ToolRegistry: tools by name, in registration order.
+
+Refreshers let a tool source (an MCP server whose tool list changes, say)
+update the registry between turns: the driver calls ``refresh()`` on the
+run's thread before each model turn, never during a tool phase.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Optional
+from typing import Callable, Optional
 
 from loopctl.messages import ToolSchema
 from loopctl.tools.base import Tool
@@ -18,6 +23,7 @@ class ToolRegistry:
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
         self._schemas: Optional[tuple[ToolSchema, ...]] = None
+        self._refreshers: list[Callable[[ToolRegistry], None]] = []
         for t in tools:
             self.register(t)
 
@@ -32,6 +38,36 @@ class ToolRegistry:
         self._tools[tool.name] = tool
         self._schemas = None
         return tool
+
+    def unregister(self, name: str) -> bool:
+        """Remove the tool named ``name``; False when there is none."""
+        if self._tools.pop(name, None) is None:
+            return False
+        self._schemas = None
+        return True
+
+    def add_refresher(self, refresher: Callable[[ToolRegistry], None]) -> None:
+        """Call ``refresher(registry)`` before each model turn of every run.
+
+        It may register or unregister tools; the turn's request and the
+        machine's list of available tools follow. It runs on the run's thread
+        outside the run's fence (a cancel never waits for it); an exception is
+        logged and ignored.
+        """
+        self._refreshers.append(refresher)
+
+    @property
+    def has_refreshers(self) -> bool:
+        """True when a refresher was added."""
+        return bool(self._refreshers)
+
+    def refresh(self) -> None:
+        """Run every refresher (the driver calls this before each model turn)."""
+        for refresher in list(self._refreshers):
+            try:
+                refresher(self)
+            except Exception:
+                log.exception("tool refresher %r raised; the tool list is unchanged by it", refresher)
 
     def get(self, name: str) -> Optional[Tool]:
         """The tool named ``name``, or None."""

@@ -215,8 +215,8 @@ class MCPServer:
         """Register the server's current tools into ``registry`` (e.g. ``loop.tools``).
 
         Only tools that are new, or whose schema changed, are registered (a
-        same-named tool is replaced in place). Call it between runs: a run's
-        tools are fixed when it starts.
+        same-named tool is replaced in place). Call it between runs, or use
+        ``attach`` to keep the registry current between turns.
 
         Returns:
             The names registered, in the server's order.
@@ -230,6 +230,35 @@ class MCPServer:
             if old is None or old.schema() != t.schema() or old.timeout != t.timeout:
                 registry.register(t)
                 added.append(t.name)
+        return added
+
+    def attach(self, registry: ToolRegistry, prefix: str = "", *, timeout: Optional[float] = None) -> list[str]:
+        """Register the server's tools into ``registry`` and keep them current between turns.
+
+        After a ``list_changed`` notification, the next model turn (of this
+        run or a later one) sees the new list: new or changed tools are
+        registered, tools the server dropped are unregistered.
+
+        Returns:
+            The names registered now, in the server's order.
+
+        Raises:
+            MCPServerError: the server did not start or could not list its tools.
+        """
+        provided = {t.name for t in self.tools(prefix, timeout=timeout)}
+        added = self.sync(registry, prefix, timeout=timeout)
+
+        def refresh(reg: ToolRegistry) -> None:
+            if not self.tools_changed or self.is_closed:
+                return
+            now = {t.name for t in self.tools(prefix, timeout=timeout)}
+            self.sync(reg, prefix, timeout=timeout)
+            for gone in provided - now:
+                reg.unregister(gone)
+            provided.clear()
+            provided.update(now)
+
+        registry.add_refresher(refresh)
         return added
 
     def _run(self, coro: Any, what: str) -> Any:
