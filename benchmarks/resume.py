@@ -38,6 +38,8 @@ from typing import Any, List
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from run_all import report  # noqa: E402
+
 from tests.celery_support import CeleryWorker, RedisServer, missing_requirements, stop_all  # noqa: E402
 
 SAMPLES = int(os.environ.get("LOOPCTL_RESUME_SAMPLES", "15"))
@@ -49,9 +51,8 @@ def pct(xs: List[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
-def result(name: str, unit: str, value: float, floor: float) -> None:
-    ratio = value / floor if floor else float("inf")
-    print(f"RESULT {name} ({unit}) | {value:.3f} | {floor:.3f} | {ratio:.2f}")
+def result(name: str, value_s: float, floor_s: float) -> None:
+    report(f"{name}, vs the heartbeat TTL", value_s * 1000.0, floor_s * 1000.0, "ms")
 
 
 def main() -> int:
@@ -127,9 +128,9 @@ def main() -> int:
             f"resumed p50 {pct(resumed, 50):.2f} s, p99 {pct(resumed, 99):.2f} s; "
             f"completed p50 {pct(completed, 50):.2f} s"
         )
-        result("kill9_to_resumed_p50", "s", pct(resumed, 50), ttl)
-        result("kill9_to_resumed_p99", "s", pct(resumed, 99), ttl)
-        result("kill9_to_completed_p50", "s", pct(completed, 50), ttl)
+        result("kill -9 to resumed p50", pct(resumed, 50), ttl)
+        result("kill -9 to resumed p99", pct(resumed, 99), ttl)
+        result("kill -9 to completed p50", pct(completed, 50), ttl)
         reg.close()
         sig.close()
         return 0
