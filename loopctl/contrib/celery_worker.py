@@ -31,10 +31,10 @@ If the heartbeat lapses (the process was killed, or stalled longer than the
 TTL), any reader declares the run failed ("worker lost") and this worker's
 later writes are refused; it then cancels its local run.
 
-A durable run (``resume="on_worker_loss"``) differs in three places. The
-loop hands its state to ``Checkpointer`` at each turn boundary, and the
-events thread writes that checkpoint in the same script as the events
-before it. A lapsed heartbeat puts the run back on the queue instead of
+A durable run (``resume="on_worker_loss"``) differs in three places (the
+parts live in ``celery_durable``). The loop hands its state to the
+``checkpointer`` sink at each turn boundary, and the events thread writes
+that checkpoint in the same script as the events before it. A lapsed heartbeat puts the run back on the queue instead of
 failing it (the sweepers send its task message again), and the claim that
 picks it up gets the checkpoint: the loop is built from the same committed
 history, restored through ``BareLoop.start(resume=...)``, its events numbered
