@@ -29,8 +29,6 @@ from typing import Any, Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from run_all import report  # noqa: E402
-
 from loopctl.providers.anthropic import AnthropicStreamParser  # noqa: E402
 from loopctl.providers.base import PartDelta, StreamAccumulator  # noqa: E402
 from loopctl.providers.openai import OpenAIStreamParser  # noqa: E402
@@ -144,6 +142,11 @@ def per_event(parser_cls: Callable[[], Any], expected: str) -> Callable[[list[by
         return deltas
 
     return run
+
+
+def report(figure: str, value: float, floor: float, unit: str) -> None:
+    """Print one ``RESULT`` line in plain numbers (never scientific notation)."""
+    print(f"RESULT {figure} | {value:.0f} {unit} | {floor:.0f} {unit} | {value / floor:.2f}x", flush=True)
 
 
 def best(fn: Callable[[list[bytes]], int], chunks: list[bytes]) -> tuple[float, int]:

@@ -14,6 +14,7 @@ import attrs
 from loopctl.errors import ConfigError
 
 _DISPATCH_MODES = ("parallel", "sequential")
+_OUTPUT_MODES = (None, "native", "tool", "prompt")
 
 
 def _int_range(lo: int, hi: Optional[int] = None) -> Any:
@@ -45,6 +46,22 @@ def _mode(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         raise ConfigError(
             f"ParallelDispatch.mode must be 'parallel' or 'sequential', got {value!r}"
         )
+
+
+def _output_mode(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value not in _OUTPUT_MODES:
+        raise ConfigError(
+            f"RunConfig.output_mode must be None, 'native', 'tool' or 'prompt', got {value!r}"
+        )
+
+
+def type_ref(output_type: Any) -> Optional[str]:
+    """``"module:qualname"`` for an importable class (None for a schema dict or a local class)."""
+    module = getattr(output_type, "__module__", None)
+    qualname = getattr(output_type, "__qualname__", None)
+    if not isinstance(output_type, type) or not module or not qualname or "<locals>" in qualname:
+        return None
+    return f"{module}:{qualname}"
 
 
 @attrs.frozen
@@ -129,26 +146,67 @@ class RunConfig:
         parallel: tool dispatch policy.
         memory_top_k: memory entries retrieved per turn (0 disables).
         reset_managers: reset breaker and detectors at the start of the run.
+        output_type: the answer's type (an attrs class, a dataclass, a
+            TypedDict, an Enum or Literal, ``list[...]`` of those, a plain
+            ``int``/``float``/``str``/``bool``, or a JSON Schema dict); the run's
+            ``Run.output_value`` is then the validated answer. None: plain text.
+        output_retries: how many times an answer that does not fit is sent
+            back with its problems before the run fails (>= 0).
+        output_mode: how the answer's shape reaches the model: ``"native"``
+            (the server's structured output), ``"tool"`` (a final-answer
+            tool), ``"prompt"`` (instructions); None picks the client's best.
     """
 
     max_turns: int = attrs.field(default=200, validator=_int_range(0))
     parallel: ParallelDispatch = attrs.field(factory=ParallelDispatch, converter=_to_dispatch)
     memory_top_k: int = attrs.field(default=3, validator=_int_range(0))
     reset_managers: bool = attrs.field(default=False, validator=_bool)
+    output_type: Any = None
+    output_retries: int = attrs.field(default=2, validator=_int_range(0))
+    output_mode: Optional[str] = attrs.field(default=None, validator=_output_mode)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict."""
-        return {
+        """A JSON-safe dict (an answer type travels as its import path, a schema as itself)."""
+        out: dict[str, Any] = {
             "max_turns": self.max_turns,
             "parallel": self.parallel.to_dict(),
             "memory_top_k": self.memory_top_k,
             "reset_managers": self.reset_managers,
         }
+        if self.output_type is not None:
+            t = self.output_type
+            out["output_type"] = dict(t) if isinstance(t, Mapping) else {"ref": type_ref(t)}
+            out["output_retries"] = self.output_retries
+            out["output_mode"] = self.output_mode
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RunConfig:
-        """Rebuild from ``to_dict`` output (validated)."""
-        return cls(**_known_fields(cls, data))
+        """Rebuild from ``to_dict`` output (validated); an answer type is imported when it can be."""
+        fields = _known_fields(cls, data)
+        if "output_type" in fields:
+            fields["output_type"] = _load_output_type(fields["output_type"])
+        return cls(**fields)
 
 
-__all__ = ["ParallelDispatch", "RunConfig", "SessionConfig"]
+def _load_output_type(raw: Any) -> Any:
+    # A class travels as "module:qualname"; where it cannot be imported the answer
+    # stays in its JSON form (``Run.output_value`` is then plain JSON).
+    if not isinstance(raw, Mapping) or set(raw) != {"ref"}:
+        return raw
+    ref = raw.get("ref")
+    if not isinstance(ref, str) or ":" not in ref:
+        return None
+    import importlib
+
+    module, _, qualname = ref.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return obj
+
+
+__all__ = ["ParallelDispatch", "RunConfig", "SessionConfig", "type_ref"]

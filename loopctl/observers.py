@@ -291,6 +291,24 @@ class RunResumed(Event):
     turn: int
 
 
+@attrs.frozen
+class OutputValidationFailed(Event):
+    """A final answer did not fit the run's ``output_type``.
+
+    ``errors`` are the problems (``"path: message"``) the model is shown;
+    ``attempt`` counts the answers rejected so far, of at most
+    ``max_attempts`` (``output_retries + 1``): at ``attempt ==
+    max_attempts`` the run fails with ``OutputValidationError``, else the
+    model is asked again.
+    """
+
+    TYPE: ClassVar[str] = "output_validation_failed"
+    turn: int
+    errors: tuple[str, ...]
+    attempt: int
+    max_attempts: int
+
+
 #: Observer method name for each event class.
 EVENT_METHODS: dict[type[Event], str] = {
     RunStart: "on_run_start",
@@ -315,6 +333,7 @@ EVENT_METHODS: dict[type[Event], str] = {
     ConvergenceDetected: "on_convergence_detected",
     SteeringDelivered: "on_steering",
     RunResumed: "on_run_resumed",
+    OutputValidationFailed: "on_output_validation_failed",
 }
 
 EVENT_TYPES: dict[str, type[Event]] = {cls.TYPE: cls for cls in EVENT_METHODS}
@@ -392,6 +411,8 @@ class Observer:
 
     def on_run_resumed(self, event: RunResumed) -> None:
         """A durable run continues on this worker from its last checkpoint."""
+    def on_output_validation_failed(self, event: OutputValidationFailed) -> None:
+        """A typed answer did not fit; the model is asked again unless attempts are used up."""
 
 
 class CallbackObserver(Observer):
@@ -415,6 +436,7 @@ __all__ = [
     "LoopDetectedEvent",
     "ModelSwitched",
     "Observer",
+    "OutputValidationFailed",
     "Response",
     "RetryScheduled",
     "RunEnd",

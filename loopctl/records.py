@@ -7,6 +7,8 @@ run gets its entry, success or failure.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional, Union
@@ -76,6 +78,8 @@ class Run:
 
     ``stop_reason`` is None on success and the ``LoopError`` on failure;
     ``start``/``end`` are wall-clock timestamps (``time.time()``).
+    ``output_value`` is the validated answer of a run that asked for an
+    ``output_type`` (an instance of it); ``output`` is still the text.
     """
 
     id: str
@@ -86,6 +90,7 @@ class Run:
     start: float = attrs.field(factory=time.time)
     end: Optional[float] = None
     stop_reason: Optional[LoopError] = None
+    output_value: Any = None
 
     @property
     def turn_count(self) -> int:
@@ -134,6 +139,7 @@ class Run:
             "start": self.start,
             "end": self.end,
             "stop_reason": None if err is None else _error_to_dict(err),
+            "output_value": json_form(self.output_value),
         }
 
     @classmethod
@@ -150,7 +156,29 @@ class Run:
             start=float(data.get("start") or 0.0),
             end=data.get("end"),
             stop_reason=err,
+            output_value=data.get("output_value"),
         )
+
+
+def json_form(value: Any) -> Any:
+    """A typed answer as plain JSON values (attrs, dataclasses, enums, lists, dicts)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return value
+    if isinstance(value, enum.Enum):
+        return json_form(value.value)
+    if attrs.has(type(value)):
+        return {
+            (f.alias or f.name): json_form(getattr(value, f.name))
+            for f in attrs.fields(type(value))
+            if f.init
+        }
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: json_form(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): json_form(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_form(v) for v in value]
+    return str(value)
 
 
 def _error_to_dict(err: LoopError) -> dict[str, Any]:
@@ -201,4 +229,4 @@ class Session:
         return sum(r.turn_count for r in self.runs)
 
 
-__all__ = ["Run", "Session", "Turn"]
+__all__ = ["Run", "Session", "Turn", "json_form"]

@@ -63,7 +63,12 @@ class ScriptedClient:
 
     Attributes:
         requests: every ``ModelRequest`` received, in order.
+        output_modes: typed-answer modes, preferred first (``"native"``: a
+            scripted ``reply()`` with JSON text is the answer; in ``"tool"``
+            mode script ``call("final_answer", ...)``).
     """
+
+    output_modes: tuple[str, ...] = ("native", "tool", "prompt")
 
     def __init__(self, script: Sequence[ScriptItem] = (), model: str = "scripted", chunk: int = 4) -> None:
         self._script = list(script)

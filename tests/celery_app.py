@@ -237,6 +237,14 @@ def make_forgetful_loop(conversation: str, history: List[Message]) -> BareLoop:
     return make_loop(conversation, [])
 
 
+def make_offline_loop(conversation: str, history: List[Message]) -> BareLoop:
+    """The offline demo model and its tools (typed answers: it fills the asked-for schema)."""
+    from loopctl.demo.model import OfflineModel
+    from loopctl.demo.tools import demo_tools
+
+    return BareLoop.from_history(OfflineModel(), demo_tools(), SessionConfig(), history)
+
+
 def make_app(url: str) -> Any:
     """A Celery app on the Redis at ``url`` (broker only; results are not stored)."""
     app = Celery("loopctl_tests", broker=url, set_as_current=False)

@@ -370,3 +370,10 @@ def test_web_page_renders_model_and_tool_text_as_text_only(web: Web, gate: threa
     text = "".join(e["delta"] for _, e in web.stream(f"/runs/{body['run_id']}/events")
                    if e["type"] == "text_delta")
     assert "'<script>alert(1)</script>'" in text  # sent to the page verbatim, as JSON text
+
+
+def test_web_page_refuses_to_be_framed(web: Web) -> None:
+    # A page with a Stop button inside another site's frame is a clickjacking target.
+    response = web.owner.app.client.get("/")
+    assert response.status_code == 200
+    assert response.headers["X-Frame-Options"] == "DENY"

@@ -59,6 +59,15 @@ RULES: tuple[Rule, ...] = (
         allowed=(),
     ),
     Rule(
+        "typed output is pure: the leaves, the tools' schema machinery and itself",
+        files=("loopctl/output/*",),
+        allowed=(
+            "loopctl.errors", "loopctl.messages", "loopctl.output", "loopctl.machine.steps",
+            "loopctl.tools.schema", "loopctl.tools.validation", "loopctl.tools.docstrings",
+        ),
+        forbidden=("threading", "time", "requests", "logging", "socket", "os", "asyncio"),
+    ),
+    Rule(
         "configs import only the leaves",
         files=("loopctl/config.py",),
         allowed=("loopctl.errors", "loopctl.messages"),

@@ -235,7 +235,11 @@ def test_request_options_are_honoured_or_refused() -> None:
     no_tools = model.complete(_request(msg, options=RequestOptions(tool_choice="none")))
     assert no_tools.message.tool_calls == []
     with pytest.raises(ConfigError, match="response_format"):
-        model.complete(_request(msg, options=RequestOptions(response_format={"type": "object"})))
+        model.complete(_request(msg, options=RequestOptions(response_format={"type": "json_object"})))
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    # Without its tools it cannot compute 6 * 7; the reply still has the asked-for shape.
+    shaped = model.complete(_request(Message.user("What is 6 * 7?"), tools=(), options=RequestOptions(response_format=schema)))
+    assert shaped.message.text == '{"n": 7}'
     with pytest.raises(ConfigError, match="delay"):
         OfflineModel(delay=-1)
 

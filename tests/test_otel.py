@@ -34,7 +34,8 @@ from support import WAIT, Gate, GatedReply  # noqa: E402
 
 from loopctl import BareLoop, Cancelled, Tool, ToolContext, Usage  # noqa: E402
 from loopctl.contrib.otel import OTelObserver  # noqa: E402
-from loopctl.errors import RateLimitEscalation  # noqa: E402
+from loopctl.errors import ModelError, RateLimited, RateLimitEscalation  # noqa: E402
+from loopctl.hosting.registry import RunRegistry  # noqa: E402
 from loopctl.observers import (  # noqa: E402
     Compaction,
     ConvergenceDetected,
@@ -604,7 +605,7 @@ def test_instrumenting_a_loop_twice_registers_once(traced: Traced) -> None:
     assert len(traced.named("invoke_agent")) == 1 and len(traced.named("chat scripted")) == 1
 
 
-@pytest.mark.parametrize("how", ["run", "start"])
+@pytest.mark.parametrize("how", ["run", "start", "registry"])
 def test_the_callers_current_span_is_the_runs_parent(traced: Traced, how: str) -> None:
     caller = trace.get_tracer("test", tracer_provider=traced.tracer_provider)
     script = [call("alpha"), reply("ok")] * 3
@@ -615,8 +616,14 @@ def test_the_callers_current_span_is_the_runs_parent(traced: Traced, how: str) -
             with caller.start_as_current_span("request") as request:
                 if how == "run":
                     loop.run("go")
-                else:
+                elif how == "start":
                     loop.start("go").result(WAIT)
+                else:  # a web request's handler starting a hosted run (examples/flask_app.py)
+                    registry = RunRegistry()
+                    try:
+                        registry.result(registry.start(loop, "go"), timeout=WAIT)
+                    finally:
+                        registry.close()
             root = traced.one("invoke_agent")
             assert root.parent is not None and root.parent.span_id == request.get_span_context().span_id
             assert {s.parent.span_id for s in traced.children(root)} == {root.context.span_id}
@@ -666,3 +673,120 @@ def test_a_call_blocked_by_a_hook_ends_with_its_tool_phase(traced: Traced) -> No
     assert "not beta" not in traced.dump()
     final = max(traced.named("chat scripted"), key=lambda s: s.attributes["loopctl.turn"])
     assert beta.end_time <= final.start_time  # closed with its tool phase, not at the run's end
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (ModelError("run cancelled by the upstream proxy"), "ModelError"),  # a cancel's opening, not a cancel
+        (ModelError("max turns exceeded for this API key tier"), "ModelError"),
+        (RateLimited("slow down", 3600.0, 60.0), "RateLimited"),
+        (ModelError("bad request"), "ModelError"),
+    ],
+    ids=["cancel-like text", "max-turns-like text", "RateLimited", "plain"],
+)
+def test_an_instrumented_runs_error_type_is_the_errors_class_not_a_guess_from_its_text(
+    traced: Traced, error: ModelError, expected: str
+) -> None:
+    loop = BareLoop(ScriptedClient([error]))
+    traced.observer.instrument(loop)
+    with loop, pytest.raises(type(error)):
+        loop.run("hi")
+    root = traced.one("invoke_agent")
+    assert root.attributes["loopctl.run.outcome"] == "failed"
+    assert "loopctl.cancelled" not in root.attributes
+    assert root.status.status_code is StatusCode.ERROR
+    assert root.attributes["error.type"] == expected
+    assert event(root, "exception").attributes["exception.type"] == expected
+    (ended,) = traced.points("loopctl.runs.ended")
+    assert ended.attributes["loopctl.run.outcome"] == "failed" and ended.attributes["error.type"] == expected
+    # The failed model call that ended the run names the same class.
+    (chat,) = [s for s in traced.children(root) if s.name.startswith("chat")]
+    assert chat.status.status_code is StatusCode.ERROR and "loopctl.cancelled" not in chat.attributes
+    assert chat.attributes["error.type"] == expected
+    assert event(chat, "exception").attributes["exception.type"] == expected
+    (duration,) = traced.points("gen_ai.client.operation.duration")
+    assert duration.attributes["error.type"] == expected
+
+
+def test_without_the_loop_the_run_spans_error_type_comes_from_the_texts_fixed_opening(traced: Traced) -> None:
+    loop = BareLoop(ScriptedClient([ModelError("run cancelled by the upstream proxy")]))
+    loop.register_observer(traced.observer)
+    with loop, pytest.raises(ModelError):
+        loop.run("hi")
+    root = traced.one("invoke_agent")
+    assert root.attributes["loopctl.run.outcome"] == "failed" and root.attributes["error.type"] == "_OTHER"
+
+
+class Quick(Tool):
+    """A concurrency-safe tool that returns at once (and says so just before)."""
+
+    concurrency_safe = True
+    name = "quick"
+    description = "Returns at once."
+
+    def __init__(self) -> None:
+        self.returning = threading.Event()
+
+    def call(self, input: Any, ctx: ToolContext) -> str:
+        self.returning.set()
+        return "quick"
+
+
+class Slow(Tool):
+    """A concurrency-safe tool held by a gate."""
+
+    concurrency_safe = True
+    name = "slow"
+    description = "Waits for the test."
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+
+    def call(self, input: Any, ctx: ToolContext) -> str:
+        self.gate.pass_through()
+        return "slow"
+
+
+def test_a_quick_tool_beside_a_slow_one_has_a_span_as_short_as_its_call(traced: Traced) -> None:
+    gate = Gate()
+    quick, slow = Quick(), Slow(gate)
+    script = [calls(("quick", {}), ("slow", {})), reply("done")]
+    with BareLoop(ScriptedClient(script), [quick, slow]) as loop:
+        traced.observer.instrument(loop)
+        handle = loop.start("go")
+        gate.wait_entered()
+        assert quick.returning.wait(WAIT)
+        gate.open()  # the slow call ends only after the quick one has returned
+        run = handle.result(WAIT)
+    assert run.output == "done"
+    q, s = traced.one("execute_tool quick"), traced.one("execute_tool slow")
+    # The wave's calls start together; each span lasts its own call's run time,
+    # not until the wave's slowest call returns.
+    assert q.start_time == s.start_time
+    for span in (q, s):
+        ran_ns = span.attributes["loopctl.tool.duration_ms"] * 1e6
+        assert abs((span.end_time - span.start_time) - ran_ns) <= 1_000, span.name
+    assert q.start_time < s.end_time and s.start_time < q.end_time
+    chat0, chat1 = sorted(traced.named("chat scripted"), key=lambda c: c.attributes["loopctl.turn"])
+    assert chat0.end_time <= q.start_time and max(q.end_time, s.end_time) <= chat1.start_time
+
+
+def test_a_failed_model_call_the_run_survives_is_written_when_the_run_goes_on(traced: Traced) -> None:
+    from loopctl import Message, SessionConfig
+    from loopctl.errors import ContextOverflow
+
+    script = [ContextOverflow("prompt is too long", 400), reply("fits now")]
+    history = [m for i in range(20) for m in (Message.user(f"question {i} " * 50), Message.assistant(f"answer {i}"))]
+    loop = BareLoop.from_history(ScriptedClient(script), [], SessionConfig(), history)
+    traced.observer.instrument(loop)
+    with loop:
+        run = loop.run("hi")
+    assert run.output == "fits now"
+    root = traced.one("invoke_agent")
+    assert root.attributes["loopctl.run.outcome"] == "completed"
+    failed, ok = sorted(traced.named("chat scripted"), key=lambda c: c.start_time)
+    assert failed.status.status_code is StatusCode.ERROR and failed.attributes["error.type"] == "ModelError"
+    assert ok.status.status_code is StatusCode.UNSET
+    assert failed.end_time <= ok.start_time <= ok.end_time <= root.end_time
+    assert {s.parent.span_id for s in (failed, ok)} == {root.context.span_id}

@@ -67,6 +67,7 @@ class Case:
     dead_port: bool = False
     fails: bool = True
     in_cli: bool = True
+    says: str = ""  # in the error's text: proof the call failed on this path (masks shown as <redacted>)
 
 
 def _midstream_openai() -> list[Item]:
@@ -81,30 +82,34 @@ def _midstream_anthropic() -> list[Item]:
 
 
 CASES = [
-    Case("openai mid-stream error chunk", script=_midstream_openai),
-    Case("anthropic error event", provider="anthropic", script=_midstream_anthropic),
-    Case("HTTP 200 JSON error body to a stream",
+    Case("openai mid-stream error chunk", script=_midstream_openai,
+         says="error from the server: invalid key <redacted>"),
+    Case("anthropic error event", provider="anthropic", script=_midstream_anthropic,
+         says="invalid_request_error from the server: bad key <redacted>"),
+    Case("HTTP 200 JSON error body to a stream", says="key <redacted> was revoked",
          script=lambda: [Reply(200, {"error": {"message": f"key {KEY} was revoked"}})]),
-    Case("HTTP 200 JSON error body, non-streaming", streaming=False,
+    Case("HTTP 200 JSON error body, non-streaming", streaming=False, says="key <redacted> was revoked",
          script=lambda: [Reply(200, {"error": {"message": f"key {KEY} was revoked"}})]),
-    Case("malformed JSON in a stream chunk",
+    Case("malformed JSON in a stream chunk", says="malformed JSON in stream chunk",
          script=lambda: [Stream([f'data: {{"echo": "{KEY}",\n\n'.encode()])]),
-    Case("the rescue's malformed JSON response",
+    Case("the rescue's malformed JSON response", says="the non-streaming rescue failed too",
          handler=dict(QUICK, rescue=True),
          script=lambda: [Stream([Cut()]),
                          Reply(200, f'{{"echo": "{KEY}"'.encode(), {"content-type": "application/json"})]),
-    Case("malformed JSON response, non-streaming", streaming=False,
+    Case("malformed JSON response, non-streaming", streaming=False, says="malformed JSON in response body",
          script=lambda: [Reply(200, f'{{"echo": "{KEY}"'.encode(), {"content-type": "application/json"})]),
     Case("invalid JSON tool arguments (a soft error; the run goes on)", fails=False,
          script=lambda: [Stream(openai_stream(tool_calls=[("c1", "add", f'{{"k": "{KEY}",')])),
                          Stream(openai_stream("done"))]),
-    Case("key with a trailing newline (requests' InvalidHeader)", key=KEY + "\n"),
-    Case("401 body echoing the key",
+    Case("key with a trailing newline (requests' InvalidHeader)", key=KEY + "\n", says="invalid value"),
+    Case("401 body echoing the key", says="HTTP 401: Incorrect API key provided: <redacted>",
          script=lambda: [Reply(401, {"error": {"message": f"Incorrect API key provided: {KEY}"}})]),
     Case("400 body echoing a custom header value", extra_headers={"x-team-token": HEADER_VALUE}, in_cli=False,
+         says="HTTP 400: bad team token <redacted>",
          script=lambda: [Reply(400, {"error": {"message": f"bad team token {HEADER_VALUE}"}})]),
-    Case("connection refused at a URL with credentials", url_password=True, dead_port=True),
-    Case("anthropic 529 then a body echoing the key", provider="anthropic",
+    Case("connection refused at a URL with credentials", url_password=True, dead_port=True,
+         says="connection refused at http://"),
+    Case("anthropic 529 then a body echoing the key", provider="anthropic", says="rate limited after 2 attempts",
          handler=dict(QUICK, rate_limit_retries=1, rate_limit_delay=0.0),
          script=lambda: [Reply(529, {"error": {"message": f"overloaded {KEY}"}}),
                          Reply(529, {"error": {"message": f"overloaded {KEY}"}})]),
@@ -189,6 +194,7 @@ def test_no_secret_reaches_any_outlet(case: Case, server: FakeServer, caplog: py
     handler = StreamHandler(**case.handler)
     if case.fails:
         error = caught(functools.partial(_call, handler, client, case.streaming))
+        assert case.says in str(error), f"failed on another path: {error}"
         assert_error_clean(error)
         if isinstance(error, ConfigError):
             assert error.__cause__ is None and error.__suppress_context__
@@ -208,6 +214,7 @@ def test_no_secret_reaches_any_outlet(case: Case, server: FakeServer, caplog: py
     with loop:
         if case.fails:
             error = caught(lambda: loop.run("hi"))
+            assert case.says in str(error), f"failed on another path: {error}"
             assert_error_clean(error)
             run = error.run
         else:
@@ -229,7 +236,9 @@ def test_no_secret_reaches_any_outlet(case: Case, server: FakeServer, caplog: py
             registry.result(rid, timeout=20)
         except LoopError:
             pass
-        assert_clean("RunRegistry.status", repr(registry.status(rid)))
+        status = registry.status(rid)
+        assert case.says in (status.error or ""), status
+        assert_clean("RunRegistry.status", repr(status))
         assert_clean("RunRegistry.events", json.dumps([ev for _, ev in registry.events(rid, timeout=5)]))
     finally:
         registry.close()
@@ -258,3 +267,4 @@ def test_no_secret_reaches_any_outlet(case: Case, server: FakeServer, caplog: py
 
 def test_the_table_covers_each_path_of_the_issue() -> None:
     assert len({c.name for c in CASES}) == len(CASES) >= 12
+    assert all(c.says for c in CASES if c.fails), "every failing case names the error that proves its path"

@@ -89,6 +89,8 @@ def _field_value(event_cls: type, name: str) -> st.SearchStrategy[Any]:
         return st.booleans()
     if name == "error":
         return st.one_of(st.none(), text)
+    if name == "errors":
+        return st.lists(text, max_size=3).map(tuple)
     if name in (
         "turn",
         "total_turns",
@@ -100,6 +102,7 @@ def _field_value(event_cls: type, name: str) -> st.SearchStrategy[Any]:
         "tokens_after",
         "repetitions",
         "count",
+        "max_attempts",
     ):
         return st.integers(0, 10**6)
     return text

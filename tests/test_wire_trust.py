@@ -7,6 +7,7 @@ promise of docs/providers.md.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import ssl
 import threading
@@ -24,8 +25,10 @@ from fakeserver import (
     Stall,
     Stream,
     anthropic_message,
+    oa_chunk,
     openai_completion,
     openai_stream,
+    sse,
 )
 from support import Recorder, collect_stream, hi_request
 
@@ -410,7 +413,8 @@ def test_the_cli_shows_each_retry_with_its_cause(server: FakeServer, monkeypatch
                 stdin=io.StringIO(""), stdout=out, stderr=err, env={})
     assert code == 0, err.getvalue()
     text = out.getvalue() + err.getvalue()
-    assert "server error (502); retry 2/4" in text and "recovered" in text
+    assert re.search(r"\[server error \(502\): retrying in [0-9.]+ m?s, attempt 2/4\]", text), text
+    assert "recovered" in text
     assert "stream interrupted" not in text
 
 
@@ -503,3 +507,95 @@ def test_every_event_of_a_read_is_its_own_delta() -> None:
     reader = StreamReader(OpenAIStreamParser("openai"), "openai")
     deltas = [ev.text for ev in reader.feed(read) if isinstance(ev, PartDelta)]
     assert deltas == words  # one delta per event, as sent: never merged per read
+
+
+def test_the_total_timeout_bounds_the_rescue_too(server: FakeServer) -> None:
+    # The stream stalls until the total deadline; the rescue that follows may
+    # not start a fresh 120 s of its own: the whole model call is bounded.
+    server.push(Stream([Stall()]), Hang())
+    handler = StreamHandler(first_event_timeout=None, total_timeout=0.5, max_retries=0, rescue_timeout=120.0, **FAST)
+    t0 = time.monotonic()
+    with pytest.raises(ModelError) as info:
+        collect_turn(handler, oa(server, timeout=(5.0, 30.0)))
+    assert time.monotonic() - t0 < 20.0  # not the client's 30 s read timeout, nor the rescue's 120 s
+    assert "total timeout of 0.5s" in str(info.value)
+
+
+def test_a_rescue_started_near_the_total_deadline_stops_at_it(server: FakeServer) -> None:
+    server.push(Stream([Stall()]), Hang())
+    handler = StreamHandler(first_event_timeout=0.3, total_timeout=1.0, max_retries=0, rescue_timeout=120.0, **FAST)
+    t0 = time.monotonic()
+    with pytest.raises(ModelError) as info:
+        collect_turn(handler, oa(server, timeout=(5.0, 30.0)))
+    assert time.monotonic() - t0 < 20.0
+    text = str(info.value)
+    assert "no first event within 0.3s" in text and "total timeout of 1s" in text
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["non-streaming", "a JSON reply to a stream"])
+def test_a_reply_of_the_wrong_shape_is_a_model_error_naming_it(server: FakeServer, streaming: bool) -> None:
+    body = openai_completion(tool_calls=[("c1", "add", "{}")])
+    body["choices"][0]["message"]["tool_calls"] = "not a list of calls"
+    server.push(Reply(200, body, {"content-type": "application/json"}))
+    client = oa(server)
+    with pytest.raises(ModelError) as info:
+        if streaming:
+            collect_stream(client, hi_request())
+        else:
+            client.complete(hi_request())
+    assert "response of an unexpected shape" in str(info.value) and "gpt-test" in str(info.value)
+    assert info.value.retryable is False and len(server.requests) == 1
+
+
+def _anthropic_events(*blocks: tuple[dict[str, Any], list[dict[str, Any]]], stop: str = "end_turn") -> list[bytes]:
+    """A messages stream of ``(content_block, [deltas])`` blocks, every value as given."""
+    out = [sse({"type": "message_start", "message": {"id": "m1", "type": "message", "role": "assistant",
+                                                     "model": "claude-test", "content": [],
+                                                     "usage": {"input_tokens": 3, "output_tokens": 0}}},
+               "message_start")]
+    for i, (block, deltas) in enumerate(blocks):
+        out.append(sse({"type": "content_block_start", "index": i, "content_block": block}, "content_block_start"))
+        out += [sse({"type": "content_block_delta", "index": i, "delta": d}, "content_block_delta") for d in deltas]
+        out.append(sse({"type": "content_block_stop", "index": i}, "content_block_stop"))
+    out.append(sse({"type": "message_delta", "delta": {"stop_reason": stop}, "usage": {"output_tokens": 2}},
+                   "message_delta"))
+    out.append(sse({"type": "message_stop"}, "message_stop"))
+    return out
+
+
+def test_anthropic_fragments_that_are_not_text_never_kill_the_run(server: FakeServer) -> None:
+    odd = Stream(_anthropic_events(
+        ({"type": "thinking", "thinking": {"not": "text"}, "signature": 7}, [{"type": "thinking_delta", "thinking": 5}]),
+        ({"type": "text", "text": ["x"]}, [{"type": "text_delta", "text": {"a": 1}},
+                                          {"type": "text_delta", "text": "Let me add."}]),
+        # Some servers send the input object itself instead of JSON text.
+        ({"type": "tool_use", "id": "t1", "name": "add", "input": {}},
+         [{"type": "input_json_delta", "partial_json": {"a": 1, "b": 2}}]),
+        stop="tool_use",
+    ))
+    whole = anthropic_message("done")
+    whole["content"] = [{"type": "text", "text": 42}, {"type": "thinking", "thinking": None, "signature": []},
+                        {"type": "text", "text": "done"}]
+    server.push(odd, Reply(200, whole))
+    run, _ = run_loop(an(server), StreamHandler(**FAST))
+    assert run.output == "done"
+    assert run.turns[0].output == "Let me add."
+    results = server.requests[1].json["messages"][-1]["content"]
+    assert results[0]["type"] == "tool_result" and results[0]["content"] == "3"
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_token_counts_that_are_not_counts_never_kill_the_run(server: FakeServer, provider: str) -> None:
+    odd: dict[str, Any] = {"prompt_tokens": "many", "completion_tokens": -4, "input_tokens": [1], "output_tokens": "2"}
+    if provider == "openai":
+        server.push(Stream([oa_chunk({"role": "assistant", "content": "hi"}), oa_chunk({}, "stop"),
+                            oa_chunk(choices=False, usage=odd), b"data: [DONE]\n\n"]))
+        client: Any = oa(server)
+    else:
+        events = _anthropic_events(({"type": "text", "text": ""}, [{"type": "text_delta", "text": "hi"}]))
+        events[0] = sse({"type": "message_start", "message": {"model": "claude-test", "usage": odd}}, "message_start")
+        server.push(Stream(events))
+        client = an(server)
+    run, _ = run_loop(client, StreamHandler(**FAST))
+    assert run.output == "hi"
+    assert run.input_tokens >= 0 and run.output_tokens >= 0

@@ -75,14 +75,17 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from loopctl.config import RunConfig
+import attrs
+
+from loopctl.config import RunConfig, type_ref
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.registry import RunStatus
 from loopctl.hosting.serialization import history_from_dict, message_from_dict
 from loopctl.messages import Message
+from loopctl.output import OutputSpec
 from loopctl.records import Run
 
 from .celery_fields import run_from_fields, status_from_fields
@@ -262,6 +265,7 @@ class CeleryRunRegistry:
         *,
         resume: Optional[str] = None,
         max_resumes: Optional[int] = None,
+        output_type: Any = None,
     ) -> str:
         """Queue a run of the conversation on the workers.
 
@@ -273,6 +277,10 @@ class CeleryRunRegistry:
             resume: this run's ``resume`` (``"on_worker_loss"`` or
                 ``"never"``; default: the registry's).
             max_resumes: this run's ``max_resumes`` (default: the registry's).
+            output_type: ask for a typed answer (sets ``config.output_type``);
+                a class must be importable by the workers (module level), a
+                JSON Schema dict travels as itself. ``result()`` rebuilds the
+                class; ``status()`` carries the answer's JSON form.
 
         With OpenTelemetry installed, the caller's current trace context
         (W3C ``traceparent``) travels with the run and is current around it
@@ -293,6 +301,10 @@ class CeleryRunRegistry:
             raise TypeError(f"run input must be a str, got {type(input).__name__}")
         if config is not None and not isinstance(config, RunConfig):
             raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
+        if output_type is not None:
+            config = attrs.evolve(config or RunConfig(), output_type=output_type)
+        if config is not None:
+            _check_portable_output(config.output_type)
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
@@ -557,6 +569,19 @@ class CeleryRunRegistry:
         if not fields:
             raise KeyError(f"unknown run id {run_id!r}")
         return fields
+
+
+
+def _check_portable_output(output_type: Any) -> None:
+    """Refuse, before queueing, an answer type a worker could not rebuild."""
+    if output_type is None:
+        return
+    OutputSpec.of(output_type)  # unsupported: a ConfigError here, not on a worker
+    if not isinstance(output_type, Mapping) and type_ref(output_type) is None:
+        raise ConfigError(
+            f"output_type {output_type!r:.80} cannot travel to a worker: use a class defined "
+            "at module level (importable by the workers) or a JSON Schema dict"
+        )
 
 
 __all__ = [

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Dict
+from typing import Any, Dict
 
 from loopctl.config import RunConfig
 from loopctl.errors import Cancelled, LoopError
 from loopctl.hosting.registry import RunStatus
+from loopctl.output import rebuild_value
 from loopctl.records import Run
 
 from .celery_redis import TERMINAL, WorkerLost
@@ -39,7 +40,19 @@ def status_from_fields(run_id: str, fields: Dict[str, str]) -> RunStatus:
         ended_at=float(fields["ended_at"]) if terminal and fields.get("ended_at") else None,
         resumes=_int(fields, "resumes"),
         resume_cause=fields.get("resume_cause") or None,
+        output_value=_output_value(fields) if state == "completed" else None,
     )
+
+
+def _output_value(fields: Dict[str, str]) -> Any:
+    # A typed run's answer, in its JSON form, from the stored final Run.
+    raw = fields.get("run")
+    if not raw:
+        return None
+    try:
+        return json.loads(raw).get("output_value")
+    except (ValueError, AttributeError):
+        return None
 
 
 def run_from_fields(run_id: str, fields: Dict[str, str]) -> Run:
@@ -47,6 +60,7 @@ def run_from_fields(run_id: str, fields: Dict[str, str]) -> Run:
     raw = fields.get("run")
     if raw:
         run = Run.from_dict(json.loads(raw))
+        run.output_value = rebuild_value(run.config.output_type, run.output_value)
     else:  # ended off the worker: lost, expired in the queue, not enqueued
         config = RunConfig.from_dict(json.loads(fields["config"])) if fields.get("config") else RunConfig()
         run = Run(id=run_id, input=fields.get("input", ""), config=config)

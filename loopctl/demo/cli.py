@@ -32,6 +32,8 @@ from collections.abc import Mapping, Sequence
 from typing import IO, Any, Optional
 from urllib.parse import urlsplit
 
+import attrs
+
 from loopctl import __version__
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.demo.console import printable
@@ -43,6 +45,7 @@ from loopctl.demo.view import Console, LiveView, RunFacts
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
 from loopctl.observers import CallbackObserver
+from loopctl.records import json_form
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 _DEFAULT_MODELS = {"openai": ("OPENAI_MODEL", "gpt-4o-mini"),
@@ -113,6 +116,8 @@ def build_parser() -> _Parser:
     sub = parser.add_subparsers(dest="command", metavar="{run,chat}", parser_class=argparse.ArgumentParser)
     run = sub.add_parser("run", parents=[common], help="run the agent once on a task")
     run.add_argument("input", help='the task, e.g. "What is 12 + 30?"')
+    run.add_argument("--output-schema", metavar="SCHEMA.json",
+                     help="ask for an answer that fits this JSON Schema; print the validated object as JSON")
     chat = sub.add_parser("chat", parents=[common], help="several runs in one session (history kept)")
     parser.commands = {"run": run, "chat": chat}
     return parser
@@ -135,6 +140,9 @@ class Command:
         self.streaming = not args.no_stream
         self.config = RunConfig() if args.max_turns is None else RunConfig(max_turns=args.max_turns)
         self.facts = RunFacts(on_first_turn=self._first_turn)
+        schema = getattr(args, "output_schema_loaded", None)
+        if schema is not None:
+            self.config = attrs.evolve(self.config, output_type=schema)
         self.loop = self._make_loop(env, tty)
         self.prompts: queue.Queue[Optional[str]] = queue.Queue()
         self._cond = threading.Condition()
@@ -283,6 +291,10 @@ class Command:
                       else "guidance not delivered (the run finished first):", "yellow")
             for msg in leftovers:
                 self.note(f"  - {printable(msg)}", "yellow")
+        if error is None and self.config.output_type is not None:
+            value = json_form(run.output_value)
+            shown = {"type": "output_value", "value": value} if self.args.json else value
+            self.console.line(json.dumps(shown, ensure_ascii=False))
         self.note(_summary(run, self.facts), "dim")
         if error is None:
             return EXIT_OK
@@ -396,6 +408,8 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
         return EXIT_USAGE
     if args.provider == "offline" and args.base_url:
         parser.commands[args.command].error("--base-url applies to --provider openai or anthropic")
+    if getattr(args, "output_schema", None):
+        args.output_schema_loaded = _load_schema(parser.commands[args.command], args.output_schema)
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     if args.provider == "offline" and args.model:
@@ -428,6 +442,17 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
         finally:
             reader.stop()
             session.close()
+
+
+def _load_schema(parser: argparse.ArgumentParser, path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            schema = json.load(f)
+    except (OSError, ValueError) as exc:
+        parser.error(f"--output-schema {path}: {exc}")
+    if not isinstance(schema, dict):
+        parser.error(f"--output-schema {path}: a JSON Schema must be an object")
+    return schema
 
 
 def _chat(session: Command, reader: StdinLines) -> int:

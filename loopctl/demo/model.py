@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -40,6 +41,7 @@ from loopctl.messages import (
     ToolResultPart,
     Usage,
 )
+from loopctl.output import FINAL_TOOL
 from loopctl.providers.base import (
     TEXT,
     IteratorStream,
@@ -82,7 +84,15 @@ class OfflineModel:
         delay: seconds to wait between streamed text deltas (0: no waiting);
             the wait ends at once when the stream is closed (cancel).
         chunk: characters per streamed text delta.
+
+    Attributes:
+        output_modes: typed-answer modes, preferred first: it fills a
+            ``json_schema`` ``response_format`` (or the ``final_answer``
+            tool's input) from its computed answer, its number into numeric
+            fields and its sentence into text fields.
     """
+
+    output_modes: tuple[str, ...] = ("native", "tool")
 
     def __init__(self, model: str = "loopctl-offline", *, delay: float = 0.0, chunk: int = 4) -> None:
         if not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0:
@@ -107,10 +117,12 @@ class OfflineModel:
         """
         opts = request.options
         if opts is not None:
-            _check_options(opts)
+            _check_options(opts, request)
         plan = plan_reply(request)
         if opts is not None and opts.tool_choice == "none" and plan.calls:
             plan = Plan(plan.text.rstrip(".") + ", but I was asked not to use tools.")
+        if opts is not None and not plan.calls:
+            plan = _typed_answer(plan, opts, request)
         base = _conversation_hash(request) if plan.calls else None
         calls = [
             ToolCallPart(_call_id(base, k, name, inp), name, inp)
@@ -148,13 +160,64 @@ class OfflineModel:
         return f"OfflineModel(model={self._model!r}, delay={self.delay})"
 
 
-def _check_options(opts: Any) -> None:
-    if opts.response_format is not None:
-        raise ConfigError("OfflineModel cannot honour response_format")
+def _check_options(opts: Any, request: ModelRequest) -> None:
+    fmt = opts.response_format
+    if fmt is not None and not isinstance(_json_schema(fmt), Mapping):
+        raise ConfigError("OfflineModel honours only a json_schema response_format")
     if opts.extra_body is not None:
         raise ConfigError("OfflineModel cannot honour extra_body")
-    if opts.tool_choice not in _TOOL_CHOICES:
+    final = opts.tool_choice == "required" and any(t.name == FINAL_TOOL for t in request.tools)
+    if opts.tool_choice not in _TOOL_CHOICES and not final:
         raise ConfigError(f"OfflineModel cannot honour tool_choice={opts.tool_choice!r}")
+
+
+# -- typed answers: the computed answer poured into the asked-for shape ---------------
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def _json_schema(fmt: Mapping[str, Any]) -> Any:
+    # The OpenAI shape or a bare JSON Schema; "json_object"/"text" name no shape to fill.
+    inner = fmt.get("json_schema")
+    if fmt.get("type") == "json_schema" and isinstance(inner, Mapping):
+        return inner.get("schema")
+    return None if fmt.get("type") in ("json_object", "text") else fmt
+
+
+def _typed_answer(plan: Plan, opts: Any, request: ModelRequest) -> Plan:
+    """A final reply as JSON text (``response_format``) or a ``final_answer`` call (tool mode)."""
+    if opts.response_format is not None:
+        return Plan(json.dumps(_fill(_json_schema(opts.response_format), plan.text)))
+    if opts.tool_choice == "required":
+        schema = next(t.input_schema for t in request.tools if t.name == FINAL_TOOL)
+        return Plan("", ((FINAL_TOOL, _fill(schema, plan.text)),))
+    return plan
+
+
+def _fill(schema: Any, text: str) -> Any:
+    """A value of ``schema`` from the answer's sentence: numbers get its last number, strings the sentence."""
+    if not isinstance(schema, Mapping):
+        return text
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    if schema.get("anyOf"):
+        return _fill(schema["anyOf"][0], text)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind == "object":
+        return {k: _fill(sub, text) for k, sub in (schema.get("properties") or {}).items()}
+    if kind == "array":
+        return [_fill(schema.get("items"), text)]
+    if kind in ("integer", "number"):
+        found = _NUMBER.findall(text)
+        number = float(found[-1].replace(",", "")) if found else 0.0
+        return int(number) if kind == "integer" or number.is_integer() else number
+    if kind == "boolean":
+        return True
+    return text
 
 
 def _conversation_hash(request: ModelRequest) -> Any:

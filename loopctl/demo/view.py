@@ -151,6 +151,12 @@ class LiveView(Observer):
         for msg in event.messages:
             self.console.line(f"  [guidance delivered: {_one_line(msg.text)}]", "yellow")
 
+    def on_output_validation_failed(self, event: Any) -> None:
+        """A typed answer did not fit: its first problem, and whether the model is asked again."""
+        first = _one_line(event.errors[0]) if event.errors else "no details"
+        again = "asking again" if event.attempt < event.max_attempts else "giving up"
+        self.console.line(f"  [answer does not fit: {first}; {again} ({event.attempt}/{event.max_attempts})]", "yellow")
+
     def on_attempt_reset(self, event: AttemptReset) -> None:
         """The reply starts again: said once (the retry line already gave its cause)."""
         if self._retry_shown:

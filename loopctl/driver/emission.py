@@ -42,6 +42,7 @@ from loopctl.observers import (
     LoopDetectedEvent,
     ModelSwitched,
     Observer,
+    OutputValidationFailed,
     Response,
     RetryScheduled,
     RunEnd,
@@ -468,6 +469,12 @@ class RunEvents:
     def convergence_detected(self, action: str, similarity: float, count: int) -> None:
         if ConvergenceDetected in self._wanted:
             self.emit(ConvergenceDetected(self.session_id, self.run_id, action, similarity, count))
+
+    def output_validation_failed(
+        self, turn: int, errors: Sequence[str], attempt: int, max_attempts: int
+    ) -> None:
+        if OutputValidationFailed in self._wanted:
+            self.emit(OutputValidationFailed(self.session_id, self.run_id, turn, tuple(errors), attempt, max_attempts))
 
     def steering(self, turn: int, messages: Sequence[Message]) -> None:
         if SteeringDelivered in self._wanted:

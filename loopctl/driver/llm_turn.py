@@ -98,9 +98,18 @@ def build_request(
 
 
 def call_model(
-    parts: LoopParts, rc: RunContext, events: RunEvents, turn: int, request: ModelRequest
+    parts: LoopParts,
+    rc: RunContext,
+    events: RunEvents,
+    turn: int,
+    request: ModelRequest,
+    answer_tool: Optional[str] = None,
 ) -> ModelResponse:
     """Make the model call (streaming or not), cancel-aware.
+
+    ``answer_tool`` names the final-answer tool of a typed run in tool mode:
+    its input's deltas are the answer's text, so observers get them as
+    ``on_text_delta`` too.
 
     Raises:
         Cancelled: the signal fired before or during the call.
@@ -109,14 +118,19 @@ def call_model(
     cancel = rc.cancel
     if cancel.is_cancelled():
         raise Cancelled(cancel.reason)
-    response = _stream_turn(parts, rc, events, turn, request)
+    response = _stream_turn(parts, rc, events, turn, request, answer_tool)
     if cancel.is_cancelled():
         raise Cancelled(cancel.reason)
     return response
 
 
 def _stream_turn(
-    parts: LoopParts, rc: RunContext, em: RunEvents, turn: int, request: ModelRequest
+    parts: LoopParts,
+    rc: RunContext,
+    em: RunEvents,
+    turn: int,
+    request: ModelRequest,
+    answer_tool: Optional[str] = None,
 ) -> ModelResponse:
     streamer = parts.text_streamer
     handler = parts.stream_handler
@@ -160,6 +174,8 @@ def _stream_turn(
                 elif kind == "tool_input":
                     cid, name = tool_slots.get(ev.index, ("", ""))
                     em.tool_input_delta(turn, cid, name, ev.text)
+                    if answer_tool is not None and name == answer_tool:
+                        em.text_delta(turn, ev.text)  # the typed answer, as it comes
                 acc.feed(ev)
             elif isinstance(ev, PartStart):
                 if ev.kind == "tool_call":

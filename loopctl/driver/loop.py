@@ -18,7 +18,10 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import attrs
+
 from loopctl.config import RunConfig, SessionConfig
+from loopctl.driver.answers import answer_check
 from loopctl.driver.builder import LoopSetup
 from loopctl.driver.checkpoint import Checkpoint, ResumePoint
 from loopctl.driver.emission import RunEvents
@@ -51,17 +54,30 @@ class BareLoop(LoopSetup):
 
     # -- running ---------------------------------------------------------------
 
-    def run(self, input: str, config: Optional[RunConfig] = None, run_id: Optional[str] = None) -> Run:
+    def run(
+        self,
+        input: str,
+        config: Optional[RunConfig] = None,
+        run_id: Optional[str] = None,
+        *,
+        output_type: Any = None,
+    ) -> Run:
         """Run the agent on ``input`` and block until it ends.
+
+        Args:
+            output_type: ask for a typed answer (sets ``config.output_type``);
+                ``Run.output_value`` is then the validated value.
 
         Returns:
             The finished ``Run`` record.
 
         Raises:
+            ConfigError: the ``output_type`` is not supported (nothing is sent).
             LoopBusy: a run is already in flight on this loop.
+            OutputValidationError: the answer never fit ``output_type``.
             LoopError: the run failed or was cancelled (``.run`` holds the record).
         """
-        rc = self._launch(input, config, run_id, waiter=True)
+        rc = self._launch(input, config, run_id, waiter=True, output_type=output_type)
         try:
             rc.wake.wait()
             if not rc.done.is_set():
@@ -85,6 +101,7 @@ class BareLoop(LoopSetup):
         tap: Optional[Callable[[Any], None]] = None,
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
+        output_type: Any = None,
     ) -> RunHandle:
         """Start the run on a named worker thread and return its handle.
 
@@ -95,11 +112,16 @@ class BareLoop(LoopSetup):
                 ``loopctl.driver.checkpoint``).
             resume: continue a run from a checkpoint instead of starting it
                 (``on_run_resumed`` in place of ``on_run_start``).
+            output_type: ask for a typed answer (sets ``config.output_type``).
 
         Raises:
+            ConfigError: the ``output_type`` is not supported (nothing is sent).
             LoopBusy: a run is already in flight on this loop.
         """
-        rc = self._launch(input, config, run_id, waiter=False, tap=tap, checkpoint=checkpoint, resume=resume)
+        rc = self._launch(
+            input, config, run_id, waiter=False, tap=tap, checkpoint=checkpoint, resume=resume,
+            output_type=output_type,
+        )
         return RunHandle(rc, lambda reason: self._cancel_run(rc, reason))
 
     def _launch(
@@ -111,6 +133,7 @@ class BareLoop(LoopSetup):
         tap: Optional[Callable[[Any], None]] = None,
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
+        output_type: Any = None,
     ) -> RunContext:
         if not isinstance(input, str):
             raise TypeError(f"run input must be a str, got {type(input).__name__}")
@@ -118,6 +141,9 @@ class BareLoop(LoopSetup):
             config = RunConfig()
         elif not isinstance(config, RunConfig):
             raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
+        if output_type is not None:
+            config = attrs.evolve(config, output_type=output_type)
+        check = answer_check(config, self._parts.client, self._parts.tools.name_set())
         rid = run_id if run_id is not None else uuid.uuid4().hex
         run = Run(id=rid, input=input, config=config)
         with self._busy:
@@ -142,6 +168,7 @@ class BareLoop(LoopSetup):
             self._session,
             LoopSlot(self._busy, self._cancel, self._release),
             self._resources,
+            check,
         )
         if checkpoint is not None:
             rc.driver.checkpoint_sink = checkpoint

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from loopctl.config import RunConfig
+from loopctl.driver.answers import answer_system, answer_tools, shape_options, shape_request
 from loopctl.driver.checkpoint import Checkpoint, ResumePoint, answers_for, snapshot
 from loopctl.driver.compaction import run_compaction
 from loopctl.driver.dispatch import Dispatcher, ToolRun
@@ -74,6 +75,7 @@ from loopctl.messages import (
     ToolResultPart,
 )
 from loopctl.observers import Response, StreamSuccess, ToolCallReceived, TurnStart
+from loopctl.output import OutputCheck
 from loopctl.providers.stream_handler import cancellable_complete
 from loopctl.records import Turn
 
@@ -113,6 +115,7 @@ class RunDriver:
         session: Session,
         slot: LoopSlot,
         resources: Any,
+        answer_check: Optional[OutputCheck] = None,
     ) -> None:
         self.rc = rc
         self.parts = parts
@@ -141,6 +144,7 @@ class RunDriver:
         self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
         self.deferred_tokens = 0  # the extras' cost a deferred turn reserves for the compaction
         self.gathers = False  # contributors or memory: transient extras to gather each turn
+        self.answer_check = answer_check  # a typed answer: its type and mode (answers.py)
 
     # -- the body: the seed's run() ----------------------------------------------------
 
@@ -208,7 +212,7 @@ class RunDriver:
         point = self.resume_point
         if point is None:
             self.events.run_start(run.input)
-            m.accept_input(run.input)
+            m.accept_input(run.input, self.answer_check)
         else:
             self.resume(point)
         self.steering._open_slot()
@@ -231,6 +235,7 @@ class RunDriver:
                 outcome = m.conclude(policy)
                 if type(outcome) is Completed:
                     run.output = outcome.final_text
+                    run.output_value = outcome.value
                     return
                 raise self.error_for(outcome)
 
@@ -247,9 +252,12 @@ class RunDriver:
                     reset()
         self.gathers = bool(parts.contributors) or (parts.memory is not None and self.config.memory_top_k > 0)
         opts = parts.request_options
-        self.base_options = None if opts.is_empty() else opts
+        check = self.answer_check
+        self.base_options = shape_options(check, None if opts.is_empty() else opts)
         self.tool_names = parts.tools.name_set()
-        self.meter.begin_run(parts.session_config.system_prompt, parts.tools.schemas())
+        self.meter.begin_run(
+            answer_system(check, parts.session_config.system_prompt), answer_tools(check, parts.tools.schemas())
+        )
 
     def boundary(self, after: str) -> None:
         """The run's one checkpoint seam: after each model turn, settled call and tool phase.
@@ -277,11 +285,11 @@ class RunDriver:
         run = self.rc.run
         self.events.run_resumed(run.input, point.attempt, point.cause, cp.turns_taken if cp else 0)
         if cp is None:
-            self.machine.accept_input(run.input)
+            self.machine.accept_input(run.input, self.answer_check)
             return
         run.turns.extend(cp.turns)
         answered = answers_for(point, self.parts.tools)
-        self.machine.resume(cp.pending, cp.turns_taken, answered)
+        self.machine.resume(cp.pending, cp.turns_taken, answered, self.answer_check)
         self.answered = list(answered.values())
         if cp.history is not None:
             self.base_epoch = -1  # the host holds an older history: checkpoints carry ours
@@ -326,10 +334,15 @@ class RunDriver:
         if TurnStart in em._wanted:
             em.turn_start(turn, query)
         request = build_request(parts, m, transients, self.options())
+        if self.answer_check is not None:
+            request = shape_request(self.answer_check, request)
         try:
             with em.phase(turn, "llm", figure) as phase:
                 response = self.ask_model(turn, request)
                 self.record_reply(turn, query, figure, response, phase)
+            rejected = m.answer_rejected
+            if rejected is not None:
+                em.output_validation_failed(rejected.turn, rejected.errors, rejected.attempt, rejected.max_attempts)
         except ContextOverflow as exc:
             # The brain decides: one compact-and-retry per turn, else the run fails.
             step = m.context_overflow(exc, figure, self.policy)
@@ -343,7 +356,9 @@ class RunDriver:
         parts = self.parts
         rc = self.rc
         try:
-            return call_model(parts, rc, self.events, turn, request)
+            check = self.answer_check
+            answer_tool = check.final_tool if check is not None else None
+            return call_model(parts, rc, self.events, turn, request, answer_tool)
         except Cancelled:
             raise
         except LoopError as exc:
@@ -392,7 +407,7 @@ class RunDriver:
         parts = self.parts
         routed = parts.routed_model
         if routed is not None and routed != parts.model_name():
-            return parts.request_options.with_model(routed)
+            return (self.base_options or parts.request_options).with_model(routed)
         return self.base_options
 
     def route_model(self) -> None:

@@ -45,7 +45,7 @@ from loopctl.config import RunConfig
 from loopctl.errors import Cancelled, ConfigError, LoopBusy, LoopError
 from loopctl.messages import Message
 from loopctl.observers import Event, RunEnd
-from loopctl.records import Run
+from loopctl.records import Run, json_form
 
 if TYPE_CHECKING:
     from loopctl.driver.handle import RunHandle
@@ -72,6 +72,8 @@ class RunStatus:
         resumes: times the run moved to another worker and continued from
             its last checkpoint (durable runs of ``CeleryRunRegistry``).
         resume_cause: why it last moved (None if it never did).
+        output_value: a typed run's answer in its JSON form (None unless
+            completed with an ``output_type``).
     """
 
     run_id: str
@@ -86,6 +88,7 @@ class RunStatus:
     ended_at: Optional[float]
     resumes: int = 0
     resume_cause: Optional[str] = None
+    output_value: Any = None
 
     def to_dict(self) -> Dict[str, Any]:
         """A JSON-safe dict of the fields."""
@@ -290,6 +293,7 @@ class RunRegistry:
         run_id: Optional[str] = None,
         *,
         owner: Optional[Hashable] = None,
+        output_type: Any = None,
     ) -> str:
         """Start a run of ``loop`` on its worker thread and register it.
 
@@ -301,6 +305,7 @@ class RunRegistry:
             owner: who may address the run (e.g. a web session's user id).
                 The by-id methods find an owned run only when passed the
                 same ``owner``; for anyone else it is an unknown id.
+            output_type: ask for a typed answer (as ``BareLoop.start``).
 
         Returns:
             The run's id (its ``Run.id``).
@@ -338,7 +343,7 @@ class RunRegistry:
                 prev.handle.wait(5.0)
             entry = _Entry(rid, loop, self._event_buffer, self._ending, self._clock)
             entry.owner = owner
-            entry.handle = loop.start(input, config, rid, tap=entry.tap)
+            entry.handle = loop.start(input, config, rid, tap=entry.tap, output_type=output_type)
             self._entries[rid] = entry
             self._live[rid] = entry
             self._last_on_loop[loop] = entry
@@ -648,13 +653,13 @@ def _status(entry: _Entry) -> RunStatus:
         return final.status
     run = handle.record
     turns = [*run.turns]
-    state, error, output = "running", None, None
+    state, error, output, value = "running", None, None, None
     # run_end is emitted after finalize recorded the end and the error, so a
     # client that saw run_end already gets the final state.
     if entry.ended or handle.done():
         err = run.stop_reason
         if err is None:
-            state, output = "completed", run.output
+            state, output, value = "completed", run.output, json_form(run.output_value)
         else:
             state = "cancelled" if isinstance(err, Cancelled) else "failed"
             error = str(err)
@@ -669,6 +674,7 @@ def _status(entry: _Entry) -> RunStatus:
         output_tokens=sum(t.output_tokens for t in turns),
         started_at=run.start,
         ended_at=run.end if state != "running" else None,
+        output_value=value,
     )
 
 

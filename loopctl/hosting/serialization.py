@@ -88,6 +88,12 @@ def _load_int(value: Any) -> int:
     return int(value)
 
 
+def _load_strs(value: Any) -> Tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise TypeError("expected a list of strings")
+    return tuple(value)
+
+
 def _load_opt_int(value: Any) -> Optional[int]:
     return None if value is None else _load_int(value)
 
@@ -100,6 +106,7 @@ _BY_NAME: Dict[str, Callable[[Any], Any]] = {
     "duration_ms": _load_float,
     "similarity": _load_float,
     "context_window": _load_opt_int,
+    "errors": _load_strs,
 }
 _INT_FIELDS = {
     "turn",
@@ -112,6 +119,7 @@ _INT_FIELDS = {
     "tokens_after",
     "repetitions",
     "count",
+    "max_attempts",
 }
 
 
@@ -221,13 +229,13 @@ def status_from_dict(data: Mapping[str, Any]) -> Any:
 
     data = _mapping(data, "run status")
     _check_version(data, "run status")
-    fields = attrs.fields(RunStatus)
-    missing = [f.name for f in fields if f.default is attrs.NOTHING and f.name not in data]
+    names = [f.name for f in attrs.fields(RunStatus) if f.name in data or f.default is attrs.NOTHING]
+    missing = [n for n in names if n not in data]
     if missing:
         raise SchemaError(f"run status is missing {', '.join(map(repr, missing))}")
     if data["state"] not in _RUN_STATES:
         raise SchemaError(f"unknown run state {data['state']!r}: expected one of {_RUN_STATES}")
-    return RunStatus(**{f.name: data[f.name] for f in fields if f.name in data})
+    return RunStatus(**{n: data[n] for n in names})
 
 
 # -- the envelope -----------------------------------------------------------------------------

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from loopctl.machine.machine import LoopMachine
 from loopctl.machine.steps import (
+    AnswerCheck,
+    AnswerRejected,
+    AnswerVerdict,
     CallLLM,
     CallTools,
     CancelledOutcome,
@@ -24,6 +27,9 @@ from loopctl.machine.steps import (
 from loopctl.machine.views import ConversationSnapshot, MessagesView
 
 __all__ = [
+    "AnswerCheck",
+    "AnswerRejected",
+    "AnswerVerdict",
     "CallLLM",
     "CallTools",
     "CancelledOutcome",

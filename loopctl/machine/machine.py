@@ -22,8 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
-from loopctl.errors import ContextExceeded, LoopError, ModelError
+from loopctl.errors import ContextExceeded, LoopError, ModelError, OutputValidationError
 from loopctl.machine.steps import (
+    AnswerCheck,
+    AnswerRejected,
     CallLLM,
     CallTools,
     CancelledOutcome,
@@ -39,7 +41,7 @@ from loopctl.machine.steps import (
     Step,
 )
 from loopctl.machine.views import ConversationSnapshot, MessagesView
-from loopctl.messages import Message, ModelResponse, ToolResultPart
+from loopctl.messages import Message, ModelResponse, StopReason, ToolResultPart
 
 
 class LoopMachine:
@@ -60,6 +62,9 @@ class LoopMachine:
         self._history_epoch = 0
         self._pending_epoch = 0
         self._overflow_turn: Optional[int] = None  # the turn that used its overflow retry
+        self._answer_check: Optional[AnswerCheck] = None
+        self._answer_rejections = 0
+        self._answer_rejected: Optional[AnswerRejected] = None
 
     @classmethod
     def from_history(cls, history: Iterable[Message]) -> LoopMachine:
@@ -117,6 +122,11 @@ class LoopMachine:
     def is_terminal(self) -> bool:
         """True once the run has an outcome."""
         return self._state is MachineState.TERMINAL
+
+    @property
+    def answer_rejected(self) -> Optional[AnswerRejected]:
+        """Set when the last ``model_response`` gave an answer that did not fit; else None."""
+        return self._answer_rejected
 
     @property
     def is_cancelled(self) -> bool:
@@ -251,11 +261,18 @@ class LoopMachine:
         assert self._outcome is not None
         return self._outcome
 
-    def accept_input(self, text: str) -> None:
+    def accept_input(self, text: str, answer_check: Optional[AnswerCheck] = None) -> None:
         """Start a run: pending := [user(text)]; turns, estimate and cancel reset.
 
-        History is untouched, so the model sees every earlier run.
+        History is untouched, so the model sees every earlier run. With
+        ``answer_check`` the run wants a typed answer: a final reply that does
+        not fit is answered with the problems and the model asked again, up
+        to ``answer_check.retries`` times (each a turn), then the run fails
+        with ``OutputValidationError``.
         """
+        self._answer_check = answer_check
+        self._answer_rejections = 0
+        self._answer_rejected = None
         self._pending = [Message.user(text)]
         self._pending_epoch += 1
         self._held = []
@@ -269,14 +286,19 @@ class LoopMachine:
         self._overflow_turn = None
 
     def resume(
-        self, pending: Iterable[Message], turns_taken: int, answered: Mapping[str, ToolResultPart]
+        self,
+        pending: Iterable[Message],
+        turns_taken: int,
+        answered: Mapping[str, ToolResultPart],
+        answer_check: Optional[AnswerCheck] = None,
     ) -> None:
         """Continue a run from a checkpoint (mutates): pending and the turn count restored.
 
         ``pending`` is the run's messages so far. When it ends with the
         model's tool calls the machine awaits their results; a call with an
         entry in ``answered`` is pre-answered with it, never dispatched.
-        History is untouched; estimate and cancel reset as ``accept_input``.
+        History is untouched; estimate and cancel reset as ``accept_input``
+        (and ``answer_check`` is as there).
 
         Raises:
             ValueError: a negative ``turns_taken``, or an answer for a call
@@ -287,7 +309,7 @@ class LoopMachine:
         stray = sorted(set(answered) - {c.id for c in calls})
         if turns_taken < 0 or stray:
             raise ValueError(f"resume: turns_taken {turns_taken}, answers for calls not made: {stray!r}")
-        self.accept_input("")
+        self.accept_input("", answer_check)
         self._pending = msgs
         self._turns_taken = turns_taken
         if calls:
@@ -318,7 +340,14 @@ class LoopMachine:
         self._context_tokens = context_tokens
         turn = self._turns_taken
         self._turns_taken = turn + 1
+        self._answer_rejected = None
         calls = message.tool_calls
+        check = self._answer_check
+        if check is not None:
+            final = check.final_tool
+            if not calls or (final is not None and any(c.name == final for c in calls)):
+                self._read_answer(check, message, response.stop_reason, turn)
+                return
         if not calls:
             self._terminate(Completed(message.text))
             return
@@ -337,6 +366,48 @@ class LoopMachine:
         )
         self._tool_turn = turn
         self._state = MachineState.AWAITING_TOOLS
+
+    def _read_answer(
+        self, check: AnswerCheck, message: Message, stop_reason: StopReason, turn: int
+    ) -> None:
+        verdict = check.read(message, stop_reason)
+        if verdict.ok:
+            if message.tool_calls:
+                # Tool mode: the answer stays in the conversation as the reply's text,
+                # so no call is left without a result in history.
+                self._pending[-1] = Message.assistant(verdict.text)
+            self._terminate(Completed(verdict.text, verdict.value))
+            return
+        self._answer_rejections += 1
+        limit = check.retries + 1
+        self._answer_rejected = AnswerRejected(turn, verdict.errors, self._answer_rejections, limit)
+        if self._answer_rejections >= limit:
+            self._terminate(Failed(OutputValidationError(verdict.text or message.text, verdict.errors)))
+            return
+        feedback = check.feedback(verdict.errors)
+        if message.tool_calls:
+            # Every call of the reply gets its answer; the final answer's carries the problems.
+            self._pending.append(
+                Message.from_tool_results(
+                    [
+                        ToolResultPart(
+                            c.id,
+                            c.name,
+                            feedback
+                            if c.name == check.final_tool
+                            else "not run: this reply also gave a final answer",
+                            True,
+                        )
+                        for c in message.tool_calls
+                    ]
+                )
+            )
+        else:
+            self._pending.append(Message.user(feedback))
+        if self._held:
+            self._pending.extend(self._held)
+            self._held = []
+        self._state = MachineState.START  # ready for the next model turn
 
     def tool_results(self, messages: Iterable[Message]) -> None:
         """Record the turn's tool results (mutates); held steering follows them.

@@ -7,12 +7,13 @@ them does anything: the driver does the work and feeds the result back.
 from __future__ import annotations
 
 import enum
-from typing import Optional, Union
+from collections.abc import Sequence
+from typing import Any, Optional, Protocol, Union
 
 import attrs
 
 from loopctl.errors import LoopError
-from loopctl.messages import ToolCallPart, ToolResultPart
+from loopctl.messages import Message, StopReason, ToolCallPart, ToolResultPart
 
 
 class MachineState(str, enum.Enum):
@@ -50,9 +51,60 @@ class PendingToolCall:
 
 @attrs.frozen
 class Completed:
-    """The model answered without asking for tools."""
+    """The model answered without asking for tools.
+
+    ``value`` is the validated answer when the run asked for a typed answer.
+    """
 
     final_text: str
+    value: Any = None
+
+
+@attrs.frozen
+class AnswerVerdict:
+    """How a final reply read against the requested answer type."""
+
+    ok: bool
+    text: str
+    value: Any = None
+    errors: tuple[str, ...] = ()
+
+
+class AnswerCheck(Protocol):
+    """Reads final replies against a requested answer type; pure, supplied by the driver.
+
+    ``final_tool`` names the final-answer tool in tool mode (None otherwise);
+    ``retries`` is how many rejected answers are answered with ``feedback``
+    before the run fails with ``OutputValidationError``.
+    """
+
+    @property
+    def retries(self) -> int:
+        """How many rejected answers are sent back before the run fails."""
+        ...
+
+    @property
+    def final_tool(self) -> Optional[str]:
+        """The final-answer tool's name in tool mode, else None."""
+        ...
+
+    def read(self, message: Message, stop_reason: StopReason) -> AnswerVerdict:
+        """Read a final reply (no tool calls, or a call to ``final_tool``)."""
+        ...
+
+    def feedback(self, errors: Sequence[str]) -> str:
+        """The text that asks the model again, listing ``errors``."""
+        ...
+
+
+@attrs.frozen
+class AnswerRejected:
+    """The last reply's answer did not fit; the model is asked again (or the run failed)."""
+
+    turn: int
+    errors: tuple[str, ...]
+    attempt: int
+    max_attempts: int
 
 
 @attrs.frozen
@@ -107,6 +159,9 @@ class Done:
 Step = Union[CallLLM, CallTools, Compact, Done]
 
 __all__ = [
+    "AnswerCheck",
+    "AnswerRejected",
+    "AnswerVerdict",
     "CallLLM",
     "CallTools",
     "CancelledOutcome",

@@ -47,6 +47,7 @@ from loopctl.providers.base import (
     PartStop,
     Ping,
     StreamEvent,
+    token_count,
     tool_call_part,
 )
 from loopctl.providers.boundary import (
@@ -104,10 +105,10 @@ def _usage(data: Any) -> Optional[Usage]:
         return None
     # Cached prompt tokens are part of what the request put in the window.
     inp = sum(
-        int(data.get(k) or 0)
+        token_count(data.get(k))
         for k in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
     )
-    out = int(data.get("output_tokens") or 0)
+    out = token_count(data.get("output_tokens"))
     return None if inp == 0 and out == 0 else Usage(inp, out)
 
 
@@ -148,7 +149,12 @@ class AnthropicStreamParser:
             if known is None:
                 return []  # unknown deltas are ignored
             field, kind = known
-            return [PartDelta(idx, kind, delta.get(field, ""))]
+            value = delta.get(field, "")
+            if not isinstance(value, str):
+                if kind != TOOL_INPUT or value is None:
+                    return []  # a fragment that is not text: nothing to add
+                value = json.dumps(value)  # some servers send the input object itself
+            return [PartDelta(idx, kind, value)]
         if etype == "content_block_start":
             return self._block_start(data.get("index", 0), data.get("content_block") or {})
         if etype == "content_block_stop":
@@ -176,8 +182,9 @@ class AnthropicStreamParser:
         btype = block.get("type")
         if btype == "text":
             out: list[StreamEvent] = [PartStart(idx, TEXT)]
-            if block.get("text"):
-                out.append(PartDelta(idx, TEXT, block["text"]))
+            text = _text(block, "text")
+            if text:
+                out.append(PartDelta(idx, TEXT, text))
             return out
         if btype == "tool_use" or btype == "server_tool_use":
             out = [PartStart(idx, TOOL_CALL, block.get("id"), block.get("name") or "")]
@@ -186,10 +193,11 @@ class AnthropicStreamParser:
             return out
         if btype == "thinking":
             out = [PartStart(idx, THINKING)]
-            if block.get("thinking"):
-                out.append(PartDelta(idx, THINKING, block["thinking"]))
-            if block.get("signature"):
-                out.append(PartDelta(idx, SIGNATURE, block["signature"]))
+            thinking, signature = _text(block, "thinking"), _text(block, "signature")
+            if thinking:
+                out.append(PartDelta(idx, THINKING, thinking))
+            if signature:
+                out.append(PartDelta(idx, SIGNATURE, signature))
             return out
         self._skip.add(idx)  # redacted thinking and block types we do not model
         return []
@@ -291,6 +299,8 @@ class AnthropicClient(HTTPClientBase):
 
     provider = "anthropic"
     key_env = "ANTHROPIC_API_KEY"
+    #: Typed-answer modes, preferred first: a final-answer tool the model must call.
+    output_modes: tuple[str, ...] = ("tool", "native", "prompt")
     default_base_url = DEFAULT_BASE_URL
     stream_hint = " (is base_url right? for Anthropic it is the host root, requests go to {base_url}/v1/messages)"
 
@@ -356,6 +366,9 @@ class AnthropicClient(HTTPClientBase):
         return {"type": "tool", "name": choice}
 
     def _native_response_format(self, fmt: Mapping[str, Any]) -> tuple[str, Any]:
+        inner = fmt.get("json_schema")
+        if fmt.get("type") == "json_schema" and isinstance(inner, Mapping) and "properties" not in fmt:
+            fmt = inner.get("schema") or {}  # the OpenAI shape (a typed run's "native" mode)
         return "output_config", {"format": {"type": "json_schema", "schema": dict(fmt)}}
 
     def _response_from_json(self, data: Any) -> ModelResponse:
@@ -371,17 +384,24 @@ class AnthropicClient(HTTPClientBase):
         for block in content:
             btype = block.get("type") if isinstance(block, Mapping) else None
             if btype == "text":
-                if block.get("text"):
-                    parts.append(TextPart(block["text"]))
+                text = _text(block, "text")
+                if text:
+                    parts.append(TextPart(text))
             elif btype == "tool_use":
                 parts.append(tool_call_part(block.get("id") or "", block.get("name") or "", block.get("input")))
             elif btype == "thinking":
-                parts.append(ThinkingPart(block.get("thinking") or "", block.get("signature") or None))
+                parts.append(ThinkingPart(_text(block, "thinking"), _text(block, "signature") or None))
         message = Message(Role.ASSISTANT, tuple(parts))
         stop = STOP_REASONS.get(data.get("stop_reason") or "", StopReason.END_TURN)
         if stop is StopReason.END_TURN and message.tool_calls:
             stop = StopReason.TOOL_CALL
         return ModelResponse(message, stop, _usage(data.get("usage")), data.get("model"))
+
+
+def _text(block: Mapping[str, Any], field: str) -> str:
+    """``block[field]`` when it is a string, else ``""`` (a server's odd value is not text)."""
+    value = block.get(field)
+    return value if isinstance(value, str) else ""
 
 
 __all__ = ["AnthropicClient", "AnthropicStreamParser", "messages_to_anthropic"]

@@ -13,6 +13,7 @@ non-streaming call) and ``RetryWait`` (a backoff is about to start).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from typing import Any, Optional, Protocol, Union, runtime_checkable
 
@@ -142,7 +143,9 @@ class ModelStream(Protocol):
 
     def __iter__(self) -> Iterator[StreamEvent]: ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Stop the stream (idempotent, any thread): a blocked read returns."""
+        ...
 
 
 @runtime_checkable
@@ -150,15 +153,25 @@ class ModelClient(Protocol):
     """What the loop needs from a model client.
 
     ``set_model(name) -> bool`` is optional; clients without it cannot be
-    switched.
+    switched. ``output_modes`` (a tuple of ``"native"``, ``"tool"``,
+    ``"prompt"``) is optional too: the ways of asking for a typed answer the
+    client's server follows, the first being the one a run uses unless
+    ``RunConfig.output_mode`` says otherwise; a client without it gets
+    ``"tool"``.
     """
 
     @property
-    def model(self) -> str: ...
+    def model(self) -> str:
+        """The model requests go to (a request's ``options.model`` may override it)."""
+        ...
 
-    def complete(self, request: ModelRequest) -> ModelResponse: ...
+    def complete(self, request: ModelRequest) -> ModelResponse:
+        """One whole reply (a non-streaming call); failures are ``LoopError``s."""
+        ...
 
-    def stream(self, request: ModelRequest) -> ModelStream: ...
+    def stream(self, request: ModelRequest) -> ModelStream:
+        """The reply as stream events, read as they arrive; failures are ``LoopError``s."""
+        ...
 
 
 class IteratorStream:
@@ -176,6 +189,7 @@ class IteratorStream:
             yield ev
 
     def close(self) -> None:
+        """Stop yielding events (idempotent) and call ``on_close``."""
         self._closed = True
         if self._on_close is not None:
             self._on_close()
@@ -208,6 +222,18 @@ def response_events(response: ModelResponse, chunk: int = 8) -> Iterator[StreamE
 
 
 _SHOWN = 120  # characters of offending arguments quoted back to the model
+
+
+def token_count(value: Any) -> int:
+    """A provider's token count as an int >= 0; anything else (text, negative, NaN) counts 0.
+
+    Usage is informational: a server's odd value must not end a run.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0
+    if isinstance(value, float) and not math.isfinite(value):
+        return 0
+    return max(0, int(value))
 
 
 def _quote(text: str) -> str:
@@ -374,6 +400,7 @@ def _merge_usage(old: Optional[Usage], new: Usage) -> Optional[Usage]:
 
 
 __all__ = [
+    "token_count",
     "IteratorStream",
     "MessageDelta",
     "MessageStart",

@@ -7,6 +7,8 @@ a client raises (``raise_mapped`` scrubs with the client's ``Secret``, see
 happened (refused, DNS, timeout, TLS, reset) and where. ``status_error``:
 an HTTP error status, its body's message, ``Retry-After``, and the
 "context too long" rejections classified as ``ContextOverflow``.
+``foreign_error``: what an exception a client (any client, not only ours)
+let escape becomes.
 
 Errors leave tagged: ``kind`` ("status", "rate_limit", "timeout",
 "transport", "protocol"), ``retry_after`` (seconds or None) and ``summary``
@@ -185,6 +187,21 @@ def map_exception(exc: BaseException, call: CallInfo, *, deadline_hit: bool = Fa
     return model_error(f"{label}: {short}", retryable=True, kind=TRANSPORT, summary=short)
 
 
+def foreign_error(exc: BaseException) -> ModelError:
+    """A ``ModelError`` for an exception a model client let escape untranslated.
+
+    A transport-shaped one (``OSError``, ``requests``/``urllib3``) is a
+    retryable transport failure named by its type only (its text may quote
+    headers); anything else keeps its text, as a non-retryable failure.
+    """
+    if isinstance(exc, (OSError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
+        ("requests", "urllib3")
+    ):
+        kind = TIMEOUT if isinstance(exc, TimeoutError) else TRANSPORT
+        return model_error(f"model call failed: {type(exc).__name__}", retryable=True, kind=kind)
+    return ModelError(f"model call failed: {type(exc).__name__}: {exc}")
+
+
 def raise_mapped(exc: BaseException, call: CallInfo, *, deadline_hit: bool = False) -> NoReturn:
     """Raise ``map_exception(exc)``, redacted, chained to a scrubbed ``exc``.
 
@@ -350,6 +367,7 @@ __all__ = [
     "Secret",
     "error_kind",
     "error_summary",
+    "foreign_error",
     "is_context_overflow",
     "json_depth_exceeds",
     "map_exception",

@@ -417,9 +417,23 @@ class HTTPClientBase:
             return self._post(body, scope, call, True)
 
         def on_json(data: Any) -> Iterator[StreamEvent]:
-            return response_events(self._redact_calls(self._response_from_json(data)))
+            return response_events(self._reply_from_json(data, call.label))
 
         return SSEStream(open_response, self._parser(), call, on_json, self.stream_hint)
+
+    def _reply_from_json(self, data: Any, label: str) -> ModelResponse:
+        """``_response_from_json`` with JSON of the wrong shape turned into ``ModelError``.
+
+        Like ``feed_checked`` for streams: the parsers index into provider
+        JSON freely, and a body of an unexpected shape is a protocol error,
+        never a bare ``AttributeError`` or ``KeyError``.
+        """
+        try:
+            return self._redact_calls(self._response_from_json(data))
+        except (AttributeError, TypeError, KeyError, IndexError) as exc:
+            raise model_error(
+                f"{label}: response of an unexpected shape ({type(exc).__name__}: {str(exc)[:120]})", kind=PROTOCOL
+            ) from exc
 
     def _redact_calls(self, response: ModelResponse) -> ModelResponse:
         # The reason of an invalid tool call quotes the model's text: mask this client's secrets in it.
@@ -450,7 +464,7 @@ class HTTPClientBase:
         scope = current_scope() or CallScope()
         try:
             resp = self._post(body, scope, call, False)
-            return self._redact_calls(self._response_from_json(read_json(resp, scope, call)))
+            return self._reply_from_json(read_json(resp, scope, call), call.label)
         except LoopError as err:
             self._secret.scrub(err)  # the one redaction point of a whole call
             raise

@@ -181,6 +181,7 @@ class TrackingAdapter(HTTPAdapter):
     """An ``HTTPAdapter`` whose connections attach their sockets to the bound scope."""
 
     def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        """Make the pool manager with tracking connection pools."""
         super().init_poolmanager(*args, **kwargs)
         self.poolmanager.pool_classes_by_scheme = {"http": _TrackedHTTPPool, "https": _TrackedHTTPSPool}
         self.poolmanager.key_fn_by_scheme = dict(self.poolmanager.key_fn_by_scheme)

@@ -18,6 +18,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from typing import Any, Optional
+from urllib.parse import urlsplit
 
 import requests
 
@@ -46,6 +47,7 @@ from loopctl.providers.base import (
     PartStart,
     PartStop,
     StreamEvent,
+    token_count,
     tool_call_part,
 )
 from loopctl.providers.boundary import (
@@ -81,8 +83,8 @@ INVALID_TOOL_NAME = "invalid_tool_call"  # the wire name of a replayed call that
 def _usage(data: Any) -> Optional[Usage]:
     if not isinstance(data, Mapping):
         return None
-    inp = int(data.get("prompt_tokens") or data.get("input_tokens") or 0)
-    out = int(data.get("completion_tokens") or data.get("output_tokens") or 0)
+    inp = token_count(data.get("prompt_tokens") or data.get("input_tokens"))
+    out = token_count(data.get("completion_tokens") or data.get("output_tokens"))
     return None if inp == 0 and out == 0 else Usage(inp, out)
 
 
@@ -313,6 +315,15 @@ class OpenAIClient(HTTPClientBase):
         if base_url is None:
             base_url = os.environ.get("OPENAI_BASE_URL") or DEFAULT_BASE_URL
         super().__init__(model, api_key, base_url, session, timeout, extra_headers)
+
+    @property
+    def output_modes(self) -> tuple[str, ...]:
+        """Typed-answer modes, preferred first: native structured output on
+        api.openai.com; a final-answer tool on any other server (OpenAI-compatible
+        servers rarely honour ``json_schema``, tools they mostly do)."""
+        if urlsplit(self._base_url).hostname == "api.openai.com":
+            return ("native", "tool", "prompt")
+        return ("tool", "native", "prompt")
 
     def _url(self) -> str:
         return self._base_url + "/chat/completions"

@@ -52,6 +52,7 @@ from loopctl.providers.boundary import (
     TRANSPORT,
     error_kind,
     error_summary,
+    foreign_error,
     model_error,
     tag,
 )
@@ -106,7 +107,8 @@ class StreamHandler:
         rescue: make one non-streaming call after timeouts or transport
             failures used up the retries of a streamed call.
         rescue_timeout: the rescue call's own deadline (its reads still
-            wait at most the client's read timeout each).
+            wait at most the client's read timeout each, and it never runs
+            past ``total_timeout``; no rescue starts once that has passed).
         single_attempt: one attempt, no deadlines, errors as raised (set by
             ``passthrough()``).
     """
@@ -204,7 +206,7 @@ class TurnStream:
         except LoopError:
             raise
         except Exception as exc:
-            raise _foreign(exc) from exc
+            raise foreign_error(exc) from exc
         with self._lock:
             closed = self._closed
             if not closed:
@@ -273,7 +275,7 @@ class TurnStream:
                 except Exception as exc:
                     if self._stopped():
                         raise self._cancelled() from exc
-                    raise _foreign(exc) from exc
+                    raise foreign_error(exc) from exc
                 if type(ev) is MessageStop:
                     finished = True
                 yield ev
@@ -317,7 +319,7 @@ class TurnStream:
         except Exception as exc:
             if self._stopped():
                 raise self._cancelled() from exc
-            raise _foreign(exc) from exc
+            raise foreign_error(exc) from exc
         if self._stopped():
             raise self._cancelled()
         return response
@@ -400,23 +402,35 @@ class TurnStream:
         kind = error_kind(failure)
         if kind == RATE_LIMIT:
             raise RateLimitEscalation(self._rate_limited, self._retry_after) from failure
-        if self._streaming and self._h.rescue and kind in (TIMEOUT, TRANSPORT) and not self._rate_limited:
-            # A provider that rate-limited this call would rate-limit the rescue too.
+        total = self._total_deadline
+        out_of_time = total is not None and time.monotonic() >= total
+        if (self._streaming and self._h.rescue and kind in (TIMEOUT, TRANSPORT) and not self._rate_limited
+                and not out_of_time):
+            # A provider that rate-limited this call would rate-limit the rescue too,
+            # and the total timeout bounds the rescue as it bounds every attempt.
             yield StreamAttemptReset(self.attempts)
             yield StreamRescue(self._rescue(failure))
             return
         raise failure
 
     def _rescue(self, cause: LoopError) -> ModelResponse:
+        deadline = time.monotonic() + self._h.rescue_timeout
+        total = self._total_deadline
+        cut_by_total = total is not None and total < deadline
+        if total is not None and cut_by_total:
+            deadline = total
         try:
-            return self._complete(time.monotonic() + self._h.rescue_timeout)
+            return self._complete(deadline)
         except Cancelled:
             raise
         except LoopError as err:
             first, second = error_summary(cause), error_summary(err)
             shown: str = str(err)
             if error_kind(err) == TIMEOUT and getattr(err, "deadline_hit", False):
-                second = f"the rescue timeout of {self._h.rescue_timeout:g}s passed"
+                if cut_by_total:
+                    second = f"the total timeout of {self._h.total_timeout:g}s passed"
+                else:
+                    second = f"the rescue timeout of {self._h.rescue_timeout:g}s passed"
                 shown = f"timed out: {second}"
             if first == second:
                 text = f"{cause} (the non-streaming rescue failed the same way)"
@@ -433,16 +447,6 @@ def _retryable(exc: BaseException) -> bool:
     if exc.status in _NO_RETRY_STATUSES:
         return False
     return exc.retryable
-
-
-def _foreign(exc: BaseException) -> ModelError:
-    """A ``ModelError`` for an exception a client let escape untranslated."""
-    if isinstance(exc, (OSError, ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
-        ("requests", "urllib3")
-    ):
-        kind = TIMEOUT if isinstance(exc, TimeoutError) else TRANSPORT
-        return model_error(f"model call failed: {type(exc).__name__}", retryable=True, kind=kind)
-    return ModelError(f"model call failed: {type(exc).__name__}: {exc}")
 
 
 def cancellable_complete(client: Any, request: ModelRequest, cancel: Any) -> ModelResponse:

@@ -6,14 +6,15 @@ turns a *validated* JSON value into the declared Python type (``int`` from
 ``3.0``, ``Enum`` members, ``attrs`` instances, recursively). Supported:
 ``str``, ``int``, ``float``, ``bool``, ``None``, ``Any``, ``Optional``/
 ``Union``, ``list[T]``/``List[T]``, ``dict[str, T]``/``Dict[str, T]``,
-``Literal``, ``Enum`` subclasses and ``attrs`` classes (nested; recursive
-classes are refused). ``Annotated[T, "text"]`` adds a description. Any other
+``Literal``, ``Enum`` subclasses, ``attrs`` classes, dataclasses and
+``TypedDict`` classes (nested; recursive classes are refused). ``Annotated[T, "text"]`` adds a description. Any other
 annotation raises ``ConfigError`` naming the place and the type, so a bad
 tool fails when it is declared, not when the model first calls it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 import sys
@@ -32,7 +33,7 @@ Converter = Callable[[Any], Any]
 
 SUPPORTED = (
     "str, int, float, bool, None, Any, Optional[T], Union[...], list[T], dict[str, T], "
-    "Literal[...], Enum subclasses, attrs classes"
+    "Literal[...], Enum subclasses, attrs classes, dataclasses, TypedDict classes"
 )
 
 #: ``json_default``'s answer for a default a schema cannot show.
@@ -144,6 +145,10 @@ def compile_annotation(
         return Compiled(_enum_schema(cls), cls)
     if isinstance(hint, type) and attrs.has(hint):
         return _compile_attrs(hint, where, _seen, localns)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return _compile_dataclass(hint, where, _seen, localns)
+    if _is_typeddict(hint):
+        return _compile_typeddict(hint, where, _seen, localns)
     raise ConfigError(f"{where}: unsupported type {type_name(hint)} (supported: {SUPPORTED})")
 
 
@@ -250,18 +255,11 @@ def _attrs_field_docs(cls: type) -> dict[str, str]:
 def _compile_attrs(
     cls: type, where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
 ) -> Compiled:
-    if cls in seen:
-        raise ConfigError(f"{where}: attrs class {cls.__qualname__} refers to itself (recursive schemas are not supported)")
-    seen = seen + (cls,)
-    try:
-        names = {**(localns or {}), **vars(cls), cls.__name__: cls}
-        hints = typing.get_type_hints(cls, localns=names, include_extras=True)
-    except Exception as exc:
-        raise ConfigError(f"{where}: cannot resolve the type hints of {cls.__qualname__}: {exc}") from exc
+    seen, hints = _class_hints(cls, where, seen, localns)
     docs = _attrs_field_docs(cls)
     props: dict[str, Any] = {}
     required: list[str] = []
-    convs: list[tuple[str, str, Optional[Converter]]] = []
+    convs: list[tuple[str, Optional[Converter]]] = []
     for f in attrs.fields(cls):
         if not f.init:
             continue
@@ -281,7 +279,34 @@ def _compile_attrs(
             if default is not NO_DEFAULT:
                 prop["default"] = default
         props[key] = prop
-        convs.append((key, key, c.convert))
+        convs.append((key, c.convert))
+    return Compiled(_object_schema(cls, props, required), _keyword_converter(cls, convs))
+
+
+def _is_typeddict(hint: Any) -> bool:
+    # typing.is_typeddict arrived in Python 3.10; the attributes say the same on 3.9.
+    return (
+        isinstance(hint, type)
+        and issubclass(hint, dict)
+        and hasattr(hint, "__total__")
+        and hasattr(hint, "__required_keys__")
+    )
+
+
+def _class_hints(
+    cls: type, where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
+) -> tuple[tuple[type, ...], dict[str, Any]]:
+    if cls in seen:
+        raise ConfigError(f"{where}: class {cls.__qualname__} refers to itself (recursive schemas are not supported)")
+    try:
+        names = {**(localns or {}), **vars(cls), cls.__name__: cls}
+        hints = typing.get_type_hints(cls, localns=names, include_extras=True)
+    except Exception as exc:
+        raise ConfigError(f"{where}: cannot resolve the type hints of {cls.__qualname__}: {exc}") from exc
+    return seen + (cls,), hints
+
+
+def _object_schema(cls: type, props: dict[str, Any], required: list[str]) -> dict[str, Any]:
     schema: dict[str, Any] = {"type": "object"}
     text = summary(cls.__doc__)
     if text:
@@ -289,17 +314,73 @@ def _compile_attrs(
     schema["properties"] = props
     schema["required"] = required
     schema["additionalProperties"] = False
+    return schema
 
+
+def _keyword_converter(
+    build: Callable[..., Any], convs: list[tuple[str, Optional[Converter]]]
+) -> Converter:
     def convert(v: Mapping[str, Any]) -> Any:
         kwargs = {}
-        for key, arg, conv in convs:
+        for key, conv in convs:
             if key in v:
                 x = v[key]
-                kwargs[arg] = x if conv is None else conv(x)
-        return cls(**kwargs)
+                kwargs[key] = x if conv is None else conv(x)
+        return build(**kwargs)
 
-    return Compiled(schema, convert)
+    return convert
 
+
+def _compile_dataclass(
+    cls: type, where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
+) -> Compiled:
+    seen, hints = _class_hints(cls, where, seen, localns)
+    docs = _attrs_field_docs(cls)
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    convs: list[tuple[str, Optional[Converter]]] = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        c = compile_annotation(hints.get(f.name, f.type), f"{where} -> {cls.__qualname__}.{f.name}", seen, localns)
+        prop = dict(c.schema)
+        desc = f.metadata.get("description") or docs.get(f.name)
+        if desc and "description" not in prop:
+            prop["description"] = desc
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            required.append(f.name)
+        elif f.default is not dataclasses.MISSING:
+            default = json_default(f.default)
+            if default is not NO_DEFAULT:
+                prop["default"] = default
+        props[f.name] = prop
+        convs.append((f.name, c.convert))
+    return Compiled(_object_schema(cls, props, required), _keyword_converter(cls, convs))
+
+
+def _compile_typeddict(
+    cls: type, where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
+) -> Compiled:
+    seen, hints = _class_hints(cls, where, seen, localns)
+    docs = _attrs_field_docs(cls)
+    optional_keys: frozenset[str] = getattr(cls, "__optional_keys__", frozenset())
+    props: dict[str, Any] = {}
+    required: list[str] = []
+    convs: list[tuple[str, Optional[Converter]]] = []
+    for key, hint in hints.items():
+        origin = typing.get_origin(hint)
+        # NotRequired[...] / Required[...] wrap the real type (3.11+).
+        if origin is not None and getattr(origin, "_name", "") in ("NotRequired", "Required"):
+            hint = typing.get_args(hint)[0]
+        c = compile_annotation(hint, f"{where} -> {cls.__qualname__}.{key}", seen, localns)
+        prop = dict(c.schema)
+        if docs.get(key) and "description" not in prop:
+            prop["description"] = docs[key]
+        if key not in optional_keys:
+            required.append(key)
+        props[key] = prop
+        convs.append((key, c.convert))
+    return Compiled(_object_schema(cls, props, required), _keyword_converter(dict, convs))
 
 
 def json_default(value: Any) -> Any:

@@ -177,6 +177,17 @@ def _first(schema: Mapping[str, Any], value: Any) -> Optional[str]:
     return out[0] if out else None
 
 
+def problems(schema: Mapping[str, Any], value: Any, root: str = "value") -> list[str]:
+    """Every problem (at most five) of a whole value against ``schema``; ``[]`` when valid.
+
+    Paths start at ``root`` (``value.items[2].name``), so a person or a model
+    reading the list can find each bad spot.
+    """
+    out: list[str] = []
+    _walk(schema, value, root, out)
+    return out
+
+
 def check(schema: Mapping[str, Any], value: Any) -> Optional[str]:
     """Validate a tool's whole input; None when valid, else the problems joined by ``"; "``."""
     if schema.get("type") == "object" and not isinstance(value, Mapping):

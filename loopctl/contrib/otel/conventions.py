@@ -108,15 +108,16 @@ _SECRET_SHAPES = re.compile(
 )
 
 #: The LoopError classes whose messages have a fixed opening (errors.py), by that opening.
+#: Each opening runs up to its first variable part, so that a server's or a
+#: tool's free text ("run cancelled by the proxy") is not taken for one.
 _ERROR_PREFIXES = (
-    ("run cancelled", "Cancelled"),
-    ("max turns exceeded", "MaxTurnsExceeded"),
-    ("fallback exhausted", "FallbackExhausted"),
-    ("context exceeded", "ContextExceeded"),
-    ("loop detected", "LoopDetected"),
-    ("user input required", "UserInputRequired"),
-    ("output validation failed", "OutputValidationError"),
-    ("rate limited after", "RateLimitEscalation"),
+    ("max turns exceeded: the run used all ", "MaxTurnsExceeded"),
+    ("fallback exhausted: every model is down (", "FallbackExhausted"),
+    ("context exceeded: ", "ContextExceeded"),
+    ("loop detected: ", "LoopDetected"),
+    ("user input required: ", "UserInputRequired"),
+    ("output validation failed: ", "OutputValidationError"),
+    ("rate limited after ", "RateLimitEscalation"),
 )
 _TOOL_EXHAUSTED = re.compile(r"^tool '.*' failed after \d+ attempts$", re.S)
 
@@ -147,12 +148,19 @@ def error_type(text: Optional[str], default: str = "_OTHER") -> str:
     """A low-cardinality ``error.type`` for a loop error's message (its class name when known)."""
     if not text:
         return default
+    if is_cancel_text(text):
+        return "Cancelled"
     for prefix, name in _ERROR_PREFIXES:
         if text.startswith(prefix):
             return name
     if _TOOL_EXHAUSTED.match(text):
         return "ToolRecoveryExhausted"
     return default
+
+
+def is_cancel_text(text: Optional[str]) -> bool:
+    """True for a ``Cancelled`` error's message: ``"run cancelled"`` or ``"run cancelled: <reason>"``."""
+    return text is not None and (text == "run cancelled" or text.startswith("run cancelled: "))
 
 
 def cancel_reason(text: Optional[str]) -> Optional[str]:

@@ -32,17 +32,11 @@ from opentelemetry.trace import SpanKind
 
 from loopctl.observers import (
     AttemptReset,
-    Compaction,
-    ConvergenceDetected,
-    Fallback,
-    LoopDetectedEvent,
-    ModelSwitched,
     Observer,
     Response,
     RetryScheduled,
     RunEnd,
     RunStart,
-    SteeringDelivered,
     StreamFailure,
     StreamSuccess,
     ToolCallReceived,
@@ -53,6 +47,7 @@ from loopctl.observers import (
 )
 
 from . import conventions as cv
+from .happenings import RunSpanEvents
 from .instruments import Instruments
 from .spans import ChatCall, RunState, SpanWriter, is_cancel, json_text, messages_json, record_error
 
@@ -70,7 +65,7 @@ def _scope_version() -> str:
     return str(__version__)
 
 
-class OTelObserver(Observer):
+class OTelObserver(RunSpanEvents):
     """Turns a loop's events into OpenTelemetry GenAI spans and metrics.
 
     Register it like any observer (``loop.register_observer(OTelObserver())``),
@@ -196,14 +191,16 @@ class OTelObserver(Observer):
             return
         now = time.time_ns()
         error = event.error
+        error_class = None if event.success else self._error_class(event)
         if event.success:
             outcome = "completed"
-        elif is_cancel(error):
+        elif error_class == "Cancelled" or (error_class is None and is_cancel(error)):
             outcome = "cancelled"
         else:
             outcome = "failed"
+        self._flush_failed_chat(st, error_class, error)
         if st.chat is not None:
-            self._spans.chat(st, st.chat, now, event.success, error, None)
+            self._spans.chat(st, st.chat, now, event.success, error, None, error_class)
         self._spans.open_tools(st, now, error)
         span = st.span
         attrs: dict[str, Any] = {cv.RUN_OUTCOME: outcome, cv.RUN_TURNS: event.total_turns}
@@ -223,7 +220,7 @@ class OTelObserver(Observer):
             if cancel_ns is not None:
                 self._metrics.cancel_latency.record(max(0, now - cancel_ns) / 1e9, {cv.AGENT_NAME: self.agent_name})
         elif outcome == "failed":
-            kind = cv.error_type(error)
+            kind = error_class or cv.error_type(error)
             attrs[cv.ERROR_TYPE] = kind
             metric_attrs[cv.ERROR_TYPE] = kind
             record_error(span, kind, error, now)
@@ -231,12 +228,33 @@ class OTelObserver(Observer):
         span.end(end_time=now)
         self._metrics.runs_ended.add(1, metric_attrs)
 
+    def _error_class(self, event: RunEnd) -> Optional[str]:
+        """The class name of the error that ended the run, when the observer can see it.
+
+        A loop wired by ``instrument`` has the run's record, whose
+        ``stop_reason`` is set before ``on_run_end`` (SPEC §4, finalize step
+        1): its class is exact, where the event's text only suggests one.
+        """
+        loop = self._loops.get(event.session_id)
+        if loop is None:
+            return None
+        try:
+            runs = loop.session.runs
+            for run in reversed(runs):
+                if run.id == event.run_id:
+                    err = run.stop_reason
+                    return type(err).__name__ if isinstance(err, BaseException) else None
+        except Exception:  # a loop of another shape: fall back to the text
+            return None
+        return None
+
     # -- model calls ----------------------------------------------------------------------------
 
     def on_turn_start(self, event: TurnStart) -> None:
         """A model call begins: remember when (its span is made when it ends)."""
         st = self._runs.get(event.run_id)
         if st is not None:
+            self._flush_failed_chat(st)
             st.chat = ChatCall(event.turn, time.time_ns())
 
     def on_attempt_reset(self, event: AttemptReset) -> None:
@@ -295,9 +313,28 @@ class OTelObserver(Observer):
         if event.phase == "llm":
             chat = st.chat
             if chat is not None and chat.turn == event.turn:
-                self._spans.chat(st, chat, now, event.success, event.error, event)
+                if event.success:
+                    self._spans.chat(st, chat, now, True, None, event)
+                else:
+                    # Written when the run goes on or ends: if this failure ends
+                    # the run, the run's record names its class.
+                    st.chat = None
+                    self._flush_failed_chat(st)
+                    st.failed_chat = (chat, now, event)
         elif st.tools:
             self._spans.open_tools(st, now, None if event.success else event.error)
+
+    def _flush_failed_chat(
+        self, st: RunState, run_error_class: Optional[str] = None, run_error: Optional[str] = None
+    ) -> None:
+        """Write the held failed model call; it takes the run's error class if it is the run's error."""
+        held = st.failed_chat
+        if held is None:
+            return
+        st.failed_chat = None
+        chat, ended_ns, end = held
+        error_class = run_error_class if run_error_class is not None and run_error == end.error else None
+        self._spans.chat(st, chat, ended_ns, False, end.error, end, error_class)
 
     def _chat(self, run_id: str, turn: int) -> Optional[ChatCall]:
         st = self._runs.get(run_id)
@@ -318,14 +355,19 @@ class OTelObserver(Observer):
         """An attempt starts: remember when (its span is made when it ends)."""
         st = self._runs.get(event.run_id)
         if st is not None:
-            st.tools[(event.call_id, event.attempt)] = (time.time_ns(), event.turn, event.tool)
+            now = time.time_ns()
+            st.tools[(event.call_id, event.attempt)] = (now, event.turn, event.tool)
+            st.last_pre_ns = now
 
     def on_tool_post(self, event: ToolPost) -> None:
-        """An attempt ended: its span runs from its ``on_tool_pre`` to now.
+        """An attempt ended: its span lasts as long as the call itself ran.
 
         A parallel wave fires every pre before any call runs and every post
-        after all have returned, so the wave's spans always overlap, as the
-        calls did; each call's own run time is ``loopctl.tool.duration_ms``.
+        after all have returned, so a post's own time says only when the
+        wave ended. The calls start together after the wave's last pre: the
+        span starts there and lasts the call's measured run time
+        (``loopctl.tool.duration_ms``), so a wave's spans overlap as the
+        calls did and a quick call's span is as short as the call.
         """
         st = self._runs.get(event.run_id)
         if st is None:
@@ -333,92 +375,17 @@ class OTelObserver(Observer):
         opened = st.tools.pop((event.call_id, event.attempt), None)
         if opened is None:
             return
+        now = time.time_ns()
+        start_ns, turn, tool = opened
+        start_ns = min(max(start_ns, st.last_pre_ns), now)
+        end_ns = now
+        if event.duration_ms is not None and event.duration_ms >= 0:
+            end_ns = min(now, start_ns + int(event.duration_ms * 1e6))
         output = event.output if self.record_content else None
         self._spans.tool(
-            st, event.call_id, event.attempt, opened, time.time_ns(), event.is_error, output, event.duration_ms
+            st, event.call_id, event.attempt, (start_ns, turn, tool), end_ns, event.is_error, output,
+            event.duration_ms,
         )
-
-    # -- events on the run's span ---------------------------------------------------------------
-
-    def _run_event(self, run_id: str, name: str, attrs: dict[str, Any]) -> None:
-        st = self._runs.get(run_id)
-        if st is not None:
-            st.span.add_event(name, attrs, timestamp=time.time_ns())
-
-    def on_compaction(self, event: Compaction) -> None:
-        """The conversation was compacted."""
-        self._run_event(
-            event.run_id,
-            cv.EV_COMPACTION,
-            {
-                "loopctl.compaction.reason": event.reason,
-                "loopctl.compaction.tokens_before": event.tokens_before,
-                "loopctl.compaction.tokens_after": event.tokens_after,
-            },
-        )
-
-    def on_steering(self, event: SteeringDelivered) -> None:
-        """Guidance landed in the conversation (its text only with ``record_content``)."""
-        attrs: dict[str, Any] = {cv.TURN: event.turn, "loopctl.steering.count": len(event.messages)}
-        if self.record_content:
-            attrs["loopctl.steering.messages"] = tuple(cv.clean(m.text) for m in event.messages)
-        self._run_event(event.run_id, cv.EV_STEERING, attrs)
-
-    def on_fallback(self, event: Fallback) -> None:
-        """Requests moved to a fallback model."""
-        self._run_event(
-            event.run_id, cv.EV_FALLBACK, {"loopctl.model.from": event.from_model, "loopctl.model.to": event.to_model}
-        )
-
-    def on_model_switched(self, event: ModelSwitched) -> None:
-        """The serving model changed."""
-        self._run_event(
-            event.run_id,
-            cv.EV_MODEL_SWITCHED,
-            {"loopctl.model.from": event.from_model, "loopctl.model.to": event.to_model},
-        )
-
-    def on_loop_detected(self, event: LoopDetectedEvent) -> None:
-        """A repeating tool pattern (the pattern's text, which quotes inputs, only with content)."""
-        attrs: dict[str, Any] = {"loopctl.loop.repetitions": event.repetitions}
-        if self.record_content:
-            attrs["loopctl.loop.pattern"] = cv.clean(event.pattern)
-        self._run_event(event.run_id, cv.EV_LOOP_DETECTED, attrs)
-
-    def on_convergence_detected(self, event: ConvergenceDetected) -> None:
-        """The final answers converged."""
-        self._run_event(
-            event.run_id,
-            cv.EV_CONVERGENCE,
-            {
-                "loopctl.convergence.action": event.action,
-                "loopctl.convergence.similarity": float(event.similarity),
-                "loopctl.convergence.count": event.count,
-            },
-        )
-
-    def on_approval_requested(self, event: Any) -> None:
-        """A tool call waits for a person's approval."""
-        self._run_event(event.run_id, cv.EV_APPROVAL_REQUESTED, _approval_attrs(event))
-
-    def on_approval_resolved(self, event: Any) -> None:
-        """A pending approval was granted or denied."""
-        attrs = _approval_attrs(event)
-        approved = getattr(event, "approved", None)
-        if isinstance(approved, bool):
-            attrs["loopctl.approval.approved"] = approved
-        self._run_event(event.run_id, cv.EV_APPROVAL_RESOLVED, attrs)
-
-
-def _approval_attrs(event: Any) -> dict[str, Any]:
-    attrs: dict[str, Any] = {}
-    call_id = getattr(event, "call_id", None)
-    tool = getattr(event, "tool", None)
-    if isinstance(call_id, str):
-        attrs[cv.TOOL_CALL_ID] = call_id
-    if isinstance(tool, str):
-        attrs[cv.TOOL_NAME] = tool
-    return attrs
 
 
 __all__ = ["OTelObserver"]

@@ -56,6 +56,8 @@ class RunState:
         "input_tokens",
         "output_tokens",
         "text",
+        "last_pre_ns",
+        "failed_chat",
     )
 
     def __init__(self, span: Any, session_id: str, provider: Optional[str]) -> None:
@@ -70,11 +72,15 @@ class RunState:
         self.input_tokens = 0
         self.output_tokens = 0
         self.text: Optional[str] = None  # the last reply's text (content only)
+        self.last_pre_ns = 0  # the newest on_tool_pre: a wave's calls start to run after its last one
+        # A model call that failed, held until the run goes on or ends: if the run
+        # ends with that failure, the run's record names the error's class.
+        self.failed_chat: Optional[tuple[ChatCall, int, TurnEnd]] = None
 
 
 def is_cancel(error: Optional[str]) -> bool:
     """True for a ``Cancelled`` error's message."""
-    return error is not None and error.startswith("run cancelled")
+    return cv.is_cancel_text(error)
 
 
 class SpanWriter:
@@ -86,10 +92,22 @@ class SpanWriter:
         self.record_content = record_content
 
     def chat(
-        self, st: RunState, chat: ChatCall, now: int, success: bool, error: Optional[str], end: Optional[TurnEnd]
+        self,
+        st: RunState,
+        chat: ChatCall,
+        now: int,
+        success: bool,
+        error: Optional[str],
+        end: Optional[TurnEnd],
+        error_class: Optional[str] = None,
     ) -> None:
-        """End the model call ``chat`` of ``st``: its span, its duration and token metrics."""
-        st.chat = None
+        """End the model call ``chat`` of ``st``: its span, its duration and token metrics.
+
+        ``error_class`` is the failure's exception class when known; else it
+        is read from the text of ``error``.
+        """
+        if st.chat is chat:
+            st.chat = None
         model = chat.model or st.model
         if chat.model:
             st.model = chat.model
@@ -98,7 +116,10 @@ class SpanWriter:
             attrs[cv.PROVIDER_NAME] = st.provider
         if model:
             attrs[cv.REQUEST_MODEL] = model
-        cancelled = not success and is_cancel(error)
+        if error_class is not None:
+            cancelled = not success and error_class == "Cancelled"
+        else:
+            cancelled = not success and is_cancel(error)
         kind: Optional[str] = None
         if success and end is not None:
             if chat.model:
@@ -115,7 +136,7 @@ class SpanWriter:
         elif cancelled:
             attrs[cv.CANCELLED] = True
         else:
-            kind = cv.error_type(error, "ModelError")
+            kind = error_class or cv.error_type(error, "ModelError")
             attrs[cv.ERROR_TYPE] = kind
         span = self.tracer.start_span(
             f"{cv.OP_CHAT} {model}" if model else cv.OP_CHAT,
