@@ -19,7 +19,8 @@ error saying it was interrupted and its effect is unknown (at most once).
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from collections.abc import Sequence
+from typing import Any, Callable, Dict, Optional
 
 import attrs
 
@@ -119,4 +120,43 @@ def answers_for(point: ResumePoint, tools: Any) -> Dict[str, ToolResultPart]:
     return answered
 
 
-__all__ = ["INTERRUPTED", "Checkpoint", "ResumePoint", "answers_for", "snapshot"]
+class DurableRun:
+    """A durable run's side of the driver: the host's sink and what checkpoints need.
+
+    Args:
+        sink: the host's checkpoint callback (``BareLoop.start(checkpoint=)``).
+        base_epoch: the history epoch the host has committed.
+    """
+
+    def __init__(self, sink: Callable[[Checkpoint], None], base_epoch: int) -> None:
+        self.sink = sink
+        self.base_epoch = base_epoch
+        self.answered: list[ToolResultPart] = []  # the awaited wave's settled results
+
+    def boundary(self, machine: Any, turns: Any, after: str) -> None:
+        """Hand the run's state to the sink (run thread, fenced)."""
+        if after == "model":
+            self.answered = []
+        point = snapshot(machine, turns, self.answered, self.base_epoch, after)
+        if point is not None:
+            self.sink(point)
+
+    def settle(self, machine: Any, turns: Any, results: Sequence[ToolResultPart]) -> None:
+        """Results of the awaited wave settled (the dispatcher): checkpoint them."""
+        self.answered.extend(results)
+        self.boundary(machine, turns, "call")
+
+
+def restore(point: ResumePoint, machine: Any, run: Any, tools: Any, answer_check: Any) -> Dict[str, ToolResultPart]:
+    """Put the machine where the checkpoint left the run; returns the wave's pre-answers."""
+    cp = point.checkpoint
+    if cp is None:
+        machine.accept_input(run.input, answer_check)
+        return {}
+    run.turns.extend(cp.turns)
+    answered = answers_for(point, tools)
+    machine.resume(cp.pending, cp.turns_taken, answered, answer_check)
+    return answered
+
+
+__all__ = ["INTERRUPTED", "Checkpoint", "DurableRun", "ResumePoint", "answers_for", "restore", "snapshot"]

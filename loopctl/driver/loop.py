@@ -23,7 +23,7 @@ import attrs
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.driver.answers import answer_check
 from loopctl.driver.builder import LoopSetup
-from loopctl.driver.checkpoint import Checkpoint, ResumePoint
+from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import RunContext, RunHandle
 from loopctl.driver.run import LoopSlot, RunDriver
@@ -171,7 +171,7 @@ class BareLoop(LoopSetup):
             check,
         )
         if checkpoint is not None:
-            rc.driver.checkpoint_sink = checkpoint
+            rc.driver.durable = DurableRun(checkpoint, self._machine.history_epoch)
             rc.driver.tool_run.settled = rc.driver.settle
         rc.driver.resume_point = resume
 

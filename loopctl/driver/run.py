@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from loopctl.config import RunConfig
 from loopctl.driver.answers import answer_system, answer_tools, shape_options, shape_request
-from loopctl.driver.checkpoint import Checkpoint, ResumePoint, answers_for, snapshot
+from loopctl.driver.checkpoint import DurableRun, ResumePoint, restore
 from loopctl.driver.compaction import run_compaction
 from loopctl.driver.dispatch import Dispatcher, ToolRun
 from loopctl.driver.emission import RunEvents
@@ -133,12 +133,8 @@ class RunDriver:
         sc = parts.session_config
         self.policy = MachinePolicy(self.config.max_turns, sc.context_window, sc.compact_threshold, sc.auto_compact)
         self.tool_run = ToolRun(rc, events, run.input, self.config.parallel, events.session_id)
-        # Durable runs (checkpoint.py): the host's sink, where the run resumes,
-        # the awaited wave's settled results, the history epoch the host holds.
-        self.checkpoint_sink: Optional[Callable[[Checkpoint], None]] = None
+        self.durable: Optional[DurableRun] = None  # set by a host's checkpoint sink (checkpoint.py)
         self.resume_point: Optional[ResumePoint] = None
-        self.answered: list[ToolResultPart] = []
-        self.base_epoch = 0
         self.tool_names: frozenset[str] = frozenset()
         self.base_options: Optional[RequestOptions] = None
         self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
@@ -208,7 +204,8 @@ class RunDriver:
         m = self.machine
         self.session.runs.append(run)
         self.begin()
-        self.base_epoch = m.history_epoch
+        if self.durable is not None:
+            self.durable.base_epoch = m.history_epoch
         point = self.resume_point
         if point is None:
             self.events.run_start(run.input)
@@ -263,36 +260,26 @@ class RunDriver:
         """The run's one checkpoint seam: after each model turn, settled call and tool phase.
 
         ``after`` is ``"model"``, ``"call"`` or ``"tools"``. A durable run
-        hands its resumable state to the host's sink here (see checkpoint.py).
+        hands its resumable state to the host here (see checkpoint.py).
         """
-        sink = self.checkpoint_sink
-        if sink is None:
-            return
-        if after == "model":
-            self.answered = []
-        point = snapshot(self.machine, self.rc.run.turns, self.answered, self.base_epoch, after)
-        if point is not None:
-            sink(point)
+        if self.durable is not None:
+            self.durable.boundary(self.machine, self.rc.run.turns, after)
 
     def settle(self, results: Sequence[ToolResultPart]) -> None:
-        """Settled results of the awaited wave (the dispatcher): checkpoint them."""
-        self.answered.extend(results)
-        self.boundary("call")
+        """Settled results of the awaited wave (the dispatcher of a durable run)."""
+        if self.durable is not None:
+            self.durable.settle(self.machine, self.rc.run.turns, results)
 
     def resume(self, point: ResumePoint) -> None:
         """``on_run_resumed``, then the machine where the checkpoint left the run."""
         cp = point.checkpoint
         run = self.rc.run
         self.events.run_resumed(run.input, point.attempt, point.cause, cp.turns_taken if cp else 0)
-        if cp is None:
-            self.machine.accept_input(run.input, self.answer_check)
-            return
-        run.turns.extend(cp.turns)
-        answered = answers_for(point, self.parts.tools)
-        self.machine.resume(cp.pending, cp.turns_taken, answered, self.answer_check)
-        self.answered = list(answered.values())
-        if cp.history is not None:
-            self.base_epoch = -1  # the host holds an older history: checkpoints carry ours
+        answered = restore(point, self.machine, run, self.parts.tools, self.answer_check)
+        if self.durable is not None:
+            self.durable.answered = list(answered.values())
+            if cp is not None and cp.history is not None:
+                self.durable.base_epoch = -1  # the host holds an older history: checkpoints carry ours
 
     # -- handler 1: one model call -----------------------------------------------------
 
