@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, List
 
+import pytest
+
 from loopctl import BareLoop, Message, RunConfig, tool
 from loopctl.driver.checkpoint import INTERRUPTED, Checkpoint, ResumePoint
 from loopctl.hosting.serialization import event_to_dict
@@ -126,3 +128,26 @@ def test_resume_without_a_checkpoint_starts_from_the_input_and_steering_lands_fi
         assert h.result(5).output == "fresh"
     assert [m.text for m in client.requests[0].messages] == ["go"]
     assert type(rec.events[0]) is RunResumed and rec.events[0].attempt == 2
+
+
+def test_the_machine_resumes_awaiting_the_unanswered_calls_of_the_last_reply() -> None:
+    from loopctl.machine import CallLLM, CallTools, LoopMachine, MachinePolicy
+    from loopctl.messages import ToolCallPart, ToolResultPart
+
+    policy = MachinePolicy(10, 0, 80, True)
+    ask = Message.assistant("", [ToolCallPart("a", "lookup", {}), ToolCallPart("b", "pay", {})])
+    done_a = ToolResultPart("a", "lookup", "kept", False)
+    m = LoopMachine([Message.user("old")])
+    m.resume([Message.user("go"), ask], 1, {"a": done_a})
+    step = m.next_step(policy)
+    assert isinstance(step, CallTools) and step.turn == 0
+    assert [(p.call.id, p.preresolved) for p in step.calls] == [("a", done_a), ("b", None)]
+    assert list(m.history) == [Message.user("old")] and m.turns_taken == 1
+    m.tool_results([Message.from_tool_results([done_a, ToolResultPart("b", "pay", "ok", False)])])
+    assert m.next_step(policy) == CallLLM(1)
+
+    fresh = LoopMachine()
+    fresh.resume([Message.user("go"), ask, Message.from_tool_results([done_a])], 1, {})
+    assert fresh.next_step(policy) == CallLLM(1)
+    with pytest.raises(ValueError, match="zz"):
+        fresh.resume([Message.user("go")], 0, {"zz": done_a})
