@@ -55,14 +55,14 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "leaves import nothing of loopctl",
-        files=("loopctl/errors.py", "loopctl/messages.py", "loopctl/cancel.py"),
+        files=("loopctl/errors.py", "loopctl/messages.py", "loopctl/cancel.py", "loopctl/text.py"),
         allowed=(),
     ),
     Rule(
         "typed output is pure: the leaves, the tools' schema machinery and itself",
         files=("loopctl/output/*",),
         allowed=(
-            "loopctl.errors", "loopctl.messages", "loopctl.output", "loopctl.machine.steps",
+            "loopctl.errors", "loopctl.messages", "loopctl.output", "loopctl.machine.steps", "loopctl.text",
             "loopctl.tools.schema", "loopctl.tools.validation", "loopctl.tools.docstrings",
         ),
         forbidden=("threading", "time", "requests", "logging", "socket", "os", "asyncio"),

@@ -30,6 +30,7 @@ from typing import Any, Optional, Protocol, runtime_checkable
 import attrs
 
 from loopctl.errors import ConfigError
+from loopctl.text import clean_text
 
 CATEGORIES = ("trajectory", "insight", "error_pattern", "strategy", "fact", "working")
 """The entry categories the loop knows (any string is accepted; these are conventional)."""
@@ -86,15 +87,6 @@ def _to_tags(value: Iterable[str]) -> tuple[str, ...]:
     return tags
 
 
-def _clean(text: str) -> str:
-    """``text`` with lone surrogates as U+FFFD: a str SQLite and every wire can encode."""
-    if type(text) is not str or text.isascii():
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return text
 
 
 def _new_id() -> str:
@@ -114,7 +106,7 @@ class MemoryEntry:
         created_at: epoch seconds.
     """
 
-    text: str = attrs.field(converter=_clean)
+    text: str = attrs.field(converter=clean_text)
     tags: tuple[str, ...] = attrs.field(default=(), converter=_to_tags)
     category: str = "fact"
     relevance: float = 1.0
@@ -246,7 +238,7 @@ def fence_line(text: str) -> str:
     the fence or open another (``MEMORY_PREFIX``, ``MEMORY_SUFFIX``, in any
     case or spacing, look-alike letters included) becomes ``[marker removed]``.
     """
-    text = _clean(text)
+    text = clean_text(text)
     if not text.isprintable():  # line breaks, tabs, controls, zero-width and bidi characters
         text = "".join(ch for ch in text if ch.isspace() or unicodedata.category(ch) not in _INVISIBLE)
     line = " ".join(text.split())

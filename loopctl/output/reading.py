@@ -15,10 +15,11 @@ from typing import Any, Optional
 import attrs
 
 from loopctl.output.spec import FINAL_TOOL, OutputSpec
+from loopctl.text import MAX_JSON_DEPTH, json_depth_exceeds
 from loopctl.tools.validation import problems
 
 #: Replies nested deeper than this are refused as answers (json's recursion is no judge).
-MAX_DEPTH = 64
+MAX_DEPTH = MAX_JSON_DEPTH
 _SHOWN = 200
 
 
@@ -36,26 +37,6 @@ def _fail(text: str, *errors: str) -> OutputReading:
     return OutputReading(False, None, tuple(errors), text)
 
 
-def _too_deep(text: str) -> bool:
-    depth = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
 
 
 def _strip_fence(text: str) -> str:
@@ -84,7 +65,7 @@ def read_reply(spec: OutputSpec, text: str, truncated: bool = False) -> OutputRe
     body = _strip_fence(text)
     if not body:
         return _fail(text, "the reply is empty: answer with a JSON value")
-    if _too_deep(body):
+    if json_depth_exceeds(body, MAX_DEPTH):
         return _fail(text, f"the reply is nested more than {MAX_DEPTH} levels deep")
     try:
         value = json.loads(body)

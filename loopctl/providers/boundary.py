@@ -31,10 +31,10 @@ import urllib3
 
 from loopctl.errors import ConfigError, ContextOverflow, LoopError, ModelError
 from loopctl.providers.secrets import Secret, redact_key_shapes, url_credentials
+from loopctl.text import MAX_JSON_DEPTH, json_depth_exceeds
 
 ERROR_BODY_LIMIT = 8 * 1024
 RATE_LIMIT_STATUSES = frozenset((429, 503, 529))
-MAX_JSON_DEPTH = 64  # tool arguments nested deeper are refused (documented)
 
 # Kinds of failure a ModelError from this layer carries in ``.kind``.
 STATUS = "status"
@@ -235,31 +235,6 @@ def parse_json(text: str, label: str, what: str) -> Any:
         raise model_error(f"{label}: {what} is JSON nested too deeply to parse", kind=PROTOCOL) from None
     except ValueError as exc:
         raise model_error(f"{label}: malformed JSON in {what}: {text[:200]!r}", kind=PROTOCOL) from exc
-
-
-def json_depth_exceeds(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when the JSON ``text`` nests arrays/objects deeper than ``limit``."""
-    if text.count("{") + text.count("[") <= limit:
-        return False
-    depth = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
 
 
 def value_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:

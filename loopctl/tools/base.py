@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional, Union
 import attrs
 
 from loopctl.messages import ToolSchema
+from loopctl.text import clean_text
 from loopctl.tools.validation import check
 
 
@@ -31,20 +32,6 @@ class ToolError(Exception):
     """Raise from a tool to report a soft error (the model sees the message)."""
 
 
-def clean_text(text: str) -> str:
-    """``text`` with every lone surrogate replaced by U+FFFD (a pair is joined).
-
-    A str holding a lone surrogate cannot be encoded as UTF-8, so one such
-    character from a tool would fail every request that carries it.
-    """
-    if type(text) is not str or text.isascii():  # the common case: nothing to scan
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        # Through UTF-16: a high+low pair decodes to its character, a lone half to U+FFFD.
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return text
 
 
 @attrs.frozen
