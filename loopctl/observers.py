@@ -275,6 +275,23 @@ class SteeringDelivered(Event):
 
 
 @attrs.frozen
+class RunResumed(Event):
+    """A durable run continues from its last checkpoint (in place of ``run_start``).
+
+    ``attempt`` counts from 1 (the first resumption); ``cause`` says why the
+    run moved (its worker was lost, or it shut down and handed the run back);
+    ``turn`` is the turn the run continues at. Events of the earlier attempt
+    after its last checkpoint (a partial reply, tool calls whose results were
+    never committed) are superseded: the run does that work again.
+    """
+
+    TYPE: ClassVar[str] = "run_resumed"
+    attempt: int
+    cause: str
+    turn: int
+
+
+@attrs.frozen
 class OutputValidationFailed(Event):
     """A final answer did not fit the run's ``output_type``.
 
@@ -348,6 +365,7 @@ EVENT_METHODS: dict[type[Event], str] = {
     LoopDetectedEvent: "on_loop_detected",
     ConvergenceDetected: "on_convergence_detected",
     SteeringDelivered: "on_steering",
+    RunResumed: "on_run_resumed",
     OutputValidationFailed: "on_output_validation_failed",
     ApprovalRequested: "on_approval_requested",
     ApprovalResolved: "on_approval_resolved",
@@ -426,6 +444,8 @@ class Observer:
     def on_steering(self, event: SteeringDelivered) -> None:
         """Pushed guidance landed in the conversation."""
 
+    def on_run_resumed(self, event: RunResumed) -> None:
+        """A durable run continues on this worker from its last checkpoint."""
     def on_output_validation_failed(self, event: OutputValidationFailed) -> None:
         """A typed answer did not fit; the model is asked again unless attempts are used up."""
 
@@ -463,6 +483,7 @@ __all__ = [
     "Response",
     "RetryScheduled",
     "RunEnd",
+    "RunResumed",
     "RunStart",
     "SteeringDelivered",
     "StreamFailure",

@@ -16,6 +16,15 @@ the latest PLAN message. Plan keys (all optional but ``tag``):
 - ``count``: ``INCR t:<tag>:tools`` per tool call (side-effect witness).
 - ``tool: "pay"``: a tool that needs a person's approval; when it runs it
   counts itself and pushes its start clock on ``t:<tag>:paid``.
+- ``tool_gate``: turns whose tool call waits: it pushes the turn on
+  ``t:<tag>:tool_entered`` and waits on ``t:<tag>:tool_release:<turn>``.
+- ``prep_gate``: turns whose request preparation waits (between turns:
+  after the previous tool phase, before ``turn_start``): it pushes the turn
+  on ``t:<tag>:prep_entered`` and waits on ``t:<tag>:prep_release:<turn>``.
+
+Every gate also sets ``t:<tag>:pid`` to the worker's pid (whom to kill), and
+every tool run does ``HINCRBY t:<tag>:ran <tool>:<turn> 1`` (re-run witness).
+``fetch`` is the idempotent twin of ``echo``.
 
 Timing is gated by these Redis-visible signals, never by sleeps.
 """
@@ -81,6 +90,7 @@ def respond(request: ModelRequest) -> ModelResponse:
         signals().rpush(f"t:{tag}:requests", json.dumps(entry))
     if turn in plan.get("gate", ()):
         r = signals()
+        r.set(f"t:{tag}:pid", os.getpid())
         r.rpush(f"t:{tag}:entered", turn)
         if r.blpop([f"t:{tag}:release:{turn}"], timeout=GATE_WAIT_S) is None:
             raise ModelError(f"gate {tag}:{turn} never released")
@@ -88,7 +98,23 @@ def respond(request: ModelRequest) -> ModelResponse:
     if turn >= turns - 1:
         return reply(f"done {tag} turn={turn} steers={len(steers)}")
     ms = plan.get("ms") or [0]
-    return call(plan.get("tool", "echo"), i=turn, ms=ms[turn % len(ms)], tag=tag, count=bool(plan.get("count")))
+    extra = {"hold": True} if turn in plan.get("tool_gate", ()) else {}
+    return call(
+        plan.get("tool", "echo"), i=turn, ms=ms[turn % len(ms)], tag=tag, count=bool(plan.get("count")), **extra
+    )
+
+
+def _gate(tag: str, kind: str, turn: int) -> None:
+    r = signals()
+    r.set(f"t:{tag}:pid", os.getpid())
+    r.rpush(f"t:{tag}:{kind}_entered", turn)
+    if r.blpop([f"t:{tag}:{kind}_release:{turn}"], timeout=GATE_WAIT_S) is None:
+        raise RuntimeError(f"{kind} gate {tag}:{turn} never released")
+
+
+def _plan_in(text: str) -> Dict[str, Any]:
+    """The PLAN of a run's input ({} for any other input)."""
+    return json.loads(text[5:]) if text.startswith("PLAN ") else {}
 
 
 class Echo(Tool):
@@ -101,9 +127,32 @@ class Echo(Tool):
         return {"type": "object", "properties": {}, "additionalProperties": True}
 
     def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+        tag, turn = input.get("tag"), input.get("i")
+        if tag is not None:
+            signals().hincrby(f"t:{tag}:ran", f"{self.name}:{turn}", 1)
+            if input.get("hold"):
+                _gate(str(tag), "tool", int(turn))  # type: ignore[arg-type]
         if input.get("count"):
             signals().incr(f"t:{input['tag']}:tools")
         return {"i": input.get("i"), "pid": os.getpid()}
+
+
+class Fetch(Echo):
+    """``echo``, declared idempotent: a durable run may run it again after a crash."""
+
+    name = "fetch"
+    description = "Fetch (idempotent): echo the call back with the worker's pid."
+    idempotent = True
+
+
+class PrepGate:
+    """A contributor that holds a turn's request preparation (the test's "between turns")."""
+
+    def contribute(self, ctx: Any) -> None:
+        plan = _plan_in(ctx.input)
+        if ctx.turn in plan.get("prep_gate", ()):
+            _gate(str(plan["tag"]), "prep", int(ctx.turn))
+        return None
 
 
 class Work(Tool):
@@ -116,6 +165,8 @@ class Work(Tool):
         return {"type": "object", "properties": {}, "additionalProperties": True}
 
     def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+        if input.get("tag") is not None:
+            signals().hincrby(f"t:{input['tag']}:ran", f"{self.name}:{input.get('i')}", 1)
         if input.get("count"):
             signals().incr(f"t:{input['tag']}:tools")
         ms = float(input.get("ms") or 0)
@@ -148,6 +199,14 @@ def make_loop(conversation: str, history: List[Message]) -> BareLoop:
     """The test factory: the deterministic model, echo, work and pay tools."""
     client = ScriptedClient([respond] * 100_000, chunk=32)
     return BareLoop.from_history(client, [Echo(), Work(), Pay()], SessionConfig(), history)
+
+
+def make_durable_loop(conversation: str, history: List[Message]) -> BareLoop:
+    """The resume tests' factory: ``make_loop`` plus ``fetch`` and the between-turns gate."""
+    client = ScriptedClient([respond] * 100_000, chunk=32)
+    loop = BareLoop.from_history(client, [Echo(), Fetch(), Work()], SessionConfig(), history)
+    loop.add_contributor(PrepGate())
+    return loop
 
 
 def make_timed_loop(conversation: str, history: List[Message]) -> BareLoop:
@@ -233,4 +292,8 @@ def make_registry(app: Any, url: str, factory: str = "tests.celery_app:make_loop
 REDIS_URL: Optional[str] = os.environ.get(ENV_URL)
 app = make_app(REDIS_URL or "redis://127.0.0.1:1/0")
 # The worker's registry: the task finds it by prefix (constructing it connects nothing).
-registry = make_registry(app, REDIS_URL or "redis://127.0.0.1:1/0")
+registry = make_registry(
+    app,
+    REDIS_URL or "redis://127.0.0.1:1/0",
+    drain_timeout=float(os.environ.get("LOOPCTL_TEST_DRAIN_S", "30")),
+)

@@ -147,8 +147,9 @@ class CeleryWorker:
     """``celery -A tests.celery_app worker --pool threads`` on the given queues."""
 
     def __init__(self, redis_url: str, name: str, queues: str = "celery", concurrency: int = 4,
-                 app: str = "tests.celery_app") -> None:
+                 app: str = "tests.celery_app", extra_env: Optional[Dict[str, str]] = None) -> None:
         env = dict(os.environ)
+        env.update(extra_env or {})
         env[ENV_URL] = redis_url
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"

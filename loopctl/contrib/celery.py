@@ -33,6 +33,15 @@ The guarantees are the in-process registry's:
 - Approvals: ``pending_approvals``, ``approve`` and ``deny`` by run id from
   any process; the answer travels to the run's worker, whose slot decides
   (see ``celery_approvals``).
+- Durable runs (``resume="on_worker_loss"``, per registry or per run):
+  checkpointed at each turn boundary with their events; a lost worker's run
+  goes back on the queue and another worker continues it from the last
+  checkpoint (``run_resumed`` event, ``RunStatus.resumes``), up to
+  ``max_resumes`` losses; a warm shutdown hands runs back at a boundary.
+  Tool calls in flight at a crash run again only for ``idempotent`` tools
+  (see ``celery_durable`` and docs/distributed.md). Every worker process
+  runs a sweeper (``celery_sweeper``) that reaps lapsed runs and sends again
+  task messages a dead worker held.
 - Redis unreachable: every call raises ``RegistryUnavailable`` (a
   ``LoopError``) within ``socket_timeout``, never hangs.
 
@@ -62,7 +71,7 @@ Example (``agents.py``, imported by the web processes and by
 from __future__ import annotations
 
 import json
-import math
+import logging
 import os
 import socket
 import threading
@@ -83,18 +92,22 @@ from loopctl.output import OutputSpec
 from loopctl.records import Run
 
 from .celery_approvals import ApprovalsMixin, decisions_of, read_pending
+from .celery_fields import run_from_fields, status_from_fields
+from .celery_options import factory_spec, max_resumes_of, number, resume_mode_of
 from .celery_redis import (
     TERMINAL,
     RedisBackend,
     RegistryUnavailable,
     WorkerLost,
     dumps,
-    run_from_fields,
-    status_from_fields,
 )
-from .celery_worker import WorkerSettings, execute_run
+from .celery_signals import connect_signals
+from .celery_sweeper import Sweeper
+from .celery_worker import WorkerHost, WorkerSettings, execute_run
 
 TASK_NAME = "loopctl.contrib.celery.execute_run"
+
+log = logging.getLogger("loopctl")
 
 _REGISTRIES: weakref.WeakValueDictionary[str, CeleryRunRegistry] = weakref.WeakValueDictionary()
 _TASKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -140,6 +153,7 @@ def _propagation() -> Any:
 
 def _task_for(app: Any) -> Any:
     with _TASKS_LOCK:
+        connect_signals(_REGISTRIES, TASK_NAME)
         task = _TASKS.get(app)
         if task is None:
             task = app.task(
@@ -152,32 +166,6 @@ def _task_for(app: Any) -> Any:
             )(_execute_task)
             _TASKS[app] = task
         return task
-
-
-def _factory_spec(factory: Union[str, Callable[..., Any]]) -> str:
-    if isinstance(factory, str):
-        module, sep, attr = factory.partition(":")
-        if sep and module and attr:
-            return factory
-        raise ConfigError(f"loop_factory must look like 'pkg.module:factory', got {factory!r}")
-    qual = getattr(factory, "__qualname__", "")
-    module = getattr(factory, "__module__", "")
-    if callable(factory) and module and qual and "<" not in qual:
-        return f"{module}:{qual}"
-    raise ConfigError(
-        f"loop_factory must be 'pkg.module:factory' or a module-level function, got {factory!r:.80}"
-    )
-
-
-def _number(name: str, value: Any, minimum: float) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or math.isnan(value)
-        or value < minimum
-    ):
-        raise ConfigError(f"CeleryRunRegistry {name} must be a number >= {minimum}, got {value!r}")
-    return float(value)
 
 
 class CeleryRunRegistry(ApprovalsMixin):
@@ -199,6 +187,15 @@ class CeleryRunRegistry(ApprovalsMixin):
         queue_timeout: seconds a queued run holds its conversation's lock
             before a worker must have picked it up.
         socket_timeout: seconds for connecting to Redis and for each reply.
+        resume: ``"on_worker_loss"`` makes runs durable: checkpointed at each
+            turn boundary, resumed on another worker after a worker loss, handed
+            back on a warm shutdown. None (or ``"never"``): at most once, a lost
+            worker fails its run (``WorkerLost``). ``start`` may override it.
+        max_resumes: worker losses a durable run survives; one more fails it
+            with ``WorkerLost``. Hand-backs on shutdown do not count.
+        drain_timeout: seconds a draining worker (warm shutdown) waits for a
+            durable run to reach a turn boundary before handing it back from
+            its last checkpoint.
 
     Raises:
         ConfigError: a bad argument (the message names it and its value).
@@ -219,6 +216,9 @@ class CeleryRunRegistry(ApprovalsMixin):
         heartbeat_ttl: float = 5.0,
         queue_timeout: float = 3600,
         socket_timeout: float = 5.0,
+        resume: Optional[str] = None,
+        max_resumes: int = 3,
+        drain_timeout: float = 30.0,
     ) -> None:
         if not isinstance(redis_url, str) or not redis_url:
             raise ConfigError(f"CeleryRunRegistry redis_url must be a non-empty str, got {type(redis_url).__name__}")
@@ -228,17 +228,20 @@ class CeleryRunRegistry(ApprovalsMixin):
             raise ConfigError(f"CeleryRunRegistry queue must be a non-empty str or None, got {queue!r}")
         if isinstance(event_buffer, bool) or not isinstance(event_buffer, int) or event_buffer < 1:
             raise ConfigError(f"CeleryRunRegistry event_buffer must be an int >= 1, got {event_buffer!r}")
-        keep = _number("keep_finished_s", keep_finished_s, 0.001)
-        interval = _number("heartbeat_interval", heartbeat_interval, 0.01)
-        ttl = _number("heartbeat_ttl", heartbeat_ttl, 0.02)
+        keep = number("keep_finished_s", keep_finished_s, 0.001)
+        interval = number("heartbeat_interval", heartbeat_interval, 0.01)
+        ttl = number("heartbeat_ttl", heartbeat_ttl, 0.02)
         if ttl < 2 * interval:
             raise ConfigError(
                 f"CeleryRunRegistry heartbeat_ttl must be at least twice heartbeat_interval "
                 f"({interval}), got {heartbeat_ttl!r}"
             )
-        qtimeout = _number("queue_timeout", queue_timeout, 0.001)
-        stimeout = _number("socket_timeout", socket_timeout, 0.01)
-        self._factory = _factory_spec(loop_factory)
+        qtimeout = number("queue_timeout", queue_timeout, 0.001)
+        stimeout = number("socket_timeout", socket_timeout, 0.01)
+        self._resume = resume_mode_of(resume)
+        self._max_resumes = max_resumes_of(max_resumes)
+        drain = number("drain_timeout", drain_timeout, 0.0)
+        self._factory = factory_spec(loop_factory)
         self._app = app
         self._prefix = prefix
         self._queue = queue
@@ -247,6 +250,12 @@ class CeleryRunRegistry(ApprovalsMixin):
         self._slice = max(0.05, min(1.0, ttl / 4))
         self._backend = RedisBackend(redis_url, prefix, event_buffer, keep, stimeout, self._slice)
         self._task = _task_for(app)
+        self._worker = f"{socket.gethostname()}:{os.getpid()}"
+        self._host = WorkerHost(drain, self._kick)
+        self._sweeper = Sweeper(
+            self._backend, self._send, self._worker, interval, self._settings.ttl_ms,
+            f"loopctl-celery-sweeper-{prefix}",
+        )
         _REGISTRIES[prefix] = self
 
     # -- starting ----------------------------------------------------------------------
@@ -258,6 +267,8 @@ class CeleryRunRegistry(ApprovalsMixin):
         config: Optional[RunConfig] = None,
         run_id: Optional[str] = None,
         *,
+        resume: Optional[str] = None,
+        max_resumes: Optional[int] = None,
         output_type: Any = None,
     ) -> str:
         """Queue a run of the conversation on the workers.
@@ -267,6 +278,9 @@ class CeleryRunRegistry(ApprovalsMixin):
             input: the user's input.
             config: the run's configuration.
             run_id: the id to use (default: a fresh uuid hex).
+            resume: this run's ``resume`` (``"on_worker_loss"`` or
+                ``"never"``; default: the registry's).
+            max_resumes: this run's ``max_resumes`` (default: the registry's).
             output_type: ask for a typed answer (sets ``config.output_type``);
                 a class must be importable by the workers (module level), a
                 JSON Schema dict travels as itself. ``result()`` rebuilds the
@@ -298,28 +312,22 @@ class CeleryRunRegistry(ApprovalsMixin):
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
+        mode = self._resume if resume is None else resume_mode_of(resume)
+        bound = self._max_resumes if max_resumes is None else max_resumes_of(max_resumes)
         cfg = dumps(config.to_dict()) if config is not None else ""
-        res = self._backend.start(rid, conversation, input, cfg, self._factory, self._queue_ms)
+        res = self._backend.start(
+            rid, conversation, input, cfg, self._factory, self._queue_ms, mode, bound, self._queue or ""
+        )
         if res[0] == "dup":
             raise LoopError(f"run id {rid!r} is already registered")
         if res[0] == "busy":
             raise LoopBusy(
                 f"conversation {conversation!r} already has a run in flight ({res[1]}); run not started"
             )
-        options: Dict[str, Any] = {
-            "kwargs": {"run_id": rid, "prefix": self._prefix, "conversation": conversation},
-            "task_id": rid,
-            "retry": True,
-            "retry_policy": {"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
-        }
-        if self._queue is not None:
-            options["queue"] = self._queue
         propagation = _propagation()
         trace = propagation.current_carrier() if propagation is not None else None
-        if trace:
-            options["kwargs"]["trace"] = trace  # the worker's spans join the caller's trace
         try:
-            self._task.apply_async(**options)
+            self._send(rid, conversation, self._queue, trace or None)
         except Exception as exc:
             text = f"could not enqueue run {rid} on the Celery broker: {type(exc).__name__}"
             try:
@@ -328,6 +336,26 @@ class CeleryRunRegistry(ApprovalsMixin):
                 pass  # the lock expires after queue_timeout
             raise RegistryUnavailable(text) from exc
         return rid
+
+    def _send(
+        self, run_id: str, conversation: str, queue: Optional[str], trace: Optional[Dict[str, str]] = None
+    ) -> None:
+        """Send the run's task message (a duplicate is harmless: claims are atomic).
+
+        ``trace`` (the starter's W3C trace context) rides on the first message
+        only: a run sent again by a sweeper starts its own trace.
+        """
+        options: Dict[str, Any] = {
+            "kwargs": {"run_id": run_id, "prefix": self._prefix, "conversation": conversation},
+            "task_id": run_id,
+            "retry": True,
+            "retry_policy": {"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
+        }
+        if queue:
+            options["queue"] = queue
+        if trace:
+            options["kwargs"]["trace"] = trace  # the worker's spans join the caller's trace
+        self._task.apply_async(**options)
 
     # -- driving a run ---------------------------------------------------------------------
 
@@ -498,8 +526,36 @@ class CeleryRunRegistry(ApprovalsMixin):
             What happened: ``"skipped"``, ``"completed"``, ``"cancelled"``,
             ``"failed"`` or ``"lost"``.
         """
-        worker = f"{socket.gethostname()}:{os.getpid()}"
-        return execute_run(self._backend, run_id, conversation, self._settings, worker)
+        if self._host.draining.is_set():  # shutting down: leave it to another worker
+            self._backend.resend_soon(run_id)
+            self._kick()
+            return "skipped"
+        return execute_run(self._backend, run_id, conversation, self._settings, self._worker, self._host)
+
+    @property
+    def app(self) -> Any:
+        """The Celery app the registry sends runs with."""
+        return self._app
+
+    def reserved(self, run_id: str) -> None:
+        """The run's task message reached this worker process (Celery's ``task_received``)."""
+        self._sweeper.reserved(run_id)
+
+    def start_sweeper(self) -> None:
+        """Start this process's sweeper (a Celery worker does it when it is ready; see
+        ``celery_sweeper``)."""
+        self._sweeper.start()
+
+    def stop_sweeper(self) -> None:
+        """Stop and join this process's sweeper (idempotent)."""
+        self._sweeper.stop()
+
+    def drain(self) -> None:
+        """Warm shutdown: hand durable runs back at their next boundary; claim no new ones."""
+        self._host.draining.set()
+
+    def _kick(self) -> None:
+        self._sweeper.step()
 
     # -- housekeeping ----------------------------------------------------------------------------
 

@@ -19,7 +19,15 @@ from the prefix, so Redis Cluster is not supported):
 - ``P:run:ID:done`` list that gets one item when the run is terminal
 - ``P:run:ID:hb`` heartbeat (expires after the TTL); ``P:run:ID:ctl`` channel
 - ``P:conv:KEY:lock`` the conversation's run id; ``P:conv:KEY:hist`` history
-- ``P:runs`` sorted set of run ids by creation time
+- ``P:runs`` sorted set of run ids by creation time; ``P:active`` set of the
+  runs not ended yet (the sweepers' work list)
+- ``P:outbox`` sorted set of durable runs put back on the queue whose task
+  message is (re)sent by a worker's sweeper, scored by when it is due
+- ``P:worker:NAME`` a worker process's liveness (expires after the TTL)
+
+Durable runs (``resume="on_worker_loss"``) also keep their last checkpoint
+in the run hash (``ckpt``), written in the same script as the events before
+it, so the stream and the checkpoint never disagree.
 
 Every client call has socket timeouts and no hidden retries with backoff, so
 an unreachable Redis is a ``RegistryUnavailable`` within the timeout, never
@@ -44,15 +52,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "loopctl.contrib.celery needs the [celery] extra: pip install 'loopctl[celery]'"
     ) from exc
 
-from loopctl.config import RunConfig
 from loopctl.errors import LoopError
-from loopctl.hosting.registry import RunStatus
-from loopctl.output import rebuild_value
-from loopctl.records import Run
 
 from . import celery_scripts as lua
 
 TERMINAL = ("completed", "cancelled", "failed")
+#: Seconds before a queued run's task message is sent again, unless a live
+#: worker holds it or the run was claimed (a duplicate is harmless).
+RESEND_LEASE_S = 30.0
 LIVE = ("queued", "running")
 
 
@@ -61,7 +68,11 @@ class RegistryUnavailable(LoopError):
 
 
 class WorkerLost(LoopError):
-    """The worker running the run stopped heartbeating; the run failed, not re-executed."""
+    """The worker running the run stopped heartbeating and the run was not resumed.
+
+    A durable run (``resume="on_worker_loss"``) fails this way only past
+    ``max_resumes`` losses, or when its conversation was taken meanwhile.
+    """
 
 
 def redact_url(url: str) -> str:
@@ -91,6 +102,12 @@ class Claim:
         "reason",
         "history",
         "event_buffer",
+        "checkpoint",
+        "resumes",
+        "cause",
+        "seq",
+        "resume",
+        "started_at",
         "steers",
     )
 
@@ -103,7 +120,13 @@ class Claim:
         self.reason: Optional[str] = raw[6] if self.cancel and raw[6] else None
         self.history = raw[7]
         self.event_buffer = int(raw[8])
-        self.steers: List[str] = list(raw[9:])
+        self.checkpoint = raw[9]  # JSON of the last committed checkpoint, or ''
+        self.resumes = int(raw[10] or 0)  # > 0: this claim continues the run
+        self.cause = raw[11]
+        self.seq = int(raw[12] or 0)  # the last event seq in the stream
+        self.resume = raw[13]  # '' or 'on_worker_loss'
+        self.started_at = float(raw[14])
+        self.steers: List[str] = list(raw[15:])
 
 
 class RedisBackend:
@@ -163,6 +186,9 @@ class RedisBackend:
             "steer": lua.STEER,
             "status": lua.STATUS,
             "abort": lua.ABORT,
+            "handback": lua.HANDBACK,
+            "reserve": lua.RESERVE,
+            "sweep": lua.SWEEP,
         }
         self._scripts = {name: self.r.register_script(lua.PRELUDE + body) for name, body in scripts.items()}
 
@@ -202,12 +228,22 @@ class RedisBackend:
     # -- the registry's side -----------------------------------------------------------------
 
     def start(
-        self, run_id: str, conversation: str, input: str, config: str, factory: str, queue_ms: int
+        self,
+        run_id: str,
+        conversation: str,
+        input: str,
+        config: str,
+        factory: str,
+        queue_ms: int,
+        resume: str = "",
+        max_resumes: int = 0,
+        queue: str = "",
     ) -> List[str]:
         """Lock the conversation and record the queued run: ``['ok']``, ``['dup']`` or ``['busy', holder]``."""
         now, keep, buf, approx = self._common()
         out: List[str] = self._run(
-            "start", run_id, conversation, input, config, factory, now, str(queue_ms), keep, buf, approx
+            "start", run_id, conversation, input, config, factory, now, str(queue_ms), keep, buf, approx,
+            resume, str(max_resumes), queue, str(int(RESEND_LEASE_S * 1000)),
         )
         return out
 
@@ -298,13 +334,57 @@ class RedisBackend:
         return Claim(raw) if raw and raw[0] == "ok" else None
 
     def append(
-        self, run_id: str, token: str, progress: Sequence[Any], events: Sequence[Tuple[int, str]]
+        self,
+        run_id: str,
+        token: str,
+        progress: Sequence[Any],
+        events: Sequence[Tuple[int, str]],
+        checkpoint: Optional[Tuple[str, int]] = None,
     ) -> bool:
-        """Append events (with progress fields); False once the worker is fenced out."""
+        """Append events (with progress fields and a checkpoint, atomically).
+
+        Returns:
+            False once the worker is fenced out.
+        """
         flat: List[Any] = []
         for seq, data in events:
             flat += [seq, data]
-        return bool(self._run("append", run_id, token, *self._common(), *progress, *flat))
+        ckpt, ckpt_seq = checkpoint if checkpoint is not None else ("", 0)
+        return bool(
+            self._run("append", run_id, token, *self._common(), *progress, ckpt, ckpt_seq, *flat)
+        )
+
+    def handback(self, run_id: str, token: str, cause: str) -> int:
+        """Put the worker's run back on the queue from its last checkpoint.
+
+        Returns:
+            1 requeued, 2 ended cancelled (a cancel was stored), 3 failed (the
+            conversation was taken), 0 fenced out.
+        """
+        return int(self._run("handback", run_id, token, *self._common(), cause))
+
+    def reserve(self, run_id: str, worker: str, ttl_ms: int) -> None:
+        """Note that ``worker`` holds the run's task message (and is alive)."""
+        self._run("reserve", run_id, worker, str(ttl_ms))
+
+    def state(self, run_id: str) -> Optional[str]:
+        """The run's stored state (no reaping), None when unknown."""
+        with self.guard("state"):
+            out: Optional[str] = self.r.hget(self.run_key(run_id), "state")
+        return out
+
+    def resend_soon(self, run_id: str) -> None:
+        """Put a queued run's id in the outbox, due now, and forget who held its message."""
+        with self.guard("resend"):
+            pipe = self.r.pipeline(transaction=True)
+            pipe.hdel(self.run_key(run_id), "rsv")
+            pipe.zadd(f"{self.prefix}:outbox", {run_id: 0})
+            pipe.execute()
+
+    def sweep(self, worker: str, ttl_ms: int, lease_ms: int) -> List[Tuple[str, str, str]]:
+        """The sweeper's step; the (run id, conversation, queue) whose messages to send."""
+        raw = self._run("sweep", "", *self._common(), worker, str(ttl_ms), str(lease_ms))
+        return [(raw[i], raw[i + 1], raw[i + 2]) for i in range(0, len(raw), 3)]
 
     def heartbeat(
         self, run_id: str, token: str, ttl_ms: int
@@ -352,64 +432,6 @@ class RedisBackend:
         return client.pubsub(ignore_subscribe_messages=False)
 
 
-def _int(fields: Dict[str, str], name: str) -> int:
-    try:
-        return int(fields.get(name) or 0)
-    except ValueError:
-        return 0
-
-
-def status_from_fields(run_id: str, fields: Dict[str, str]) -> RunStatus:
-    """A ``RunStatus`` from the run hash (a queued run is ``"running"``)."""
-    state = fields.get("state", "queued")
-    terminal = state in TERMINAL
-    started = fields.get("started_at") or fields.get("created_at") or "0"
-    return RunStatus(
-        run_id=run_id,
-        state=state if terminal else "running",
-        output=fields.get("output", "") if state == "completed" else None,
-        error=(fields.get("error") or None) if state in ("cancelled", "failed") else None,
-        turns=_int(fields, "turns"),
-        tool_calls=_int(fields, "tool_calls"),
-        input_tokens=_int(fields, "input_tokens"),
-        output_tokens=_int(fields, "output_tokens"),
-        started_at=float(started),
-        ended_at=float(fields["ended_at"]) if terminal and fields.get("ended_at") else None,
-        output_value=_output_value(fields) if state == "completed" else None,
-    )
-
-
-def _output_value(fields: Dict[str, str]) -> Any:
-    # A typed run's answer, in its JSON form, from the stored final Run.
-    raw = fields.get("run")
-    if not raw:
-        return None
-    try:
-        return json.loads(raw).get("output_value")
-    except (ValueError, AttributeError):
-        return None
-
-
-def run_from_fields(run_id: str, fields: Dict[str, str]) -> Run:
-    """The finished ``Run`` from the run hash; its error is raised with ``.run`` set."""
-    raw = fields.get("run")
-    if raw:
-        run = Run.from_dict(json.loads(raw))
-        run.output_value = rebuild_value(run.config.output_type, run.output_value)
-    else:  # ended off the worker: lost, expired in the queue, not enqueued
-        config = RunConfig.from_dict(json.loads(fields["config"])) if fields.get("config") else RunConfig()
-        run = Run(id=run_id, input=fields.get("input", ""), config=config)
-        run.start = float(fields.get("started_at") or fields.get("created_at") or run.start)
-        run.end = float(fields.get("ended_at") or time.time())
-        message = fields.get("error") or "run failed"
-        run.stop_reason = WorkerLost(message) if fields.get("error_type") == "WorkerLost" else LoopError(message)
-    err = run.stop_reason
-    if err is None:
-        return run
-    err.run = run
-    raise err
-
-
 def dumps(data: Any) -> str:
     """Compact JSON text."""
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
@@ -423,6 +445,4 @@ __all__ = [
     "RegistryUnavailable",
     "WorkerLost",
     "redact_url",
-    "run_from_fields",
-    "status_from_fields",
 ]

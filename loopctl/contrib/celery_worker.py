@@ -30,6 +30,18 @@
 If the heartbeat lapses (the process was killed, or stalled longer than the
 TTL), any reader declares the run failed ("worker lost") and this worker's
 later writes are refused; it then cancels its local run.
+
+A durable run (``resume="on_worker_loss"``) differs in three places (the
+parts live in ``celery_durable``). The loop hands its state to the
+``checkpointer`` sink at each turn boundary, and the events thread writes
+that checkpoint in the same script as the events before it. A lapsed heartbeat puts the run back on the queue instead of
+failing it (the sweepers send its task message again), and the claim that
+picks it up gets the checkpoint: the loop is built from the same committed
+history, restored through ``BareLoop.start(resume=...)``, its events numbered
+on from the stream's last seq after a ``run_resumed`` event, and the steers
+the checkpoint had not delivered are fed again. On a warm shutdown
+(``WorkerHost.draining``) the run is handed back at its next boundary, or
+from its last checkpoint once ``drain_timeout`` has passed.
 """
 
 from __future__ import annotations
@@ -40,43 +52,38 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import attrs
 
 from loopctl.config import RunConfig
+from loopctl.driver.checkpoint import Checkpoint, ResumePoint
 from loopctl.driver.handle import RunHandle
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
-from loopctl.hosting.serialization import history_from_dict, history_to_dict, message_from_dict
+from loopctl.hosting.serialization import (
+    history_from_dict,
+    history_to_dict,
+    message_from_dict,
+)
 from loopctl.messages import Message
-from loopctl.observers import Event, RunEnd
+from loopctl.observers import RunEnd
 from loopctl.records import Run
 
 from . import celery_approvals as approvals
 from .celery_bridge import Bridge, SteerFeed
+from .celery_durable import (
+    HANDED_BACK,
+    WorkerHost,
+    checkpoint_from_json,
+    checkpointer,
+    hand_back,
+    wait_or_drain,
+)
+from .celery_events import EventWriter, WorkerSettings
 from .celery_redis import Claim, RedisBackend, RegistryUnavailable, dumps
 
 log = logging.getLogger("loopctl")
-
-#: How long the events thread lets a burst of events collect into one write
-#: (a stream consumer sees events at most this much later; run_end is never held).
-LINGER_S = 0.002
-
-
-@attrs.frozen
-class WorkerSettings:
-    """Timing of a worker's run: heartbeat every ``interval`` s, lapse after ``ttl`` s."""
-
-    heartbeat_interval: float
-    heartbeat_ttl: float
-    event_buffer: int
-
-    @property
-    def ttl_ms(self) -> int:
-        """The heartbeat TTL in milliseconds."""
-        return max(1, int(self.heartbeat_ttl * 1000))
-
 
 def resolve_factory(spec: str) -> Callable[..., Any]:
     """Import ``"pkg.module:attr"`` (``attr`` may be dotted).
@@ -98,140 +105,13 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
     return obj  # type: ignore[no-any-return]
 
 
-class EventWriter:
-    """The run's events thread: heartbeats and batched event appends."""
-
-    def __init__(self, backend: RedisBackend, run_id: str, token: str, settings: WorkerSettings) -> None:
-        self._backend = backend
-        self._run_id = run_id
-        self._token = token
-        self._settings = settings
-        self._cond = threading.Condition(threading.Lock())
-        self._queue: List[Tuple[int, Event]] = []
-        self._seq = 0
-        self._stopping = False
-        self._handle: Optional[RunHandle] = None
-        self.session_id = ""
-        self.end: Optional[Tuple[int, Dict[str, Any]]] = None
-        self.lost = False
-        self.on_beat: Optional[Callable[[bool, Optional[str], int], None]] = None
-        self._thread = threading.Thread(
-            target=self._main, name=f"loopctl-celery-events-{run_id[:12]}", daemon=True
-        )
-
-    def start(self) -> None:
-        """Start heartbeating (right after the claim)."""
-        self._thread.start()
-
-    def tap(self, event: Event) -> None:
-        """The run's tap (its thread): number, append, notify."""
-        with self._cond:
-            if self.end is not None:
-                return  # run_end is the last event
-            self._seq += 1
-            self.session_id = event.session_id
-            if type(event) is RunEnd:
-                self.end = (self._seq, event.to_dict())
-            else:
-                q = self._queue
-                if len(q) >= self._settings.event_buffer:
-                    del q[0]  # a reader sees the hole as a gap
-                q.append((self._seq, event))
-                if len(q) > 1:
-                    return  # the writer was already told (it lingers to batch)
-            self._cond.notify()
-
-    @property
-    def seq(self) -> int:
-        """The last sequence number handed out."""
-        return self._seq
-
-    def attach(self, handle: RunHandle) -> None:
-        """Know the run (for progress figures and to cancel it if we are fenced out)."""
-        self._handle = handle
-        if self.lost:
-            handle.cancel("worker lost: the run's heartbeat lapsed")
-
-    def progress(self) -> List[Any]:
-        """session id, turns, tool calls, input and output tokens so far."""
-        h = self._handle
-        turns = [*h.record.turns] if h is not None else []
-        return [
-            self.session_id,
-            len(turns),
-            sum(len(t.tool_calls) for t in turns),
-            sum(t.input_tokens for t in turns),
-            sum(t.output_tokens for t in turns),
-        ]
-
-    def stop(self) -> None:
-        """Flush what is queued (best effort), stop heartbeating, join the thread."""
-        with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _fenced_out(self) -> None:
-        if not self.lost:
-            log.warning("run %s: fenced out (declared lost); cancelling it here", self._run_id)
-        self.lost = True
-        h = self._handle
-        if h is not None:
-            h.cancel("worker lost: the run's heartbeat lapsed")
-
-    def _main(self) -> None:
-        interval = self._settings.heartbeat_interval
-        next_beat = time.monotonic() + interval
-        failures = 0
-        while True:
-            with self._cond:
-                while not self._queue and not self._stopping:
-                    left = next_beat - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-                if self._queue and not self._stopping and LINGER_S > 0:
-                    self._cond.wait(LINGER_S)  # let a burst collect into one round trip
-                batch, self._queue = self._queue, []
-                stopping = self._stopping
-            ok = True
-            if batch and not self.lost:
-                try:
-                    data = [(seq, dumps(ev.to_dict())) for seq, ev in batch]
-                    # The pending list first: whoever reads an approval event finds it mirrored.
-                    approvals.mirror(self._backend, self._run_id, batch)
-                    if not self._backend.append(self._run_id, self._token, self.progress(), data):
-                        self._fenced_out()
-                    failures = 0
-                except RegistryUnavailable as exc:
-                    ok = False
-                    failures += 1
-                    log.warning("run %s: events not written yet: %s", self._run_id, exc)
-                    with self._cond:  # keep them, in order, for the next try
-                        self._queue[:0] = batch
-                        del self._queue[: max(0, len(self._queue) - self._settings.event_buffer)]
-            if not stopping and time.monotonic() >= next_beat:
-                next_beat = time.monotonic() + interval
-                if not self.lost:
-                    try:
-                        beat = self._backend.heartbeat(self._run_id, self._token, self._settings.ttl_ms)
-                    except RegistryUnavailable as exc:
-                        log.warning("run %s: heartbeat failed: %s", self._run_id, exc)
-                    else:
-                        if beat is None:
-                            self._fenced_out()
-                        elif self.on_beat is not None:
-                            self.on_beat(*beat)
-            if stopping and (ok or failures >= 3 or self.lost):
-                return
-            if not ok:
-                with self._cond:  # a short pause before retrying (woken by stop)
-                    self._cond.wait(min(interval, 0.2))
-
-
-def _build_loop(claim: Claim, conversation: str) -> Tuple[BareLoop, SteerFeed]:
-    history = history_from_dict(json.loads(claim.history)) if claim.history else []
+def _build_loop(
+    claim: Claim, conversation: str, saved: Optional[Checkpoint], steer_base: int
+) -> Tuple[BareLoop, SteerFeed]:
+    if saved is not None and saved.history is not None:
+        history = list(saved.history)  # the run compacted: its own history goes on
+    else:
+        history = history_from_dict(json.loads(claim.history)) if claim.history else []
     factory = resolve_factory(claim.factory)
     loop = factory(conversation, list(history))
     if not isinstance(loop, BareLoop):
@@ -245,7 +125,7 @@ def _build_loop(claim: Claim, conversation: str) -> Tuple[BareLoop, SteerFeed]:
                 f"({len(history)} messages); build the loop with "
                 "BareLoop.from_history(client, tools, config, history)"
             )
-        pending = [message_from_dict(json.loads(s)) for s in claim.steers]
+        pending = [message_from_dict(json.loads(s)) for s in claim.steers[steer_base:]]
         feed = SteerFeed(loop.steering(), pending)
         loop.add_contributor(feed)
     except BaseException:
@@ -255,17 +135,25 @@ def _build_loop(claim: Claim, conversation: str) -> Tuple[BareLoop, SteerFeed]:
 
 
 def execute_run(
-    backend: RedisBackend, run_id: str, conversation: str, settings: WorkerSettings, worker: str
+    backend: RedisBackend,
+    run_id: str,
+    conversation: str,
+    settings: WorkerSettings,
+    worker: str,
+    host: Optional[WorkerHost] = None,
 ) -> str:
     """Claim and execute one queued run here; returns what happened (for logs).
 
     Returns:
         ``"skipped"`` (not queued any more), ``"completed"``, ``"cancelled"``,
-        ``"failed"``, or ``"lost"`` (fenced out: another process declared it lost).
+        ``"failed"``, ``"lost"`` (fenced out: another process declared it
+        lost), or ``"handed back"`` (a warm shutdown requeued it).
 
     Raises:
         RegistryUnavailable: Redis failed before the run was claimed.
     """
+    if backend.state(run_id) != "queued":
+        return "skipped"  # a duplicate message (cheap: no subscription); the claim re-checks
     token = uuid.uuid4().hex
     bridge = Bridge(backend, run_id)
     try:
@@ -277,20 +165,31 @@ def execute_run(
         bridge.close()
         return "skipped"
     bridge.cursor = len(claim.steers)
-    writer = EventWriter(backend, run_id, token, attrs.evolve(settings, event_buffer=claim.event_buffer))
+    durable = claim.resume == "on_worker_loss"
+    saved: Optional[Checkpoint] = None
+    steer_base = 0
+    clean = False
+    writer = EventWriter(
+        backend, run_id, token, attrs.evolve(settings, event_buffer=claim.event_buffer), claim.seq
+    )
     writer.start()
     loop: Optional[BareLoop] = None
     feed: Optional[SteerFeed] = None
     handle: Optional[RunHandle] = None
     config: Optional[RunConfig] = None
     setup_error: Optional[LoopError] = None
+    handed = threading.Event()
     try:
         try:
+            if claim.checkpoint:
+                saved, steer_base, clean = checkpoint_from_json(claim.checkpoint)
             config = RunConfig.from_dict(json.loads(claim.config)) if claim.config else None
-            loop, feed = _build_loop(claim, conversation)
+            loop, feed = _build_loop(claim, conversation, saved, steer_base)
             if claim.cancel:
                 loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
-            handle = loop.start(claim.input, config, run_id, tap=writer.tap)
+            sink = checkpointer(loop, writer, steer_base, host, handed) if durable else None
+            point = ResumePoint(saved, claim.resumes, claim.cause, clean) if claim.resumes > 0 else None
+            handle = loop.start(claim.input, config, run_id, tap=writer.tap, checkpoint=sink, resume=point)
         except Exception as exc:
             msg = f"could not start the run: {type(exc).__name__}: {exc}"
             setup_error = exc if isinstance(exc, LoopError) else LoopError(msg)
@@ -302,11 +201,16 @@ def execute_run(
             writer.attach(handle)
             bridge.start(handle, feed)
             writer.on_beat = bridge.poke
-            handle.wait()
+            if durable and host is not None:
+                wait_or_drain(handle, writer, host, handed)
+            else:
+                handle.wait()
     finally:
         writer.stop()
         bridge.stop()
     try:
+        if handed.is_set():
+            return hand_back(backend, run_id, token, writer, host)
         if handle is not None:
             run = handle.record
         else:
@@ -317,9 +221,10 @@ def execute_run(
         if feed is not None:
             left = [dumps(m.to_dict()) for m in feed.leftovers()]
         else:  # never built: the steers taken with the claim go back as they came
-            left = list(claim.steers)
+            left = list(claim.steers[steer_base:])
         history = loop.conversation() if loop is not None and run.stop_reason is None else None
         fields = _end_fields(run, writer, bridge.cursor, session, history, handle is not None)
+        fields[-1] = repr(claim.started_at)  # a resumed run keeps its first start
         if writer.lost:
             return "lost"
         return _finish(backend, run_id, token, fields, left)
@@ -384,4 +289,11 @@ def _finish(backend: RedisBackend, run_id: str, token: str, fields: List[Any], l
     return "lost"
 
 
-__all__ = ["EventWriter", "WorkerSettings", "execute_run", "resolve_factory"]
+__all__ = [
+    "HANDED_BACK",
+    "EventWriter",
+    "WorkerHost",
+    "WorkerSettings",
+    "execute_run",
+    "resolve_factory",
+]

@@ -102,7 +102,7 @@ class _Call:
 class ToolRun:
     """What one run lends the dispatcher: its fence, events, input and dispatch mode."""
 
-    __slots__ = ("rc", "events", "run_input", "parallel", "session_id")
+    __slots__ = ("rc", "events", "run_input", "parallel", "session_id", "settled")
 
     def __init__(
         self, rc: RunContext, events: RunEvents, run_input: str, parallel: ParallelDispatch, session_id: str
@@ -112,6 +112,8 @@ class ToolRun:
         self.run_input = run_input
         self.parallel = parallel
         self.session_id = session_id
+        # A durable run's checkpoint after each settled call or wave (run thread, fenced).
+        self.settled: Optional[Callable[[Sequence[ToolResultPart]], None]] = None
 
 
 class Dispatcher:
@@ -142,16 +144,29 @@ class Dispatcher:
         if not calls:
             return []
         parallel = run.parallel
+        settled = run.settled
         sequential = parallel.mode == "sequential" or parallel.max_concurrency == 1 or len(calls) == 1
         parked = self._park(run, turn, calls)
         if parked is not None:  # some calls wait for a person: see approval_gate
             waves = [[i] for i in range(len(calls))] if sequential else self._plan_waves(calls, parallel.max_concurrency)
+
+            def run_group(group: Sequence[ToolCallPart]) -> list[ToolResultPart]:
+                out = self._run_group(run, turn, group)
+                if settled is not None:
+                    settled(out)
+                return out
+
             return dispatch_parked(
-                parked, calls, waves, lambda group: self._run_group(run, turn, group),
-                lambda: self._check_cancel(run.rc), run.rc.unfenced,
+                parked, calls, waves, run_group, lambda: self._check_cancel(run.rc), run.rc.unfenced,
             )
         if sequential:
-            return [self._run_one(run, turn, _Call(c)) for c in calls]
+            if settled is None:
+                return [self._run_one(run, turn, _Call(c)) for c in calls]
+            out = []
+            for c in calls:
+                out.append(self._run_one(run, turn, _Call(c)))
+                settled(out[-1:])
+            return out
         results: list[Optional[ToolResultPart]] = [None] * len(calls)
         for wave in self._plan_waves(calls, parallel.max_concurrency):
             self._check_cancel(run.rc)
@@ -161,6 +176,8 @@ class Dispatcher:
             else:
                 for i, r in zip(wave, self._run_wave(run, turn, [calls[i] for i in wave])):
                     results[i] = r
+            if settled is not None:
+                settled([results[i] for i in wave])  # type: ignore[misc]
         return results  # type: ignore[return-value]
 
     def _park(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> Optional[ParkedBatch]:

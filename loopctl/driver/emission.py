@@ -46,6 +46,7 @@ from loopctl.observers import (
     Response,
     RetryScheduled,
     RunEnd,
+    RunResumed,
     RunStart,
     SteeringDelivered,
     StreamFailure,
@@ -318,6 +319,14 @@ class RunEvents:
             self.emit(RunStart(self.session_id, self.run_id, input))
         hooks = self.emitter.hooks
         if hooks is not None and hooks.hooks:
+            ctx = RunHookContext(self.session_id, self.run_id, input)
+            self.emitter.deliver(hooks.run_start, ctx, self.fence, self.handoff)
+
+    def run_resumed(self, input: str, attempt: int, cause: str, turn: int) -> None:
+        if RunResumed in self._wanted:
+            self.emit(RunResumed(self.session_id, self.run_id, attempt, cause, turn))
+        hooks = self.emitter.hooks
+        if hooks is not None and hooks.hooks:  # this process never ran the run's start hooks
             ctx = RunHookContext(self.session_id, self.run_id, input)
             self.emitter.deliver(hooks.run_start, ctx, self.fence, self.handoff)
 

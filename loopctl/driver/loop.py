@@ -23,6 +23,7 @@ import attrs
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.driver.answers import answer_check
 from loopctl.driver.builder import LoopSetup
+from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import RunContext, RunHandle
 from loopctl.driver.run import LoopSlot, RunDriver
@@ -98,19 +99,29 @@ class BareLoop(LoopSetup):
         run_id: Optional[str] = None,
         *,
         tap: Optional[Callable[[Any], None]] = None,
+        checkpoint: Optional[Callable[[Checkpoint], None]] = None,
+        resume: Optional[ResumePoint] = None,
         output_type: Any = None,
     ) -> RunHandle:
         """Start the run on a named worker thread and return its handle.
 
         Args:
             tap: receives every event of this run (used by ``RunRegistry``).
+            checkpoint: receives the run's resumable state at each turn
+                boundary, on the run's thread (durable registries; see
+                ``loopctl.driver.checkpoint``).
+            resume: continue a run from a checkpoint instead of starting it
+                (``on_run_resumed`` in place of ``on_run_start``).
             output_type: ask for a typed answer (sets ``config.output_type``).
 
         Raises:
             ConfigError: the ``output_type`` is not supported (nothing is sent).
             LoopBusy: a run is already in flight on this loop.
         """
-        rc = self._launch(input, config, run_id, waiter=False, tap=tap, output_type=output_type)
+        rc = self._launch(
+            input, config, run_id, waiter=False, tap=tap, checkpoint=checkpoint, resume=resume,
+            output_type=output_type,
+        )
         return RunHandle(rc, lambda reason: self._cancel_run(rc, reason))
 
     def _launch(
@@ -120,6 +131,8 @@ class BareLoop(LoopSetup):
         run_id: Optional[str],
         waiter: bool,
         tap: Optional[Callable[[Any], None]] = None,
+        checkpoint: Optional[Callable[[Checkpoint], None]] = None,
+        resume: Optional[ResumePoint] = None,
         output_type: Any = None,
     ) -> RunContext:
         if not isinstance(input, str):
@@ -157,6 +170,10 @@ class BareLoop(LoopSetup):
             self._resources,
             check,
         )
+        if checkpoint is not None:
+            rc.driver.durable = DurableRun(checkpoint, self._machine.history_epoch)
+            rc.driver.tool_run.settled = rc.driver.settle
+        rc.driver.resume_point = resume
 
         def on_cancel() -> None:
             rc.wake.set()

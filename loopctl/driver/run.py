@@ -26,12 +26,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from loopctl.approvals import RUN_ENDED
 from loopctl.config import RunConfig
 from loopctl.driver.answers import answer_system, answer_tools, shape_options, shape_request
 from loopctl.driver.approval_gate import report_unreported
+from loopctl.driver.checkpoint import DurableRun, ResumePoint, restore
 from loopctl.driver.compaction import run_compaction
 from loopctl.driver.dispatch import Dispatcher, ToolRun
 from loopctl.driver.emission import RunEvents
@@ -66,7 +68,14 @@ from loopctl.machine import (
     MaxTurnsReached,
     Outcome,
 )
-from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, StopReason
+from loopctl.messages import (
+    Message,
+    ModelRequest,
+    ModelResponse,
+    RequestOptions,
+    StopReason,
+    ToolResultPart,
+)
 from loopctl.observers import Response, StreamSuccess, ToolCallReceived, TurnStart
 from loopctl.output import OutputCheck
 from loopctl.providers.stream_handler import cancellable_complete
@@ -126,6 +135,8 @@ class RunDriver:
         sc = parts.session_config
         self.policy = MachinePolicy(self.config.max_turns, sc.context_window, sc.compact_threshold, sc.auto_compact)
         self.tool_run = ToolRun(rc, events, run.input, self.config.parallel, events.session_id)
+        self.durable: Optional[DurableRun] = None  # set by a host's checkpoint sink (checkpoint.py)
+        self.resume_point: Optional[ResumePoint] = None
         self.tool_names: frozenset[str] = frozenset()
         self.base_options: Optional[RequestOptions] = None
         self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
@@ -195,8 +206,14 @@ class RunDriver:
         m = self.machine
         self.session.runs.append(run)
         self.begin()
-        self.events.run_start(run.input)
-        m.accept_input(run.input, self.answer_check)
+        if self.durable is not None:
+            self.durable.base_epoch = m.history_epoch
+        point = self.resume_point
+        if point is None:
+            self.events.run_start(run.input)
+            m.accept_input(run.input, self.answer_check)
+        else:
+            self.resume(point)
         self.steering._open_slot()
         policy = self.policy
         cancel = rc.cancel
@@ -242,11 +259,29 @@ class RunDriver:
         )
 
     def boundary(self, after: str) -> None:
-        """The run's one checkpoint seam: after each model turn and each tool phase.
+        """The run's one checkpoint seam: after each model turn, settled call and tool phase.
 
-        ``after`` is ``"model"`` or ``"tools"``. Nothing is saved today; a
-        durable run records the machine's state here.
+        ``after`` is ``"model"``, ``"call"`` or ``"tools"``. A durable run
+        hands its resumable state to the host here (see checkpoint.py).
         """
+        if self.durable is not None:
+            self.durable.boundary(self.machine, self.rc.run.turns, after)
+
+    def settle(self, results: Sequence[ToolResultPart]) -> None:
+        """Settled results of the awaited wave (the dispatcher of a durable run)."""
+        if self.durable is not None:
+            self.durable.settle(self.machine, self.rc.run.turns, results)
+
+    def resume(self, point: ResumePoint) -> None:
+        """``on_run_resumed``, then the machine where the checkpoint left the run."""
+        cp = point.checkpoint
+        run = self.rc.run
+        self.events.run_resumed(run.input, point.attempt, point.cause, cp.turns_taken if cp else 0)
+        answered = restore(point, self.machine, run, self.parts.tools, self.answer_check)
+        if self.durable is not None:
+            self.durable.answered = list(answered.values())
+            if cp is not None and cp.history is not None:
+                self.durable.base_epoch = -1  # the host holds an older history: checkpoints carry ours
 
     # -- handler 1: one model call -----------------------------------------------------
 

@@ -70,6 +70,9 @@ class RunStatus:
         output_tokens: output tokens reported so far.
         started_at: wall-clock start (``time.time()``).
         ended_at: wall-clock end, None while running.
+        resumes: times the run moved to another worker and continued from
+            its last checkpoint (durable runs of ``CeleryRunRegistry``).
+        resume_cause: why it last moved (None if it never did).
         output_value: a typed run's answer in its JSON form (None unless
             completed with an ``output_type``).
         pending_approvals: tool calls waiting for a person's answer now.
@@ -87,6 +90,8 @@ class RunStatus:
     output_tokens: int
     started_at: float
     ended_at: Optional[float]
+    resumes: int = 0
+    resume_cause: Optional[str] = None
     output_value: Any = None
     pending_approvals: Tuple[PendingApproval, ...] = ()
     approvals: Tuple[ApprovalDecision, ...] = ()

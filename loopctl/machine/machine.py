@@ -9,7 +9,8 @@ Rules it keeps:
    provider refused the request as too long; ``conclude``: it acts on a
    ``Done``) and the machine decides.
 3. Terminal is forever: feeds after it are no-ops, except ``accept_input``
-   (the next run), ``commit_pending`` and ``discard_pending`` (finalize).
+   and ``resume`` (the next run), ``commit_pending`` and ``discard_pending``
+   (finalize).
 4. History (the committed notebook) changes only through ``commit_pending``
    and ``compaction_result``; a run's messages live in pending until then.
 5. A tool result never precedes its call: steering injected while tools
@@ -18,7 +19,7 @@ Rules it keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
 from loopctl.errors import ContextExceeded, LoopError, ModelError, OutputValidationError
@@ -283,6 +284,38 @@ class LoopMachine:
         self._pending_tools = ()
         self._compact_reason = None
         self._overflow_turn = None
+
+    def resume(
+        self,
+        pending: Iterable[Message],
+        turns_taken: int,
+        answered: Mapping[str, ToolResultPart],
+        answer_check: Optional[AnswerCheck] = None,
+    ) -> None:
+        """Continue a run from a checkpoint (mutates): pending and the turn count restored.
+
+        ``pending`` is the run's messages so far. When it ends with the
+        model's tool calls the machine awaits their results; a call with an
+        entry in ``answered`` is pre-answered with it, never dispatched.
+        History is untouched; estimate and cancel reset as ``accept_input``
+        (and ``answer_check`` is as there).
+
+        Raises:
+            ValueError: a negative ``turns_taken``, or an answer for a call
+                the last message did not make.
+        """
+        msgs = list(pending)
+        calls = msgs[-1].tool_calls if msgs and msgs[-1].role == "assistant" else []
+        stray = sorted(set(answered) - {c.id for c in calls})
+        if turns_taken < 0 or stray:
+            raise ValueError(f"resume: turns_taken {turns_taken}, answers for calls not made: {stray!r}")
+        self.accept_input("", answer_check)
+        self._pending = msgs
+        self._turns_taken = turns_taken
+        if calls:
+            self._pending_tools = tuple(PendingToolCall(c, answered.get(c.id)) for c in calls)
+            self._tool_turn = max(0, turns_taken - 1)
+            self._state = MachineState.AWAITING_TOOLS
 
     def model_response(
         self, response: ModelResponse, context_tokens: int, available_tools: Iterable[str]

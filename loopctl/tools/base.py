@@ -162,6 +162,7 @@ class Tool:
     (a JSON Schema object) and ``call(input, ctx)``. Optional knobs:
     ``concurrency_safe`` (may overlap other calls in a parallel wave),
     ``read_only`` (informational; permission policies may use it),
+    ``idempotent`` (a durable run may run a call again after a worker loss),
     ``timeout`` (seconds; enforced by the dispatcher, see
     ``loopctl.tools.timeout``), ``requires_approval`` (every call waits for
     a person's approval, see docs/approvals.md) with ``approval_timeout``
@@ -174,6 +175,7 @@ class Tool:
     description: str = ""
     concurrency_safe: bool = False
     read_only: bool = False
+    idempotent: bool = False
     timeout: Optional[float] = None
     requires_approval: bool = False
     approval_timeout: Optional[float] = None

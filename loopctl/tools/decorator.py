@@ -66,6 +66,7 @@ class FunctionTool(Tool):
         timeout: Optional[float] = None,
         requires_approval: bool = False,
         approval_timeout: Optional[float] = None,
+        idempotent: bool = False,
         localns: Optional[Mapping[str, Any]] = None,
     ) -> None:
         if not callable(func):
@@ -98,6 +99,7 @@ class FunctionTool(Tool):
             raise ConfigError(f"{where}: resource_key must be a str or a callable(input), got {resource_key!r:.80}")
         self.concurrency_safe = bool(concurrency_safe)
         self.read_only = bool(read_only)
+        self.idempotent = bool(idempotent)
         self.timeout = float(timeout) if timeout is not None else None
         self.requires_approval = requires_approval
         self.approval_timeout = float(approval_timeout) if approval_timeout is not None else None
@@ -263,6 +265,7 @@ def tool(
     timeout: Optional[float] = None,
     requires_approval: bool = False,
     approval_timeout: Optional[float] = None,
+    idempotent: bool = False,
 ) -> Callable[[F], FunctionTool]: ...
 
 
@@ -277,6 +280,7 @@ def tool(
     timeout: Optional[float] = None,
     requires_approval: bool = False,
     approval_timeout: Optional[float] = None,
+    idempotent: bool = False,
 ) -> Any:
     """Turn a typed, documented function into a ``Tool``.
 
@@ -296,6 +300,10 @@ def tool(
         approval_timeout: seconds a call may wait for that approval before
             it is denied ("approval timed out"); None defers to
             ``RunConfig.approval_timeout`` (default: wait for ever).
+        idempotent: running a call twice has the effect of running it once, so
+            a durable run (``CeleryRunRegistry(resume=...)``) may run again a
+            call its lost worker had in flight; otherwise that call comes back
+            to the model as an "interrupted, effect unknown" error result.
 
     Raises:
         ConfigError: an unsupported or missing annotation, no description,
@@ -310,6 +318,7 @@ def tool(
         timeout=timeout,
         requires_approval=requires_approval,
         approval_timeout=approval_timeout,
+        idempotent=idempotent,
     )
     if func is not None:
         return FunctionTool(func, localns=_caller_locals(), **options)  # type: ignore[arg-type]

@@ -1,0 +1,54 @@
+"""Checking ``CeleryRunRegistry``'s arguments: each bad value is a ``ConfigError`` naming it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Union
+
+from loopctl.errors import ConfigError
+
+#: ``resume`` values: durable runs, or at most once (None means "never" too).
+RESUME_MODES = ("on_worker_loss", "never")
+
+
+def factory_spec(factory: Union[str, Callable[..., Any]]) -> str:
+    if isinstance(factory, str):
+        module, sep, attr = factory.partition(":")
+        if sep and module and attr:
+            return factory
+        raise ConfigError(f"loop_factory must look like 'pkg.module:factory', got {factory!r}")
+    qual = getattr(factory, "__qualname__", "")
+    module = getattr(factory, "__module__", "")
+    if callable(factory) and module and qual and "<" not in qual:
+        return f"{module}:{qual}"
+    raise ConfigError(
+        f"loop_factory must be 'pkg.module:factory' or a module-level function, got {factory!r:.80}"
+    )
+
+
+def resume_mode_of(value: Any) -> str:
+    if value is None or value == "never":
+        return ""
+    if value == "on_worker_loss":
+        return "on_worker_loss"
+    raise ConfigError(f"CeleryRunRegistry resume must be None, 'on_worker_loss' or 'never', got {value!r}")
+
+
+def max_resumes_of(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"CeleryRunRegistry max_resumes must be an int >= 0, got {value!r}")
+    return value
+
+
+def number(name: str, value: Any, minimum: float) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or math.isnan(value)
+        or value < minimum
+    ):
+        raise ConfigError(f"CeleryRunRegistry {name} must be a number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+__all__ = ["RESUME_MODES", "factory_spec", "max_resumes_of", "number", "resume_mode_of"]
