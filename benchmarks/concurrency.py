@@ -32,17 +32,20 @@ Figures, each beside the floor's:
 
 What it showed (issue 22): with the temp dir made lazily and finished runs
 compacted, 1,000 runs meet every target; at 10,000 runs in flight a full
-collection of the ~170 GC-tracked objects per run (about 1.7 M) holds the
-GIL for a second or more, the model replies due meanwhile queue thousands
-of threads on the GIL, their 5 ms wake-ups eat the CPU the collection
-needs, and the stall feeds on itself (one collection took 268 s). With
-``--gc off`` (``gc.disable()`` during the runs, a host's choice) the same
-10,000 runs finish in about 1.5x the ideal on a loaded machine.
+collection of the ~185 GC-tracked objects per run (about 1.9 M) holds the
+GIL for seconds, the model replies due meanwhile queue thousands of
+threads on the GIL, their 5 ms wake-ups eat the CPU the collection needs,
+and the stall feeds on itself (one collection took 63 s; 220 s in all).
+A finished run leaves no reference cycle (it is freed by refcounting), so
+a host can make collections rare: with ``--gc tuned`` (``gc.freeze()``
+after start-up, ``TUNED_THRESHOLDS``; docs/running.md) the same 10,000
+runs finish in about 1.26x the ideal on a loaded machine, 0.7 ms of CPU
+per run, cancel p99 about 6 ms.
 
 The machine may be shared: wall-clock figures (wall, cancel latency) move
 with the load; CPU figures are steadier. Run:
 ``python benchmarks/concurrency.py`` (10,000 runs, mean 5 s: ~1 min with
-``--gc off``, minutes with the GC on), ``--quick`` (1,000 runs: ~40 s,
+``--gc off`` or ``--gc tuned``, minutes with the GC on), ``--quick`` (1,000 runs: ~40 s,
 what ``run_all.py`` runs), or ``--runs N --mean S``.
 """
 
