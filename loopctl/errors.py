@@ -9,6 +9,7 @@ caller. Messages never contain credentials.
 
 from __future__ import annotations
 
+import traceback
 from typing import Any, Optional
 
 
@@ -184,6 +185,33 @@ class LoopBusy(LoopError, RuntimeError):
         super().__init__(message)
 
 
+def release_frames(error: Optional[BaseException]) -> None:
+    """Clear the locals of the finished frames in ``error``'s tracebacks (and its chain).
+
+    A run's error is kept for ``result()``; its traceback's frames would
+    otherwise hold the run's driver, loop, machine and client in a cycle
+    only the cyclic GC can free. File, line and function names stay for
+    display; a frame still executing (another thread's) is left alone.
+    """
+    seen = 0
+    while error is not None and seen < 16:
+        tb = error.__traceback__
+        if tb is not None:
+            traceback.clear_frames(tb)
+            # A finished frame keeps its caller (f_back) alive, and the run
+            # thread's outer frames hold the loop: clear them too. One still
+            # executing (another thread's) refuses, and its callers are live.
+            caller = tb.tb_frame.f_back
+            while caller is not None:
+                try:
+                    caller.clear()
+                except RuntimeError:
+                    break
+                caller = caller.f_back
+        error = error.__cause__ or error.__context__
+        seen += 1
+
+
 __all__ = [
     "Cancelled",
     "ConfigError",
@@ -200,4 +228,5 @@ __all__ = [
     "RateLimited",
     "ToolRecoveryExhausted",
     "UserInputRequired",
+    "release_frames",
 ]

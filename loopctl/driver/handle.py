@@ -50,6 +50,7 @@ class RunContext:
         "inline_counted",
         "driver",
         "approvals",
+        "__weakref__",
     )
 
     def __init__(self, run: Run, cancel: Any, waiter: bool, tap: Any = None) -> None:
@@ -137,8 +138,12 @@ class RunHandle:
         """
         if not self._rc.done.wait(timeout):
             raise TimeoutError(f"run {self.run_id} not finished after {timeout}s")
-        if self._rc.error is not None:
-            raise self._rc.error
+        error = self._rc.error
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del self, error  # this frame joins the traceback: keep no cycle through it
         return self._rc.run
 
     def cancel(self, reason: Optional[str] = None) -> bool:

@@ -27,7 +27,14 @@ from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import RunContext, RunHandle
 from loopctl.driver.run import LoopSlot, RunDriver
-from loopctl.errors import Cancelled, ConfigError, LoopBusy, LoopError, MaxTurnsExceeded
+from loopctl.errors import (
+    Cancelled,
+    ConfigError,
+    LoopBusy,
+    LoopError,
+    MaxTurnsExceeded,
+    release_frames,
+)
 from loopctl.machine import Completed, Failed, MaxTurnsReached
 from loopctl.records import Run
 
@@ -88,8 +95,12 @@ class BareLoop(LoopSetup):
             self._takeover(rc)
             rc.done.wait()
             raise
-        if rc.error is not None:
-            raise rc.error
+        error = rc.error
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del self, rc, error  # this frame joins the traceback: keep no cycle through it
         return rc.run
 
     def start(
@@ -213,16 +224,27 @@ class BareLoop(LoopSetup):
         return rc
 
     def _body(self, rc: RunContext) -> None:
-        rc.driver.body()
+        try:
+            rc.driver.body()
+        finally:
+            # The run is over (or its takeover finalized it): drop the
+            # context <-> driver cycle and the locals its error's traceback
+            # holds, so refcounting frees the run at once.
+            rc.driver = None
+            release_frames(rc.error)
+            del self, rc  # the body's frame keeps this one (its caller) alive
 
     def _takeover(self, rc: RunContext) -> None:
         """On cancel: wait for the body to block (or end), then finish the run here."""
-        rc.driver.take_over()
+        driver = rc.driver
+        if driver is not None:  # None: the body has already ended the run
+            driver.take_over()
 
     def _release(self, rc: RunContext, error: Optional[LoopError]) -> None:
         """Finalize's last step: re-arm the cancel signal and free the loop."""
         if rc.listener is not None:
             self._cancel.remove_listener(rc.listener)
+            rc.listener = None  # it closes over rc: keep no cycle past the run
         rc.error = error
         with self._busy:
             self._cancel.reset()  # last: one cancel = one cancelled run

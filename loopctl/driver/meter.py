@@ -19,7 +19,7 @@ from loopctl.messages import Message
 class TokenMeter:
     """Measures what a request costs, in calibrated tokens (one per loop)."""
 
-    __slots__ = ("counter", "_conversation", "calibration", "overhead", "_key", "_raw")
+    __slots__ = ("counter", "_conversation", "calibration", "overhead", "_key", "_raw", "_overhead_of")
 
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
@@ -28,19 +28,29 @@ class TokenMeter:
         self.overhead = 0
         self._key: Any = None  # the machine's size key at the last measure
         self._raw = 0
+        self._overhead_of: Any = None  # (system prompt, schemas tuple) the overhead was counted for
 
     def set_counter(self, counter: TokenCounter) -> None:
         """Use ``counter`` from now on (before the first run)."""
         self.counter = counter
         self._conversation = ConversationMeter(counter)
         self._key = None
+        self._overhead_of = None
 
     def begin_run(self, system_prompt: Optional[str], schemas: Iterable[Any]) -> None:
-        """Fix the request overhead for the run: system prompt plus tool schemas."""
+        """Fix the request overhead for the run: system prompt plus tool schemas.
+
+        A loop's registry hands out the same schemas tuple until its tools
+        change, so a run with the same prompt and tuple reuses the count.
+        """
+        self._key = None
+        last = self._overhead_of
+        if last is not None and last[1] is schemas and last[0] == system_prompt:
+            return
         counter = self.counter
         head = counter.count_message(Message.system(system_prompt)) if system_prompt else 0
         self.overhead = head + sum(counter.count_text(repr(s.to_dict())) for s in schemas)
-        self._key = None
+        self._overhead_of = (system_prompt, schemas)
 
     def raw(self, machine: Any) -> int:
         """Uncalibrated tokens of history + pending + overhead."""

@@ -54,7 +54,11 @@ class LoopResources:
         self._temp = ManagedTempDir(owner, session_id)
         self._pool_box: list[Optional[ThreadPoolExecutor]] = [None]
         self._pool_size = 0
-        self._pool_finalizer = weakref.finalize(owner, _shutdown, self._pool_box)
+        # The pool's finalizer is made with the first pool: most loops never
+        # need one (a single call runs inline), and a finalizer per loop is
+        # four more objects for the cyclic GC to walk per run in flight.
+        self._owner = weakref.ref(owner)
+        self._pool_finalizer: Optional[weakref.finalize[..., None]] = None
         self._tally = threading.Lock()
         self._abandoned = 0
 
@@ -146,6 +150,9 @@ class LoopResources:
             )
             self._pool_box[0] = pool
             self._pool_size = want
+            owner = self._owner()
+            if self._pool_finalizer is None and owner is not None:
+                self._pool_finalizer = weakref.finalize(owner, _shutdown, self._pool_box)
         return pool
 
     def close(self) -> None:

@@ -32,7 +32,6 @@ import logging
 import math
 import threading
 import time
-import traceback
 import uuid
 import weakref
 from collections import deque
@@ -43,7 +42,7 @@ import attrs
 
 from loopctl.approvals import ApprovalDecision, PendingApproval
 from loopctl.config import RunConfig
-from loopctl.errors import Cancelled, ConfigError, LoopBusy, LoopError
+from loopctl.errors import Cancelled, ConfigError, LoopBusy, LoopError, release_frames
 from loopctl.messages import Message
 from loopctl.observers import Event, RunEnd
 from loopctl.records import Run, json_form
@@ -210,7 +209,7 @@ class _Entry:
         status = _status(self)
         run = handle.record
         error = run.stop_reason  # the error result() raises (finalize sets both)
-        _release_frames(error)
+        release_frames(error)
         self.final = _Final(status, run, error)
         with self.lock:
             # A tuple, sized to what the run emitted (the deque is sized for
@@ -671,32 +670,6 @@ class RunRegistry:
             if self._entries.get(entry.run_id) is entry:
                 del self._entries[entry.run_id]
                 self._live.pop(entry.run_id, None)
-
-
-def _release_frames(error: Optional[BaseException]) -> None:
-    """Clear the locals of the finished frames in ``error``'s tracebacks (and its chain).
-
-    A failed run's error is kept for ``result()``; its traceback's frames
-    would otherwise keep the run's loop, machine and client alive for
-    ``keep_finished_s``. File, line and function names stay for display.
-    """
-    seen = 0
-    while error is not None and seen < 16:
-        tb = error.__traceback__
-        if tb is not None:
-            traceback.clear_frames(tb)
-            # A finished frame keeps its caller (f_back) alive, and the run
-            # thread's outer frames hold the loop: clear them too. One still
-            # executing (another thread's) refuses, and its callers are live.
-            caller = tb.tb_frame.f_back
-            while caller is not None:
-                try:
-                    caller.clear()
-                except RuntimeError:
-                    break
-                caller = caller.f_back
-        error = error.__cause__ or error.__context__
-        seen += 1
 
 
 def _status(entry: _Entry) -> RunStatus:
