@@ -181,6 +181,9 @@ class Dispatcher:
         return results  # type: ignore[return-value]
 
     def _park(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> Optional[ParkedBatch]:
+        parts = self.parts
+        if parts.approval_policy is None and not parts.tools.has_approval_tools:
+            return None  # the common case: nothing can ask, nothing to park
         rc = run.rc
         return park_batch(
             rc.approvals, self.parts.tools, self.parts.approval_policy, calls, events=run.events,

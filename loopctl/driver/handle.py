@@ -41,6 +41,7 @@ class RunContext:
         "cancel",
         "waiter",
         "listener",
+        "model_call",
         "tap",
         "thread",
         "context",
@@ -65,6 +66,7 @@ class RunContext:
         self.cancel = cancel  # the run's view of the loop's CancelSignal
         self.waiter = waiter
         self.listener: Optional[Callable[[], None]] = None
+        self.model_call: Any = None  # the model call in flight (closed by the run's cancel listener)
         self.tap = tap
         self.thread: Optional[threading.Thread] = None
         self.context: Optional[contextvars.Context] = None

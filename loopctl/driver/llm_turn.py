@@ -13,8 +13,8 @@ events.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Optional
 
 from loopctl.context.memory import MEMORY_PREFIX, format_memory, memory_query
 from loopctl.errors import Cancelled, LoopError, ModelError
@@ -124,6 +124,58 @@ def call_model(
     return response
 
 
+def _next_event(rc: RunContext, it: Iterator[Any]) -> Any:
+    """The call's next event (None at its end), read unfenced; foreign errors become ``ModelError``."""
+    try:
+        with rc.unfenced():
+            return next(it, None)
+    except LoopError:
+        raise
+    except Exception as exc:
+        if rc.cancel.is_cancelled():
+            raise Cancelled(rc.cancel.reason) from exc
+        raise ModelError(f"stream failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _complete_turn(parts: LoopParts, rc: RunContext, em: RunEvents, turn: int, request: ModelRequest) -> ModelResponse:
+    """A non-streaming turn: the same retries, one whole reply.
+
+    The first attempt is made directly (most calls need no retry); a
+    failure goes on through the handler's retry events.
+    """
+    call = parts.stream_handler.complete_turn(parts.client, request, rc.cancel)
+    cancel = rc.cancel
+    rc.model_call = call  # before the call starts: a cancel from now on closes it
+    try:
+        try:
+            with rc.unfenced():
+                response: ModelResponse = call.first_reply()
+            if cancel.is_cancelled():
+                raise Cancelled(cancel.reason)
+            return response
+        except LoopError as exc:
+            if isinstance(exc, Cancelled):
+                raise
+            failure = exc
+        it = iter(call.recover(failure))
+        while True:
+            ev = _next_event(rc, it)
+            if ev is None:
+                break
+            if type(ev) is StreamRescue:
+                if cancel.is_cancelled():
+                    raise Cancelled(cancel.reason)
+                reply: ModelResponse = ev.response  # the reply is the call's last event
+                return reply
+            if type(ev) is RetryWait:
+                em.retry_scheduled(turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts)
+            elif type(ev) is StreamAttemptReset:
+                em.attempt_reset(turn, ev.attempt)
+    finally:
+        rc.model_call = None
+    raise Cancelled(cancel.reason)  # ended without a reply: only a close (cancel) does that
+
+
 def _stream_turn(
     parts: LoopParts,
     rc: RunContext,
@@ -132,30 +184,19 @@ def _stream_turn(
     request: ModelRequest,
     answer_tool: Optional[str] = None,
 ) -> ModelResponse:
+    if parts.turn_mode == "non_streaming":
+        return _complete_turn(parts, rc, em, turn, request)
     streamer = parts.text_streamer
-    handler = parts.stream_handler
-    if parts.turn_mode == "non_streaming":  # the same retries, one whole reply
-        events = handler.complete_turn(parts.client, request, rc.cancel)
-    else:
-        events = handler.stream_turn(parts.client, request, rc.cancel)
+    events = parts.stream_handler.stream_turn(parts.client, request, rc.cancel)
     acc = StreamAccumulator()
     rescued: Optional[ModelResponse] = None
     tool_slots: dict[int, tuple[str, str]] = {}
     want_text = em.wants(TextDelta) or streamer is not None
     it = iter(events)
-    close: Callable[[], None] = getattr(events, "close", _noop)
-    rc.cancel.add_listener(close)
+    rc.model_call = events  # before the call starts: a cancel from now on closes it
     try:
         while True:
-            try:
-                with rc.unfenced():
-                    ev = next(it, None)
-            except LoopError:
-                raise
-            except Exception as exc:
-                if rc.cancel.is_cancelled():
-                    raise Cancelled(rc.cancel.reason) from exc
-                raise ModelError(f"stream failed: {type(exc).__name__}: {exc}") from exc
+            ev = _next_event(rc, it)
             if ev is None:
                 break
             if isinstance(ev, PartDelta):
@@ -192,16 +233,12 @@ def _stream_turn(
             else:
                 acc.feed(ev)
     finally:
-        rc.cancel.remove_listener(close)
+        rc.model_call = None
     if rc.cancel.is_cancelled():
         raise Cancelled(rc.cancel.reason)
     if rescued is not None:
         return rescued
     return acc.build()
-
-
-def _noop() -> None:
-    return None
 
 
 __all__ = [

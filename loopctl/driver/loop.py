@@ -187,6 +187,9 @@ class BareLoop(LoopSetup):
         rc.driver.resume_point = resume
 
         def on_cancel() -> None:
+            close = getattr(rc.model_call, "close", None)
+            if close is not None:  # a call published after this read sees the flag itself
+                close()
             rc.wake.set()
             if not rc.waiter and not rc.finished:
                 # Finalize in a copy of the run's context, so observers of the

@@ -166,7 +166,9 @@ class TurnStream:
         self._streaming = streaming
         self._lock = threading.Lock()
         self._closed = False
-        self._woken = threading.Event()  # set by close(): ends a backoff wait
+        # Made by the first backoff wait without a cancel signal (most calls never
+        # wait); close() sets it under the lock, so a wait never misses a close.
+        self._woken: Optional[threading.Event] = None
         self._stream: Any = None
         self._scope: Optional[CallScope] = None
         self._transport_failures = 0
@@ -181,7 +183,9 @@ class TurnStream:
             self._closed = True
             stream = self._stream
             scope = self._scope
-        self._woken.set()
+            woken = self._woken
+        if woken is not None:
+            woken.set()
         if stream is not None:
             stream.close()
         if scope is not None:
@@ -326,18 +330,55 @@ class TurnStream:
 
     # -- the retry loop ------------------------------------------------------------
 
+    def first_reply(self) -> ModelResponse:
+        """Non-streaming: the first attempt, made directly (no events, no generator).
+
+        Most calls succeed at once; a failure is raised as it is, and
+        ``recover(failure)`` then yields the retries' events and the reply,
+        exactly as iterating the call would have after that attempt.
+
+        Raises:
+            Cancelled: the call was closed or cancelled.
+            LoopError: the attempt failed (its timeout named).
+        """
+        h = self._h
+        if h.single_attempt:
+            if self._stopped():
+                raise self._cancelled()
+            return self._complete(None)
+        if h.total_timeout is not None:
+            self._total_deadline = time.monotonic() + h.total_timeout
+        self.attempts += 1
+        if self._stopped():
+            raise self._cancelled()
+        try:
+            return self._complete(self._total_deadline)
+        except LoopError as exc:
+            if error_kind(exc) == TIMEOUT and getattr(exc, "deadline_hit", False):
+                raise self._timeout("end", None) from exc
+            raise
+
+    def recover(self, failure: LoopError) -> Iterator[HandlerEvent]:
+        """After ``first_reply`` raised ``failure``: the retries' events, then the reply."""
+        if self._h.single_attempt or isinstance(failure, Cancelled):
+            raise failure
+        return self._retry_from(failure)
+
     def _run(self) -> Iterator[HandlerEvent]:
         h = self._h
         if h.total_timeout is not None:
             self._total_deadline = time.monotonic() + h.total_timeout
+        try:
+            yield from self._attempt()
+            return
+        except Cancelled:
+            raise
+        except LoopError as exc:
+            failure: LoopError = exc
+        yield from self._retry_from(failure)
+
+    def _retry_from(self, failure: LoopError) -> Iterator[HandlerEvent]:
         while True:
-            try:
-                yield from self._attempt()
-                return
-            except Cancelled:
-                raise
-            except LoopError as exc:
-                failure: LoopError = exc
             if self._stopped():
                 raise self._cancelled() from failure
             if not _retryable(failure):
@@ -348,6 +389,13 @@ class TurnStream:
             yield wait
             self._sleep(wait.wait_s)
             yield StreamAttemptReset(self.attempts)
+            try:
+                yield from self._attempt()
+                return
+            except Cancelled:
+                raise
+            except LoopError as exc:
+                failure = exc
         yield from self._give_up(failure)
 
     def _next_wait(self, failure: LoopError) -> Optional[RetryWait]:
@@ -392,7 +440,15 @@ class TurnStream:
 
     def _sleep(self, seconds: float) -> None:
         # The driver closes the call from its cancel listener, so either wait ends early on cancel.
-        fired = self._cancel.wait(seconds) if self._cancel is not None else self._woken.wait(seconds)
+        if self._cancel is not None:
+            fired = self._cancel.wait(seconds)
+        else:
+            with self._lock:
+                if self._woken is None:
+                    self._woken = threading.Event()
+                woken = self._woken
+                fired = self._closed
+            fired = fired or woken.wait(seconds)
         if fired or self._closed:
             raise self._cancelled()
 

@@ -23,6 +23,7 @@ class ToolRegistry:
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
         self._schemas: Optional[tuple[ToolSchema, ...]] = None
+        self._asks: Optional[bool] = None  # any tool with requires_approval (cached)
         self._refreshers: list[Callable[[ToolRegistry], None]] = []
         for t in tools:
             self.register(t)
@@ -37,6 +38,7 @@ class ToolRegistry:
             log.warning("tool %r replaced in registry", tool.name)
         self._tools[tool.name] = tool
         self._schemas = None
+        self._asks = None
         return tool
 
     def unregister(self, name: str) -> bool:
@@ -44,6 +46,7 @@ class ToolRegistry:
         if self._tools.pop(name, None) is None:
             return False
         self._schemas = None
+        self._asks = None
         return True
 
     def add_refresher(self, refresher: Callable[[ToolRegistry], None]) -> None:
@@ -86,6 +89,13 @@ class ToolRegistry:
         if self._schemas is None:
             self._schemas = tuple(t.schema() for t in self._tools.values())
         return self._schemas
+
+    @property
+    def has_approval_tools(self) -> bool:
+        """True when some tool's every call needs a person's approval (cached)."""
+        if self._asks is None:
+            self._asks = any(getattr(t, "requires_approval", False) for t in self._tools.values())
+        return self._asks
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
