@@ -78,6 +78,9 @@ def _cancel_wait(cancel: Any, delay: float) -> bool:
     return bool(cancel.wait(delay))
 
 
+_NO_OUTPUT = ToolOutput("")  # a call's output before it has one (frozen: shared)
+
+
 class _Call:
     """One call's state across its attempts."""
 
@@ -88,7 +91,7 @@ class _Call:
         self.call = call
         self.attempt = 0
         self.ctx: Optional[ToolContext] = None
-        self.out = ToolOutput("")
+        self.out = _NO_OUTPUT
         self.ms = 0.0
         self.resolved = call.name
         self.correction: Any = None
@@ -146,7 +149,9 @@ class Dispatcher:
         parallel = run.parallel
         settled = run.settled
         sequential = parallel.mode == "sequential" or parallel.max_concurrency == 1 or len(calls) == 1
-        parked = self._park(run, turn, calls)
+        parts = self.parts
+        asks = parts.approval_policy is not None or parts.tools.has_approval_tools
+        parked = self._park(run, turn, calls) if asks else None
         if parked is not None:  # some calls wait for a person: see approval_gate
             waves = [[i] for i in range(len(calls))] if sequential else self._plan_waves(calls, parallel.max_concurrency)
 
@@ -181,9 +186,6 @@ class Dispatcher:
         return results  # type: ignore[return-value]
 
     def _park(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> Optional[ParkedBatch]:
-        parts = self.parts
-        if parts.approval_policy is None and not parts.tools.has_approval_tools:
-            return None  # the common case: nothing can ask, nothing to park
         rc = run.rc
         return park_batch(
             rc.approvals, self.parts.tools, self.parts.approval_policy, calls, events=run.events,

@@ -118,7 +118,10 @@ def call_model(
     cancel = rc.cancel
     if cancel.is_cancelled():
         raise Cancelled(cancel.reason)
-    response = _stream_turn(parts, rc, events, turn, request, answer_tool)
+    if parts.turn_mode == "non_streaming":
+        response = _complete_turn(parts, rc, events, turn, request)
+    else:
+        response = _stream_turn(parts, rc, events, turn, request, answer_tool)
     if cancel.is_cancelled():
         raise Cancelled(cancel.reason)
     return response
@@ -184,8 +187,7 @@ def _stream_turn(
     request: ModelRequest,
     answer_tool: Optional[str] = None,
 ) -> ModelResponse:
-    if parts.turn_mode == "non_streaming":
-        return _complete_turn(parts, rc, em, turn, request)
+    """A streaming turn: deltas to observers (and the text streamer) as they come."""
     streamer = parts.text_streamer
     events = parts.stream_handler.stream_turn(parts.client, request, rc.cancel)
     acc = StreamAccumulator()

@@ -156,6 +156,12 @@ class StreamHandler:
 class TurnStream:
     """One model call's events under a ``StreamHandler`` (iterate once; close from anywhere)."""
 
+    __slots__ = (
+        "_h", "_client", "_request", "_cancel", "_streaming", "_lock", "_closed", "_woken",
+        "_stream", "_scope", "_transport_failures", "_rate_limited", "_retry_after",
+        "_total_deadline", "attempts",
+    )
+
     def __init__(
         self, handler: StreamHandler, client: Any, request: ModelRequest, cancel: Any, streaming: bool = True
     ) -> None:
@@ -192,7 +198,10 @@ class TurnStream:
             scope.close()
 
     def _stopped(self) -> bool:
-        return self._closed or bool(self._cancel is not None and self._cancel.is_cancelled())
+        if self._closed:
+            return True
+        cancel = self._cancel
+        return cancel is not None and cancel.is_cancelled()
 
     def _cancelled(self) -> Cancelled:
         return Cancelled(getattr(self._cancel, "reason", None))

@@ -25,6 +25,8 @@ class ToolRegistry:
         self._schemas: Optional[tuple[ToolSchema, ...]] = None
         self._asks: Optional[bool] = None  # any tool with requires_approval (cached)
         self._refreshers: list[Callable[[ToolRegistry], None]] = []
+        #: True once a refresher was added (read before every model turn: a plain attribute).
+        self.has_refreshers = False
         for t in tools:
             self.register(t)
 
@@ -58,11 +60,7 @@ class ToolRegistry:
         logged and ignored.
         """
         self._refreshers.append(refresher)
-
-    @property
-    def has_refreshers(self) -> bool:
-        """True when a refresher was added."""
-        return bool(self._refreshers)
+        self.has_refreshers = True
 
     def refresh(self) -> None:
         """Run every refresher (the driver calls this before each model turn)."""
