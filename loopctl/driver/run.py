@@ -490,21 +490,24 @@ class RunDriver:
             if parts.loop_detector is not None:
                 parts.loop_detector.consume_pending_stop()
             em = self.events
-            error_text = None if error is None else str(error)
-            error_type = None if error is None else type(error).__name__
             phase = em.open_phase
             if phase is not None:  # a phase cut short (cancel, an escape): close it, failed
-                em.close_phase(phase, error_text or "run ended", error_type)
+                em.close_phase(phase, str(error) if error is not None else "run ended", _class_name(error))
             em.run_end(
                 run.input,
                 error is None,
-                error_text,
+                None if error is None else str(error),
                 run.turn_count,
                 (run.end - run.start) * 1000.0,
-                error_type,
+                _class_name(error),
             )
         finally:
             self.slot.release(rc, error)
+
+
+def _class_name(error: Optional[BaseException]) -> Optional[str]:
+    """The ``error_type`` of an end event: the error's class name, None on success."""
+    return None if error is None else type(error).__name__
 
 
 __all__ = ["LoopSlot", "RunDriver"]
