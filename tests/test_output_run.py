@@ -311,3 +311,17 @@ def test_output_type_through_run_config_and_start_and_the_argument_wins() -> Non
         assert loop.start("b", output_type=City).result(10).output_value == City("Rome", 3)
         # The keyword argument overrides the config's type for that run.
         assert loop.run("c", RunConfig(output_type=City), output_type=int).output_value == 5
+
+
+def test_a_class_made_by_exec_d_code_is_an_answer_type() -> None:
+    # Its module is in no sys.modules (a docs snippet, a notebook cell runner):
+    # Python 3.9's get_type_hints looked it up there and failed.
+    namespace: dict[str, Any] = {"__name__": "made_by_exec"}
+    exec(
+        "import attrs\n@attrs.frozen\nclass Town:\n    name: str\n    population: int\n",
+        namespace,
+    )
+    town = namespace["Town"]
+    assert town.__module__ == "made_by_exec"
+    with BareLoop(ScriptedClient([reply('{"name": "Hamar", "population": 31000}')])) as loop:
+        assert loop.run("town?", output_type=town).output_value == town("Hamar", 31000)
