@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -80,6 +81,7 @@ def driver_once(n: int) -> Clock:
     with BareLoop(client, [Noop()]) as loop:
         loop.set_turn_mode("non_streaming")
         body_cpu: list[float] = []
+        clocked_out = threading.Event()
         body = loop._body  # the run's body runs on its own thread: clock it there
 
         def clocked(rc: Any) -> None:
@@ -88,12 +90,16 @@ def driver_once(n: int) -> Clock:
                 body(rc)
             finally:
                 body_cpu.append(time.thread_time() - t)
+                clocked_out.set()
 
         loop._body = clocked  # type: ignore[method-assign]
         cfg = RunConfig(max_turns=n + 1)
         t0 = _now()
         run = loop.run("go", cfg)
         wall, caller_cpu = _since(t0)
+        # run() returns once the run has ended, which can be a moment before its
+        # body returns on the run's thread: wait for the body's own clock.
+        assert clocked_out.wait(30.0), "the run's body never returned"
     assert run.turn_count == n + 1 and run.tool_call_count == n, run
     return wall, caller_cpu + body_cpu[0]
 

@@ -7,7 +7,7 @@ from any thread.
 
 from __future__ import annotations
 
-from typing import Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Optional, Protocol, runtime_checkable
 
 from loopctl.cancel import CancelSignal
 from loopctl.config import ParallelDispatch, RunConfig, SessionConfig
@@ -57,17 +57,35 @@ __version__ = "0.1.0.dev0"
 class Loop(Protocol):
     """The engine contract any loop provides (``BareLoop`` satisfies it)."""
 
-    def run(self, input: str, config: Optional[RunConfig] = None) -> Run: ...
+    def run(self, input: str, config: Optional[RunConfig] = None) -> Run:
+        """Run ``input`` to its end on this loop; the run's record (raises its ``LoopError``)."""
+        ...
 
-    def should_continue(self) -> bool: ...
+    def should_continue(self) -> bool:
+        """Whether the run in flight has more to do (False once it reached an end)."""
+        ...
 
-    def finalize(self, error: Optional[LoopError] = None) -> Run: ...
+    def finalize(self, error: Optional[LoopError] = None) -> Run:
+        """The exit door every run leaves through; the last run's record."""
+        ...
 
-    def state(self) -> MachineState: ...
+    def state(self) -> MachineState:
+        """The machine's state."""
+        ...
 
-    def cancel(self) -> None: ...
+    def cancel(self, reason: Optional[str] = None) -> bool:
+        """Cancel the run in flight; False (no effect) when there is none."""
+        ...
 
-    def stop_reason(self) -> Optional[LoopError]: ...
+    def stop_reason(self) -> Optional[LoopError]:
+        """Why the last run ended (None when it completed)."""
+        ...
+
+
+if TYPE_CHECKING:
+
+    def _bare_loop_is_a_loop(loop: BareLoop) -> Loop:
+        return loop  # `mypy --strict loopctl` fails here when BareLoop stops satisfying Loop
 
 
 __all__ = [

@@ -59,13 +59,19 @@ class RunStart(Event):
 
 @attrs.frozen
 class RunEnd(Event):
-    """A run ended: always the run's last event."""
+    """A run ended: always the run's last event.
+
+    ``error`` is the text of the error that ended the run and ``error_type``
+    its class name (``"Cancelled"``, ``"ModelError"``, ...); both None on
+    success.
+    """
 
     TYPE: ClassVar[str] = "run_end"
     success: bool
     error: Optional[str]
     total_turns: int
     duration_ms: float
+    error_type: Optional[str] = None
 
 
 @attrs.frozen
@@ -166,7 +172,11 @@ class StreamFailure(Event):
 
 @attrs.frozen
 class TurnEnd(Event):
-    """A phase of a turn ended: ``phase`` is ``"llm"`` or ``"tools"``."""
+    """A phase of a turn ended: ``phase`` is ``"llm"`` or ``"tools"``.
+
+    A failed phase carries the error's text in ``error`` and its class name
+    in ``error_type`` (both None on success).
+    """
 
     TYPE: ClassVar[str] = "turn_end"
     turn: int
@@ -179,6 +189,7 @@ class TurnEnd(Event):
     stop_reason: Optional[StopReason]
     context_tokens: int
     context_window: Optional[int]
+    error_type: Optional[str] = None
 
 
 @attrs.frozen

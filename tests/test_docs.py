@@ -19,6 +19,8 @@ FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 #: Pages that must carry runnable code (README and steering.md are checked when present).
 OWN_PAGES = ("concepts", "running", "tools", "observers", "providers", "context", "cli")
+#: Pages whose snippets need an optional extra (mcp needs Python >= 3.10): skipped without it.
+NEEDS = {"mcp.md": ("mcp", "mcp_server_time"), "tracing.md": ("opentelemetry.sdk",)}
 
 
 def snippets(page: Path) -> list[tuple[int, str]]:
@@ -41,6 +43,8 @@ def test_snippets_run(page: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocks = snippets(page)
     if not blocks:
         pytest.skip(f"{page.name} has no python snippets")
+    for module in NEEDS.get(page.name, ()):
+        pytest.importorskip(module, reason=f"{page.name} needs {module} (an optional extra)")
     namespace: dict[str, object] = {"__name__": f"docs_{page.stem}"}
     for line, code in blocks:
         exec(compile("\n" * line + code, str(page), "exec"), namespace)  # noqa: S102

@@ -685,11 +685,16 @@ def test_a_call_blocked_by_a_hook_ends_with_its_tool_phase(traced: Traced) -> No
     ],
     ids=["cancel-like text", "max-turns-like text", "RateLimited", "plain"],
 )
-def test_an_instrumented_runs_error_type_is_the_errors_class_not_a_guess_from_its_text(
-    traced: Traced, error: ModelError, expected: str
+@pytest.mark.parametrize("wiring", ["instrument", "register_observer"])
+def test_a_runs_error_type_is_the_errors_class_not_a_guess_from_its_text(
+    traced: Traced, error: ModelError, expected: str, wiring: str
 ) -> None:
+    # The events carry the class (error_type): a plain registration is as exact as instrument().
     loop = BareLoop(ScriptedClient([error]))
-    traced.observer.instrument(loop)
+    if wiring == "instrument":
+        traced.observer.instrument(loop)
+    else:
+        loop.register_observer(traced.observer)
     with loop, pytest.raises(type(error)):
         loop.run("hi")
     root = traced.one("invoke_agent")
@@ -709,13 +714,34 @@ def test_an_instrumented_runs_error_type_is_the_errors_class_not_a_guess_from_it
     assert duration.attributes["error.type"] == expected
 
 
-def test_without_the_loop_the_run_spans_error_type_comes_from_the_texts_fixed_opening(traced: Traced) -> None:
-    loop = BareLoop(ScriptedClient([ModelError("run cancelled by the upstream proxy")]))
-    loop.register_observer(traced.observer)
-    with loop, pytest.raises(ModelError):
-        loop.run("hi")
-    root = traced.one("invoke_agent")
-    assert root.attributes["loopctl.run.outcome"] == "failed" and root.attributes["error.type"] == "_OTHER"
+def test_events_without_error_type_fall_back_to_the_texts_fixed_opening(traced: Traced) -> None:
+    # Events from an older producer (a stored stream) name no class: the text's opening decides.
+    obs = traced.observer
+    for rid, text, expected in [
+        ("r1", "run cancelled by the upstream proxy", "_OTHER"),
+        ("r2", "max turns exceeded: the run used all 3 turns", "MaxTurnsExceeded"),
+    ]:
+        obs.on_run_start(RunStart("s", rid, "hi"))
+        obs.on_turn_start(TurnStart("s", rid, 0, "hi"))
+        obs.on_turn_end(TurnEnd("s", rid, 0, "llm", False, "model call failed: HTTP 500", 3.0, 0, 0, None, 10, None))
+        obs.on_run_end(RunEnd("s", rid, False, text, 1, 5.0))
+        (root,) = [s for s in traced.named("invoke_agent") if s.attributes["loopctl.run.id"] == rid]
+        assert root.attributes["loopctl.run.outcome"] == "failed" and root.attributes["error.type"] == expected
+        (chat,) = traced.children(root)
+        assert chat.attributes["error.type"] == "ModelError"
+
+
+def test_a_failed_tool_phase_cuts_its_open_calls_with_the_events_error_type(traced: Traced) -> None:
+    obs = traced.observer
+    obs.on_run_start(RunStart("s", "r", "hi"))
+    obs.on_tool_pre(ToolPre("s", "r", 0, "c1", "lookup", 1))
+    obs.on_turn_end(
+        TurnEnd("s", "r", 0, "tools", False, "oops", 3.0, 0, 0, None, 10, None, error_type="ToolRecoveryExhausted")
+    )
+    obs.on_run_end(RunEnd("s", "r", False, "oops", 1, 5.0, error_type="ToolRecoveryExhausted"))
+    tool = traced.one("execute_tool lookup")
+    assert tool.attributes["error.type"] == "ToolRecoveryExhausted"
+    assert traced.one("invoke_agent").attributes["error.type"] == "ToolRecoveryExhausted"
 
 
 class Quick(Tool):
@@ -786,7 +812,8 @@ def test_a_failed_model_call_the_run_survives_is_written_when_the_run_goes_on(tr
     root = traced.one("invoke_agent")
     assert root.attributes["loopctl.run.outcome"] == "completed"
     failed, ok = sorted(traced.named("chat scripted"), key=lambda c: c.start_time)
-    assert failed.status.status_code is StatusCode.ERROR and failed.attributes["error.type"] == "ModelError"
+    # The exact class from the failed turn end, not a guess from the text.
+    assert failed.status.status_code is StatusCode.ERROR and failed.attributes["error.type"] == "ContextOverflow"
     assert ok.status.status_code is StatusCode.UNSET
     assert failed.end_time <= ok.start_time <= ok.end_time <= root.end_time
     assert {s.parent.span_id for s in (failed, ok)} == {root.context.span_id}

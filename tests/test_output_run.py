@@ -301,3 +301,27 @@ def test_a_request_routed_to_a_fallback_model_keeps_the_answer_shape() -> None:
     opts = client.requests[1].options
     assert opts.model == "backup" and opts.temperature == 0.5
     assert opts.response_format["json_schema"]["schema"]["required"] == ["result"]
+
+
+def test_output_type_through_run_config_and_start_and_the_argument_wins() -> None:
+    rome = '{"name": "Rome", "population": 3}'
+    client = ScriptedClient([reply('{"name": "Oslo", "population": 7}'), reply(rome), reply('{"result": 5}')])
+    with BareLoop(client) as loop:
+        assert loop.run("a", RunConfig(output_type=City)).output_value == City("Oslo", 7)
+        assert loop.start("b", output_type=City).result(10).output_value == City("Rome", 3)
+        # The keyword argument overrides the config's type for that run.
+        assert loop.run("c", RunConfig(output_type=City), output_type=int).output_value == 5
+
+
+def test_a_class_made_by_exec_d_code_is_an_answer_type() -> None:
+    # Its module is in no sys.modules (a docs snippet, a notebook cell runner):
+    # Python 3.9's get_type_hints looked it up there and failed.
+    namespace: dict[str, Any] = {"__name__": "made_by_exec"}
+    exec(
+        "import attrs\n@attrs.frozen\nclass Town:\n    name: str\n    population: int\n",
+        namespace,
+    )
+    town = namespace["Town"]
+    assert town.__module__ == "made_by_exec"
+    with BareLoop(ScriptedClient([reply('{"name": "Hamar", "population": 31000}')])) as loop:
+        assert loop.run("town?", output_type=town).output_value == town("Hamar", 31000)

@@ -87,7 +87,7 @@ def _field_value(event_cls: type, name: str) -> st.SearchStrategy[Any]:
         return st.one_of(st.none(), st.integers(0, 10**6))
     if name in ("success", "is_error"):
         return st.booleans()
-    if name == "error":
+    if name in ("error", "error_type"):
         return st.one_of(st.none(), text)
     if name == "errors":
         return st.lists(text, max_size=3).map(tuple)
@@ -145,6 +145,12 @@ def test_event_fields_come_back_typed() -> None:
     end = event_from_dict({"type": "run_end", "session_id": "s", "run_id": "r", "success": True,
                            "error": None, "total_turns": 3, "duration_ms": 5})
     assert isinstance(end, RunEnd) and isinstance(end.duration_ms, float)
+    # A dict from before error_type existed loads with None; a present one comes back.
+    assert end.error_type is None
+    failed = RunEnd("s", "r", False, "run cancelled", 1, 2.0, "Cancelled")
+    assert event_from_dict(via_json(failed.to_dict())) == failed
+    assert failed.to_dict()["error_type"] == "Cancelled"
+    assert list(failed.to_dict())[-1] == "error_type"  # appended after SPEC §4.1's fields
 
 
 @pytest.mark.parametrize(
@@ -155,6 +161,11 @@ def test_event_fields_come_back_typed() -> None:
         ({"type": "run_start", "session_id": "s", "run_id": "r"}, "'input'"),
         ({"type": "turn_start", "session_id": "s", "run_id": "r", "turn": "x", "query": ""}, "'turn'"),
         ({"type": "run_start", "session_id": "s", "run_id": "r", "input": "", "version": 99}, "99"),
+        (
+            {"type": "run_end", "session_id": "s", "run_id": "r", "success": False, "error": "x",
+             "total_turns": 1, "duration_ms": 1.0, "error_type": 7},
+            "'error_type'",
+        ),
         ([1, 2], "list"),
     ],
 )

@@ -292,11 +292,16 @@ def _call_info() -> CallInfo:
         (requests.exceptions.ReadTimeout("read timed out"), "within the read timeout of 120s"),
         (requests.ConnectionError(ConnectionResetError(104, "reset")), "connection reset by https://"),
         (requests.exceptions.ChunkedEncodingError("broken"), "dropped mid-response"),
+        # Older requests (on Python 3.9) lets http.client's own header check raise.
+        (ValueError(f"Invalid header value b'Bearer {KEY}\\n'"), "a request header has an invalid value"),
+        (requests.exceptions.InvalidHeader(f"bad header value: 'Bearer {KEY}\\n'"),
+         "a request header has an invalid value"),
     ],
 )
 def test_the_one_mapping_names_the_cause_and_the_url(exc: Exception, says: str) -> None:
     err = map_exception(exc, _call_info())
     assert isinstance(err, LoopError) and says in str(err)
+    assert KEY not in str(err)
 
 
 def test_a_context_overflow_rejection_is_context_overflow(server: FakeServer) -> None:

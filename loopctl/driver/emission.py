@@ -212,7 +212,10 @@ class PhaseScope:
         phase = self.phase
         if phase.closed or (et is not None and not issubclass(et, Exception)):
             return False  # closed by finalize, or unwinding an abandoned body
-        self.events.close_phase(phase, None if et is None else str(ev))
+        if et is None:
+            self.events.close_phase(phase, None)
+        else:
+            self.events.close_phase(phase, str(ev), et.__name__)
         return False
 
 
@@ -292,8 +295,11 @@ class RunEvents:
             return null
         return PhaseScope(self, Phase(turn, name, context_tokens))
 
-    def close_phase(self, phase: Phase, error: Optional[str]) -> None:
-        """Send the phase's ``on_turn_end`` (failed when ``error`` is given), once."""
+    def close_phase(self, phase: Phase, error: Optional[str], error_type: Optional[str] = None) -> None:
+        """Send the phase's ``on_turn_end`` (failed when ``error`` is given), once.
+
+        ``error_type`` is the failure's exception class name, when there is one.
+        """
         if phase.closed:
             return
         phase.closed = True
@@ -310,6 +316,7 @@ class RunEvents:
             phase.stop_reason,
             phase.context_tokens,
             self.window,
+            error_type,
         )
 
     # -- one method per event (build only when someone listens) ---------------
@@ -331,14 +338,20 @@ class RunEvents:
             self.emitter.deliver(hooks.run_start, ctx, self.fence, self.handoff)
 
     def run_end(
-        self, input: str, success: bool, error: Optional[str], total_turns: int, duration_ms: float
+        self,
+        input: str,
+        success: bool,
+        error: Optional[str],
+        total_turns: int,
+        duration_ms: float,
+        error_type: Optional[str] = None,
     ) -> None:
         hooks = self.emitter.hooks
         if hooks is not None and hooks.hooks:
             ctx = RunHookContext(self.session_id, self.run_id, input)
             self.emitter.deliver(lambda c: hooks.run_end(c, success, error), ctx, self.fence, self.handoff)
         if RunEnd in self._wanted:
-            self.emit(RunEnd(self.session_id, self.run_id, success, error, total_turns, duration_ms))
+            self.emit(RunEnd(self.session_id, self.run_id, success, error, total_turns, duration_ms, error_type))
 
     def turn_start(self, turn: int, query: str) -> None:
         if TurnStart in self._wanted:
@@ -394,6 +407,7 @@ class RunEvents:
         stop_reason: Optional[StopReason],
         context_tokens: int,
         context_window: Optional[int],
+        error_type: Optional[str] = None,
     ) -> None:
         if TurnEnd in self._wanted:
             self.emit(
@@ -410,6 +424,7 @@ class RunEvents:
                     stop_reason,
                     context_tokens,
                     context_window,
+                    error_type,
                 )
             )
 

@@ -533,16 +533,22 @@ class RunDriver:
             report_unreported(rc.approvals, em, em.session_id)
             phase = em.open_phase
             if phase is not None:  # a phase cut short (cancel, an escape): close it, failed
-                em.close_phase(phase, str(error) if error is not None else "run ended")
+                em.close_phase(phase, str(error) if error is not None else "run ended", _class_name(error))
             em.run_end(
                 run.input,
                 error is None,
                 None if error is None else str(error),
                 run.turn_count,
                 (run.end - run.start) * 1000.0,
+                _class_name(error),
             )
         finally:
             self.slot.release(rc, error)
+
+
+def _class_name(error: Optional[BaseException]) -> Optional[str]:
+    """The ``error_type`` of an end event: the error's class name, None on success."""
+    return None if error is None else type(error).__name__
 
 
 __all__ = ["LoopSlot", "RunDriver"]

@@ -99,6 +99,12 @@ def _load_opt_int(value: Any) -> Optional[int]:
     return None if value is None else _load_int(value)
 
 
+def _load_opt_str(value: Any) -> Optional[str]:
+    if value is not None and not isinstance(value, str):
+        raise TypeError(f"expected a string or null, got {type(value).__name__}")
+    return value
+
+
 _BY_NAME: Dict[str, Callable[[Any], Any]] = {
     "usage": _load_usage,
     "messages": _load_messages,
@@ -108,6 +114,7 @@ _BY_NAME: Dict[str, Callable[[Any], Any]] = {
     "similarity": _load_float,
     "context_window": _load_opt_int,
     "errors": _load_strs,
+    "error_type": _load_opt_str,
 }
 _INT_FIELDS = {
     "turn",
@@ -134,7 +141,8 @@ def event_to_dict(event: Event) -> Dict[str, Any]:
 def event_from_dict(data: Mapping[str, Any]) -> Event:
     """Rebuild an observer event from ``Event.to_dict()`` output.
 
-    Unknown keys are ignored (a ``version`` key is checked).
+    Unknown keys are ignored (a ``version`` key is checked); a field with a
+    default (``error_type``, added after the first schema) may be missing.
 
     Raises:
         SchemaError: not a dict, an unknown ``type``, a missing or bad field,
@@ -151,6 +159,8 @@ def event_from_dict(data: Mapping[str, Any]) -> Event:
     kwargs: Dict[str, Any] = {}
     for f in attrs.fields(cls):
         if f.name not in data:
+            if f.default is not attrs.NOTHING:
+                continue  # a field added later (``error_type``): older dicts lack it
             raise SchemaError(f"event {kind!r} is missing field {f.name!r}")
         value = data[f.name]
         load = _BY_NAME.get(f.name)

@@ -136,7 +136,11 @@ def map_exception(exc: BaseException, call: CallInfo, *, deadline_hit: bool = Fa
         return exc
     label, url = call.label, call.url
     chain = _chain(exc)
-    if _has(chain, requests.exceptions.InvalidHeader):
+    if _has(chain, requests.exceptions.InvalidHeader) or any(
+        # Older requests lets http.client's own check raise: "Invalid header value b'...'".
+        type(e) is ValueError and str(e).startswith(("Invalid header value", "Invalid header name"))
+        for e in chain
+    ):
         return ConfigError(
             f"{label}: a request header has an invalid value (a line break or leading/trailing "
             "whitespace, e.g. in the API key or extra_headers)"

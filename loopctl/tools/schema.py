@@ -300,7 +300,12 @@ def _class_hints(
         raise ConfigError(f"{where}: class {cls.__qualname__} refers to itself (recursive schemas are not supported)")
     try:
         names = {**(localns or {}), **vars(cls), cls.__name__: cls}
-        hints = typing.get_type_hints(cls, localns=names, include_extras=True)
+        # Python 3.9 looks each class's module up in sys.modules and fails for a
+        # class made by exec'd code (no module there); later Pythons use {}.
+        globalns: Optional[dict[str, Any]] = None
+        if sys.version_info < (3, 10) and any(b.__module__ not in sys.modules for b in cls.__mro__):
+            globalns = {}
+        hints = typing.get_type_hints(cls, globalns=globalns, localns=names, include_extras=True)
     except Exception as exc:
         raise ConfigError(f"{where}: cannot resolve the type hints of {cls.__qualname__}: {exc}") from exc
     return seen + (cls,), hints

@@ -13,6 +13,13 @@ thread; calls are cancellable like any tool. See ``docs/mcp.md``.
 
 from __future__ import annotations
 
+try:
+    import mcp as _mcp_sdk  # noqa: F401  (the extra; a clear message when it is missing)
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "loopctl.contrib.mcp needs the [mcp] extra (Python >= 3.10): pip install 'loopctl[mcp]'"
+    ) from exc
+
 from loopctl.contrib.mcp.content import block_text, result_output
 from loopctl.contrib.mcp.errors import MCPServerError
 from loopctl.contrib.mcp.server import MCPServer

@@ -51,6 +51,7 @@ class CallHandle:
         self.cancelled = False
 
     def bind(self, scope: anyio.CancelScope) -> None:
+        """Attach the call's scope (loop thread); a cancel that came first cancels it now."""
         self._scope = scope
         if self.cancelled:
             scope.cancel()

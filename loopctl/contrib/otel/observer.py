@@ -201,7 +201,7 @@ class OTelObserver(RunSpanEvents):
         self._flush_failed_chat(st, error_class, error)
         if st.chat is not None:
             self._spans.chat(st, st.chat, now, event.success, error, None, error_class)
-        self._spans.open_tools(st, now, error)
+        self._spans.open_tools(st, now, error, error_class)
         span = st.span
         attrs: dict[str, Any] = {cv.RUN_OUTCOME: outcome, cv.RUN_TURNS: event.total_turns}
         if st.input_tokens or st.output_tokens:
@@ -231,10 +231,13 @@ class OTelObserver(RunSpanEvents):
     def _error_class(self, event: RunEnd) -> Optional[str]:
         """The class name of the error that ended the run, when the observer can see it.
 
-        A loop wired by ``instrument`` has the run's record, whose
-        ``stop_reason`` is set before ``on_run_end`` (SPEC §4, finalize step
-        1): its class is exact, where the event's text only suggests one.
+        The event's ``error_type`` names it. An event without one (from an
+        older producer) falls back to the run's record on a loop wired by
+        ``instrument``, whose ``stop_reason`` is set before ``on_run_end``
+        (SPEC §4, finalize step 1); else the text only suggests a class.
         """
+        if event.error_type:
+            return event.error_type
         loop = self._loops.get(event.session_id)
         if loop is None:
             return None
@@ -316,13 +319,16 @@ class OTelObserver(RunSpanEvents):
                 if event.success:
                     self._spans.chat(st, chat, now, True, None, event)
                 else:
-                    # Written when the run goes on or ends: if this failure ends
-                    # the run, the run's record names its class.
+                    # Written when the run goes on or ends: the event names its
+                    # class (else, if this failure ends the run, the run's does).
                     st.chat = None
                     self._flush_failed_chat(st)
                     st.failed_chat = (chat, now, event)
         elif st.tools:
-            self._spans.open_tools(st, now, None if event.success else event.error)
+            if event.success:
+                self._spans.open_tools(st, now, None)
+            else:
+                self._spans.open_tools(st, now, event.error, event.error_type)
 
     def _flush_failed_chat(
         self, st: RunState, run_error_class: Optional[str] = None, run_error: Optional[str] = None
@@ -333,7 +339,9 @@ class OTelObserver(RunSpanEvents):
             return
         st.failed_chat = None
         chat, ended_ns, end = held
-        error_class = run_error_class if run_error_class is not None and run_error == end.error else None
+        error_class = end.error_type
+        if error_class is None and run_error_class is not None and run_error == end.error:
+            error_class = run_error_class
         self._spans.chat(st, chat, ended_ns, False, end.error, end, error_class)
 
     def _chat(self, run_id: str, turn: int) -> Optional[ChatCall]:

@@ -216,21 +216,27 @@ class SpanWriter:
             span.set_status(Status(StatusCode.ERROR, text))
         span.end(end_time=max(start_ns, end_ns))
 
-    def open_tools(self, st: RunState, now: int, error: Optional[str]) -> None:
+    def open_tools(
+        self, st: RunState, now: int, error: Optional[str], error_class: Optional[str] = None
+    ) -> None:
         """End the attempts that never posted at ``now``.
 
-        ``error`` is what cut them short (a cancel, a hard stop); None when
-        the tool phase ended well, which leaves only attempts a pre-tool
-        hook blocked (a soft refusal without ``on_tool_post``).
+        ``error`` is what cut them short (a cancel, a hard stop) and
+        ``error_class`` its exception class when known; None when the tool
+        phase ended well, which leaves only attempts a pre-tool hook blocked
+        (a soft refusal without ``on_tool_post``).
         """
         if not st.tools:
             return
         open_tools, st.tools = st.tools, {}
-        cancelled = is_cancel(error)
+        if error_class is not None:
+            cancelled = error_class == "Cancelled"
+        else:
+            cancelled = is_cancel(error)
         for (call_id, attempt), opened in open_tools.items():
             self.tool(
                 st, call_id, attempt, opened, now, not cancelled, cancelled=cancelled,
-                error=error or NO_RESULT, kind=None if error else "no_result",
+                error=error or NO_RESULT, kind=(error_class if error else "no_result"),
             )
 
 
