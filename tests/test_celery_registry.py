@@ -393,6 +393,7 @@ def test_killed_worker_fails_the_run_within_the_ttl_and_never_reruns_it(cluster:
         assert st.state == "failed" and "worker lost" in (st.error or "")
         end = list(shared.events(rid, timeout=WAIT))[-1][1]
         assert end["type"] == "run_end" and end["success"] is False and "worker lost" in end["error"]
+        assert end["error_type"] == "WorkerLost"
         assert shared.history(conv) == before
         assert texts(shared.leftovers(rid)) == ["guidance for a doomed run"]
         assert shared.cancel(rid) is False and shared.steer(rid, "x") is False

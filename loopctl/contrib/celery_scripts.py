@@ -58,7 +58,7 @@ local function close_ended(rid, state, err, err_type, now, keep_ms, buf, approx)
   local started = tonumber(f[3] or f[4] or now)
   local ev = cjson.encode({type = 'run_end', session_id = f[1] or '', run_id = rid,
     success = false, error = err, total_turns = tonumber(f[2] or '0'),
-    duration_ms = (tonumber(now) - started) * 1000})
+    duration_ms = (tonumber(now) - started) * 1000, error_type = err_type})
   xadd(rid, tonumber(f[6] or '0') + 1, ev, buf, approx)
   for _, s in ipairs(redis.call('LRANGE', rk(rid, ':steer'), 0, -1)) do
     redis.call('RPUSH', rk(rid, ':left'), s)

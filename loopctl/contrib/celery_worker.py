@@ -256,6 +256,7 @@ def _end_fields(
         end_dict = RunEnd(
             session, run.id, err is None, None if err is None else str(err),
             run.turn_count, ((run.end or time.time()) - run.start) * 1000.0,
+            None if err is None else type(err).__name__,
         ).to_dict()
     progress = writer.progress() if started else [session, 0, 0, 0, 0]
     progress[0] = progress[0] or session
