@@ -256,31 +256,25 @@ def _compile_attrs(
     cls: type, where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
 ) -> Compiled:
     seen, hints = _class_hints(cls, where, seen, localns)
-    docs = _attrs_field_docs(cls)
-    props: dict[str, Any] = {}
-    required: list[str] = []
-    convs: list[tuple[str, Optional[Converter]]] = []
+    fields = []
     for f in attrs.fields(cls):
         if not f.init:
             continue
-        key = getattr(f, "alias", None) or f.name.lstrip("_")
         hint = hints.get(f.name, f.type)
         if hint is None:
             raise ConfigError(f"{where}: field {cls.__qualname__}.{f.name} has no type annotation")
-        c = compile_annotation(hint, f"{where} -> {cls.__qualname__}.{f.name}", seen, localns)
-        prop = dict(c.schema)
-        desc = f.metadata.get("description") or docs.get(f.name) or docs.get(key)
-        if desc and "description" not in prop:
-            prop["description"] = desc
-        if f.default is attrs.NOTHING:
-            required.append(key)
-        elif not isinstance(f.default, attrs.Factory):  # type: ignore[arg-type]
-            default = json_default(f.default)
-            if default is not NO_DEFAULT:
-                prop["default"] = default
-        props[key] = prop
-        convs.append((key, c.convert))
-    return Compiled(_object_schema(cls, props, required), _keyword_converter(cls, convs))
+        factory = isinstance(f.default, attrs.Factory)  # type: ignore[arg-type]
+        fields.append(
+            _Field(
+                getattr(f, "alias", None) or f.name.lstrip("_"),
+                f.name,
+                hint,
+                f.metadata.get("description"),
+                f.default is attrs.NOTHING,
+                NO_DEFAULT if factory or f.default is attrs.NOTHING else json_default(f.default),
+            )
+        )
+    return _compile_fields(cls, where, seen, localns, fields, cls)
 
 
 def _is_typeddict(hint: Any) -> bool:
@@ -336,56 +330,77 @@ def _keyword_converter(
     return convert
 
 
-def _compile_dataclass(
-    cls: type, where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
+@attrs.frozen
+class _Field:
+    """One field of a class answer or parameter type, whatever kind of class declared it."""
+
+    key: str  # the JSON key, and the constructor's keyword
+    name: str  # the attribute's name (for its hint, its docs and error messages)
+    hint: Any
+    description: Optional[str]
+    required: bool
+    default: Any  # NO_DEFAULT when the schema shows none
+
+
+def _compile_fields(
+    cls: type,
+    where: str,
+    seen: tuple[type, ...],
+    localns: Optional[Mapping[str, Any]],
+    fields: list[_Field],
+    build: Callable[..., Any],
 ) -> Compiled:
-    seen, hints = _class_hints(cls, where, seen, localns)
     docs = _attrs_field_docs(cls)
     props: dict[str, Any] = {}
     required: list[str] = []
     convs: list[tuple[str, Optional[Converter]]] = []
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        c = compile_annotation(hints.get(f.name, f.type), f"{where} -> {cls.__qualname__}.{f.name}", seen, localns)
+    for f in fields:
+        c = compile_annotation(f.hint, f"{where} -> {cls.__qualname__}.{f.name}", seen, localns)
         prop = dict(c.schema)
-        desc = f.metadata.get("description") or docs.get(f.name)
+        desc = f.description or docs.get(f.name) or docs.get(f.key)
         if desc and "description" not in prop:
             prop["description"] = desc
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            required.append(f.name)
-        elif f.default is not dataclasses.MISSING:
-            default = json_default(f.default)
-            if default is not NO_DEFAULT:
-                prop["default"] = default
-        props[f.name] = prop
-        convs.append((f.name, c.convert))
-    return Compiled(_object_schema(cls, props, required), _keyword_converter(cls, convs))
+        if f.required:
+            required.append(f.key)
+        elif f.default is not NO_DEFAULT:
+            prop["default"] = f.default
+        props[f.key] = prop
+        convs.append((f.key, c.convert))
+    return Compiled(_object_schema(cls, props, required), _keyword_converter(build, convs))
+
+
+def _compile_dataclass(
+    cls: type, where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
+) -> Compiled:
+    seen, hints = _class_hints(cls, where, seen, localns)
+    fields = [
+        _Field(
+            f.name,
+            f.name,
+            hints.get(f.name, f.type),
+            f.metadata.get("description"),
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            NO_DEFAULT if f.default is dataclasses.MISSING else json_default(f.default),
+        )
+        for f in dataclasses.fields(cls)
+        if f.init
+    ]
+    return _compile_fields(cls, where, seen, localns, fields, cls)
 
 
 def _compile_typeddict(
     cls: type, where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
 ) -> Compiled:
     seen, hints = _class_hints(cls, where, seen, localns)
-    docs = _attrs_field_docs(cls)
     optional_keys: frozenset[str] = getattr(cls, "__optional_keys__", frozenset())
-    props: dict[str, Any] = {}
-    required: list[str] = []
-    convs: list[tuple[str, Optional[Converter]]] = []
+    fields = []
     for key, hint in hints.items():
         origin = typing.get_origin(hint)
         # NotRequired[...] / Required[...] wrap the real type (3.11+).
         if origin is not None and getattr(origin, "_name", "") in ("NotRequired", "Required"):
             hint = typing.get_args(hint)[0]
-        c = compile_annotation(hint, f"{where} -> {cls.__qualname__}.{key}", seen, localns)
-        prop = dict(c.schema)
-        if docs.get(key) and "description" not in prop:
-            prop["description"] = docs[key]
-        if key not in optional_keys:
-            required.append(key)
-        props[key] = prop
-        convs.append((key, c.convert))
-    return Compiled(_object_schema(cls, props, required), _keyword_converter(dict, convs))
+        fields.append(_Field(key, key, hint, None, key not in optional_keys, NO_DEFAULT))
+    return _compile_fields(cls, where, seen, localns, fields, dict)
 
 
 def json_default(value: Any) -> Any:
