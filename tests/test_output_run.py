@@ -254,7 +254,8 @@ def test_cli_output_schema_prints_the_validated_object(tmp_path: Any) -> None:
     code, out, err = _cli(["run", "--output-schema", str(schema), "What is 12 + 30?"])
     assert code == 0, err
     objects = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    assert objects[-1]["answer"] == 42 and "42" in objects[-1]["why"]
+    assert len(objects) == 1, out  # the validated object, once (the raw reply text is not echoed)
+    assert objects[0]["answer"] == 42 and "42" in objects[0]["why"]
     code, out, err = _cli(["run", "--json", "--output-schema", str(schema), "What is 12 + 30?"])
     assert code == 0, err
     lines = [json.loads(line) for line in out.splitlines()]

@@ -165,7 +165,9 @@ class Command:
         a = self.args
         tool_delay = a.tool_delay if a.tool_delay is not None else float(env.get("LOOPCTL_DEMO_TOOL_DELAY") or 0)
         client = make_client(a, env, visible=tty and self.streaming and not a.json)
-        self.view = LiveView(self.console, streaming=self.streaming,
+        # A typed answer is printed once, validated, at the end: its raw text is not shown.
+        typed = self.config.output_type is not None
+        self.view = LiveView(self.console, streaming=self.streaming or typed,
                              model=str(getattr(client, "model", "") or "the model"))
         self.mcp_servers, mcp_tools = open_mcp_servers(a.mcp)
         loop = BareLoop(client, [*demo_tools(tool_delay), *mcp_tools], SessionConfig(system_prompt=a.system))
@@ -180,7 +182,8 @@ class Command:
             loop.register_observer(CallbackObserver(
                 lambda e: out.line(json.dumps(e.to_dict(), ensure_ascii=False))))
         else:
-            loop.set_text_streamer(self.console.text)
+            if not typed:
+                loop.set_text_streamer(self.console.text)
             loop.register_observer(self.view)
         return loop
 
