@@ -159,6 +159,15 @@ class ConversationMeter:
             self.counter, pending, pending_id
         )
 
+    def measure_pending(self, pending: Sequence[Message], pending_id: Any = None) -> int:
+        """Tokens in history, as last measured, plus ``pending``.
+
+        For a caller that knows history has not changed since its last
+        ``measure`` (the driver compares the machine's size key): history's
+        view is never made or read.
+        """
+        return self._history.tokens + self._pending.measure(self.counter, pending, pending_id)
+
     def reset(self) -> None:
         """Forget the cached sums (after swapping the counter, say)."""
         self._history = _ListTally()
