@@ -119,12 +119,18 @@ class _ListTally:
 
     def measure(self, counter: TokenCounter, items: Sequence[Message], ref: Any) -> int:
         n = len(items)
-        if not _same(ref, self.ref) or n < self.count:
-            self.ref, self.count, self.tokens = ref, 0, 0
-        if n > self.count:
+        count = self.count
+        if n == count and ref is self.ref:  # the common case: nothing new since the last measure
+            return self.tokens
+        if not _same(ref, self.ref) or n < count:
+            self.ref, count, self.tokens = ref, 0, 0
+        if n > count:
             cm = counter.count_message
-            self.tokens += sum(cm(items[i]) for i in range(self.count, n))
-            self.count = n
+            tokens = self.tokens
+            for i in range(count, n):  # a plain loop: usually one new message, no generator to build
+                tokens += cm(items[i])
+            self.tokens = tokens
+        self.count = n
         return self.tokens
 
 
@@ -152,6 +158,15 @@ class ConversationMeter:
         return self._history.measure(self.counter, history, history_id) + self._pending.measure(
             self.counter, pending, pending_id
         )
+
+    def measure_pending(self, pending: Sequence[Message], pending_id: Any = None) -> int:
+        """Tokens in history, as last measured, plus ``pending``.
+
+        For a caller that knows history has not changed since its last
+        ``measure`` (the driver compares the machine's size key): history's
+        view is never made or read.
+        """
+        return self._history.tokens + self._pending.measure(self.counter, pending, pending_id)
 
     def reset(self) -> None:
         """Forget the cached sums (after swapping the counter, say)."""

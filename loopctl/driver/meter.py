@@ -56,8 +56,12 @@ class TokenMeter:
         """Uncalibrated tokens of history + pending + overhead."""
         m = machine
         key = m.size_key
-        if key != self._key:  # the machine only appends or replaces: same key, same lists
-            self._raw = self._conversation.measure(m.history, m.pending, key[0], key[2])
+        last = self._key
+        if key != last:  # the machine only appends or replaces: same key, same lists
+            if last is not None and key[0] == last[0] and key[1] == last[1]:  # only pending moved
+                self._raw = self._conversation.measure_pending(m.pending, key[2])
+            else:
+                self._raw = self._conversation.measure(m.history, m.pending, key[0], key[2])
             self._key = key
         return self._raw + self.overhead
 

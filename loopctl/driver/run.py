@@ -375,17 +375,19 @@ class RunDriver:
         if StreamSuccess in wanted:
             em.stream_success(turn, response.model or parts.model_name(), usage)
         message = response.message
-        if not message.tool_calls and parts.convergence is not None:
-            self.check_convergence(message.text)
+        calls = message.tool_calls  # both are computed properties: read once
+        text = message.text
+        if not calls and parts.convergence is not None:
+            self.check_convergence(text)
         if Response in wanted:
-            em.response(turn, message.text, usage)
+            em.response(turn, text, usage)
         m.model_response(response, figure, self.tool_names)
         figure_after = self.meter.figure(m)
         m.set_context_tokens(figure_after)
         in_tok = usage.input_tokens if usage else 0
         out_tok = usage.output_tokens if usage else 0
         self.rc.run.turns.append(
-            Turn(turn, query, message.text, tuple(message.tool_calls), in_tok, out_tok, response.stop_reason)
+            Turn(turn, query, text, tuple(calls), in_tok, out_tok, response.stop_reason)
         )
         self.llm_phase = (in_tok, out_tok, response.stop_reason)
         phase.input_tokens, phase.output_tokens = in_tok, out_tok

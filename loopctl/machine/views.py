@@ -58,8 +58,11 @@ class ConversationSnapshot(Sequence[Message]):
     __slots__ = ("_segments", "_len")
 
     def __init__(self, segments: Sequence[tuple[Sequence[Message], int]]) -> None:
-        self._segments = tuple(segments)
-        self._len = sum(n for _, n in self._segments)
+        self._segments = segs = tuple(segments)
+        total = 0
+        for _, n in segs:  # a plain loop: two or three segments, no generator to build
+            total += n
+        self._len = total
 
     def __len__(self) -> int:
         return self._len

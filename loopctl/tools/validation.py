@@ -155,7 +155,7 @@ def _walk_object(schema: Mapping[str, Any], value: Mapping[str, Any], path: str,
         elif extra is False:
             allowed = ", ".join(props) if props else "none"
             out.append(f"unknown field '{_join(path, str(key))}' (allowed: {allowed})")
-        elif isinstance(extra, Mapping):
+        elif extra is not True and isinstance(extra, Mapping):  # the default (True) skips the ABC's check
             _walk(extra, item, _join(path, str(key)), out)
         if len(out) >= _MAX_PROBLEMS:
             return
@@ -190,10 +190,11 @@ def problems(schema: Mapping[str, Any], value: Any, root: str = "value") -> list
 
 def check(schema: Mapping[str, Any], value: Any) -> Optional[str]:
     """Validate a tool's whole input; None when valid, else the problems joined by ``"; "``."""
-    if schema.get("type") == "object" and not isinstance(value, Mapping):
+    is_object = type(value) is dict or isinstance(value, Mapping)  # a dict skips the ABC's check
+    if not is_object and schema.get("type") == "object":
         return f"input must be an object, got {json_type(value)}"
     out: list[str] = []
-    if isinstance(value, Mapping):
+    if is_object:
         _walk_object(schema, value, "", out)
     else:
         _walk(schema, value, "input", out)
