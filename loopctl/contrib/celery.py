@@ -70,102 +70,41 @@ Example (``agents.py``, imported by the web processes and by
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import socket
-import threading
-import time
 import uuid
-import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import attrs
 
-from loopctl.config import RunConfig, type_ref
+from loopctl.config import RunConfig
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.registry import RunStatus
-from loopctl.hosting.serialization import history_from_dict, message_from_dict
 from loopctl.messages import Message
-from loopctl.output import OutputSpec
 from loopctl.records import Run
 
-from .celery_approvals import ApprovalsMixin, decisions_of, read_pending
-from .celery_fields import run_from_fields, status_from_fields
-from .celery_options import factory_spec, max_resumes_of, number, resume_mode_of
-from .celery_redis import (
-    TERMINAL,
-    RedisBackend,
-    RegistryUnavailable,
-    WorkerLost,
-    dumps,
+from .celery_approvals import ApprovalsMixin
+from .celery_options import (
+    check_portable_output,
+    factory_spec,
+    max_resumes_of,
+    number,
+    resume_mode_of,
 )
-from .celery_signals import connect_signals
+from .celery_reads import (
+    fields_of,
+    follow_events,
+    history_of,
+    leftovers_of,
+    list_statuses,
+    status_of,
+    wait_result,
+)
+from .celery_redis import RedisBackend, RegistryUnavailable, WorkerLost, dumps
 from .celery_sweeper import Sweeper
+from .celery_task import REGISTRIES, TASK_NAME, propagation, task_for
 from .celery_worker import WorkerHost, WorkerSettings, execute_run
-
-TASK_NAME = "loopctl.contrib.celery.execute_run"
-
-log = logging.getLogger("loopctl")
-
-_REGISTRIES: weakref.WeakValueDictionary[str, CeleryRunRegistry] = weakref.WeakValueDictionary()
-_TASKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_TASKS_LOCK = threading.Lock()
-
-
-def _execute_task(
-    run_id: str, prefix: str, conversation: str, trace: Optional[Dict[str, str]] = None
-) -> str:
-    """The Celery task body: find this process's registry for ``prefix`` and run.
-
-    ``trace`` is the starter's W3C trace context: current around the run, so
-    the run's spans join the starter's trace.
-    """
-    reg = _REGISTRIES.get(prefix)
-    if reg is None:
-        raise LoopError(
-            f"no CeleryRunRegistry with prefix {prefix!r} in this worker: construct it in a "
-            "module the worker imports (the app module); run "
-            f"{run_id} stays queued"
-        )
-    propagation = _propagation() if trace else None
-    if propagation is None:
-        return reg.execute(run_id, conversation)
-    with propagation.attached(trace):
-        return reg.execute(run_id, conversation)
-
-
-_PROPAGATION: List[Any] = []  # [module or None] once looked up
-
-
-def _propagation() -> Any:
-    """``loopctl.contrib.otel.propagation`` if OpenTelemetry is importable, else None."""
-    if not _PROPAGATION:
-        try:
-            from loopctl.contrib.otel import propagation
-        except ImportError:  # no [otel] extra: runs carry no trace context
-            _PROPAGATION.append(None)
-        else:
-            _PROPAGATION.append(propagation)
-    return _PROPAGATION[0]
-
-
-def _task_for(app: Any) -> Any:
-    with _TASKS_LOCK:
-        connect_signals(_REGISTRIES, TASK_NAME)
-        task = _TASKS.get(app)
-        if task is None:
-            task = app.task(
-                name=TASK_NAME,
-                shared=False,
-                acks_late=False,  # at-most-once: a run is never re-executed
-                reject_on_worker_lost=False,
-                ignore_result=True,
-                max_retries=0,
-            )(_execute_task)
-            _TASKS[app] = task
-        return task
 
 
 class CeleryRunRegistry(ApprovalsMixin):
@@ -249,14 +188,14 @@ class CeleryRunRegistry(ApprovalsMixin):
         self._settings = WorkerSettings(interval, ttl, event_buffer)
         self._slice = max(0.05, min(1.0, ttl / 4))
         self._backend = RedisBackend(redis_url, prefix, event_buffer, keep, stimeout, self._slice)
-        self._task = _task_for(app)
+        self._task = task_for(app)
         self._worker = f"{socket.gethostname()}:{os.getpid()}"
         self._host = WorkerHost(drain, self._kick)
         self._sweeper = Sweeper(
             self._backend, self._send, self._worker, interval, self._settings.ttl_ms,
             f"loopctl-celery-sweeper-{prefix}",
         )
-        _REGISTRIES[prefix] = self
+        REGISTRIES[prefix] = self
 
     # -- starting ----------------------------------------------------------------------
 
@@ -308,7 +247,7 @@ class CeleryRunRegistry(ApprovalsMixin):
         if output_type is not None:
             config = attrs.evolve(config or RunConfig(), output_type=output_type)
         if config is not None:
-            _check_portable_output(config.output_type)
+            check_portable_output(config.output_type)
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
@@ -324,8 +263,8 @@ class CeleryRunRegistry(ApprovalsMixin):
             raise LoopBusy(
                 f"conversation {conversation!r} already has a run in flight ({res[1]}); run not started"
             )
-        propagation = _propagation()
-        trace = propagation.current_carrier() if propagation is not None else None
+        carrier = propagation()
+        trace = carrier.current_carrier() if carrier is not None else None
         try:
             self._send(rid, conversation, self._queue, trace or None)
         except Exception as exc:
@@ -398,6 +337,7 @@ class CeleryRunRegistry(ApprovalsMixin):
 
     # -- looking at runs -----------------------------------------------------------------------
 
+
     def status(self, run_id: str) -> RunStatus:
         """A snapshot of the run (a queued run is ``"running"``).
 
@@ -405,11 +345,7 @@ class CeleryRunRegistry(ApprovalsMixin):
             KeyError: unknown (or expired) ``run_id``.
             RegistryUnavailable: Redis could not be reached.
         """
-        fields = self._fields(run_id)
-        status = status_from_fields(run_id, fields)
-        if status.state == "running":
-            return attrs.evolve(status, pending_approvals=tuple(read_pending(self._backend, run_id)))
-        return attrs.evolve(status, approvals=decisions_of(fields))
+        return status_of(self._backend, run_id)
 
     def result(self, run_id: str, timeout: Optional[float] = None) -> Run:
         """The finished ``Run`` (as ``RunHandle.result``), waiting without polling.
@@ -420,17 +356,7 @@ class CeleryRunRegistry(ApprovalsMixin):
             TimeoutError: not finished within ``timeout`` seconds.
             RegistryUnavailable: Redis could not be reached.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            fields = self._fields(run_id)
-            if fields.get("state") in TERMINAL:
-                return run_from_fields(run_id, fields)
-            wait = self._slice
-            if deadline is not None:
-                wait = deadline - time.monotonic()
-                if wait <= 0:
-                    raise TimeoutError(f"run {run_id} not finished after {timeout}s")
-            self._backend.wait_done(run_id, wait)
+        return wait_result(self._backend, run_id, timeout, self._slice)
 
     def leftovers(self, run_id: str) -> List[Message]:
         """The run's guidance that was accepted but never delivered.
@@ -441,26 +367,15 @@ class CeleryRunRegistry(ApprovalsMixin):
             KeyError: unknown ``run_id``.
             RegistryUnavailable: Redis could not be reached.
         """
-        self._fields(run_id)
-        return [message_from_dict(json.loads(s)) for s in self._backend.leftovers(run_id)]
+        return leftovers_of(self._backend, run_id)
 
     def list(self) -> List[RunStatus]:
         """Status of every known run (of every process), oldest first."""
-        ids = self._backend.run_ids()
-        out: List[RunStatus] = []
-        gone: List[str] = []
-        for rid, fields in zip(ids, self._backend.statuses(ids)):
-            if fields:
-                out.append(status_from_fields(rid, fields))
-            else:
-                gone.append(rid)
-        self._backend.forget(gone)
-        return out
+        return list_statuses(self._backend)
 
     def history(self, conversation: str) -> List[Message]:
         """The conversation's committed history (empty for a new conversation)."""
-        raw = self._backend.history(conversation)
-        return history_from_dict(json.loads(raw)) if raw else []
+        return history_of(self._backend, conversation)
 
     def events(
         self, run_id: str, after: int = 0, timeout: Optional[float] = None
@@ -476,46 +391,7 @@ class CeleryRunRegistry(ApprovalsMixin):
             RegistryUnavailable: Redis could not be reached (also while iterating).
         """
         fields = self._fields(run_id)
-        return self._follow(run_id, max(0, int(after)), timeout, fields)
-
-    def _follow(
-        self, run_id: str, after: int, timeout: Optional[float], fields: Dict[str, str]
-    ) -> Iterator[Tuple[int, Dict[str, Any]]]:
-        pos = after
-        backend = self._backend
-        if fields.get("state") in TERMINAL and int(fields.get("seq") or 0) <= pos:
-            return  # ended, and the caller has everything
-        while True:
-            deadline = None if timeout is None else time.monotonic() + timeout
-            while True:
-                wait = self._slice
-                if deadline is not None:
-                    wait = deadline - time.monotonic()
-                    if wait <= 0:
-                        return
-                batch = backend.read_events(run_id, pos, wait)
-                if batch:
-                    break
-                # A quiet slice: reap a lost run (adds its run_end), or stop if all was read.
-                fields = backend.status(run_id)
-                if not fields:
-                    return
-                if fields.get("state") in TERMINAL and int(fields.get("seq") or 0) <= pos:
-                    return
-            for seq, data in batch:
-                if seq > pos + 1:
-                    sid = backend.status(run_id).get("session_id", "")
-                    yield seq - 1, {
-                        "type": "gap",
-                        "session_id": sid,
-                        "run_id": run_id,
-                        "dropped": seq - 1 - pos,
-                    }
-                event = json.loads(data)
-                yield seq, event
-                pos = seq
-                if event.get("type") == "run_end":
-                    return
+        return follow_events(self._backend, run_id, max(0, int(after)), timeout, fields, self._slice)
 
     # -- the worker's side -------------------------------------------------------------------
 
@@ -573,23 +449,7 @@ class CeleryRunRegistry(ApprovalsMixin):
         return f"<CeleryRunRegistry prefix={self._prefix!r} redis={self._backend.url}>"
 
     def _fields(self, run_id: str) -> Dict[str, str]:
-        fields = self._backend.status(run_id)
-        if not fields:
-            raise KeyError(f"unknown run id {run_id!r}")
-        return fields
-
-
-
-def _check_portable_output(output_type: Any) -> None:
-    """Refuse, before queueing, an answer type a worker could not rebuild."""
-    if output_type is None:
-        return
-    OutputSpec.of(output_type)  # unsupported: a ConfigError here, not on a worker
-    if not isinstance(output_type, Mapping) and type_ref(output_type) is None:
-        raise ConfigError(
-            f"output_type {output_type!r:.80} cannot travel to a worker: use a class defined "
-            "at module level (importable by the workers) or a JSON Schema dict"
-        )
+        return fields_of(self._backend, run_id)
 
 
 __all__ = [

@@ -1,11 +1,17 @@
-"""Checking ``CeleryRunRegistry``'s arguments: each bad value is a ``ConfigError`` naming it."""
+"""Checking ``CeleryRunRegistry``'s arguments: each bad value is a ``ConfigError`` naming it.
+
+That includes a run's ``output_type``, refused before queueing when a worker
+could not rebuild it."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Callable, Union
 
+from loopctl.config import type_ref
 from loopctl.errors import ConfigError
+from loopctl.output import OutputSpec
 
 #: ``resume`` values: durable runs, or at most once (None means "never" too).
 RESUME_MODES = ("on_worker_loss", "never")
@@ -52,3 +58,15 @@ def number(name: str, value: Any, minimum: float) -> float:
 
 
 __all__ = ["RESUME_MODES", "factory_spec", "max_resumes_of", "number", "resume_mode_of"]
+
+
+def check_portable_output(output_type: Any) -> None:
+    """Refuse, before queueing, an answer type a worker could not rebuild."""
+    if output_type is None:
+        return
+    OutputSpec.of(output_type)  # unsupported: a ConfigError here, not on a worker
+    if not isinstance(output_type, Mapping) and type_ref(output_type) is None:
+        raise ConfigError(
+            f"output_type {output_type!r:.80} cannot travel to a worker: use a class defined "
+            "at module level (importable by the workers) or a JSON Schema dict"
+        )

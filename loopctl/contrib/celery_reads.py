@@ -1,0 +1,130 @@
+"""The read side of ``CeleryRunRegistry``: what any process sees of a run in Redis.
+
+Plain functions over a ``RedisBackend`` that the registry's ``status``,
+``result``, ``leftovers``, ``list``, ``history`` and ``events`` call: a
+run's fields (``KeyError`` for an unknown id), its status with approvals,
+waiting for its end without polling, its undelivered guidance, and following
+its event stream (``after=`` resume, ``gap`` events, reaping a lost run in a
+quiet read slice).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any, Dict, List, Optional, Tuple
+
+import attrs
+
+from loopctl.hosting.registry import RunStatus
+from loopctl.hosting.serialization import history_from_dict, message_from_dict
+from loopctl.messages import Message
+from loopctl.records import Run
+
+from .celery_approvals import decisions_of, read_pending
+from .celery_fields import run_from_fields, status_from_fields
+from .celery_redis import TERMINAL, RedisBackend
+
+
+def fields_of(backend: RedisBackend, run_id: str) -> Dict[str, str]:
+    """The run's stored fields; ``KeyError`` for an unknown (or expired) run id."""
+    fields = backend.status(run_id)
+    if not fields:
+        raise KeyError(f"unknown run id {run_id!r}")
+    return fields
+
+
+def status_of(backend: RedisBackend, run_id: str) -> RunStatus:
+    """The run's snapshot: pending approvals while running, decisions once ended."""
+    fields = fields_of(backend, run_id)
+    status = status_from_fields(run_id, fields)
+    if status.state == "running":
+        return attrs.evolve(status, pending_approvals=tuple(read_pending(backend, run_id)))
+    return attrs.evolve(status, approvals=decisions_of(fields))
+
+
+def wait_result(backend: RedisBackend, run_id: str, timeout: Optional[float], read_slice: float) -> Run:
+    """The finished ``Run`` (or its error raised), waiting in slices of ``read_slice``."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        fields = fields_of(backend, run_id)
+        if fields.get("state") in TERMINAL:
+            return run_from_fields(run_id, fields)
+        wait = read_slice
+        if deadline is not None:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                raise TimeoutError(f"run {run_id} not finished after {timeout}s")
+        backend.wait_done(run_id, wait)
+
+
+def leftovers_of(backend: RedisBackend, run_id: str) -> List[Message]:
+    """The run's accepted, undelivered guidance (``KeyError`` for an unknown run)."""
+    fields_of(backend, run_id)
+    return [message_from_dict(json.loads(s)) for s in backend.leftovers(run_id)]
+
+
+def list_statuses(backend: RedisBackend) -> List[RunStatus]:
+    """Status of every known run, oldest first; expired ids are forgotten."""
+    ids = backend.run_ids()
+    out: List[RunStatus] = []
+    gone: List[str] = []
+    for rid, fields in zip(ids, backend.statuses(ids)):
+        if fields:
+            out.append(status_from_fields(rid, fields))
+        else:
+            gone.append(rid)
+    backend.forget(gone)
+    return out
+
+
+def history_of(backend: RedisBackend, conversation: str) -> List[Message]:
+    """The conversation's committed history (empty for a new conversation)."""
+    raw = backend.history(conversation)
+    return history_from_dict(json.loads(raw)) if raw else []
+
+
+def follow_events(
+    backend: RedisBackend,
+    run_id: str,
+    after: int,
+    timeout: Optional[float],
+    fields: Dict[str, str],
+    read_slice: float,
+) -> Iterator[Tuple[int, Dict[str, Any]]]:
+    """Yield the run's ``(seq, event)`` after ``after`` until ``run_end`` (or ``timeout``)."""
+    pos = after
+    if fields.get("state") in TERMINAL and int(fields.get("seq") or 0) <= pos:
+        return  # ended, and the caller has everything
+    while True:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = read_slice
+            if deadline is not None:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    return
+            batch = backend.read_events(run_id, pos, wait)
+            if batch:
+                break
+            # A quiet slice: reap a lost run (adds its run_end), or stop if all was read.
+            fields = backend.status(run_id)
+            if not fields:
+                return
+            if fields.get("state") in TERMINAL and int(fields.get("seq") or 0) <= pos:
+                return
+        for seq, data in batch:
+            if seq > pos + 1:
+                sid = backend.status(run_id).get("session_id", "")
+                yield seq - 1, {
+                    "type": "gap",
+                    "session_id": sid,
+                    "run_id": run_id,
+                    "dropped": seq - 1 - pos,
+                }
+            event = json.loads(data)
+            yield seq, event
+            pos = seq
+            if event.get("type") == "run_end":
+                return
