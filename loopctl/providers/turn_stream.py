@@ -2,17 +2,17 @@
 
 Owns the run of a single model call under a handler's settings
 (``TurnSettings``, which ``StreamHandler`` satisfies): opening each attempt,
-its first-event, next-event and total deadlines, the backoff and rate-limit
-waits between attempts (a cancel-aware wait), the ``RetryWait``,
-``StreamAttemptReset`` and ``StreamRescue`` events it yields, the one
-non-streaming rescue, and ``close()`` from any thread. The settings, their
+its first-event, next-event and total deadlines, the steps between attempts
+(decided by the retry policy's tenacity ``Retrying``,
+``loopctl.providers.retry``, and made only after a first attempt failed),
+the ``RetryWait``, ``StreamAttemptReset`` and ``StreamRescue`` events it
+yields, the one non-streaming rescue, and ``close()`` from any thread. The settings, their
 defaults and validation belong to ``loopctl.providers.stream_handler``, which
 builds a ``TurnStream``; this module does not import it.
 """
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Iterator
@@ -22,19 +22,15 @@ from loopctl.errors import (
     Cancelled,
     LoopError,
     ModelError,
-    RateLimited,
-    RateLimitEscalation,
 )
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.providers.base import (
     HandlerEvent,
     MessageStop,
-    RetryWait,
     StreamAttemptReset,
     StreamRescue,
 )
 from loopctl.providers.boundary import (
-    RATE_LIMIT,
     TIMEOUT,
     TRANSPORT,
     error_kind,
@@ -44,11 +40,10 @@ from loopctl.providers.boundary import (
     tag,
 )
 from loopctl.providers.http import CallScope
+from loopctl.providers.retry import CallRetries, CancelAwareSleep, RetrySettings
 
-_NO_RETRY_STATUSES = frozenset((400, 401, 403, 404))
 
-
-class TurnSettings(Protocol):
+class TurnSettings(RetrySettings, Protocol):
     """The handler settings one call reads (``StreamHandler`` has them all)."""
 
     @property
@@ -57,20 +52,6 @@ class TurnSettings(Protocol):
     def event_timeout(self) -> Optional[float]: ...
     @property
     def total_timeout(self) -> Optional[float]: ...
-    @property
-    def max_retries(self) -> int: ...
-    @property
-    def base_delay(self) -> float: ...
-    @property
-    def max_delay(self) -> float: ...
-    @property
-    def jitter(self) -> float: ...
-    @property
-    def rate_limit_retries(self) -> int: ...
-    @property
-    def rate_limit_delay(self) -> float: ...
-    @property
-    def max_retry_wait(self) -> float: ...
     @property
     def rescue(self) -> bool: ...
     @property
@@ -83,9 +64,8 @@ class TurnStream:
     """One model call's events under a handler's settings (iterate once; close from anywhere)."""
 
     __slots__ = (
-        "_h", "_client", "_request", "_cancel", "_streaming", "_lock", "_closed", "_woken",
-        "_stream", "_scope", "_transport_failures", "_rate_limited", "_retry_after",
-        "_total_deadline", "attempts",
+        "_h", "_client", "_request", "_cancel", "_streaming", "_lock", "_closed", "_sleep",
+        "_stream", "_scope", "_total_deadline", "attempts",
     )
 
     def __init__(
@@ -98,14 +78,11 @@ class TurnStream:
         self._streaming = streaming
         self._lock = threading.Lock()
         self._closed = False
-        # Made by the first backoff wait without a cancel signal (most calls never
-        # wait); close() sets it under the lock, so a wait never misses a close.
-        self._woken: Optional[threading.Event] = None
+        # Made once a first attempt failed (most calls never retry); set under the
+        # lock, as close() reads it, so a backoff wait never misses a close.
+        self._sleep: Optional[CancelAwareSleep] = None
         self._stream: Any = None
         self._scope: Optional[CallScope] = None
-        self._transport_failures = 0
-        self._rate_limited = 0
-        self._retry_after: Optional[float] = None
         self._total_deadline: Optional[float] = None
         self.attempts = 0
 
@@ -115,9 +92,9 @@ class TurnStream:
             self._closed = True
             stream = self._stream
             scope = self._scope
-            woken = self._woken
-        if woken is not None:
-            woken.set()
+            sleep = self._sleep
+        if sleep is not None:
+            sleep.wake()
         if stream is not None:
             stream.close()
         if scope is not None:
@@ -313,16 +290,19 @@ class TurnStream:
         yield from self._retry_from(failure)
 
     def _retry_from(self, failure: LoopError) -> Iterator[HandlerEvent]:
+        """The attempts after a failed one, stepped through the retry policy's ``Retrying``."""
+        sleep = CancelAwareSleep(self._cancel)
+        with self._lock:
+            self._sleep = sleep
+        retries = CallRetries(self._h, self._total_deadline, sleep)
         while True:
             if self._stopped():
                 raise self._cancelled() from failure
-            if not _retryable(failure):
-                raise failure
-            wait = self._next_wait(failure)
-            if wait is None:
+            announced = retries.after_failure(failure)  # raises a failure it may not retry
+            if announced is None:
                 break
-            yield wait
-            self._sleep(wait.wait_s)
+            yield announced  # before the wait starts: observers see every wait coming
+            retries.sleep()
             yield StreamAttemptReset(self.attempts)
             try:
                 yield from self._attempt()
@@ -331,71 +311,16 @@ class TurnStream:
                 raise
             except LoopError as exc:
                 failure = exc
-        yield from self._give_up(failure)
+        yield from self._give_up(failure, retries.policy.rate_limited)
 
-    def _next_wait(self, failure: LoopError) -> Optional[RetryWait]:
-        """The wait before the next attempt, or None when the retries are used up.
-
-        Raises:
-            RateLimited: the server asks for a longer wait than ``max_retry_wait``.
-        """
-        h = self._h
-        total = self._total_deadline
-        now = time.monotonic()
-        if error_kind(failure) == RATE_LIMIT:
-            self._rate_limited += 1
-            after = getattr(failure, "retry_after", None)
-            self._retry_after = after
-            if after is not None and after > h.max_retry_wait:
-                raise RateLimited(
-                    f"{failure}; the server asks to wait {after:g}s, longer than "
-                    f"max_retry_wait ({h.max_retry_wait:g}s)",
-                    after,
-                    h.max_retry_wait,
-                    getattr(failure, "status", 429),
-                ) from failure
-            if self._rate_limited > h.rate_limit_retries:
-                return None
-            delay = float(min(h.rate_limit_delay if after is None else after, h.max_retry_wait))
-            if total is not None and now + delay >= total:
-                return None  # the next attempt could not start before the total deadline
-            n, of = self._rate_limited, h.rate_limit_retries
-        else:
-            self._transport_failures += 1
-            n, of = self._transport_failures, h.max_retries
-            if n > of or (total is not None and now >= total):
-                return None
-            delay = float(min(h.max_delay, h.base_delay * (2 ** (n - 1))))
-            if h.jitter:
-                delay *= 1.0 + h.jitter * (2.0 * random.random() - 1.0)
-            if total is not None:
-                delay = min(delay, max(0.0, total - now))
-            delay = max(0.0, delay)
-        return RetryWait(error_summary(failure), delay, n + 1, of + 1)
-
-    def _sleep(self, seconds: float) -> None:
-        # The driver closes the call from its cancel listener, so either wait ends early on cancel.
-        if self._cancel is not None:
-            fired = self._cancel.wait(seconds)
-        else:
-            with self._lock:
-                if self._woken is None:
-                    self._woken = threading.Event()
-                woken = self._woken
-                fired = self._closed
-            fired = fired or woken.wait(seconds)
-        if fired or self._closed:
-            raise self._cancelled()
-
-    def _give_up(self, failure: LoopError) -> Iterator[HandlerEvent]:
+    def _give_up(self, failure: LoopError, rate_limited: int) -> Iterator[HandlerEvent]:
+        """The retries are spent (a rate limit has raised already): rescue, or raise ``failure``."""
         if self._stopped():
             raise self._cancelled() from failure
         kind = error_kind(failure)
-        if kind == RATE_LIMIT:
-            raise RateLimitEscalation(self._rate_limited, self._retry_after) from failure
         total = self._total_deadline
         out_of_time = total is not None and time.monotonic() >= total
-        if (self._streaming and self._h.rescue and kind in (TIMEOUT, TRANSPORT) and not self._rate_limited
+        if (self._streaming and self._h.rescue and kind in (TIMEOUT, TRANSPORT) and not rate_limited
                 and not out_of_time):
             # A provider that rate-limited this call would rate-limit the rescue too,
             # and the total timeout bounds the rescue as it bounds every attempt.
@@ -430,15 +355,6 @@ class TurnStream:
             raise tag(
                 ModelError(text, getattr(err, "status", None), False), error_kind(err) or TRANSPORT, None, second
             ) from err
-
-
-def _retryable(exc: BaseException) -> bool:
-    if not isinstance(exc, ModelError):
-        return False
-    if exc.status in _NO_RETRY_STATUSES:
-        return False
-    return exc.retryable
-
 
 
 __all__ = ["TurnSettings", "TurnStream"]
