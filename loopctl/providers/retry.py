@@ -70,7 +70,7 @@ def is_retryable(exc: BaseException) -> bool:
 def _failure(state: RetryCallState) -> BaseException:
     outcome = state.outcome
     exc = None if outcome is None else outcome.exception()
-    if exc is None:  # the policy only ever sees failed attempts
+    if exc is None:  # past ``retry``, tenacity consults the policy only about failures
         raise LoopError(f"retry policy consulted without a failure: {state!r:.120}")
     return exc
 
@@ -170,8 +170,9 @@ class RetryPolicy:
         )
 
     def retry(self, state: RetryCallState) -> bool:
-        """tenacity's ``retry``: whether the failure may be tried again."""
-        return is_retryable(_failure(state))
+        """tenacity's ``retry``: whether the attempt failed in a way that may be tried again."""
+        outcome = state.outcome
+        return outcome is not None and outcome.failed and is_retryable(_failure(state))
 
     def count(self, state: RetryCallState) -> None:
         """tenacity's ``after``: count the failure against its kind's budget."""
