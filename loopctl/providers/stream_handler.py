@@ -10,8 +10,10 @@ failure of a streamed call (never after an HTTP error status or a rate
 limit). 400/401/403/404 and every other non-retryable error get exactly one
 attempt. Non-streaming calls (``complete_turn``) get the same retries.
 
-Each call runs as a ``TurnStream`` (``loopctl.providers.turn_stream``); its
-retry loop is a short loop over a cancel-aware wait (``cancel.wait``).
+Each call runs as a ``TurnStream`` (``loopctl.providers.turn_stream``); once
+an attempt has failed, what comes next is decided by the retry policy on
+tenacity (``loopctl.providers.retry``: its stop, wait, retry and
+before_sleep, with a cancel-aware ``sleep``).
 The call's events come out as the client yields them, plus ``RetryWait``
 before each wait, ``StreamAttemptReset(n)`` before attempt ``n`` (n >= 1; the
 first attempt is 0 and gets none) and ``StreamRescue(response)`` (the
