@@ -1,7 +1,7 @@
 """Observer events and the ``Observer`` base class.
 
 Every event is a frozen attrs class carrying ``session_id`` and ``run_id``
-first, then its own fields (SPEC §4.1). ``to_dict()`` gives a JSON-safe dict
+first, then its own fields. ``to_dict()`` gives a JSON-safe dict
 with a ``type`` field (``"turn_start"``, ``"text_delta"``, ...). ``Observer``
 has a documented no-op ``on_*`` method per event; override the ones you
 want. Observers are called only from ``loopctl.driver.emission``: one that

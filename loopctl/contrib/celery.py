@@ -108,7 +108,7 @@ from .celery_worker import WorkerHost, WorkerSettings, execute_run
 
 
 class CeleryRunRegistry(ApprovalsMixin):
-    """Runs on Celery workers, addressed by id from any process (SPEC §12).
+    """Runs on Celery workers, addressed by id from any process; the in-process registry's guarantees hold.
 
     Args:
         app: the Celery app (its broker carries the tasks).

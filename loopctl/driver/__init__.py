@@ -3,7 +3,7 @@
 Owns threads, the clock and IO; ties providers, tools and context together.
 ``loop.py`` holds ``BareLoop`` (configuration, machine, signals; ``run`` and
 ``start``), ``builder.py`` its setup and setters, ``run.py`` the per-run
-``RunDriver`` (the seed's handlers in timeline order, then ``finalize``);
+``RunDriver`` (its three handlers in timeline order, then ``finalize``);
 ``llm_turn``, ``dispatch`` and ``compaction`` do one handler's IO each;
 ``emission`` is the only caller of observers and hooks; ``handle`` holds a
 run's fence and ``RunHandle``; ``signals`` the ``Steering`` slot;

@@ -1,7 +1,7 @@
 """Tool dispatch: sequential or parallel waves, results in request order.
 
-Every attempt of a call goes through one pipeline (reference §5.5), split
-in three phases so that events and state stay on the run's thread:
+Every attempt of a call goes through the same steps, split in three
+phases so that events and state stay on the run's thread:
 
 - begin (run thread): cancel check, ``on_tool_pre``, then the call's GATE
   (``_gate``: the one point where a call may wait before it runs; today the

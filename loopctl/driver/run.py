@@ -7,7 +7,7 @@ Its collaborators arrive explicitly: the loop's parts, the machine, the
 token meter, the dispatcher, the steering slot, and ``LoopSlot`` (the
 loop's busy lock, cancel signal and release). It never holds the loop.
 
-Read top to bottom it is the seed's timeline: ``body`` (audit entry ->
+Read top to bottom it is the run's timeline: ``body`` (audit entry ->
 ``on_run_start`` -> ``accept_input`` -> open the steering slot -> loop over
 ``next_step``), handler 1 ``call_llm``, handler 2 ``call_tools``, handler 3
 ``compact``, then ``finalize``. The brain decides, the hands report: the
@@ -144,7 +144,7 @@ class RunDriver:
         self.gathers = False  # contributors or memory: transient extras to gather each turn
         self.answer_check = answer_check  # a typed answer: its type and mode (answers.py)
 
-    # -- the body: the seed's run() ----------------------------------------------------
+    # -- the body: one run, start to finish ---------------------------------------------
 
     def body(self) -> None:
         """The run's thread: every step, then ``finalize``; leaves silently if abandoned."""
@@ -492,7 +492,7 @@ class RunDriver:
             self.machine.fail(error)
 
     def _finalize(self, error: Optional[LoopError]) -> None:
-        """The single exit door, in the seed's order.
+        """The single exit door; its steps run in this order.
 
         1. record end time and stop reason; 2. success: commit pending and
         consolidate memory (its error is logged); failure: discard pending;

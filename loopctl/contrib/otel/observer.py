@@ -234,7 +234,8 @@ class OTelObserver(RunSpanEvents):
         The event's ``error_type`` names it. An event without one (from an
         older producer) falls back to the run's record on a loop wired by
         ``instrument``, whose ``stop_reason`` is set before ``on_run_end``
-        (SPEC §4, finalize step 1); else the text only suggests a class.
+        (recording it is the first step of finalizing a run); else the text
+        only suggests a class.
         """
         if event.error_type:
             return event.error_type
