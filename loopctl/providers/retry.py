@@ -71,7 +71,7 @@ def _failure(state: RetryCallState) -> BaseException:
     outcome = state.outcome
     exc = None if outcome is None else outcome.exception()
     if exc is None:  # past ``retry``, tenacity consults the policy only about failures
-        raise LoopError(f"retry policy consulted without a failure: {state!r:.120}")
+        raise LoopError(f"retry policy consulted about attempt {state.attempt_number}, which did not fail")
     return exc
 
 

@@ -4,11 +4,12 @@ Owns the run of a single model call under a handler's settings
 (``TurnSettings``, which ``StreamHandler`` satisfies): opening each attempt,
 its first-event, next-event and total deadlines, the steps between attempts
 (decided by the retry policy's tenacity ``Retrying``,
-``loopctl.providers.retry``, and made only after a first attempt failed),
-the ``RetryWait``, ``StreamAttemptReset`` and ``StreamRescue`` events it
-yields, the one non-streaming rescue, and ``close()`` from any thread. The settings, their
-defaults and validation belong to ``loopctl.providers.stream_handler``, which
-builds a ``TurnStream``; this module does not import it.
+``loopctl.providers.retry``, built only once an attempt has failed), the
+``RetryWait``, ``StreamAttemptReset`` and ``StreamRescue`` events it yields,
+the one non-streaming rescue, and ``close()`` from any thread. The
+settings, their defaults and validation belong to
+``loopctl.providers.stream_handler``, which builds a ``TurnStream``; this
+module does not import it.
 """
 
 from __future__ import annotations
@@ -18,11 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any, Callable, Optional, Protocol
 
-from loopctl.errors import (
-    Cancelled,
-    LoopError,
-    ModelError,
-)
+from loopctl.errors import Cancelled, LoopError, ModelError
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.providers.base import (
     HandlerEvent,
