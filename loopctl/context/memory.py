@@ -35,6 +35,7 @@ from typing import Any, Optional, Protocol, runtime_checkable
 
 import attrs
 
+from loopctl.context.confusables import fold
 from loopctl.errors import ConfigError
 from loopctl.text import clean_text
 
@@ -72,7 +73,8 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 
 # What an entry's text could use to close the fence or open a second one:
 # the two marker phrases, matched loosely (any case, punctuation or spacing
-# between the words) on the NFKC form, so look-alike letters count too.
+# between the words) on the text's skeleton (``confusables.fold``: NFKD,
+# combining marks dropped, Cyrillic and Greek look-alikes read as Latin).
 _FENCE_MARKER = re.compile(
     r"relevant[\W_]*memory[\W_]*reference[\W_]*only|end[\W_]*of[\W_]*(?:the[\W_]*)?relevant[\W_]*memory",
     re.IGNORECASE,
@@ -245,19 +247,21 @@ def fence_line(text: str) -> str:
     characters (zero-width, bidi controls) and other control characters are
     dropped; a lone surrogate becomes U+FFFD; and a phrase that could close
     the fence or open another (``MEMORY_PREFIX``, ``MEMORY_SUFFIX``, in any
-    case or spacing, look-alike letters included) becomes ``[marker removed]``.
+    case or spacing, spelled with compatibility forms, combining marks or
+    Cyrillic/Greek look-alike letters) becomes ``[marker removed]``; the
+    rest of the line is kept as it was.
     """
     text = clean_text(text)
     if not text.isprintable():  # line breaks, tabs, controls, zero-width and bidi characters
         text = "".join(ch for ch in text if ch.isspace() or unicodedata.category(ch) not in _INVISIBLE)
     line = " ".join(text.split())
-    if not line.isascii():
-        normal = unicodedata.normalize("NFKC", line)
-        if _FENCE_MARKER.search(normal):
-            line = " ".join(normal.split())
-    while _FENCE_MARKER.search(line):  # a replacement never forms a new marker; loop to be sure
-        line = _FENCE_MARKER.sub(_MARKER_REPLACEMENT, line)
-    return line
+    while True:  # a replacement never forms a new marker; loop to be sure
+        skeleton, origin = fold(line)
+        spans = [(origin[m.start()], origin[m.end() - 1] + 1) for m in _FENCE_MARKER.finditer(skeleton)]
+        if not spans:
+            return line
+        for start, end in reversed(spans):
+            line = line[:start] + _MARKER_REPLACEMENT + line[end:]
 
 
 def format_memory(entries: Iterable[Any]) -> Optional[str]:
