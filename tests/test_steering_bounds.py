@@ -15,6 +15,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import WAIT, Gate, gated
 
 from loopctl import BareLoop, Message, Observer, RunRegistry, Steering
@@ -206,3 +208,49 @@ def test_200_registry_steers_right_after_start_are_all_accepted_and_delivered() 
                 registry.result(rid, WAIT)
                 assert _delivered(client, f"guidance {i}"), f"iteration {i}: not delivered"
                 assert registry.leftovers(rid) == []
+
+
+# -- the invariant, over any sequence of runs --------------------------------------------------
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("push"), st.integers(min_value=0, max_value=400)),
+        st.tuples(st.sampled_from(["open", "drain", "close", "take"]), st.just(0)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(OPS, st.integers(min_value=1, max_value=6), st.integers(min_value=1, max_value=1200))
+def test_held_guidance_never_passes_the_caps_and_every_accepted_push_is_accounted_for(
+    ops: list[tuple[str, int]], max_messages: int, max_bytes: int
+) -> None:
+    # The loop's side driven by hand, as a run's thread drives it: open at
+    # launch, drain at boundaries, close and seal at the end.
+    s = Steering(max_messages, max_bytes)
+    accepted: list[str] = []
+    delivered: list[str] = []
+    taken: list[str] = []
+    for n, (op, size) in enumerate(ops):
+        if op == "push":
+            text = f"{n:04d}" + "x" * size
+            if s.push(text):
+                accepted.append(text)
+        elif op == "open":
+            s._open_slot()
+        elif op == "drain":
+            delivered += [m.text for m in s._drain()]
+        elif op == "close":
+            s._close_and_seal()
+        else:
+            taken += [m.text for m in s.take_leftovers()]
+        count, size_held = s.held
+        assert count <= max_messages and size_held <= max_bytes
+    rest = [m.text for m in s.take_all()]
+    # Each accepted push was delivered, taken, or is still held, at most once;
+    # the others were dropped as the oldest sealed, and counted.
+    outcomes = delivered + taken + rest
+    assert len(outcomes) == len(set(outcomes)) and set(outcomes) <= set(accepted)
+    assert len(accepted) - len(outcomes) == s.dropped

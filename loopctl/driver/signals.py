@@ -31,9 +31,9 @@ from loopctl.messages import Message
 
 log = logging.getLogger("loopctl")
 
-#: Default cap on guidance waiting to be drained (messages).
+#: Default cap on guidance held, live and sealed (messages).
 MAX_PENDING_MESSAGES = 10_000
-#: Default cap on guidance waiting to be drained (bytes of UTF-8 text).
+#: Default cap on guidance held, live and sealed (bytes of UTF-8 text).
 MAX_PENDING_BYTES = 8 * 1024 * 1024
 
 
