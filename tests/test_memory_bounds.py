@@ -18,7 +18,7 @@ from support import Echoed
 
 from loopctl import BareLoop
 from loopctl.context import InMemoryStore, MemoryEntry, SqliteMemoryStore
-from loopctl.context.memory import DEFAULT_CAPACITY
+from loopctl.context.memory import DEFAULT_CAPACITY, trajectory_entry
 from loopctl.errors import ConfigError
 from loopctl.testing import ScriptedClient, call, reply
 
@@ -136,3 +136,15 @@ def test_copies_in_a_file_written_before_dedupe_never_crowd_recall_and_consolida
         store.consolidate()
         assert len(store) == 2
         assert {e.id for e in store.entries()} == {"copy19", "fact"}  # the most recently stored copy
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stored_fact_outranks_a_newer_trajectory_with_the_same_overlap(kind: str, tmp_path: Path) -> None:
+    store = make_store(kind, tmp_path)
+    fact = MemoryEntry("deploy notes: ship on friday", created_at=1.0)
+    store.store(fact)
+    store.store(trajectory_entry("fetch", "deploy", "notes"))  # newer, same overlap with the query
+    got = store.retrieve("deploy notes", 2)
+    assert [e.category for e in got] == ["fact", "trajectory"]
+    if isinstance(store, SqliteMemoryStore):
+        store.close()

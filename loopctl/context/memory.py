@@ -45,6 +45,14 @@ CATEGORIES = ("trajectory", "insight", "error_pattern", "strategy", "fact", "wor
 TRAJECTORY_FIELD_LIMIT = 500
 """Characters kept of a tool call's input and of its result in a trajectory entry."""
 
+TRAJECTORY_RELEVANCE = 0.5
+"""The relevance of a trajectory entry: below a stored fact's default 1.0.
+
+Trajectories are stored after every tool call, so they are always the
+newest entries; at full relevance they would win every tie with what the
+user stored and crowd it out of recall. Raw tool output ranks below it.
+"""
+
 PRUNE_BELOW = 0.05
 """``consolidate()`` drops entries whose relevance is below this."""
 
@@ -181,14 +189,15 @@ def trajectory_entry(tool: str, input: Any, result: str) -> MemoryEntry:
     """The entry the loop stores after a successful tool call.
 
     The input (rendered as JSON) and the result are each cut to 500
-    characters; the entry is tagged ``("trajectory", tool)``.
+    characters; the entry is tagged ``("trajectory", tool)`` and has
+    relevance ``TRAJECTORY_RELEVANCE``.
     """
     rendered = input if isinstance(input, str) else _render(input)
     text = (
         f"tool={tool}; input={rendered[:TRAJECTORY_FIELD_LIMIT]}; "
         f"result={result[:TRAJECTORY_FIELD_LIMIT]}"
     )
-    return MemoryEntry(text, ("trajectory", tool), "trajectory")
+    return MemoryEntry(text, ("trajectory", tool), "trajectory", TRAJECTORY_RELEVANCE)
 
 
 def _render(value: Any) -> str:
@@ -421,6 +430,7 @@ __all__ = [
     "QUERY_WORD_LIMIT",
     "TOOL_OUTPUT_CATEGORIES",
     "TOOL_OUTPUT_LABEL",
+    "TRAJECTORY_RELEVANCE",
     "InMemoryStore",
     "Memory",
     "MemoryEntry",
