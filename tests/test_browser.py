@@ -237,7 +237,7 @@ def test_browser_runs_steers_and_stops_a_run(browser: Any, served: Served) -> No
     assert lines[0] == "you: What is (2 + 3) * (4 + 5)?"
     assert lines[-1] == "cancelled (stopped by the user)"
     assert not any(line.startswith("< multiply") for line in lines)  # stopped mid-tool
-    [status] = served.registry.list()
+    [status] = served.registry.list(all_owners=True)
     assert status.state == "cancelled" and status.turns == 2
 
     # A follow-up on the same conversation: markup in the reply stays text.
@@ -332,7 +332,7 @@ def test_browser_approves_and_denies_calls_from_this_page_and_another(browser: A
     # The last call is denied from another page of the same session: its
     # buttons go from this page when the run reports the answer.
     call_id = boxes()[0].get_attribute("data-call-id")
-    [status] = approving.registry.list()
+    [status] = approving.registry.list(all_owners=True)
     here = browser.current_window_handle
     browser.switch_to.new_window("tab")
     try:
@@ -345,7 +345,7 @@ def test_browser_approves_and_denies_calls_from_this_page_and_another(browser: A
     page.wait.until(lambda _: len(boxes()) == 0)
     page.status_is("done in 2 turns")
     page.log_shows("add(3, 4) failed with the user denied this call: not that one")
-    [status] = approving.registry.list()
+    [status] = approving.registry.list(all_owners=True)
     assert [(d.approved, d.by, d.reason) for d in status.approvals] == [
         (True, "web", ""),
         (False, "web", "not that one"),

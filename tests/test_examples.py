@@ -293,7 +293,7 @@ def test_web_post_without_the_csrf_token_is_refused_and_starts_nothing(
     assert fresh.post("/runs", {"input": "What is 1 + 1?"}, csrf=False)[0] == 403
     fresh.token = web.owner.token  # another session's token is no token here
     assert fresh.post("/runs", {"input": "What is 1 + 1?"})[0] == 403
-    assert web.registry.list() == []
+    assert web.registry.list(all_owners=True) == []
 
     code, body = web.post("/runs", {"input": "What is 12 + 30?"})
     assert code == 201, body
@@ -304,7 +304,7 @@ def test_web_post_without_the_csrf_token_is_refused_and_starts_nothing(
     assert web.post(f"/runs/{rid}/cancel", csrf=False)[0] == 403
     gate.set()
     _, end = events.until("run_end")
-    assert end["success"] is True and [s.run_id for s in web.registry.list()] == [rid]
+    assert end["success"] is True and [s.run_id for s in web.registry.list(all_owners=True)] == [rid]
     code, status = web.get(f"/runs/{rid}")
     assert status["state"] == "completed" and status["leftovers"] == []
 

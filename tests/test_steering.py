@@ -502,9 +502,11 @@ class PushingObserver(Observer):
 
 
 @pytest.mark.parametrize("fails", [False, True])
-def test_push_from_run_start_or_run_end_observers_is_refused(
+def test_push_from_run_start_lands_in_the_first_request_and_from_run_end_is_refused(
     make_loop: Callable[..., BareLoop], fails: bool
 ) -> None:
+    # The slot opens before start() returns, so on_run_start (on the run's
+    # thread, after that) already steers; on_run_end comes after the slot closed.
     client = ScriptedClient([ModelError("down", retryable=False) if fails else reply("done")])
     loop = make_loop(client)
     obs = PushingObserver(loop.steering())
@@ -514,8 +516,8 @@ def test_push_from_run_start_or_run_end_observers_is_refused(
             loop.run("hi")
     else:
         loop.run("hi")
-    assert obs.answers == {"run_start": False, "run_end": False}
-    assert texts(client.requests[0].messages) == ["hi"]
+    assert obs.answers == {"run_start": True, "run_end": False}
+    assert texts(client.requests[0].messages) == ["hi", "from run start"]
     assert loop.steering().take_all() == []
 
 

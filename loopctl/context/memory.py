@@ -5,6 +5,12 @@ the process-local ``InMemoryStore`` and the fence recalled memory travels
 in. Rules it keeps:
 
 - Every store method is safe to call from any thread.
+- Bounded: a store holds at most ``capacity`` entries (``DEFAULT_CAPACITY``
+  unless told otherwise); storing past it evicts the least recently stored
+  entry. Identical entries (same text, tags, category and relevance) are
+  kept once: storing one again refreshes the stored entry (its id stays,
+  it becomes the most recently stored and keeps the newer ``created_at``),
+  so a tool call repeated by 300 runs leaves one trajectory, not 300.
 - Retrieval is keyword scoring (case-insensitive word overlap with the
   query plus tag match); an entry that shares no word with the query and
   whose tags do not match is never returned. A query is cut to
@@ -29,6 +35,7 @@ from typing import Any, Optional, Protocol, runtime_checkable
 
 import attrs
 
+from loopctl.context.confusables import fold
 from loopctl.errors import ConfigError
 from loopctl.text import clean_text
 
@@ -38,8 +45,19 @@ CATEGORIES = ("trajectory", "insight", "error_pattern", "strategy", "fact", "wor
 TRAJECTORY_FIELD_LIMIT = 500
 """Characters kept of a tool call's input and of its result in a trajectory entry."""
 
+TRAJECTORY_RELEVANCE = 0.5
+"""The relevance of a trajectory entry: below a stored fact's default 1.0.
+
+Trajectories are stored after every tool call, so they are always the
+newest entries; at full relevance they would win every tie with what the
+user stored and crowd it out of recall. Raw tool output ranks below it.
+"""
+
 PRUNE_BELOW = 0.05
 """``consolidate()`` drops entries whose relevance is below this."""
+
+DEFAULT_CAPACITY = 10_000
+"""Entries a store keeps unless given another ``capacity``; past it the least recently stored go."""
 
 QUERY_CHAR_LIMIT = 2000
 """A memory query is cut to its first this many characters."""
@@ -63,7 +81,8 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 
 # What an entry's text could use to close the fence or open a second one:
 # the two marker phrases, matched loosely (any case, punctuation or spacing
-# between the words) on the NFKC form, so look-alike letters count too.
+# between the words) on the text's skeleton (``confusables.fold``: NFKD,
+# combining marks dropped, Cyrillic and Greek look-alikes read as Latin).
 _FENCE_MARKER = re.compile(
     r"relevant[\W_]*memory[\W_]*reference[\W_]*only|end[\W_]*of[\W_]*(?:the[\W_]*)?relevant[\W_]*memory",
     re.IGNORECASE,
@@ -170,14 +189,15 @@ def trajectory_entry(tool: str, input: Any, result: str) -> MemoryEntry:
     """The entry the loop stores after a successful tool call.
 
     The input (rendered as JSON) and the result are each cut to 500
-    characters; the entry is tagged ``("trajectory", tool)``.
+    characters; the entry is tagged ``("trajectory", tool)`` and has
+    relevance ``TRAJECTORY_RELEVANCE``.
     """
     rendered = input if isinstance(input, str) else _render(input)
     text = (
         f"tool={tool}; input={rendered[:TRAJECTORY_FIELD_LIMIT]}; "
         f"result={result[:TRAJECTORY_FIELD_LIMIT]}"
     )
-    return MemoryEntry(text, ("trajectory", tool), "trajectory")
+    return MemoryEntry(text, ("trajectory", tool), "trajectory", TRAJECTORY_RELEVANCE)
 
 
 def _render(value: Any) -> str:
@@ -236,19 +256,21 @@ def fence_line(text: str) -> str:
     characters (zero-width, bidi controls) and other control characters are
     dropped; a lone surrogate becomes U+FFFD; and a phrase that could close
     the fence or open another (``MEMORY_PREFIX``, ``MEMORY_SUFFIX``, in any
-    case or spacing, look-alike letters included) becomes ``[marker removed]``.
+    case or spacing, spelled with compatibility forms, combining marks or
+    Cyrillic/Greek look-alike letters) becomes ``[marker removed]``; the
+    rest of the line is kept as it was.
     """
     text = clean_text(text)
     if not text.isprintable():  # line breaks, tabs, controls, zero-width and bidi characters
         text = "".join(ch for ch in text if ch.isspace() or unicodedata.category(ch) not in _INVISIBLE)
     line = " ".join(text.split())
-    if not line.isascii():
-        normal = unicodedata.normalize("NFKC", line)
-        if _FENCE_MARKER.search(normal):
-            line = " ".join(normal.split())
-    while _FENCE_MARKER.search(line):  # a replacement never forms a new marker; loop to be sure
-        line = _FENCE_MARKER.sub(_MARKER_REPLACEMENT, line)
-    return line
+    while True:  # a replacement never forms a new marker; loop to be sure
+        skeleton, origin = fold(line)
+        spans = [(origin[m.start()], origin[m.end() - 1] + 1) for m in _FENCE_MARKER.finditer(skeleton)]
+        if not spans:
+            return line
+        for start, end in reversed(spans):
+            line = line[:start] + _MARKER_REPLACEMENT + line[end:]
 
 
 def format_memory(entries: Iterable[Any]) -> Optional[str]:
@@ -278,7 +300,30 @@ def rank(entries: Iterable[MemoryEntry], query: str, limit: int) -> list[MemoryE
     qw = words(query)
     scored = [(s, e) for e in entries if (s := score(e, qw, query)) > 0.0]
     scored.sort(key=lambda se: (se[0], se[1].created_at), reverse=True)
-    return [e for _, e in scored[:limit]]
+    # Copies of one memory (a store written before it deduplicated, or one
+    # that does not) would crowd the others out of the recall: keep the first.
+    out: list[MemoryEntry] = []
+    seen: set[tuple[str, str, tuple[str, ...], float]] = set()
+    for _, e in scored:
+        key = identity(e)
+        if key not in seen:
+            seen.add(key)
+            out.append(e)
+            if len(out) == limit:
+                break
+    return out
+
+
+def identity(entry: MemoryEntry) -> tuple[str, str, tuple[str, ...], float]:
+    """What makes two entries the same memory: text, category, tags, relevance (not id or time)."""
+    return (entry.category, entry.text, entry.tags, float(entry.relevance))
+
+
+def check_capacity(capacity: Any) -> int:
+    """Validate a store's ``capacity`` (an int >= 1)."""
+    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
+        raise ConfigError(f"memory capacity must be an int >= 1, got {capacity!r}")
+    return capacity
 
 
 def check_limit(limit: Any) -> int:
@@ -289,24 +334,55 @@ def check_limit(limit: Any) -> int:
 
 
 class InMemoryStore:
-    """A thread-safe, process-local store (no capacity limit).
+    """A thread-safe, process-local store of at most ``capacity`` entries.
+
+    Identical entries are kept once and the least recently stored entry is
+    evicted past ``capacity`` (see the module's rules).
 
     Args:
         entries: entries to start with.
+        capacity: most entries kept (an int >= 1).
+
+    Raises:
+        ConfigError: a bad ``capacity`` (the message names the value).
     """
 
-    def __init__(self, entries: Iterable[MemoryEntry] = ()) -> None:
+    def __init__(self, entries: Iterable[MemoryEntry] = (), *, capacity: int = DEFAULT_CAPACITY) -> None:
+        self.capacity = check_capacity(capacity)
         self._lock = threading.Lock()
+        # Insertion order is store order: the first entry is the least recently stored.
         self._entries: dict[str, MemoryEntry] = {}
+        self._ids: dict[tuple[str, str, tuple[str, ...], float], str] = {}  # identity -> id
         for e in entries:
             self.store(e)
 
     def store(self, entry: MemoryEntry) -> None:
-        """Remember ``entry`` (replacing an entry with the same id)."""
+        """Remember ``entry``, replacing an entry with the same id.
+
+        An identical entry already stored (under another id) is refreshed
+        instead: it keeps its id, takes the newer ``created_at`` and counts
+        as the most recently stored. Past ``capacity`` the least recently
+        stored entry is evicted.
+        """
         if not isinstance(entry, MemoryEntry):
             raise TypeError(f"store() takes a MemoryEntry, got {type(entry).__name__}")
+        key = identity(entry)
         with self._lock:
+            self._pop_locked(entry.id)
+            same = self._ids.get(key)
+            if same is not None:
+                old = self._entries.pop(same)
+                entry = attrs.evolve(old, created_at=max(old.created_at, entry.created_at))
             self._entries[entry.id] = entry
+            self._ids[key] = entry.id
+            while len(self._entries) > self.capacity:
+                self._pop_locked(next(iter(self._entries)))
+
+    def _pop_locked(self, entry_id: str) -> Optional[MemoryEntry]:
+        old = self._entries.pop(entry_id, None)
+        if old is not None and self._ids.get(identity(old)) == entry_id:
+            del self._ids[identity(old)]
+        return old
 
     def retrieve(self, query: str, limit: int = 5) -> list[MemoryEntry]:
         """Up to ``limit`` entries sharing a word (or a tag) with ``query``, best first."""
@@ -318,7 +394,8 @@ class InMemoryStore:
     def consolidate(self) -> None:
         """Drop entries whose relevance is below ``PRUNE_BELOW``."""
         with self._lock:
-            self._entries = {k: e for k, e in self._entries.items() if e.relevance >= PRUNE_BELOW}
+            for e in [e for e in self._entries.values() if e.relevance < PRUNE_BELOW]:
+                self._pop_locked(e.id)
 
     def entries(self) -> list[MemoryEntry]:
         """Every entry, oldest first (a copy)."""
@@ -328,12 +405,13 @@ class InMemoryStore:
     def delete(self, entry_id: str) -> bool:
         """Forget one entry; True when it existed."""
         with self._lock:
-            return self._entries.pop(entry_id, None) is not None
+            return self._pop_locked(entry_id) is not None
 
     def clear(self) -> None:
         """Forget everything."""
         with self._lock:
             self._entries.clear()
+            self._ids.clear()
 
     def __len__(self) -> int:
         with self._lock:
@@ -345,18 +423,22 @@ class InMemoryStore:
 
 __all__ = [
     "CATEGORIES",
+    "DEFAULT_CAPACITY",
     "MEMORY_PREFIX",
     "MEMORY_SUFFIX",
     "QUERY_CHAR_LIMIT",
     "QUERY_WORD_LIMIT",
     "TOOL_OUTPUT_CATEGORIES",
     "TOOL_OUTPUT_LABEL",
+    "TRAJECTORY_RELEVANCE",
     "InMemoryStore",
     "Memory",
     "MemoryEntry",
+    "check_capacity",
     "check_limit",
     "fence_line",
     "format_memory",
+    "identity",
     "is_tool_output",
     "memory_query",
     "rank",

@@ -15,6 +15,12 @@
 - Search: FTS5 when the SQLite build has it (candidates by bm25), else a
   scan; either way candidates are re-scored exactly like ``InMemoryStore``
   (case-insensitive word overlap plus tag match), so both stores agree.
+- Bounded and deduplicated like ``InMemoryStore``: at most ``capacity``
+  rows (the least recently stored are deleted past it, in the writing
+  transaction), and an entry identical to a stored one (text, tags,
+  category, relevance) refreshes that row instead of adding one. Rowids
+  grow with each write, so rowid order is store order. ``consolidate``
+  also merges copies a file written before deduplication may hold.
 - A path that cannot be opened as a database raises ``ConfigError`` naming it.
 """
 
@@ -32,7 +38,16 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
-from loopctl.context.memory import PRUNE_BELOW, MemoryEntry, check_limit, memory_query, rank, words
+from loopctl.context.memory import (
+    DEFAULT_CAPACITY,
+    PRUNE_BELOW,
+    MemoryEntry,
+    check_capacity,
+    check_limit,
+    memory_query,
+    rank,
+    words,
+)
 from loopctl.errors import ConfigError, LoopError
 
 log = logging.getLogger("loopctl")
@@ -51,6 +66,7 @@ CREATE TABLE IF NOT EXISTS memories (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS memories_created ON memories(created_at);
+CREATE INDEX IF NOT EXISTS memories_identity ON memories(category, text);
 """
 
 _FTS = """
@@ -97,12 +113,23 @@ class SqliteMemoryStore:
             directory must exist).
         use_fts: False forces the scan search even when FTS5 exists.
         timeout: seconds to wait for another writer's lock.
+        capacity: most entries kept in the file (an int >= 1); past it the
+            least recently stored are deleted.
 
     Raises:
-        ConfigError: ``path`` is not a usable database (the message names it).
+        ConfigError: ``path`` is not a usable database, or a bad
+            ``capacity`` (the message names it).
     """
 
-    def __init__(self, path: Union[str, os.PathLike[str]], *, use_fts: bool = True, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: Union[str, os.PathLike[str]],
+        *,
+        use_fts: bool = True,
+        timeout: float = 30.0,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> None:
+        self.capacity = check_capacity(capacity)
         if not isinstance(path, (str, os.PathLike)) or not str(path) or "\x00" in str(path):
             raise ConfigError(f"SqliteMemoryStore path must be a file path, got {path!r}")
         if str(path) == ":memory:":
@@ -262,7 +289,7 @@ class SqliteMemoryStore:
         self.store_many((entry,))
 
     def store_many(self, entries: Iterable[MemoryEntry]) -> None:
-        """Remember several entries in one transaction."""
+        """Remember several entries in one transaction (deduplicated, within ``capacity``)."""
         rows = [
             (e.id, e.text, json.dumps(list(e.tags)), e.category, float(e.relevance), float(e.created_at))
             for e in entries
@@ -273,10 +300,34 @@ class SqliteMemoryStore:
             con = self._conn()
             try:
                 with self._write(con):
-                    con.executemany("DELETE FROM memories WHERE id = ?", [(r[0],) for r in rows])
-                    con.executemany(f"INSERT INTO memories ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", rows)
+                    for row in rows:
+                        self._store_row(con, row)
+                    self._evict(con)
             except sqlite3.Error as exc:
                 raise LoopError(f"memory database {str(self.path)!r}: store failed: {exc}") from exc
+
+    @staticmethod
+    def _store_row(con: sqlite3.Connection, row: tuple[Any, ...]) -> None:
+        """Write one row as the most recently stored; an identical row is refreshed, keeping its id."""
+        con.execute("DELETE FROM memories WHERE id = ?", (row[0],))
+        same = con.execute(
+            "SELECT id, created_at FROM memories "
+            "WHERE category = ? AND text = ? AND tags = ? AND relevance = ? LIMIT 1",
+            (row[3], row[1], row[2], row[4]),
+        ).fetchone()
+        if same is not None:
+            con.execute("DELETE FROM memories WHERE id = ?", (same[0],))
+            row = (same[0], *row[1:5], max(float(same[1]), row[5]))
+        con.execute(f"INSERT INTO memories ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", row)
+
+    def _evict(self, con: sqlite3.Connection) -> None:
+        """Delete the least recently stored rows past ``capacity`` (inside the write)."""
+        count = int(con.execute("SELECT COUNT(*) FROM memories").fetchone()[0])
+        if count > self.capacity:
+            con.execute(
+                "DELETE FROM memories WHERE rowid IN (SELECT rowid FROM memories ORDER BY rowid LIMIT ?)",
+                (count - self.capacity,),
+            )
 
     def retrieve(self, query: str, limit: int = 5) -> list[MemoryEntry]:
         """Up to ``limit`` entries sharing a word (or a tag) with ``query``, best first.
@@ -320,12 +371,17 @@ class SqliteMemoryStore:
             yield _row_entry(row)
 
     def consolidate(self) -> None:
-        """Drop entries whose relevance is below 0.05 and checkpoint the journal."""
+        """Drop entries whose relevance is below 0.05, merge copies, keep ``capacity``; checkpoint."""
         with self._lock:
             con = self._conn()
             try:
                 with self._write(con):
                     con.execute("DELETE FROM memories WHERE relevance < ?", (PRUNE_BELOW,))
+                    con.execute(
+                        "DELETE FROM memories WHERE rowid NOT IN (SELECT MAX(rowid) FROM memories "
+                        "GROUP BY category, text, tags, relevance)"
+                    )
+                    self._evict(con)
                 con.execute("PRAGMA wal_checkpoint(PASSIVE)")
             except sqlite3.Error as exc:
                 raise LoopError(f"memory database {str(self.path)!r}: consolidate failed: {exc}") from exc

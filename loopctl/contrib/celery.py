@@ -44,6 +44,11 @@ The guarantees are the in-process registry's:
   task messages a dead worker held.
 - Redis unreachable: every call raises ``RegistryUnavailable`` (a
   ``LoopError``) within ``socket_timeout``, never hangs.
+- Owners: a run started with ``owner=`` (a str, stored with the run in the
+  step that records it) is found by every by-id method only when given the
+  same owner; to anyone else it is an unknown id. ``list`` shows only the
+  given owner's runs (``owner=None``: only runs started without one), every
+  owner's only with ``all_owners=True``.
 
 Workers must import a module that constructs the registry (same ``prefix``
 and Redis) so the task finds it; run them with ``--pool threads`` (or
@@ -93,6 +98,7 @@ from .celery_options import (
     resume_mode_of,
 )
 from .celery_reads import (
+    check_owner,
     fields_of,
     follow_events,
     history_of,
@@ -209,6 +215,7 @@ class CeleryRunRegistry(ApprovalsMixin):
         resume: Optional[str] = None,
         max_resumes: Optional[int] = None,
         output_type: Any = None,
+        owner: Optional[str] = None,
     ) -> str:
         """Queue a run of the conversation on the workers.
 
@@ -224,6 +231,10 @@ class CeleryRunRegistry(ApprovalsMixin):
                 a class must be importable by the workers (module level), a
                 JSON Schema dict travels as itself. ``result()`` rebuilds the
                 class; ``status()`` carries the answer's JSON form.
+            owner: who may address the run (e.g. a web session's user id, a
+                non-empty str). Every by-id method finds an owned run only
+                when passed the same ``owner``; for anyone else it is an
+                unknown id. ``list(owner=...)`` shows only that owner's runs.
 
         With OpenTelemetry installed, the caller's current trace context
         (W3C ``traceparent``) travels with the run and is current around it
@@ -251,17 +262,20 @@ class CeleryRunRegistry(ApprovalsMixin):
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
+        who = check_owner(owner) or ""
         mode = self._resume if resume is None else resume_mode_of(resume)
         bound = self._max_resumes if max_resumes is None else max_resumes_of(max_resumes)
         cfg = dumps(config.to_dict()) if config is not None else ""
         res = self._backend.start(
-            rid, conversation, input, cfg, self._factory, self._queue_ms, mode, bound, self._queue or ""
+            rid, conversation, input, cfg, self._factory, self._queue_ms, mode, bound, self._queue or "", who
         )
         if res[0] == "dup":
             raise LoopError(f"run id {rid!r} is already registered")
         if res[0] == "busy":
+            # Name the run in the way only to the owner who could address it.
+            holder = res[1] if self._backend.status(res[1]).get("owner") == (who or None) else "another owner's"
             raise LoopBusy(
-                f"conversation {conversation!r} already has a run in flight ({res[1]}); run not started"
+                f"conversation {conversation!r} already has a run in flight ({holder}); run not started"
             )
         carrier = propagation()
         trace = carrier.current_carrier() if carrier is not None else None
@@ -298,7 +312,7 @@ class CeleryRunRegistry(ApprovalsMixin):
 
     # -- driving a run ---------------------------------------------------------------------
 
-    def steer(self, run_id: str, message: Union[Message, str]) -> bool:
+    def steer(self, run_id: str, message: Union[Message, str], *, owner: Optional[str] = None) -> bool:
         """Offer guidance to the run; False once it has ended.
 
         Accepted guidance is delivered at the run's next turn boundary (at
@@ -306,7 +320,7 @@ class CeleryRunRegistry(ApprovalsMixin):
         ``leftovers(run_id)`` once the run has ended.
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
             RegistryUnavailable: Redis could not be reached.
         """
         if isinstance(message, str):
@@ -315,21 +329,23 @@ class CeleryRunRegistry(ApprovalsMixin):
             raise TypeError(
                 f"steer takes a Message or str, got {type(message).__name__}: {message!r:.60}"
             )
+        self._fields(run_id, owner)  # a run's owner never changes: checked once, before acting
         got = self._backend.steer(run_id, dumps(message.to_dict()))
         if got < 0:
             raise KeyError(f"unknown run id {run_id!r}")
         return got == 1
 
-    def cancel(self, run_id: str, reason: Optional[str] = None) -> bool:
+    def cancel(self, run_id: str, reason: Optional[str] = None, *, owner: Optional[str] = None) -> bool:
         """Cancel the run (only that run); False if it has already ended.
 
         A run not yet picked up by a worker ends ``Cancelled`` as soon as one
         does, without calling the model.
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
             RegistryUnavailable: Redis could not be reached.
         """
+        self._fields(run_id, owner)
         got = self._backend.cancel(run_id, reason)
         if got < 0:
             raise KeyError(f"unknown run id {run_id!r}")
@@ -338,47 +354,54 @@ class CeleryRunRegistry(ApprovalsMixin):
     # -- looking at runs -----------------------------------------------------------------------
 
 
-    def status(self, run_id: str) -> RunStatus:
+    def status(self, run_id: str, *, owner: Optional[str] = None) -> RunStatus:
         """A snapshot of the run (a queued run is ``"running"``).
 
         Raises:
-            KeyError: unknown (or expired) ``run_id``.
+            KeyError: unknown (or expired) ``run_id``, or another ``owner``'s run.
             RegistryUnavailable: Redis could not be reached.
         """
-        return status_of(self._backend, run_id)
+        return status_of(self._backend, run_id, owner)
 
-    def result(self, run_id: str, timeout: Optional[float] = None) -> Run:
+    def result(self, run_id: str, timeout: Optional[float] = None, *, owner: Optional[str] = None) -> Run:
         """The finished ``Run`` (as ``RunHandle.result``), waiting without polling.
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
             LoopError: the run's error (``Cancelled``, ``WorkerLost``, ...; ``.run`` set).
             TimeoutError: not finished within ``timeout`` seconds.
             RegistryUnavailable: Redis could not be reached.
         """
-        return wait_result(self._backend, run_id, timeout, self._slice)
+        return wait_result(self._backend, run_id, timeout, self._slice, owner)
 
-    def leftovers(self, run_id: str) -> List[Message]:
+    def leftovers(self, run_id: str, *, owner: Optional[str] = None) -> List[Message]:
         """The run's guidance that was accepted but never delivered.
 
         Empty while the run is in flight; in push order once it ended.
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
             RegistryUnavailable: Redis could not be reached.
         """
-        return leftovers_of(self._backend, run_id)
+        return leftovers_of(self._backend, run_id, owner)
 
-    def list(self) -> List[RunStatus]:
-        """Status of every known run (of every process), oldest first."""
-        return list_statuses(self._backend)
+    def list(self, *, owner: Optional[str] = None, all_owners: bool = False) -> List[RunStatus]:
+        """Status of the caller's known runs (started by any process), oldest first.
+
+        Args:
+            owner: list exactly the runs started with this ``owner``; None
+                lists only the runs started without one.
+            all_owners: list every owner's runs (an operator's view; never
+                derive it from a request).
+        """
+        return list_statuses(self._backend, owner, all_owners)
 
     def history(self, conversation: str) -> List[Message]:
         """The conversation's committed history (empty for a new conversation)."""
         return history_of(self._backend, conversation)
 
     def events(
-        self, run_id: str, after: int = 0, timeout: Optional[float] = None
+        self, run_id: str, after: int = 0, timeout: Optional[float] = None, *, owner: Optional[str] = None
     ) -> Iterator[Tuple[int, Dict[str, Any]]]:
         """Follow the run's events: ``(seq, event_dict)`` with ``seq > after``.
 
@@ -387,10 +410,11 @@ class CeleryRunRegistry(ApprovalsMixin):
         and ``timeout`` bounds the wait for each next event.
 
         Raises:
-            KeyError: unknown ``run_id`` (at once, not on first ``next``).
+            KeyError: unknown ``run_id``, or another ``owner``'s run (at once,
+                not on first ``next``).
             RegistryUnavailable: Redis could not be reached (also while iterating).
         """
-        fields = self._fields(run_id)
+        fields = self._fields(run_id, owner)
         return follow_events(self._backend, run_id, max(0, int(after)), timeout, fields, self._slice)
 
     # -- the worker's side -------------------------------------------------------------------
@@ -448,8 +472,8 @@ class CeleryRunRegistry(ApprovalsMixin):
     def __repr__(self) -> str:
         return f"<CeleryRunRegistry prefix={self._prefix!r} redis={self._backend.url}>"
 
-    def _fields(self, run_id: str) -> Dict[str, str]:
-        return fields_of(self._backend, run_id)
+    def _fields(self, run_id: str, owner: Optional[str] = None) -> Dict[str, str]:
+        return fields_of(self._backend, run_id, owner)
 
 
 __all__ = [

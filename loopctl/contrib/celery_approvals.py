@@ -142,17 +142,17 @@ class ApprovalsMixin:
 
     _backend: RedisBackend
 
-    def _fields(self, run_id: str) -> Dict[str, str]:
+    def _fields(self, run_id: str, owner: Optional[str] = None) -> Dict[str, str]:
         raise NotImplementedError
 
-    def pending_approvals(self, run_id: str) -> List[PendingApproval]:
+    def pending_approvals(self, run_id: str, *, owner: Optional[str] = None) -> List[PendingApproval]:
         """The run's tool calls waiting for a person's answer, in request order.
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
             RegistryUnavailable: Redis could not be reached.
         """
-        if self._fields(run_id).get("state") != "running":
+        if self._fields(run_id, owner).get("state") != "running":
             return []
         return read_pending(self._backend, run_id)
 
@@ -163,6 +163,7 @@ class ApprovalsMixin:
         *,
         by: Optional[str] = None,
         arguments: Optional[Mapping[str, Any]] = None,
+        owner: Optional[str] = None,
     ) -> bool:
         """Let the run's waiting call run (on whichever worker holds it), optionally with edited ``arguments``.
 
@@ -171,7 +172,7 @@ class ApprovalsMixin:
             waiting (unknown id, answered already, the run is not running).
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
             ValueError: ``arguments`` do not fit the tool's schema (the
                 message names the field); the call stays pending.
             RegistryUnavailable: Redis failed, or the worker did not confirm in time.
@@ -179,26 +180,28 @@ class ApprovalsMixin:
         if arguments is not None and not isinstance(arguments, Mapping):
             raise ValueError(f"arguments must be a mapping of field to value, got {type(arguments).__name__}")
         request = {"op": "approve", "call_id": call_id, "by": by, "arguments": None if arguments is None else dict(arguments)}
-        return self._answer(run_id, request)
+        return self._answer(run_id, request, owner)
 
-    def deny(self, run_id: str, call_id: str, reason: str, *, by: Optional[str] = None) -> bool:
+    def deny(
+        self, run_id: str, call_id: str, reason: str, *, by: Optional[str] = None, owner: Optional[str] = None
+    ) -> bool:
         """Refuse the run's waiting call; the model reads "the user denied this call: <reason>".
 
         Returns:
             True when this answer was taken; False when the call is not waiting.
 
         Raises:
-            KeyError: unknown ``run_id``.
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
             RegistryUnavailable: Redis failed, or the worker did not confirm in time.
         """
         if not isinstance(reason, str):
             raise TypeError(f"deny reason must be a str, got {type(reason).__name__}")
-        return self._answer(run_id, {"op": "deny", "call_id": call_id, "by": by, "reason": reason})
+        return self._answer(run_id, {"op": "deny", "call_id": call_id, "by": by, "reason": reason}, owner)
 
-    def _answer(self, run_id: str, request: Dict[str, Any]) -> bool:
+    def _answer(self, run_id: str, request: Dict[str, Any], owner: Optional[str] = None) -> bool:
         if request.get("by") is not None and not isinstance(request["by"], str):
             raise TypeError(f"by must be a str or None, got {type(request['by']).__name__}")
-        if self._fields(run_id).get("state") != "running":
+        if self._fields(run_id, owner).get("state") != "running":
             return False
         verdict = ask_worker(self._backend, run_id, request)
         if verdict is None:

@@ -2,7 +2,8 @@
 
 Plain functions over a ``RedisBackend`` that the registry's ``status``,
 ``result``, ``leftovers``, ``list``, ``history`` and ``events`` call: a
-run's fields (``KeyError`` for an unknown id), its status with approvals,
+run's fields (``KeyError`` for an unknown id, and for another owner's run:
+the same answer, so ids cannot be probed), its status with approvals,
 waiting for its end without polling, its undelivered guidance, and following
 its event stream (``after=`` resume, ``gap`` events, reaping a lost run in a
 quiet read slice).
@@ -17,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import attrs
 
+from loopctl.errors import ConfigError
 from loopctl.hosting.registry import RunStatus
 from loopctl.hosting.serialization import history_from_dict, message_from_dict
 from loopctl.messages import Message
@@ -27,28 +29,42 @@ from .celery_fields import run_from_fields, status_from_fields
 from .celery_redis import TERMINAL, RedisBackend
 
 
-def fields_of(backend: RedisBackend, run_id: str) -> Dict[str, str]:
-    """The run's stored fields; ``KeyError`` for an unknown (or expired) run id."""
+def check_owner(owner: Any) -> Optional[str]:
+    """``owner`` as stored with a run: a non-empty str, or None for no owner."""
+    if owner is None or (isinstance(owner, str) and owner):
+        return owner
+    raise ConfigError(f"owner must be a non-empty str or None, got {type(owner).__name__} {owner!r:.60}")
+
+
+def fields_of(backend: RedisBackend, run_id: str, owner: Optional[str] = None) -> Dict[str, str]:
+    """The run's stored fields.
+
+    Raises:
+        KeyError: an unknown (or expired) run id, or a run started with
+            another ``owner`` (the same message: ids cannot be probed).
+    """
     fields = backend.status(run_id)
-    if not fields:
+    if not fields or fields.get("owner") != check_owner(owner):
         raise KeyError(f"unknown run id {run_id!r}")
     return fields
 
 
-def status_of(backend: RedisBackend, run_id: str) -> RunStatus:
+def status_of(backend: RedisBackend, run_id: str, owner: Optional[str] = None) -> RunStatus:
     """The run's snapshot: pending approvals while running, decisions once ended."""
-    fields = fields_of(backend, run_id)
+    fields = fields_of(backend, run_id, owner)
     status = status_from_fields(run_id, fields)
     if status.state == "running":
         return attrs.evolve(status, pending_approvals=tuple(read_pending(backend, run_id)))
     return attrs.evolve(status, approvals=decisions_of(fields))
 
 
-def wait_result(backend: RedisBackend, run_id: str, timeout: Optional[float], read_slice: float) -> Run:
+def wait_result(
+    backend: RedisBackend, run_id: str, timeout: Optional[float], read_slice: float, owner: Optional[str] = None
+) -> Run:
     """The finished ``Run`` (or its error raised), waiting in slices of ``read_slice``."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        fields = fields_of(backend, run_id)
+        fields = fields_of(backend, run_id, owner)
         if fields.get("state") in TERMINAL:
             return run_from_fields(run_id, fields)
         wait = read_slice
@@ -59,22 +75,29 @@ def wait_result(backend: RedisBackend, run_id: str, timeout: Optional[float], re
         backend.wait_done(run_id, wait)
 
 
-def leftovers_of(backend: RedisBackend, run_id: str) -> List[Message]:
+def leftovers_of(backend: RedisBackend, run_id: str, owner: Optional[str] = None) -> List[Message]:
     """The run's accepted, undelivered guidance (``KeyError`` for an unknown run)."""
-    fields_of(backend, run_id)
+    fields_of(backend, run_id, owner)
     return [message_from_dict(json.loads(s)) for s in backend.leftovers(run_id)]
 
 
-def list_statuses(backend: RedisBackend) -> List[RunStatus]:
-    """Status of every known run, oldest first; expired ids are forgotten."""
+def list_statuses(backend: RedisBackend, owner: Optional[str] = None, all_owners: bool = False) -> List[RunStatus]:
+    """Status of ``owner``'s known runs (every owner's with ``all_owners``), oldest first.
+
+    ``owner=None`` lists only runs started without an owner. Expired ids are
+    forgotten.
+    """
+    owner = check_owner(owner)
+    if not isinstance(all_owners, bool):
+        raise TypeError(f"all_owners must be a bool, got {type(all_owners).__name__}")
     ids = backend.run_ids()
     out: List[RunStatus] = []
     gone: List[str] = []
     for rid, fields in zip(ids, backend.statuses(ids)):
-        if fields:
-            out.append(status_from_fields(rid, fields))
-        else:
+        if not fields:
             gone.append(rid)
+        elif all_owners or fields.get("owner") == owner:
+            out.append(status_from_fields(rid, fields))
     backend.forget(gone)
     return out
 

@@ -238,12 +238,13 @@ class RedisBackend:
         resume: str = "",
         max_resumes: int = 0,
         queue: str = "",
+        owner: str = "",
     ) -> List[str]:
         """Lock the conversation and record the queued run: ``['ok']``, ``['dup']`` or ``['busy', holder]``."""
         now, keep, buf, approx = self._common()
         out: List[str] = self._run(
             "start", run_id, conversation, input, config, factory, now, str(queue_ms), keep, buf, approx,
-            resume, str(max_resumes), queue, str(int(RESEND_LEASE_S * 1000)),
+            resume, str(max_resumes), queue, str(int(RESEND_LEASE_S * 1000)), owner,
         )
         return out
 

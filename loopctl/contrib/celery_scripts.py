@@ -148,6 +148,7 @@ end
 
 # ARGV: P id conv input config factory now queue_ms keep_ms buf approx resume max_resumes queue
 #       lease_ms (a message lost before any worker noted it is sent again after the lease)
+#       owner ('' for none; recorded in the same step, so no read sees the run unowned)
 START = r"""
 local now, keep, buf, approx = ARGV[7], ARGV[9], ARGV[10], ARGV[11]
 local h = rk(id, '')
@@ -167,6 +168,7 @@ redis.call('HSET', h, 'state', 'queued', 'conv', conv, 'input', ARGV[4], 'config
   'factory', ARGV[6], 'created_at', now, 'seq', 0, 'turns', 0, 'tool_calls', 0,
   'input_tokens', 0, 'output_tokens', 0, 'buf', buf, 'keep', keep,
   'resume', ARGV[12], 'max_resumes', ARGV[13], 'queue', ARGV[14], 'queue_ms', ARGV[8], 'resumes', 0)
+if ARGV[16] and ARGV[16] ~= '' then redis.call('HSET', h, 'owner', ARGV[16]) end
 redis.call('ZADD', P .. ':runs', now, id)
 redis.call('SADD', P .. ':active', id)
 redis.call('ZADD', P .. ':outbox', math.floor(tonumber(now) * 1000) + tonumber(ARGV[15]), id)

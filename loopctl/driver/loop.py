@@ -213,9 +213,14 @@ class BareLoop(LoopSetup):
         # listener there to remove. A cancel that already fired calls it now;
         # the takeover then waits on the fence until the body has handled it.
         self._cancel.add_listener(on_cancel)
+        # Open the steering slot here, not on the run's thread: guidance
+        # offered the moment start() has returned is then this run's (it
+        # lands at the first boundary), never refused while the thread spins up.
+        self._steering._open_slot()
         try:
             thread.start()
         except RuntimeError:  # "can't start new thread": nothing is running
+            self._steering._close_and_seal()
             self._cancel.remove_listener(on_cancel)
             rc.lock.release()
             with self._busy:

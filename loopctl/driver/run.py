@@ -8,8 +8,9 @@ token meter, the dispatcher, the steering slot, and ``LoopSlot`` (the
 loop's busy lock, cancel signal and release). It never holds the loop.
 
 Read top to bottom it is the run's timeline: ``body`` (audit entry ->
-``on_run_start`` -> ``accept_input`` -> open the steering slot -> loop over
-``next_step``), handler 1 ``call_llm``, handler 2 ``call_tools``, handler 3
+``on_run_start`` -> ``accept_input`` -> loop over ``next_step``; the
+steering slot was opened by the launch, before ``start()`` returned),
+handler 1 ``call_llm``, handler 2 ``call_tools``, handler 3
 ``compact``, then ``finalize``. The brain decides, the hands report: the
 request's measured size goes to ``prepare_turn`` (call the model, or
 compact first), a provider's ``ContextOverflow`` to ``context_overflow``,
@@ -200,7 +201,7 @@ class RunDriver:
         rc.wake.set()
 
     def steps(self) -> None:
-        """Audit entry, ``on_run_start``, ``accept_input``, the slot; then loop over ``next_step``."""
+        """Audit entry, ``on_run_start``, ``accept_input``; then loop over ``next_step``."""
         rc = self.rc
         run = rc.run
         m = self.machine
@@ -214,7 +215,6 @@ class RunDriver:
             m.accept_input(run.input, self.answer_check)
         else:
             self.resume(point)
-        self.steering._open_slot()
         policy = self.policy
         cancel = rc.cancel
         while True:

@@ -7,21 +7,33 @@ the run it lands in: the loop observes it at every checkpoint and re-arms
 the signal only at the end of ``finalize`` (one cancel = one cancelled
 run). Steering guidance is accepted only while a run is in flight (the
 in-flight check and the acceptance share one lock), drained at turn
-boundaries, and sealed when the run ends. Pending guidance is bounded: at
-most ``max_messages`` messages and ``max_bytes`` bytes of text (UTF-8) wait
-undrained; a push past either cap is refused and stores nothing.
+boundaries, and sealed when the run ends. The slot opens when the run is
+launched, before ``start()`` returns, so guidance offered the moment a run
+has started is accepted and lands at its first boundary.
+
+Held guidance is bounded: live and sealed together stay within
+``max_messages`` messages and ``max_bytes`` bytes of text (UTF-8). The run
+in flight comes first: a push that the live guidance alone has room for is
+accepted, and the oldest sealed messages (leftovers of ended runs that
+nobody took) are dropped to make room; a push the live guidance has no
+room for is refused and stores nothing. Sealing keeps the newest within the
+caps too, so any number of runs never hold more than the caps.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import deque
 from typing import Union
 
 from loopctl.messages import Message
 
-#: Default cap on guidance waiting to be drained (messages).
+log = logging.getLogger("loopctl")
+
+#: Default cap on guidance held, live and sealed (messages).
 MAX_PENDING_MESSAGES = 10_000
-#: Default cap on guidance waiting to be drained (bytes of UTF-8 text).
+#: Default cap on guidance held, live and sealed (bytes of UTF-8 text).
 MAX_PENDING_BYTES = 8 * 1024 * 1024
 
 
@@ -32,29 +44,38 @@ def _size(message: Message) -> int:
 class Steering:
     """Guidance from outside the loop, delivered at the next turn boundary.
 
-    ``push`` is accepted only while a run is in flight, and only while the
-    guidance still waiting for a turn boundary stays within the caps. Guidance
-    the run never reached is sealed when it ends: ``take_leftovers`` hands it
-    back; later runs never deliver it.
+    ``push`` is accepted only while a run is in flight (from the moment
+    ``start()`` returns), and only while the guidance still waiting for a
+    turn boundary stays within the caps. Guidance the run never reached is
+    sealed when it ends: ``take_leftovers`` hands it back; later runs never
+    deliver it. Sealed guidance counts against the same caps: when live plus
+    sealed would pass them, the oldest sealed messages are dropped (and
+    counted in ``dropped``), so the newest are kept.
 
     Args:
-        max_messages: at most this many pushed messages wait undrained.
-        max_bytes: at most this many bytes of text (UTF-8) wait undrained.
+        max_messages: at most this many messages are held (live and sealed).
+        max_bytes: at most this many bytes of text (UTF-8) are held (live
+            and sealed).
     """
 
     def __init__(self, max_messages: int = MAX_PENDING_MESSAGES, max_bytes: int = MAX_PENDING_BYTES) -> None:
         self._lock = threading.Lock()
         self._open = False
         self._live: list[Message] = []
-        self._sealed: list[Message] = []
+        self._sealed: deque[tuple[Message, int]] = deque()  # (message, its size), oldest first
         self._arrived = 0
         self._live_bytes = 0
+        self._sealed_bytes = 0
+        self.dropped = 0  # sealed messages dropped to stay within the caps
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self.set_limits(max_messages, max_bytes)
 
     def set_limits(self, max_messages: int, max_bytes: int) -> None:
-        """Change the caps on undrained guidance (counts and bytes; both >= 1).
+        """Change the caps on held guidance (counts and bytes; both >= 1).
+
+        Lowered caps drop the oldest sealed messages that no longer fit; live
+        guidance already accepted is kept.
 
         Raises:
             ValueError: a cap below 1 (names the cap and the value).
@@ -65,6 +86,7 @@ class Steering:
         with self._lock:
             self.max_messages = max_messages
             self.max_bytes = max_bytes
+            self._fit_sealed_locked(0, 0)
 
     def push(self, message: Union[Message, str]) -> bool:
         """Offer guidance to the run in flight.
@@ -73,9 +95,10 @@ class Steering:
             message: a ``Message`` or plain text (becomes a user message).
 
         Returns:
-            True if accepted; False (nothing stored) when no run is in flight,
-            or when it would take the undrained guidance past ``max_messages``
-            or ``max_bytes``.
+            True if accepted (the oldest sealed leftovers may be dropped to
+            make room); False (nothing stored, nothing dropped) when no run is
+            in flight, or when the live guidance with it would pass
+            ``max_messages`` or ``max_bytes``.
         """
         if isinstance(message, Message):
             msg = message
@@ -91,6 +114,7 @@ class Steering:
                 return False
             if len(self._live) >= self.max_messages or self._live_bytes + size > self.max_bytes:
                 return False
+            self._fit_sealed_locked(1, size)
             self._live.append(msg)
             self._live_bytes += size
             self._arrived += 1
@@ -99,22 +123,32 @@ class Steering:
     def take_leftovers(self) -> list[Message]:
         """Remove and return sealed guidance (from ended runs), in push order."""
         with self._lock:
-            out, self._sealed = self._sealed, []
+            out = [m for m, _ in self._sealed]
+            self._sealed.clear()
+            self._sealed_bytes = 0
             return out
 
     def take_all(self) -> list[Message]:
         """Remove and return sealed plus live guidance (the shutdown collect)."""
         with self._lock:
-            out = self._sealed + self._live
-            self._sealed, self._live = [], []
-            self._live_bytes = 0
+            out = [m for m, _ in self._sealed] + self._live
+            self._sealed.clear()
+            self._live = []
+            self._live_bytes = self._sealed_bytes = 0
             return out
 
     def clear(self) -> None:
         """Drop all guidance, sealed and live."""
         with self._lock:
-            self._sealed, self._live = [], []
-            self._live_bytes = 0
+            self._sealed.clear()
+            self._live = []
+            self._live_bytes = self._sealed_bytes = 0
+
+    @property
+    def held(self) -> tuple[int, int]:
+        """Messages and bytes of text held now, live and sealed (within the caps)."""
+        with self._lock:
+            return len(self._live) + len(self._sealed), self._live_bytes + self._sealed_bytes
 
     @property
     def is_open(self) -> bool:
@@ -124,16 +158,13 @@ class Steering:
     # -- the loop's side -------------------------------------------------------
 
     def _open_slot(self) -> None:
-        """Accept guidance for the run that starts now (called after ``accept_input``).
+        """Accept guidance for the run being launched (before ``start()`` returns).
 
         Anything still live belongs to an earlier run that ended without
         closing the slot: seal it, so this run never delivers it.
         """
         with self._lock:
-            if self._live:
-                self._sealed.extend(self._live)
-                self._live = []
-                self._live_bytes = 0
+            self._seal_live_locked()
             self._open = True
 
     def _drain(self) -> list[Message]:
@@ -149,10 +180,35 @@ class Steering:
         """Refuse further pushes and seal what was never drained (idempotent)."""
         with self._lock:
             self._open = False
-            if self._live:
-                self._sealed.extend(self._live)
-                self._live = []
-                self._live_bytes = 0
+            self._seal_live_locked()
+
+    def _seal_live_locked(self) -> None:
+        if not self._live:
+            return
+        for m in self._live:
+            self._sealed.append((m, _size(m)))
+        self._sealed_bytes += self._live_bytes
+        self._live = []
+        self._live_bytes = 0
+        self._fit_sealed_locked(0, 0)
+
+    def _fit_sealed_locked(self, count: int, size: int) -> None:
+        """Drop the oldest sealed messages until live, sealed and ``count``/``size`` more fit."""
+        room_msgs = self.max_messages - len(self._live) - count
+        room_bytes = self.max_bytes - self._live_bytes - size
+        sealed = self._sealed
+        dropped = 0
+        while sealed and (len(sealed) > room_msgs or self._sealed_bytes > room_bytes):
+            self._sealed_bytes -= sealed.popleft()[1]
+            dropped += 1
+        if dropped:
+            self.dropped += dropped
+            # Counts only: guidance is user text and never goes to a log.
+            log.warning(
+                "steering: dropped %d sealed message(s) nobody took, to stay within "
+                "max_messages=%d, max_bytes=%d",
+                dropped, self.max_messages, self.max_bytes,
+            )
 
 
 __all__ = ["MAX_PENDING_BYTES", "MAX_PENDING_MESSAGES", "Steering"]

@@ -23,6 +23,9 @@ keyed by ``Run.id`` and keeps these rules:
 - A run id is a name, not an authorisation. A run started with ``owner=``
   is found by the by-id methods only when they are given the same owner;
   to anyone else it is an unknown id (``KeyError``), so ids cannot be probed.
+  ``list`` keeps the same rule: it shows only the given owner's runs
+  (``owner=None``: only runs started without one); every owner's runs only
+  when asked for explicitly with ``all_owners=True``.
 """
 
 from __future__ import annotations
@@ -340,11 +343,24 @@ class RunRegistry:
         """
         return list(self._get(run_id, owner).leftovers)
 
-    def list(self) -> List[RunStatus]:
-        """Status of every known run, oldest first."""
+    def list(self, *, owner: Optional[Hashable] = None, all_owners: bool = False) -> List[RunStatus]:
+        """Status of the caller's known runs, oldest first.
+
+        Args:
+            owner: whose runs to list: exactly the runs started with this
+                ``owner`` (the by-id methods' rule). None lists only the runs
+                started without an owner, never anyone else's.
+            all_owners: list every owner's runs (an operator's view; never
+                derive it from a request).
+
+        Raises:
+            TypeError: ``all_owners`` is not a bool.
+        """
+        if not isinstance(all_owners, bool):
+            raise TypeError(f"all_owners must be a bool, got {type(all_owners).__name__}")
         with self._lock:
             self._prune_locked()
-            entries = [*self._entries.values()]
+            entries = [e for e in self._entries.values() if all_owners or e.owner == owner]
         return [_status(e) for e in entries]
 
     def events(
