@@ -58,10 +58,10 @@ class HeldMidLine(ScriptedClient):
         return IteratorStream(events(), on_close=inner.close)
 
 
-def _open(browser: Any, served: Served) -> Page:
-    page = Page(browser)
-    browser.delete_all_cookies()
-    browser.get(served.url)
+def _open(driver: Any, served: Served) -> Page:
+    page = Page(driver)
+    driver.delete_all_cookies()
+    driver.get(served.url)
     page.wait.until(ec.element_to_be_clickable((By.ID, "run")))
     return page
 
