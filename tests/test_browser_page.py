@@ -167,6 +167,14 @@ def test_controls_stay_in_view_after_many_runs(browser: Any, kind: str) -> None:
             # The log followed the newest line.
             assert shown["log"]["top"] <= shown["last"]["top"] and shown["last"]["bottom"] <= shown["log"]["bottom"] + 1
 
+            # A reload rebuilds every block and brings the waiting call's buttons back.
+            browser.refresh()
+            page.wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, ".approval .approve")))
+            _ended(page, runs)
+            assert len(_summaries(page)) == runs + 1
+            shown = browser.execute_script(IN_VIEW, ["#stop", ".approval .approve"])
+            assert not shown["pageScrolls"]
+            assert all(0 <= box["top"] and box["bottom"] <= shown["height"] for _, box in shown["controls"])
             browser.find_element(By.CSS_SELECTOR, ".approval .approve").click()
             _ended(page, runs + 1)
             assert page.log_lines()[-1].endswith("= 42.")

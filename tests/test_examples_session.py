@@ -145,6 +145,7 @@ def test_django_runserver_names_its_settings() -> None:
                 break
     finally:
         watchdog.cancel()
+        watchdog.join()
         proc.kill()
         proc.wait()
     assert "using settings 'django_view'" in banner, banner
