@@ -122,11 +122,11 @@ def _body(request: HttpRequest) -> dict[str, Any]:
 class BrowserSession:
     """What the server keeps for one browser session, over a session mapping.
 
-    The owner id and CSRF token (random, made on first use), the current
-    conversation key and the runs started in each conversation (the newest
-    ``RUNS_KEPT``). It is the one place that reads or writes per-session
-    state: to keep conversations in a store instead of the signed cookie,
-    change this class. Lists are replaced, never mutated in place, so the
+    The owner id (random, made on first use), the current conversation key
+    and the runs started in each conversation (the newest ``RUNS_KEPT``);
+    Django keeps the CSRF token itself. It is the one place that reads or
+    writes per-session state: to keep conversations in a store instead of
+    the signed cookie, change this class. Lists are replaced, never mutated in place, so the
     framework sees every change.
     """
 
@@ -136,7 +136,7 @@ class BrowserSession:
         self._data = data
 
     def secret(self, name: str) -> str:
-        """The session's random value ``name`` (made on first use): its owner id or CSRF token."""
+        """The session's random value ``name`` (made on first use)."""
         value = self._data.get(name)
         if not isinstance(value, str):
             value = self._data[name] = secrets.token_urlsafe(32)
