@@ -2,9 +2,14 @@
 
 One file: settings, views and URLs. Every view talks to one module-level
 ``RunRegistry``; a conversation key maps to one ``BareLoop`` so follow-ups
-continue its history.
+continue its history. What the server keeps per browser session (its owner
+id, its current conversation, the runs started in it) lives in one small
+class, ``BrowserSession``, over ``request.session``.
 
     POST /runs                 {"input": "...", "conversation": key?} -> 201 {"run_id", "conversation"}
+    GET  /runs                 -> {"conversation", "runs"}: this session's current conversation
+                                  and the status of each of its runs the registry still keeps
+    POST /conversations        -> 201 {"conversation"}: start a new conversation
     POST /runs/<id>/steer      {"text": "..."} -> {"accepted": bool}
     POST /runs/<id>/cancel     {"reason": "..."?} -> {"cancelled": bool}
     POST /runs/<id>/approvals/<call_id>
@@ -46,9 +51,9 @@ import os
 import secrets
 import sys
 import uuid
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, MutableMapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 try:
     import loopctl  # noqa: F401
@@ -65,6 +70,9 @@ if not settings.configured:
         # owner id, so there is no default one.
         SECRET_KEY=os.environ.get("DJANGO_SECRET_KEY") or secrets.token_hex(32),
         ROOT_URLCONF=__name__,
+        # Settings made here rather than read from a module: name this file,
+        # so runserver's banner says where they are (it would say None).
+        SETTINGS_MODULE=Path(__file__).stem if __name__ == "__main__" else __name__,
         ALLOWED_HOSTS=["127.0.0.1", "localhost", "testserver"],
         MIDDLEWARE=[
             "django.middleware.security.SecurityMiddleware",
@@ -111,12 +119,62 @@ def _body(request: HttpRequest) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+class BrowserSession:
+    """What the server keeps for one browser session, over a session mapping.
+
+    The owner id (random, made on first use), the current conversation key
+    and the runs started in each conversation (the newest ``RUNS_KEPT``);
+    Django keeps the CSRF token itself. It is the one place that reads or
+    writes per-session state: to keep conversations in a store instead of
+    the signed cookie, change this class. Lists are replaced, never mutated in place, so the
+    framework sees every change.
+    """
+
+    RUNS_KEPT = 20  # the signed-cookie session stays well under 4 KB
+
+    def __init__(self, data: MutableMapping[str, Any]) -> None:
+        self._data = data
+
+    def secret(self, name: str) -> str:
+        """The session's random value ``name`` (made on first use)."""
+        value = self._data.get(name)
+        if not isinstance(value, str):
+            value = self._data[name] = secrets.token_urlsafe(32)
+        return value
+
+    @property
+    def owner(self) -> str:
+        """Who the session's runs belong to (the registry's ``owner=``)."""
+        return self.secret("owner")
+
+    @property
+    def conversation(self) -> Optional[str]:
+        """The conversation the page shows (None before the first run)."""
+        value = self._data.get("conversation")
+        return value if isinstance(value, str) else None
+
+    def new_conversation(self) -> str:
+        """Make a fresh conversation the current one; its key."""
+        key = self._data["conversation"] = uuid.uuid4().hex
+        return key
+
+    def started(self, run_id: str, conversation: str) -> None:
+        """Record a run started in ``conversation``, which becomes the current one."""
+        self._data["runs"] = [*self._runs(), [run_id, conversation]][-self.RUNS_KEPT :]
+        self._data["conversation"] = conversation
+
+    def run_ids(self) -> list[str]:
+        """The current conversation's runs, oldest first."""
+        key = self.conversation
+        return [run_id for run_id, conversation in self._runs() if conversation == key]
+
+    def _runs(self) -> list[list[str]]:
+        runs = self._data.get("runs")
+        return [r for r in runs if isinstance(r, list) and len(r) == 2] if isinstance(runs, list) else []
+
+
 def _owner(request: HttpRequest) -> str:
-    """The session's owner id (a random value, made on first use)."""
-    owner = request.session.get("owner")
-    if not isinstance(owner, str):
-        owner = request.session["owner"] = secrets.token_urlsafe(32)
-    return owner
+    return BrowserSession(request.session).owner
 
 
 def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
@@ -147,6 +205,34 @@ def page(request: HttpRequest) -> HttpResponse:
     return response
 
 
+def runs(request: HttpRequest) -> HttpResponse:
+    """``/runs``: GET lists this session's conversation, POST starts a run."""
+    if request.method == "POST":
+        return start_run(request)
+    return list_runs(request)
+
+
+@require_safe
+def list_runs(request: HttpRequest) -> HttpResponse:
+    """The current conversation and its runs' status, owner-checked (pruned runs left out)."""
+    you = BrowserSession(request.session)
+    owner, found = you.owner, []
+    for run_id in you.run_ids():
+        try:
+            info = REGISTRY.status(run_id, owner=owner).to_dict()
+            info["leftovers"] = [m.text for m in REGISTRY.leftovers(run_id, owner=owner)]
+        except KeyError:
+            continue
+        found.append(info)
+    return JsonResponse({"conversation": you.conversation, "runs": found})
+
+
+@require_POST
+def new_conversation(request: HttpRequest) -> HttpResponse:
+    """Make a fresh conversation this session's current one."""
+    return JsonResponse({"conversation": BrowserSession(request.session).new_conversation()}, status=201)
+
+
 @require_POST
 def start_run(request: HttpRequest) -> HttpResponse:
     """Start a run on the conversation's loop, owned by this session; 409 while that loop is busy."""
@@ -154,7 +240,8 @@ def start_run(request: HttpRequest) -> HttpResponse:
     text = data.get("input")
     if not isinstance(text, str) or not text.strip():
         return JsonResponse({"error": "'input' must be a non-empty string"}, status=400)
-    owner = _owner(request)
+    you = BrowserSession(request.session)
+    owner = you.owner
     key = str(data.get("conversation") or uuid.uuid4().hex)
     # Conversations are per owner: another session naming the same key gets
     # a loop of its own, never this one's history.
@@ -163,6 +250,7 @@ def start_run(request: HttpRequest) -> HttpResponse:
         run_id = REGISTRY.start(loop, text, owner=owner)
     except LoopBusy as exc:
         return JsonResponse({"error": str(exc)}, status=409)
+    you.started(run_id, key)
     return JsonResponse({"run_id": run_id, "conversation": key}, status=201)
 
 
@@ -247,7 +335,8 @@ def events(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
 
 urlpatterns = [
     path("", page),
-    path("runs", start_run),
+    path("runs", runs),
+    path("conversations", new_conversation),
     path("runs/<str:run_id>", status),
     path("runs/<str:run_id>/steer", steer),
     path("runs/<str:run_id>/cancel", cancel),

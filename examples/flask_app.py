@@ -4,6 +4,10 @@ The request that starts a run is not the one that steers it, stops it or
 streams it, so every route talks to one ``RunRegistry`` by run id:
 
     POST /runs                 {"input": "...", "conversation": key?} -> 201 {"run_id", "conversation"}
+    GET  /runs                 -> {"conversation", "runs"}: this session's current conversation
+                                  and the status of each of its runs the registry still keeps
+    POST /conversations        -> 201 {"conversation"}: start a new conversation (the page's
+                                  "New conversation"); the next run without a key goes to it
     POST /runs/<id>/steer      {"text": "..."} -> {"accepted": bool}
     POST /runs/<id>/cancel     {"reason": "..."?} -> {"cancelled": bool}
     POST /runs/<id>/approvals/<call_id>
@@ -12,8 +16,10 @@ streams it, so every route talks to one ``RunRegistry`` by run id:
     GET  /runs/<id>            -> the run's status and its undelivered guidance
     GET  /runs/<id>/events     -> server-sent events, one per observer event;
                                   resumes after the Last-Event-ID header
-    GET  /                     -> a page with the live run, a guidance box, a Stop button,
-                                  and Approve / Deny buttons for calls that wait for a person
+    GET  /                     -> a page with a block per run (and its summary), a guidance
+                                  box, a Stop button, Approve / Deny buttons for calls that
+                                  wait for a person and "New conversation"; a reload shows
+                                  the conversation again and reattaches to a run in flight
 
 Safe to copy, with the protections a real app needs:
 
@@ -29,7 +35,9 @@ Safe to copy, with the protections a real app needs:
 
 A conversation key maps to one ``BareLoop`` (``registry.loop_for``), so a
 follow-up continues the history; a new run on a conversation whose run is
-still going gets 409. The model is the embedded offline demo model, slowed
+still going gets 409. What the server keeps per browser session (its owner
+id, its current conversation, the runs started in it) lives in one small
+class, ``BrowserSession``, over the signed session cookie. The model is the embedded offline demo model, slowed
 a little so the page visibly streams. Needs ``pip install -e '.[examples]'``.
 
     python examples/flask_app.py        # then open http://127.0.0.1:5000/
@@ -45,7 +53,7 @@ import os
 import secrets
 import sys
 import uuid
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -98,12 +106,75 @@ def sse_lines(
         yield ": keep-alive\n\n"
 
 
-def session_secret(name: str) -> str:
-    """The session's random value ``name`` (made on first use): its owner id or CSRF token."""
-    value = session.get(name)
-    if not isinstance(value, str):
-        value = session[name] = secrets.token_urlsafe(32)
-    return value
+class BrowserSession:
+    """What the server keeps for one browser session, over a session mapping.
+
+    The owner id and CSRF token (random, made on first use), the current
+    conversation key and the runs started in each conversation (the newest
+    ``RUNS_KEPT``). It is the one place that reads or writes per-session
+    state: to keep conversations in a store instead of the signed cookie,
+    change this class. Lists are replaced, never mutated in place, so the
+    framework sees every change.
+    """
+
+    RUNS_KEPT = 20  # the cookie stays well under the 4 KB browsers keep
+
+    def __init__(self, data: MutableMapping[str, Any]) -> None:
+        self._data = data
+
+    def secret(self, name: str) -> str:
+        """The session's random value ``name`` (made on first use): its owner id or CSRF token."""
+        value = self._data.get(name)
+        if not isinstance(value, str):
+            value = self._data[name] = secrets.token_urlsafe(32)
+        return value
+
+    @property
+    def owner(self) -> str:
+        """Who the session's runs belong to (the registry's ``owner=``)."""
+        return self.secret("owner")
+
+    @property
+    def conversation(self) -> Optional[str]:
+        """The conversation the page shows (None before the first run)."""
+        value = self._data.get("conversation")
+        return value if isinstance(value, str) else None
+
+    def new_conversation(self) -> str:
+        """Make a fresh conversation the current one; its key."""
+        key = self._data["conversation"] = uuid.uuid4().hex
+        return key
+
+    def started(self, run_id: str, conversation: str) -> None:
+        """Record a run started in ``conversation``, which becomes the current one."""
+        self._data["runs"] = [*self._runs(), [run_id, conversation]][-self.RUNS_KEPT :]
+        self._data["conversation"] = conversation
+
+    def run_ids(self) -> list[str]:
+        """The current conversation's runs, oldest first."""
+        key = self.conversation
+        return [run_id for run_id, conversation in self._runs() if conversation == key]
+
+    def _runs(self) -> list[list[str]]:
+        runs = self._data.get("runs")
+        return [r for r in runs if isinstance(r, list) and len(r) == 2] if isinstance(runs, list) else []
+
+
+def session_runs(registry: RunRegistry, browser: BrowserSession) -> dict[str, Any]:
+    """``GET /runs``: the current conversation and its runs' status, owner-checked.
+
+    A run the registry no longer keeps (pruned ``keep_finished_s`` after it
+    ended) is left out.
+    """
+    owner, runs = browser.owner, []
+    for run_id in browser.run_ids():
+        try:
+            info = registry.status(run_id, owner=owner).to_dict()
+            info["leftovers"] = [m.text for m in registry.leftovers(run_id, owner=owner)]
+        except KeyError:
+            continue
+        runs.append(info)
+    return {"conversation": browser.conversation, "runs": runs}
 
 
 def create_app(
@@ -148,13 +219,16 @@ def create_app(
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         return response
 
+    def browser() -> BrowserSession:
+        return BrowserSession(session)
+
     def by_id(view: Callable[[str, str], Any]) -> Callable[[str], Any]:
         """Run ``view(run_id, owner)``; unknown and foreign runs get one and the same 404."""
 
         @functools.wraps(view)
         def wrapped(run_id: str) -> Any:
             try:
-                return view(run_id, session_secret("owner"))
+                return view(run_id, browser().owner)
             except KeyError:
                 return jsonify(error="unknown run"), 404
 
@@ -162,7 +236,7 @@ def create_app(
 
     @app.get("/")
     def page() -> Any:
-        token = html.escape(session_secret("csrf_token"), quote=True)
+        token = html.escape(browser().secret("csrf_token"), quote=True)
         text = PAGE.read_text(encoding="utf-8").replace("__CSRF_TOKEN__", token)
         return Response(text, mimetype="text/html", headers={"Cache-Control": "no-store"})
 
@@ -172,7 +246,8 @@ def create_app(
         text = data.get("input")
         if not isinstance(text, str) or not text.strip():
             return jsonify(error="'input' must be a non-empty string"), 400
-        owner = session_secret("owner")
+        you = browser()
+        owner = you.owner
         key = str(data.get("conversation") or uuid.uuid4().hex)
         # Conversations are per owner: another session naming the same key
         # gets a loop of its own, never this one's history.
@@ -181,7 +256,16 @@ def create_app(
             run_id = registry.start(loop, text, owner=owner)
         except LoopBusy as exc:
             return jsonify(error=str(exc)), 409
+        you.started(run_id, key)
         return jsonify(run_id=run_id, conversation=key), 201
+
+    @app.get("/runs")
+    def list_runs() -> Any:
+        return jsonify(session_runs(registry, browser()))
+
+    @app.post("/conversations")
+    def new_conversation() -> Any:
+        return jsonify(conversation=browser().new_conversation()), 201
 
     @app.post("/runs/<run_id>/steer")
     @by_id
@@ -203,7 +287,7 @@ def create_app(
         # A person answers a call the run is waiting on, from this page or any
         # other page of the same session; the registry takes the first answer.
         data = body()
-        owner = session_secret("owner")
+        owner = browser().owner
         try:
             if data.get("approve") is True:
                 arguments = data.get("arguments")

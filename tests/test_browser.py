@@ -194,7 +194,7 @@ class Page:
         return {name: self.el(name).is_enabled() for name in ("run", "send", "stop")}
 
     def log_lines(self) -> list[str]:
-        return [div.text for div in self.el("log").find_elements(By.CSS_SELECTOR, ":scope > div")]
+        return [div.text for div in self.el("log").find_elements(By.CSS_SELECTOR, ".lines > div")]
 
 
 def test_browser_runs_steers_and_stops_a_run(browser: Any, served: Served) -> None:
