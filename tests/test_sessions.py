@@ -9,6 +9,7 @@ Processes are in ``test_sessions_processes.py``; the registry in
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 import time
@@ -227,7 +228,10 @@ def test_2_after_compaction_the_store_holds_what_the_loop_would_send(opener: Cal
     assert stored[:-1] == list(client.requests[0].messages)  # exactly what was sent, then the reply
     assert len(stored) < len(long)
     removed = store.removed("c")  # type: ignore[attr-defined]
-    assert len(removed) == len(long)  # the audit keeps what the compaction replaced
+    kept = len(long) - len(removed)
+    assert 0 < len(removed) < len(long) and {rev for rev, _ in removed} == {2}
+    # The audit keeps exactly what the compaction took out; the shared head stayed in place.
+    assert long == stored[:kept] + [Message.from_dict(json.loads(row)) for _, row in removed]
     BareLoop(ScriptedClient([reply("next")]), config=SessionConfig(context_window=10_000)).with_session(
         store.session("c")
     ).run("again")

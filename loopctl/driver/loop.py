@@ -62,7 +62,7 @@ class BareLoop(LoopSetup):
 
     _link: Optional[SessionLink] = None
 
-    def with_session(self, session: Any) -> BareLoop:
+    def with_session(self, session: Any, *, revision: Optional[int] = None) -> BareLoop:
         """Keep this loop's conversation in a stored session (``loopctl.sessions``).
 
         The stored conversation is loaded when the first run starts; each
@@ -71,13 +71,21 @@ class BareLoop(LoopSetup):
         the session's lease: a run on the same session elsewhere (another
         loop, thread or process) raises ``SessionBusy``.
 
+        Args:
+            revision: for a host that built the loop from ``session.load()``
+                (``BareLoop.from_history``): the revision it read. The first
+                run then reads the store again only if it moved since.
+
         Raises:
             ConfigError: called after the first run, or not a session.
         """
         self._configurable("with_session")
         if not (hasattr(session, "acquire") and hasattr(session, "load")):
             raise ConfigError(f"with_session() takes a session (store.session(id)), got {session!r:.80}")
-        self._link = SessionLink(session)
+        link = SessionLink(session)
+        if revision is not None:
+            link.adopt(revision)
+        self._link = link
         return self
 
     @property

@@ -39,6 +39,17 @@ class SessionLink:
         self.length = 0
         self.lease: Any = None
 
+    def adopt(self, revision: int) -> None:
+        """The loop's starting history continues the store at ``revision`` (read by its host).
+
+        The first run then reads the store only if it moved past
+        ``revision``, and the first write replaces the stored conversation
+        with the loop's (it keeps the rows the two share), so a host that
+        built the loop from newer messages (a checkpoint) stores them whole.
+        """
+        self.revision = revision
+        self.epoch = -1
+
     def open(self, machine: LoopMachine) -> None:
         """Take the lease and catch up with the store (the caller's thread, before the run).
 

@@ -298,7 +298,8 @@ class SessionLease:
     def replace(self, messages: Sequence[Message]) -> int:
         """Make ``messages`` the whole conversation, atomically; the new revision.
 
-        The rows it removes are kept in the store's audit trail.
+        The leading rows it shares with the stored ones stay; the rows it
+        removes are kept in the store's audit trail.
         """
         return self._write(messages, replace=True)
 

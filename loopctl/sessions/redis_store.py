@@ -13,7 +13,8 @@ the session's hash. Keys, under ``prefix`` (``loopctl:session``):
   session hashes by last write, for ``list()``.
 
 Each step that checks the lease and writes is one Lua script, so it is
-atomic. The lease's expiry is the store's clock reading (as in the SQLite
+atomic; a replace keeps the rows it shares with the new conversation and
+moves only the others to the audit list. The lease's expiry is the store's clock reading (as in the SQLite
 store); the lease key also gets a Redis TTL of twice the lease, so an
 abandoned one is cleaned up. Redis Cluster is not supported.
 """
@@ -62,12 +63,16 @@ if revision == 1 then
   redis.call('HSET', KEYS[2], 'id', ARGV[5], 'owner', ARGV[4], 'created', ARGV[2])
 end
 redis.call('HSET', KEYS[2], 'updated', ARGV[2])
+local first = 7
 if ARGV[3] == '1' then
   local old = redis.call('LRANGE', KEYS[3], 0, -1)
-  for i = 1, #old do redis.call('RPUSH', KEYS[4], revision .. ':' .. old[i]) end
-  redis.call('DEL', KEYS[3])
+  local keep = 0
+  while keep < #old and first + keep <= #ARGV and old[keep + 1] == ARGV[first + keep] do keep = keep + 1 end
+  for i = keep + 1, #old do redis.call('RPUSH', KEYS[4], revision .. ':' .. old[i]) end
+  if keep == 0 then redis.call('DEL', KEYS[3]) else redis.call('LTRIM', KEYS[3], 0, keep - 1) end
+  first = first + keep
 end
-for i = 7, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
+for i = first, #ARGV do redis.call('RPUSH', KEYS[3], ARGV[i]) end
 redis.call('ZADD', KEYS[5], ARGV[2], ARGV[6])
 if ARGV[4] ~= '' then redis.call('ZADD', KEYS[6], ARGV[2], ARGV[6]) end
 return revision

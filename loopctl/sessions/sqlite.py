@@ -176,13 +176,20 @@ class _SQLiteBackend(SessionBackend):
                 con.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)", (session_id, owner, revision, now, now))
             else:
                 con.execute("UPDATE sessions SET revision = ?, updated = ? WHERE id = ?", (revision, now, session_id))
-            start = 0
+            old = [r[0] for r in con.execute(
+                "SELECT body FROM messages WHERE session_id = ? ORDER BY seq", (session_id,)
+            )] if replace else []
+            keep = _common_prefix(old, rows) if replace else 0
             if replace:
+                # Only the rows that differ are moved to the audit trail; a
+                # replace that merely extends the conversation removes nothing.
                 con.execute(
-                    "INSERT INTO removed SELECT session_id, ?, seq, body, ? FROM messages WHERE session_id = ?",
-                    (revision, now, session_id),
+                    "INSERT INTO removed SELECT session_id, ?, seq, body, ? FROM messages"
+                    " WHERE session_id = ? AND seq >= ?",
+                    (revision, now, session_id, keep),
                 )
-                con.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
+                con.execute("DELETE FROM messages WHERE session_id = ? AND seq >= ?", (session_id, keep))
+                start, rows = keep, rows[keep:]
             else:
                 last = con.execute("SELECT MAX(seq) FROM messages WHERE session_id = ?", (session_id,)).fetchone()
                 start = 0 if last is None or last[0] is None else int(last[0]) + 1
@@ -215,6 +222,16 @@ class _SQLiteBackend(SessionBackend):
         if con is not None:
             self._finalizer.detach()
             con.close()
+
+
+def _common_prefix(old: List[str], new: List[str]) -> int:
+    """How many leading rows ``old`` and ``new`` share."""
+    n = 0
+    for a, b in zip(old, new):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 def _retry_locked(fn: Callable[[], Any], timeout: float) -> None:
