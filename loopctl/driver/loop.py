@@ -199,7 +199,7 @@ class BareLoop(LoopSetup):
             if self._link is not None:
                 # Under the busy lock: the lease is taken and the history caught
                 # up only when no run is in flight here (SessionBusy: nothing changed).
-                self._link.open(self._machine)
+                self._link.open(self._machine, rid)
             rc = RunContext(run, self._cancel.view(), waiter, tap)
             self._active = rc
             self._started = True

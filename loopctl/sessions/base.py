@@ -127,7 +127,7 @@ class SessionBackend:
         raise NotImplementedError
 
     def acquire(self, session_id: str, owner: Optional[str], token: str, now: float, until: float) -> bool:
-        """Take the lease unless a live one is held; False when it is (nothing changed).
+        """Take the lease unless another holder's live one is held; False when it is (nothing changed).
 
         Raises:
             KeyError: the session exists under another owner.
@@ -247,15 +247,20 @@ class Session:
             raise KeyError(f"unknown session {self.id[:80]!r}")
         return revision, decode_messages(self.id, rows)
 
-    def acquire(self) -> SessionLease:
+    def acquire(self, holder: Optional[str] = None) -> SessionLease:
         """Become the session's one writer until ``release()``.
+
+        Args:
+            holder: names the lease (default: a fresh uuid). Acquiring with
+                the holder of a live lease takes it over: a run resumed on
+                another machine (same run id) gets its session back at once.
 
         Raises:
             SessionBusy: another live lease holds the session (in any process).
             KeyError: the session belongs to another owner.
         """
         store = self.store
-        token = uuid.uuid4().hex
+        token = uuid.uuid4().hex if holder is None else check_session_id(holder)
         now = store._clock()
         if not store._backend.acquire(self.id, self.owner, token, now, now + store.lease_s):
             raise SessionBusy(self.id)

@@ -35,7 +35,7 @@ _ACQUIRE = """
 local exists = redis.call('EXISTS', KEYS[2])
 if exists == 1 and (redis.call('HGET', KEYS[2], 'owner') or '') ~= ARGV[5] then return -2 end
 local held = redis.call('HMGET', KEYS[1], 'token', 'until')
-if held[1] and tonumber(held[2]) > tonumber(ARGV[2]) then return 0 end
+if held[1] and held[1] ~= ARGV[1] and tonumber(held[2]) > tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'token', ARGV[1], 'until', ARGV[3])
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return 1

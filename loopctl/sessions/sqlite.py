@@ -144,8 +144,8 @@ class _SQLiteBackend(SessionBackend):
             head = con.execute("SELECT owner FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if head is not None and head[0] != owner:
                 raise KeyError(f"unknown session {session_id[:80]!r}")
-            held = con.execute("SELECT until FROM leases WHERE session_id = ?", (session_id,)).fetchone()
-            if held is not None and float(held[0]) > now:
+            held = con.execute("SELECT until, token FROM leases WHERE session_id = ?", (session_id,)).fetchone()
+            if held is not None and float(held[0]) > now and held[1] != token:
                 return False
             con.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?)", (session_id, token, until))
         return True
