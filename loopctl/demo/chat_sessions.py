@@ -29,8 +29,8 @@ def data_dir(env: Mapping[str, str], platform: str = sys.platform) -> Path:
     """The user's loopctl data directory for ``platform`` (not created)."""
     home = Path(env.get("HOME") or env.get("USERPROFILE") or Path.home())
     if platform.startswith("win"):
-        base = env.get("LOCALAPPDATA") or env.get("APPDATA")
-        return (Path(base) if base else home / "AppData" / "Local") / "loopctl"
+        local = env.get("LOCALAPPDATA") or env.get("APPDATA")
+        return (Path(local) if local else home / "AppData" / "Local") / "loopctl"
     if platform == "darwin":
         return home / "Library" / "Application Support" / "loopctl"
     xdg = env.get("XDG_DATA_HOME")
