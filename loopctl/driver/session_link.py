@@ -65,7 +65,8 @@ class SessionLink:
             revision, messages = self.session.load()  # under the lease: no write can interleave
             if revision != self.revision:
                 if revision == 0 and self.revision is None:
-                    self.epoch = -1  # a new session: the loop's starting history goes in whole
+                    # A new session: the loop's starting history (if any) goes in whole.
+                    self.epoch, self.length = (-1, 0) if len(machine.history) else (machine.history_epoch, 0)
                 else:
                     machine.load_history(messages)
                     self.epoch, self.length = machine.history_epoch, len(messages)
