@@ -409,3 +409,24 @@ def test_with_session_is_a_builder_step(tmp_path: Path) -> None:
         loop.with_session(store.session("d"))
     assert loop.stored_session.id == "c"
     store.close()
+
+
+def test_2_a_host_that_built_the_loop_from_session_load_continues_without_a_second_read(
+    opener: Callable[..., SessionStore],
+) -> None:
+    store = opener()
+    BareLoop(ScriptedClient([reply("one")])).with_session(store.session("c")).run("hi")
+    session = store.session("c")
+    revision, history = session.load()
+    client = ScriptedClient([reply("two")])
+    BareLoop.from_history(client, history=history).with_session(session, revision=revision).run("again")
+    assert texts(store.session("c").messages()) == ["user:hi", "assistant:one", "user:again", "assistant:two"]
+    assert store.removed("c") == []  # type: ignore[attr-defined]  # the replace only extended it
+
+    # The store moved past the revision the host read: the run reads it again.
+    revision, history = session.load()
+    BareLoop(ScriptedClient([reply("three")])).with_session(store.session("c")).run("elsewhere")
+    client = ScriptedClient([reply("four")])
+    BareLoop.from_history(client, history=history).with_session(session, revision=revision).run("last")
+    assert texts(list(client.requests[0].messages))[4:] == ["user:elsewhere", "assistant:three", "user:last"]
+    assert len(store.session("c").messages()) == 8
