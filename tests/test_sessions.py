@@ -312,6 +312,16 @@ def test_3_a_second_run_on_a_busy_session_raises_session_busy_and_changes_nothin
     stored = texts(store.session("c").messages())
     assert stored[-4] == "user:first" and stored[-1] == "assistant:ok"
     assert second.run("second").output == "never"  # free again once the first run ended
+    go.clear()
+    entered.clear()
+    third = BareLoop(ScriptedClient([call("wait"), reply("ok")]), [wait]).with_session(store.session("c"))
+    handle = third.start("third", run_id="same-id")
+    assert entered.wait(10)
+    with pytest.raises(SessionBusy):
+        BareLoop(ScriptedClient([reply("never")])).with_session(store.session("c")).run("x", run_id="same-id")
+    go.set()
+    handle.result(10)
+    third.close()
     first.close()
 
 

@@ -91,3 +91,43 @@ def test_5_any_worker_continues_a_stored_conversation_and_so_does_a_local_loop(s
         stop_all(started)
         reg.close()
         store.close()
+
+
+def test_5_a_durable_run_resumed_after_a_kill9_takes_its_session_lease_back(server: Any) -> None:
+    import json
+    import threading
+    import time
+
+    import redis
+
+    url = server.url(1)
+    app = celery_app.make_app(url)
+    reg = celery_app.make_session_registry(app, url)
+    store = RedisSessionStore(url)
+    sig = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30)
+    workers = [CeleryWorker(url, f"d{i}", concurrency=2) for i in range(2)]
+    started: List[Any] = list(workers)
+    conv, tag = f"durable {uuid.uuid4().hex[:8]}", uuid.uuid4().hex[:8]
+    try:
+        rid = reg.start(conv, plan_text(tag, turns=3, gate=[1]), resume="on_worker_loss")
+        got = sig.blpop([f"t:{tag}:entered"], timeout=WAIT)
+        assert got is not None and got[1] == "1"
+        deadline, pause = time.monotonic() + WAIT, threading.Event()
+        while json.loads(sig.hget(f"{celery_app.SESSION_PREFIX}:run:{rid}", "ckpt") or "{}").get("after") != "tools":
+            assert time.monotonic() < deadline, "no checkpoint after the first tool phase"
+            pause.wait(0.01)
+        victim = next(w for w in workers if w.pid == int(sig.get(f"t:{tag}:pid") or 0))
+        victim.kill9()  # its session lease (60 s) is still live in Redis
+        sig.rpush(f"t:{tag}:release:1", "go")
+        run = reg.result(rid, WAIT)  # resumed on the other worker, well within the 60 s
+        assert run.output == f"done {tag} turn=2 steers=0"
+        assert reg.status(rid).resumes == 1
+        stored = store.session(conv).messages()
+        assert [m.role.value for m in stored] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+        assert not any(p.is_error for m in stored for p in m.tool_results)
+        store.session(conv).acquire().release()  # the resumed run gave the lease back
+    finally:
+        stop_all(started)
+        sig.close()
+        reg.close()
+        store.close()

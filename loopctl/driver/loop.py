@@ -199,7 +199,10 @@ class BareLoop(LoopSetup):
             if self._link is not None:
                 # Under the busy lock: the lease is taken and the history caught
                 # up only when no run is in flight here (SessionBusy: nothing changed).
-                self._link.open(self._machine, rid)
+                # A durable run's lease is named by its run id, so the run,
+                # resumed elsewhere after a crash, takes its lapsed lease back.
+                durable = checkpoint is not None or resume is not None
+                self._link.open(self._machine, rid if durable else None)
             rc = RunContext(run, self._cancel.view(), waiter, tap)
             self._active = rc
             self._started = True

@@ -50,17 +50,17 @@ class SessionLink:
         self.revision = revision
         self.epoch = -1
 
-    def open(self, machine: LoopMachine, run_id: str) -> None:
+    def open(self, machine: LoopMachine, holder: Optional[str] = None) -> None:
         """Take the lease and catch up with the store (the caller's thread, before the run).
 
-        The lease is named by the run id, so a run resumed elsewhere (a
-        durable run on another worker) takes its own lapsed lease back.
+        ``holder`` names the lease (a durable run's id, so the run resumed
+        elsewhere takes its own lapsed lease back); None: a fresh name.
 
         Raises:
             SessionBusy: another run holds the session (nothing changed).
             SessionCorrupt: a stored message cannot be read (the lease is given back).
         """
-        lease = self.session.acquire(run_id)
+        lease = self.session.acquire(holder)
         try:
             revision, messages = self.session.load()  # under the lease: no write can interleave
             if revision != self.revision:
