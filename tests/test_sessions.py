@@ -440,3 +440,17 @@ def test_2_a_host_that_built_the_loop_from_session_load_continues_without_a_seco
     BareLoop.from_history(client, history=history).with_session(session, revision=revision).run("last")
     assert texts(list(client.requests[0].messages))[4:] == ["user:elsewhere", "assistant:three", "user:last"]
     assert len(store.session("c").messages()) == 8
+
+
+def test_2_the_brain_takes_a_reloaded_history_only_between_runs() -> None:
+    from loopctl.machine import LoopMachine, MachinePolicy
+
+    m = LoopMachine([Message.user("old")])
+    epoch = m.history_epoch
+    m.load_history([Message.user("a"), Message.assistant("b")])
+    assert [x.text for x in m.history] == ["a", "b"] and m.history_epoch == epoch + 1
+    m.accept_input("next")
+    m.next_step(MachinePolicy(5, 0, 80, True))
+    with pytest.raises(RuntimeError):
+        m.load_history([])  # a run is in flight: its pending would be orphaned
+    assert [x.text for x in m.history] == ["a", "b"]
