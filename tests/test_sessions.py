@@ -407,6 +407,9 @@ def test_4_bad_ids_are_refused(opener: Callable[..., SessionStore]) -> None:
         store.session("\ud800")  # not valid Unicode
     with pytest.raises(ValueError):
         store.delete("")
+    with pytest.raises(ValueError):
+        store.session("x" * 65_537)  # bounded: an id is a name, not a payload
+    assert store.session("y" * 65_536).messages() == []
 
 
 def test_with_session_is_a_builder_step(tmp_path: Path) -> None:

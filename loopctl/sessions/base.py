@@ -37,7 +37,7 @@ from loopctl.messages import Message
 
 log = logging.getLogger("loopctl")
 
-MAX_ID_CHARS = 4096
+MAX_ID_CHARS = 65_536
 DEFAULT_LEASE_S = 60.0
 
 
