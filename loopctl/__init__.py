@@ -28,6 +28,8 @@ from loopctl.errors import (
     OutputValidationError,
     RateLimited,
     RateLimitEscalation,
+    SessionBusy,
+    SessionCorrupt,
     ToolRecoveryExhausted,
     UserInputRequired,
 )
@@ -118,7 +120,9 @@ __all__ = [
     "RunRegistry",
     "RunStatus",
     "Session",
+    "SessionBusy",
     "SessionConfig",
+    "SessionCorrupt",
     "Steering",
     "StopReason",
     "TextPart",

@@ -185,6 +185,39 @@ class LoopBusy(LoopError, RuntimeError):
         super().__init__(message)
 
 
+def _shown_id(session_id: str) -> str:
+    """A session id for a message: its repr, cut short (ids may be 1 KB)."""
+    text = repr(session_id)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+class SessionBusy(LoopBusy):
+    """Another run (in this process or another) holds the session's lease.
+
+    Attributes:
+        session_id: the session that is busy.
+    """
+
+    def __init__(self, session_id: str, detail: str = "another run holds it") -> None:
+        self.session_id = session_id
+        super().__init__(f"session {_shown_id(session_id)} is busy: {detail}")
+
+
+class SessionCorrupt(LoopError):
+    """A stored message of the session cannot be read.
+
+    Attributes:
+        session_id: the session whose data is bad.
+        position: the index of the unreadable message (None when unknown).
+    """
+
+    def __init__(self, session_id: str, position: Optional[int], detail: str) -> None:
+        self.session_id = session_id
+        self.position = position
+        at = f" at message {position}" if position is not None else ""
+        super().__init__(f"session {_shown_id(session_id)} is corrupt{at}: {detail}")
+
+
 def release_frames(error: Optional[BaseException]) -> None:
     """Clear the locals of the finished frames in ``error``'s tracebacks (and its chain).
 
@@ -226,6 +259,8 @@ __all__ = [
     "OutputValidationError",
     "RateLimitEscalation",
     "RateLimited",
+    "SessionBusy",
+    "SessionCorrupt",
     "ToolRecoveryExhausted",
     "UserInputRequired",
     "release_frames",

@@ -297,3 +297,17 @@ registry = make_registry(
     REDIS_URL or "redis://127.0.0.1:1/0",
     drain_timeout=float(os.environ.get("LOOPCTL_TEST_DRAIN_S", "30")),
 )
+
+# The workers' registry whose conversations live in the Redis session store
+# (tests/test_sessions_celery.py); prefix and store must match the starter's.
+SESSION_PREFIX = "loopsess"
+
+
+def make_session_registry(app: Any, url: str) -> CeleryRunRegistry:
+    """A registry keeping conversations in a ``RedisSessionStore`` on ``url``."""
+    from loopctl.sessions import RedisSessionStore
+
+    return make_registry(app, url, prefix=SESSION_PREFIX, session_store=RedisSessionStore(url))
+
+
+session_registry = make_session_registry(app, REDIS_URL or "redis://127.0.0.1:1/0")

@@ -18,7 +18,7 @@ PAGES = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 #: Pages that must carry runnable code (README and steering.md are checked when present).
-OWN_PAGES = ("concepts", "running", "tools", "observers", "providers", "context", "cli")
+OWN_PAGES = ("concepts", "running", "tools", "observers", "providers", "context", "cli", "sessions")
 #: Pages whose snippets need an optional extra (mcp needs Python >= 3.10): skipped without it.
 NEEDS = {"mcp.md": ("mcp", "mcp_server_time"), "tracing.md": ("opentelemetry.sdk",)}
 

@@ -97,6 +97,11 @@ RULES: tuple[Rule, ...] = (
         allowed=("loopctl.",),  # submodules only, never bare ``loopctl``
     ),
     Rule(
+        "session stores import only the leaves and themselves (the driver ties them to a loop)",
+        files=("loopctl/sessions/*",),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.sessions"),
+    ),
+    Rule(
         "library code never imports loopctl.testing",
         files=("loopctl/*",),
         forbidden=("loopctl.testing",),

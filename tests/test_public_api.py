@@ -39,13 +39,17 @@ SPEC_CONTEXT = [
     "ContextManager", "TruncatingCompactor", "SummarizingCompactor", "HeuristicTokenCounter",
     "ContextContributor", "GoalReminder", "MemoryEntry", "InMemoryStore", "SqliteMemoryStore",
 ]
+# SPEC §15, sessions.
+SPEC_SESSIONS = ["SQLiteSessionStore", "RedisSessionStore"]
+SPEC_SESSION_ERRORS = ["SessionBusy", "SessionCorrupt"]
 
 SPEC = {
-    "loopctl": SPEC_LOOPCTL,
+    "loopctl": SPEC_LOOPCTL + SPEC_SESSION_ERRORS,
     "loopctl.testing": SPEC_TESTING,
     "loopctl.providers": SPEC_PROVIDERS,
     "loopctl.machine": SPEC_MACHINE,
     "loopctl.context": SPEC_CONTEXT,
+    "loopctl.sessions": SPEC_SESSIONS,
 }
 PUBLIC_MODULES = list(SPEC)
 

@@ -141,6 +141,13 @@ class CeleryRunRegistry(ApprovalsMixin):
         drain_timeout: seconds a draining worker (warm shutdown) waits for a
             durable run to reach a turn boundary before handing it back from
             its last checkpoint.
+        session_store: keep conversations in this session store (a
+            ``loopctl.sessions.RedisSessionStore``, constructed alike in the
+            web processes and the workers) instead of the registry's own
+            history keys: the conversation key is the session id, any worker
+            continues any conversation, and each run holds the session's
+            lease, so a run on it anywhere else (a local ``BareLoop``) is
+            ``SessionBusy``.
 
     Raises:
         ConfigError: a bad argument (the message names it and its value).
@@ -164,6 +171,7 @@ class CeleryRunRegistry(ApprovalsMixin):
         resume: Optional[str] = None,
         max_resumes: int = 3,
         drain_timeout: float = 30.0,
+        session_store: Any = None,
     ) -> None:
         if not isinstance(redis_url, str) or not redis_url:
             raise ConfigError(f"CeleryRunRegistry redis_url must be a non-empty str, got {type(redis_url).__name__}")
@@ -187,6 +195,9 @@ class CeleryRunRegistry(ApprovalsMixin):
         self._max_resumes = max_resumes_of(max_resumes)
         drain = number("drain_timeout", drain_timeout, 0.0)
         self._factory = factory_spec(loop_factory)
+        if session_store is not None and not hasattr(session_store, "session"):
+            raise ConfigError(f"CeleryRunRegistry session_store must be a session store, got {session_store!r:.80}")
+        self.session_store = session_store
         self._app = app
         self._prefix = prefix
         self._queue = queue
@@ -398,6 +409,8 @@ class CeleryRunRegistry(ApprovalsMixin):
 
     def history(self, conversation: str) -> List[Message]:
         """The conversation's committed history (empty for a new conversation)."""
+        if self.session_store is not None:
+            return list(self.session_store.session(conversation).messages())
         return history_of(self._backend, conversation)
 
     def events(
@@ -430,7 +443,9 @@ class CeleryRunRegistry(ApprovalsMixin):
             self._backend.resend_soon(run_id)
             self._kick()
             return "skipped"
-        return execute_run(self._backend, run_id, conversation, self._settings, self._worker, self._host)
+        return execute_run(
+            self._backend, run_id, conversation, self._settings, self._worker, self._host, self.session_store
+        )
 
     @property
     def app(self) -> Any:

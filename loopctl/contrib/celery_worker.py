@@ -106,10 +106,18 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
 
 
 def _build_loop(
-    claim: Claim, conversation: str, saved: Optional[Checkpoint], steer_base: int
+    claim: Claim, conversation: str, saved: Optional[Checkpoint], steer_base: int, sessions: Any = None
 ) -> Tuple[BareLoop, SteerFeed]:
+    session: Any = None
+    revision = 0
+    stored: List[Message] = []
+    if sessions is not None:
+        session = sessions.session(conversation)
+        revision, stored = session.load()
     if saved is not None and saved.history is not None:
         history = list(saved.history)  # the run compacted: its own history goes on
+    elif session is not None:
+        history = stored
     else:
         history = history_from_dict(json.loads(claim.history)) if claim.history else []
     factory = resolve_factory(claim.factory)
@@ -128,6 +136,8 @@ def _build_loop(
         pending = [message_from_dict(json.loads(s)) for s in claim.steers[steer_base:]]
         feed = SteerFeed(loop.steering(), pending)
         loop.add_contributor(feed)
+        if session is not None:
+            loop.with_session(session, revision=revision)  # the run holds its lease; finalize writes it
     except BaseException:
         loop.close()
         raise
@@ -141,8 +151,13 @@ def execute_run(
     settings: WorkerSettings,
     worker: str,
     host: Optional[WorkerHost] = None,
+    sessions: Any = None,
 ) -> str:
     """Claim and execute one queued run here; returns what happened (for logs).
+
+    With ``sessions`` (a session store) the conversation is that store's
+    session: loaded from it, written to it by the loop's ``finalize``, and
+    never committed to the registry's history key.
 
     Returns:
         ``"skipped"`` (not queued any more), ``"completed"``, ``"cancelled"``,
@@ -184,7 +199,7 @@ def execute_run(
             if claim.checkpoint:
                 saved, steer_base, clean = checkpoint_from_json(claim.checkpoint)
             config = RunConfig.from_dict(json.loads(claim.config)) if claim.config else None
-            loop, feed = _build_loop(claim, conversation, saved, steer_base)
+            loop, feed = _build_loop(claim, conversation, saved, steer_base, sessions)
             if claim.cancel:
                 loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
             sink = checkpointer(loop, writer, steer_base, host, handed) if durable else None
@@ -222,7 +237,8 @@ def execute_run(
             left = [dumps(m.to_dict()) for m in feed.leftovers()]
         else:  # never built: the steers taken with the claim go back as they came
             left = list(claim.steers[steer_base:])
-        history = loop.conversation() if loop is not None and run.stop_reason is None else None
+        kept = loop is not None and run.stop_reason is None and sessions is None
+        history = loop.conversation() if kept and loop is not None else None
         fields = _end_fields(run, writer, bridge.cursor, session, history, handle is not None)
         fields[-1] = repr(claim.started_at)  # a resumed run keeps its first start
         if writer.lost:

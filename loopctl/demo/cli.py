@@ -37,6 +37,7 @@ import attrs
 from loopctl import __version__
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.demo.approval_prompt import ApprovalPrompt, ask_policy
+from loopctl.demo.chat_sessions import open_chat_session
 from loopctl.demo.console import printable
 from loopctl.demo.mcp_servers import close_mcp_servers, open_mcp_servers
 from loopctl.demo.model import OfflineModel
@@ -124,6 +125,9 @@ def build_parser() -> _Parser:
     run.add_argument("--output-schema", metavar="SCHEMA.json",
                      help="ask for an answer that fits this JSON Schema; print the validated object as JSON")
     chat = sub.add_parser("chat", parents=[common], help="several runs in one session (history kept)")
+    chat.add_argument("--session", metavar="NAME",
+                      help="continue the named conversation across invocations (kept in the user's data folder)")
+    chat.add_argument("--session-db", metavar="PATH", help="the SQLite file --session keeps conversations in")
     parser.commands = {"run": run, "chat": chat}
     return parser
 
@@ -149,7 +153,20 @@ class Command:
         if schema is not None:
             self.config = attrs.evolve(self.config, output_type=schema)
         self.approvals = ApprovalPrompt(lambda text: self.note(text, "yellow"), args.yes, piped=False)
+        self.store: Any = None
         self.loop = self._make_loop(env, tty)
+        self.session_note: Optional[str] = None
+        name = getattr(args, "session", None)
+        if name is not None:
+            try:
+                self.store, stored = open_chat_session(name, args.session_db, env)
+                self.loop.with_session(stored)
+                earlier = len(stored.messages())  # a corrupt session is reported before any prompt
+            except BaseException:
+                self.close()
+                raise
+            self.session_note = (f"session {printable(name)!r}: " +
+                                 (f"continuing ({earlier} earlier messages)" if earlier else "a new conversation"))
         self.prompts: queue.Queue[Optional[str]] = queue.Queue()
         self._cond = threading.Condition()
         self._armed = False
@@ -279,7 +296,11 @@ class Command:
         run: Any = None
         try:
             with Interrupts() as interrupts:
-                handle = self.loop.start(text, self.config)
+                try:
+                    handle = self.loop.start(text, self.config)
+                except LoopError as exc:  # refused before it began (a session in use elsewhere)
+                    self.console.line(f"error: {exc}", "red", err=True)
+                    return EXIT_ERROR
                 run = handle.record
                 interrupts.attach(handle)
                 self.approvals.attach(handle)
@@ -324,6 +345,8 @@ class Command:
         """Close the loop (tool threads, temp dir) and stop the MCP servers."""
         self.console.close()
         self.loop.close()
+        if self.store is not None:
+            self.store.close()
         close_mcp_servers(self.mcp_servers)
 
 
@@ -426,6 +449,8 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
     if args.command is None:
         parser.print_help(stdout or sys.stdout)
         return EXIT_USAGE
+    if getattr(args, "session_db", None) and not args.session:
+        parser.commands["chat"].error("--session-db needs --session NAME")
     if args.provider == "offline" and args.base_url:
         parser.commands[args.command].error("--base-url applies to --provider openai or anthropic")
     if getattr(args, "output_schema", None):
@@ -481,6 +506,8 @@ def _chat(session: Command, reader: StdinLines) -> int:
     if interactive:
         session.note("loopctl chat: ask something; while it works, type guidance; "
                      "Ctrl-C stops a run; Ctrl-D or /quit leaves.", "dim")
+    if session.session_note is not None:
+        session.note(session.session_note, "dim")
     reader.start()
     while True:
         if interactive:

@@ -27,6 +27,7 @@ from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import RunContext, RunHandle
 from loopctl.driver.run import LoopSlot, RunDriver
+from loopctl.driver.session_link import SessionLink
 from loopctl.errors import (
     Cancelled,
     ConfigError,
@@ -58,6 +59,39 @@ class BareLoop(LoopSetup):
     ) -> BareLoop:
         """A loop that resumes a conversation from stored messages."""
         return cls(client, tools, config, history=history)
+
+    _link: Optional[SessionLink] = None
+
+    def with_session(self, session: Any, *, revision: Optional[int] = None) -> BareLoop:
+        """Keep this loop's conversation in a stored session (``loopctl.sessions``).
+
+        The stored conversation is loaded when the first run starts; each
+        completed run's new messages are written atomically as it ends; a
+        cancelled or failed run leaves the store as it was. Each run holds
+        the session's lease: a run on the same session elsewhere (another
+        loop, thread or process) raises ``SessionBusy``.
+
+        Args:
+            revision: for a host that built the loop from ``session.load()``
+                (``BareLoop.from_history``): the revision it read. The first
+                run then reads the store again only if it moved since.
+
+        Raises:
+            ConfigError: called after the first run, or not a session.
+        """
+        self._configurable("with_session")
+        if not (hasattr(session, "acquire") and hasattr(session, "load")):
+            raise ConfigError(f"with_session() takes a session (store.session(id)), got {session!r:.80}")
+        link = SessionLink(session)
+        if revision is not None:
+            link.adopt(revision)
+        self._link = link
+        return self
+
+    @property
+    def stored_session(self) -> Any:
+        """The session given to ``with_session`` (None when the conversation lives in memory only)."""
+        return None if self._link is None else self._link.session
 
     # -- running ---------------------------------------------------------------
 
@@ -162,6 +196,13 @@ class BareLoop(LoopSetup):
                 raise LoopError("this loop is closed")
             if self._active is not None:
                 raise LoopBusy(f"a run ({self._active.run.id}) is already in flight on this loop")
+            if self._link is not None:
+                # Under the busy lock: the lease is taken and the history caught
+                # up only when no run is in flight here (SessionBusy: nothing changed).
+                # A durable run's lease is named by its run id, so the run,
+                # resumed elsewhere after a crash, takes its lapsed lease back.
+                durable = checkpoint is not None or resume is not None
+                self._link.open(self._machine, rid if durable else None)
             rc = RunContext(run, self._cancel.view(), waiter, tap)
             self._active = rc
             self._started = True
@@ -185,6 +226,7 @@ class BareLoop(LoopSetup):
             rc.driver.durable = DurableRun(checkpoint, self._machine.history_epoch)
             rc.driver.tool_run.settled = rc.driver.settle
         rc.driver.resume_point = resume
+        rc.driver.link = self._link
 
         def on_cancel() -> None:
             close = getattr(rc.model_call, "close", None)
@@ -249,7 +291,9 @@ class BareLoop(LoopSetup):
             driver.take_over()
 
     def _release(self, rc: RunContext, error: Optional[LoopError]) -> None:
-        """Finalize's last step: re-arm the cancel signal and free the loop."""
+        """Finalize's last step: give the session's lease back, re-arm the cancel signal, free the loop."""
+        if self._link is not None:
+            self._link.close()  # before the loop is free, so a follow-up run can take it
         if rc.listener is not None:
             self._cancel.remove_listener(rc.listener)
             rc.listener = None  # it closes over rc: keep no cycle past the run

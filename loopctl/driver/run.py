@@ -84,6 +84,7 @@ from loopctl.records import Turn
 
 if TYPE_CHECKING:
     from loopctl.cancel import CancelSignal
+    from loopctl.driver.session_link import SessionLink
     from loopctl.driver.signals import Steering
     from loopctl.records import Session
 
@@ -144,6 +145,7 @@ class RunDriver:
         self.deferred_tokens = 0  # the extras' cost a deferred turn reserves for the compaction
         self.gathers = False  # contributors or memory: transient extras to gather each turn
         self.answer_check = answer_check  # a typed answer: its type and mode (answers.py)
+        self.link: Optional[SessionLink] = None  # the stored session (BareLoop.with_session)
 
     # -- the body: one run, start to finish ---------------------------------------------
 
@@ -494,7 +496,9 @@ class RunDriver:
     def _finalize(self, error: Optional[LoopError]) -> None:
         """The single exit door; its steps run in this order.
 
-        1. record end time and stop reason; 2. success: commit pending and
+        0. a completed run of a stored session writes its messages (a
+        failed write makes it a failed run); 1. record end time and stop
+        reason; 2. success: commit pending and
         consolidate memory (its error is logged); failure: discard pending;
         3. clear a loop-detection stop that never fired; 4. close a phase a
         cancel cut short (failed ``on_turn_end``), then ``on_run_end``
@@ -514,6 +518,8 @@ class RunDriver:
         try:
             self.steering._close_and_seal()
             rc.approvals.close(RUN_ENDED)
+            if error is None and self.link is not None:
+                error = self.link.save(self.machine)  # a failed write fails the run
             run = rc.run
             run.end = time.time()
             run.stop_reason = error

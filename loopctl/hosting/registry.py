@@ -44,6 +44,7 @@ from loopctl.approvals import PendingApproval
 from loopctl.config import RunConfig
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.entry import RunStatus, _Entry, _status
+from loopctl.hosting.session_attach import attach_session, run_on_session
 from loopctl.messages import Message
 from loopctl.records import Run
 
@@ -80,6 +81,9 @@ class RunRegistry:
         event_buffer: events kept per run; a consumer that falls further
             behind gets one ``gap`` event and continues.
         clock: monotonic seconds, for pruning (injectable for tests).
+        session_store: where ``start(..., session_id=...)`` keeps
+            conversations (a ``loopctl.sessions`` store), so they outlive
+            the process.
 
     Raises:
         ConfigError: a bad argument (the message names it and its value).
@@ -91,7 +95,11 @@ class RunRegistry:
         keep_finished_s: float = 600,
         event_buffer: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
+        session_store: Any = None,
     ) -> None:
+        if session_store is not None and not hasattr(session_store, "session"):
+            raise ConfigError(f"RunRegistry session_store must be a session store, got {session_store!r:.80}")
+        self.session_store = session_store
         self._max_active = _positive_int("max_active", max_active)
         self._event_buffer = _positive_int("event_buffer", event_buffer)
         keep = keep_finished_s
@@ -124,6 +132,7 @@ class RunRegistry:
         *,
         owner: Optional[Hashable] = None,
         output_type: Any = None,
+        session_id: Optional[str] = None,
     ) -> str:
         """Start a run of ``loop`` on its worker thread and register it.
 
@@ -136,17 +145,27 @@ class RunRegistry:
                 The by-id methods find an owned run only when passed the
                 same ``owner``; for anyone else it is an unknown id.
             output_type: ask for a typed answer (as ``BareLoop.start``).
+            session_id: continue the stored conversation of that id (in
+                ``session_store``; the session belongs to ``owner``): the
+                registry attaches it to ``loop``, which loads it at its
+                first run and writes each completed run to it.
 
         Returns:
             The run's id (its ``Run.id``).
 
         Raises:
             LoopBusy: ``max_active`` runs are in flight, or ``loop`` is busy.
+            SessionBusy: a run elsewhere (any process) holds the session.
+            KeyError: the session belongs to another owner.
+            ConfigError: ``session_id`` without a ``session_store``, or a
+                loop that keeps another session.
             LoopError: the registry is closed, or ``run_id`` is already registered.
         """
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
+        if session_id is not None:
+            attach_session(loop, self.session_store, session_id, owner)
         with self._lock:
             self._prune_locked()
             if self._closed:
@@ -342,6 +361,16 @@ class RunRegistry:
             KeyError: unknown ``run_id``, or another ``owner``'s run.
         """
         return list(self._get(run_id, owner).leftovers)
+
+    def run_on_session(self, session_id: str, *, owner: Optional[Hashable] = None) -> Optional[str]:
+        """The id of ``owner``'s run in flight on the stored session, or None.
+
+        A reloaded page finds the run to follow again (``events(run_id,
+        after=...)``) from the session it shows.
+        """
+        with self._lock:
+            entries = [*self._live.values()]
+        return run_on_session(entries, session_id, owner)
 
     def list(self, *, owner: Optional[Hashable] = None, all_owners: bool = False) -> List[RunStatus]:
         """Status of the caller's known runs, oldest first.

@@ -540,6 +540,20 @@ class LoopMachine:
         self._pending_epoch += 1
         self._held = []
 
+    def load_history(self, messages: Iterable[Message]) -> None:
+        """Replace the committed history between runs (mutates; bumps the history epoch).
+
+        For a conversation read again from a store that another process wrote.
+
+        Raises:
+            RuntimeError: a run is in flight (pending is not empty, or the
+                machine awaits tool results).
+        """
+        if self._pending or self._state is MachineState.AWAITING_TOOLS:
+            raise RuntimeError("load_history fed while a run is in flight")
+        self._history = list(messages)
+        self._history_epoch += 1
+
     def snapshot(self) -> dict[str, Any]:
         """A JSON-safe picture of the committed history (for checkpoints)."""
         return {"history": [m.to_dict() for m in self._history]}

@@ -1,0 +1,112 @@
+"""SessionLink: a loop's tie to its stored conversation (``BareLoop.with_session``).
+
+Each run takes the session's lease before it starts (``open``, under the
+loop's busy lock, so a second run anywhere raises ``SessionBusy`` and
+nothing changes), writes in ``finalize`` only when it completed (``save``),
+and gives the lease back as the loop is freed (``close``). The rules:
+
+- The stored conversation is read under the lease at a run's start
+  whenever the store moved since this loop last read or wrote it (another
+  process continued it, or it was deleted); otherwise the loop's own history
+  stands. A store that is still empty on the first run takes the loop's
+  starting history (``from_history``) with the first write.
+- A completed run appends its new messages in one atomic write; when the
+  history was replaced since the last write (a compaction), the whole
+  conversation the loop would send next replaces the stored one instead.
+- A cancelled or failed run writes nothing. A write that fails (the store
+  is down, or the lease was lost) fails the run, and its messages are
+  dropped, so loop and store never disagree.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from loopctl.errors import LoopError
+from loopctl.machine import LoopMachine
+
+log = logging.getLogger("loopctl")
+
+
+class SessionLink:
+    """The session of a loop, the store revision its history matches, and the live lease."""
+
+    def __init__(self, session: Any) -> None:
+        self.session = session
+        self.revision: Optional[int] = None  # the store revision the loop's history matches
+        self.epoch = -1  # the machine's history epoch and length at that revision
+        self.length = 0
+        self.lease: Any = None
+
+    def adopt(self, revision: int) -> None:
+        """The loop's starting history continues the store at ``revision`` (read by its host).
+
+        The first run then reads the store only if it moved past
+        ``revision``, and the first write replaces the stored conversation
+        with the loop's (it keeps the rows the two share), so a host that
+        built the loop from newer messages (a checkpoint) stores them whole.
+        """
+        self.revision = revision
+        self.epoch = -1
+
+    def open(self, machine: LoopMachine, holder: Optional[str] = None) -> None:
+        """Take the lease and catch up with the store (the caller's thread, before the run).
+
+        ``holder`` names the lease (a durable run's id, so the run resumed
+        elsewhere takes its own lapsed lease back); None: a fresh name.
+
+        Raises:
+            SessionBusy: another run holds the session (nothing changed).
+            SessionCorrupt: a stored message cannot be read (the lease is given back).
+        """
+        lease = self.session.acquire(holder)
+        try:
+            revision, messages = self.session.load()  # under the lease: no write can interleave
+            if revision != self.revision:
+                if revision == 0 and self.revision is None:
+                    # A new session: the loop's starting history (if any) goes in whole.
+                    self.epoch, self.length = (-1, 0) if len(machine.history) else (machine.history_epoch, 0)
+                else:
+                    machine.load_history(messages)
+                    self.epoch, self.length = machine.history_epoch, len(messages)
+                self.revision = revision
+        except BaseException:
+            lease.release()
+            raise
+        self.lease = lease
+
+    def save(self, machine: LoopMachine) -> Optional[LoopError]:
+        """Write a completed run's messages (before pending is committed); the error if it failed."""
+        lease = self.lease
+        if lease is None:
+            return LoopError("internal error: a session write without its lease")
+        history = list(machine.history)
+        pending = list(machine.pending)
+        try:
+            if machine.history_epoch == self.epoch and len(history) == self.length:
+                revision = lease.append(pending) if pending else self.revision
+            else:
+                revision = lease.replace(history + pending)
+        except LoopError as exc:
+            return exc
+        except Exception as exc:  # a store's own bug: the run fails, the loop stays usable
+            err = LoopError(f"session store: write failed: {type(exc).__name__}")
+            err.__cause__ = exc
+            return err
+        self.revision = revision
+        self.epoch = machine.history_epoch  # commit_pending grows history without a new epoch
+        self.length = len(history) + len(pending)
+        return None
+
+    def close(self) -> None:
+        """Give the lease back (idempotent; a store error is logged, the lease then lapses)."""
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            try:
+                lease.release()
+            except Exception:
+                log.warning("releasing a session lease failed", exc_info=True)
+
+
+__all__ = ["SessionLink"]

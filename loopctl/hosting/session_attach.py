@@ -1,0 +1,55 @@
+"""How a registry ties a run to a stored session (``start(..., session_id=...)``).
+
+The registry's loop is the one the caller made; the registry only attaches
+``store.session(session_id, owner=owner)`` to it. A loop keeps one session
+for life: a fresh loop (a restarted server, a reloaded page's request)
+takes it and loads the stored conversation at its first run; a loop that
+already keeps that session continues it; anything else is refused with
+``ConfigError`` rather than mixing two conversations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING, Any, Optional
+
+from loopctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from loopctl.driver.loop import BareLoop
+
+
+def attach_session(loop: BareLoop, store: Any, session_id: str, owner: Optional[Hashable]) -> None:
+    """Give ``loop`` the session (or check it already keeps it).
+
+    Raises:
+        ConfigError: no store, an owner that is not a ``str``, or a loop
+            that keeps another session or already ran without one.
+        TypeError, ValueError: a bad session id.
+    """
+    if store is None:
+        raise ConfigError("start(session_id=...) needs RunRegistry(session_store=...)")
+    if owner is not None and not isinstance(owner, str):
+        raise ConfigError(f"a run with a session_id needs a str owner (or None), got {type(owner).__name__}")
+    session = store.session(session_id, owner=owner)
+    current = loop.stored_session
+    if current is None:
+        loop.with_session(session)  # ConfigError once the loop has run without a session
+        return
+    if current.id != session.id or current.owner != session.owner or current.store is not store:
+        raise ConfigError(f"this loop keeps session {current.id[:80]!r}, not {session_id[:80]!r}")
+
+
+def run_on_session(entries: Iterable[Any], session_id: str, owner: Optional[Hashable]) -> Optional[str]:
+    """The id of the registered run in flight on the session, or None."""
+    for entry in entries:
+        loop = entry.loop
+        if entry.ended or loop is None or entry.owner != owner:
+            continue
+        session = loop.stored_session
+        if session is not None and session.id == session_id:
+            return str(entry.run_id)
+    return None
+
+
+__all__ = ["attach_session", "run_on_session"]

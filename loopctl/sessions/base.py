@@ -1,0 +1,352 @@
+"""Sessions: a conversation kept in a store, its one writer, its readable rows.
+
+A ``SessionStore`` keeps conversations by id; ``store.session(id)`` names
+one (``Session``). The rules every store keeps, whatever holds the data:
+
+- Ids: any non-empty ``str`` of valid Unicode up to ``MAX_ID_CHARS``
+  characters (slashes, spaces, emoji: all fine); empty raises
+  ``ValueError``, a non-``str`` raises ``TypeError``.
+- One writer: every write goes through a ``SessionLease``, taken with
+  ``session.acquire()``. A second ``acquire`` while a lease is live, from
+  any thread or process, raises ``SessionBusy`` and changes nothing. A
+  lease expires ``lease_s`` seconds (60 by default) after it was last
+  renewed; a live lease is renewed every third of that on its own thread,
+  so only a holder that died (killed, frozen) lets it lapse. A write whose
+  lease was lost (expired, then taken) raises ``SessionBusy`` and writes
+  nothing.
+- Atomic writes: ``append`` adds messages and ``replace`` swaps the whole
+  conversation (keeping what it removed in an audit trail) in one
+  transaction each; every write bumps the session's ``revision``.
+- Bad rows: a message that cannot be decoded raises ``SessionCorrupt``
+  naming the session and the position; other sessions are untouched.
+- Stored text is never put into an error message (it may hold secrets).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import attrs
+
+from loopctl.errors import ConfigError, LoopError, SessionBusy, SessionCorrupt
+from loopctl.messages import Message
+
+log = logging.getLogger("loopctl")
+
+MAX_ID_CHARS = 65_536
+DEFAULT_LEASE_S = 60.0
+
+
+def check_session_id(session_id: Any) -> str:
+    """``session_id`` if it is a usable id.
+
+    Raises:
+        TypeError: not a ``str``.
+        ValueError: empty, longer than ``MAX_ID_CHARS``, or not valid Unicode.
+    """
+    if not isinstance(session_id, str):
+        raise TypeError(f"a session id must be a str, got {type(session_id).__name__}")
+    if not session_id:
+        raise ValueError("a session id must not be empty")
+    if len(session_id) > MAX_ID_CHARS:
+        raise ValueError(f"a session id must be at most {MAX_ID_CHARS} characters, got {len(session_id)}")
+    try:
+        session_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"a session id must be valid Unicode: {session_id[:40]!r}") from exc
+    return session_id
+
+
+def check_owner(owner: Any) -> Optional[str]:
+    """``owner`` if it is None or a non-empty ``str`` (else ``ValueError``)."""
+    if owner is None:
+        return None
+    if not isinstance(owner, str) or not owner:
+        raise ValueError(f"a session owner must be a non-empty str or None, got {owner!r:.80}")
+    check_session_id(owner)
+    return owner
+
+
+def check_lease(lease_s: Any, clock: Any) -> float:
+    """The lease length, validated with the clock (``ConfigError`` naming the bad one)."""
+    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not lease_s > 0:
+        raise ConfigError(f"session lease_s must be a number > 0, got {lease_s!r}")
+    if not callable(clock):
+        raise ConfigError(f"session clock must be callable, got {clock!r:.80}")
+    return float(lease_s)
+
+
+def encode_message(message: Message) -> str:
+    """One stored row: the message's dict as compact JSON."""
+    if not isinstance(message, Message):
+        raise TypeError(f"a session stores Messages, got {type(message).__name__}")
+    return json.dumps(message.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+
+def decode_messages(session_id: str, bodies: Sequence[Any]) -> List[Message]:
+    """The stored rows as messages, in order.
+
+    Raises:
+        SessionCorrupt: a row is not a message (naming the session and the
+            row's position; the row's text is never shown).
+    """
+    out: List[Message] = []
+    for i, body in enumerate(bodies):
+        try:
+            text = body.decode("utf-8") if isinstance(body, bytes) else body
+            out.append(Message.from_dict(json.loads(text)))
+        except Exception as exc:  # any failure to read a row is the same fault: bad data
+            raise SessionCorrupt(session_id, i, f"unreadable row ({type(exc).__name__})") from None
+    return out
+
+
+@attrs.frozen
+class SessionInfo:
+    """What a store knows about one session (``store.list()``)."""
+
+    id: str
+    owner: Optional[str]
+    messages: int
+    revision: int
+    updated: float
+
+
+class SessionBackend:
+    """The storage operations a store provides; ``Session`` and ``SessionLease`` build on them.
+
+    Every method is atomic on its own. ``now`` and ``until`` are the store's
+    clock readings (seconds); a lease with ``until <= now`` is expired.
+    """
+
+    def load(self, session_id: str) -> Tuple[int, Optional[str], List[Any]]:
+        """(revision, owner, rows in order) read in one snapshot; (0, None, []) when absent."""
+        raise NotImplementedError
+
+    def acquire(self, session_id: str, owner: Optional[str], token: str, now: float, until: float) -> bool:
+        """Take the lease unless another holder's live one is held; False when it is (nothing changed).
+
+        Raises:
+            KeyError: the session exists under another owner.
+        """
+        raise NotImplementedError
+
+    def renew(self, session_id: str, token: str, until: float) -> bool:
+        """Push the lease's expiry to ``until``; False when ``token`` no longer holds it."""
+        raise NotImplementedError
+
+    def release(self, session_id: str, token: str) -> None:
+        """Drop the lease if ``token`` still holds it."""
+        raise NotImplementedError
+
+    def write(
+        self, session_id: str, owner: Optional[str], token: str, now: float, rows: List[str], replace: bool
+    ) -> Optional[int]:
+        """Append ``rows`` (or replace every row with them) in one transaction.
+
+        Returns:
+            The new revision, or None when ``token`` does not hold the lease
+            (nothing written).
+        """
+        raise NotImplementedError
+
+    def infos(self, owner: Optional[str], session_id: Optional[str] = None) -> List[SessionInfo]:
+        """Sessions of ``owner`` (all when None), newest first; one when ``session_id`` is given."""
+        raise NotImplementedError
+
+    def delete(self, session_id: str, now: float) -> Optional[bool]:
+        """Remove the session; True if it existed, None when a live lease holds it."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release connections (idempotent)."""
+        raise NotImplementedError
+
+
+class SessionStore:
+    """A place that keeps conversations by session id (base of the concrete stores).
+
+    Args:
+        backend: the storage operations.
+        lease_s: seconds a writer's lease lasts without renewal (60 by default).
+        clock: wall-clock seconds shared by every process (injectable for tests).
+    """
+
+    def __init__(self, backend: SessionBackend, lease_s: float, clock: Callable[[], float]) -> None:
+        self.lease_s = check_lease(lease_s, clock)
+        self._clock = clock
+        self._backend = backend
+
+    def session(self, session_id: str, *, owner: Optional[str] = None) -> Session:
+        """The session named ``session_id`` (created by its first write).
+
+        Args:
+            owner: who the session belongs to. A session stored with another
+                owner (or none) is, to this ``Session``, an unknown id:
+                reading or acquiring it raises ``KeyError``.
+
+        Raises:
+            TypeError, ValueError: a bad id or owner.
+        """
+        return Session(self, check_session_id(session_id), check_owner(owner))
+
+    def list(self, owner: Optional[str] = None) -> List[SessionInfo]:
+        """The stored sessions, most recently written first: ``owner``'s, or all when None."""
+        return self._backend.infos(check_owner(owner))
+
+    def delete(self, session_id: str) -> bool:
+        """Remove a session and its messages; False when it did not exist.
+
+        Raises:
+            SessionBusy: a run holds the session (nothing is removed).
+        """
+        sid = check_session_id(session_id)
+        gone = self._backend.delete(sid, self._clock())
+        if gone is None:
+            raise SessionBusy(sid, "a run holds it; not deleted")
+        return gone
+
+    def close(self) -> None:
+        """Close the store's connections (idempotent)."""
+        self._backend.close()
+
+    def __enter__(self) -> SessionStore:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Session:
+    """One conversation in a store, by id; pass it to ``BareLoop.with_session``.
+
+    Reading never needs the lease; writing goes through ``acquire()``.
+    """
+
+    def __init__(self, store: SessionStore, session_id: str, owner: Optional[str]) -> None:
+        self.store = store
+        self.id = session_id
+        self.owner = owner
+
+    def messages(self) -> List[Message]:
+        """The stored conversation, in order (empty for a new session).
+
+        Raises:
+            SessionCorrupt: a stored message cannot be read.
+            KeyError: the session belongs to another owner.
+        """
+        return self.load()[1]
+
+    def load(self) -> Tuple[int, List[Message]]:
+        """(revision, messages) read in one snapshot."""
+        revision, owner, rows = self.store._backend.load(self.id)
+        if revision and owner != self.owner:
+            raise KeyError(f"unknown session {self.id[:80]!r}")
+        return revision, decode_messages(self.id, rows)
+
+    def acquire(self, holder: Optional[str] = None) -> SessionLease:
+        """Become the session's one writer until ``release()``.
+
+        Args:
+            holder: names the lease (default: a fresh uuid). Acquiring with
+                the holder of a live lease takes it over: a run resumed on
+                another machine (same run id) gets its session back at once.
+
+        Raises:
+            SessionBusy: another live lease holds the session (in any process).
+            KeyError: the session belongs to another owner.
+        """
+        store = self.store
+        token = uuid.uuid4().hex if holder is None else check_session_id(holder)
+        now = store._clock()
+        if not store._backend.acquire(self.id, self.owner, token, now, now + store.lease_s):
+            raise SessionBusy(self.id)
+        return SessionLease(self, token)
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id[:40]!r}>"
+
+
+class SessionLease:
+    """The right to write one session, renewed on its own thread until released."""
+
+    def __init__(self, session: Session, token: str) -> None:
+        self.session = session
+        self.token = token
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = threading.Thread(
+            target=self._keep, name=f"loopctl-session-lease-{token[:8]}", daemon=True
+        )
+        self._thread.start()
+
+    def _keep(self) -> None:
+        store = self.session.store
+        every = store.lease_s / 3.0
+        while not self._stop.wait(every):
+            try:
+                held = store._backend.renew(self.session.id, self.token, store._clock() + store.lease_s)
+            except Exception:  # a store hiccup: try again next time, the lease has slack
+                log.warning("renewing the lease of a session failed; retrying", exc_info=True)
+                continue
+            if not held:
+                self.lost = True
+                return
+
+    def append(self, messages: Sequence[Message]) -> int:
+        """Add ``messages`` at the end, atomically; the new revision."""
+        return self._write(messages, replace=False)
+
+    def replace(self, messages: Sequence[Message]) -> int:
+        """Make ``messages`` the whole conversation, atomically; the new revision.
+
+        The leading rows it shares with the stored ones stay; the rows it
+        removes are kept in the store's audit trail.
+        """
+        return self._write(messages, replace=True)
+
+    def _write(self, messages: Sequence[Message], replace: bool) -> int:
+        rows = [encode_message(m) for m in messages]
+        session = self.session
+        store = session.store
+        revision = store._backend.write(session.id, session.owner, self.token, store._clock(), rows, replace)
+        if revision is None:
+            self.lost = True
+            raise SessionBusy(session.id, "this run's lease expired and another run took the session")
+        return revision
+
+    def release(self) -> None:
+        """Stop renewing and give the session up (idempotent; a store error is logged)."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        thread.join()
+        try:
+            self.session.store._backend.release(self.session.id, self.token)
+        except Exception:  # the lease then lapses on its own
+            log.warning("releasing the lease of a session failed; it expires by itself", exc_info=True)
+
+
+def store_error(what: str, exc: BaseException) -> LoopError:
+    """A store's foreign failure as a ``LoopError`` naming the operation (not the data)."""
+    err = LoopError(f"session store: {what} failed: {type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err
+
+
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "MAX_ID_CHARS",
+    "Session",
+    "SessionBackend",
+    "SessionInfo",
+    "SessionLease",
+    "SessionStore",
+    "check_session_id",
+    "decode_messages",
+    "encode_message",
+]

@@ -1,0 +1,107 @@
+"""``RunRegistry(session_store=...)`` and ``start(..., session_id=..., owner=...)`` (point 5 of sessions).
+
+A web server makes a fresh loop per request; the registry attaches the
+stored session, so a restarted server (a new registry, a new store object
+on the same file) shows the conversation and continues it.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from loopctl import BareLoop, ConfigError, Message, RunRegistry, SessionBusy, tool
+from loopctl.sessions import SQLiteSessionStore
+from loopctl.testing import ScriptedClient, call, reply
+
+
+def texts(messages: List[Message]) -> List[str]:
+    return [f"{m.role.value}:{m.text}" for m in messages]
+
+
+def test_5_a_restarted_server_continues_the_stored_conversation(tmp_path: Path) -> None:
+    db = tmp_path / "web.db"
+    store = SQLiteSessionStore(db)
+    with RunRegistry(session_store=store) as reg:
+        rid = reg.start(BareLoop(ScriptedClient([reply("one")])), "hi", session_id="page/1", owner="alice")
+        reg.result(rid, 10, owner="alice")
+        rid = reg.start(BareLoop(ScriptedClient([reply("two")])), "again", session_id="page/1", owner="alice")
+        reg.result(rid, 10, owner="alice")
+    store.close()
+
+    store = SQLiteSessionStore(db)  # the server came back
+    assert texts(store.session("page/1", owner="alice").messages()) == [
+        "user:hi", "assistant:one", "user:again", "assistant:two",
+    ]
+    assert [i.id for i in store.list(owner="alice")] == ["page/1"]
+    client = ScriptedClient([reply("three")])
+    with RunRegistry(session_store=store) as reg:
+        rid = reg.start(BareLoop(client), "more", session_id="page/1", owner="alice")
+        assert reg.result(rid, 10, owner="alice").output == "three"
+    assert texts(list(client.requests[0].messages))[:4] == ["user:hi", "assistant:one", "user:again", "assistant:two"]
+    assert len(store.session("page/1", owner="alice").messages()) == 6
+    store.close()
+
+
+def test_5_a_loop_for_conversation_keeps_its_session_across_runs(tmp_path: Path) -> None:
+    store = SQLiteSessionStore(tmp_path / "s.db")
+    client = ScriptedClient([reply("one"), reply("two")])
+    with RunRegistry(session_store=store) as reg:
+        loop = reg.loop_for("conv", lambda: BareLoop(client))
+        reg.result(reg.start(loop, "hi", session_id="conv"), 10)
+        reg.result(reg.start(loop, "again", session_id="conv"), 10)
+        with pytest.raises(ConfigError):
+            reg.start(loop, "other", session_id="another conversation")
+    assert len(store.session("conv").messages()) == 4
+    store.close()
+
+
+def test_5_another_owners_session_is_an_unknown_id_and_bad_arguments_are_refused(tmp_path: Path) -> None:
+    store = SQLiteSessionStore(tmp_path / "s.db")
+    with RunRegistry(session_store=store) as reg:
+        rid = reg.start(BareLoop(ScriptedClient([reply("one")])), "hi", session_id="s", owner="alice")
+        reg.result(rid, 10, owner="alice")
+        client = ScriptedClient([reply("never")])
+        with pytest.raises(KeyError):
+            reg.start(BareLoop(client), "peek", session_id="s", owner="mallory")
+        assert client.requests == []
+        with pytest.raises(ConfigError):
+            reg.start(BareLoop(client), "x", session_id="s", owner=42)
+        with pytest.raises(ValueError):
+            reg.start(BareLoop(client), "x", session_id="")
+    with RunRegistry() as plain:
+        with pytest.raises(ConfigError):
+            plain.start(BareLoop(ScriptedClient([reply("x")])), "x", session_id="s")
+    assert texts(store.session("s", owner="alice").messages()) == ["user:hi", "assistant:one"]
+    store.close()
+
+
+def test_5_a_reload_finds_the_run_in_flight_on_its_session_and_a_second_start_is_busy(tmp_path: Path) -> None:
+    store = SQLiteSessionStore(tmp_path / "s.db")
+    entered, go = threading.Event(), threading.Event()
+
+    @tool
+    def gate() -> str:
+        """Waits for the test."""
+        entered.set()
+        go.wait(10)
+        return "ok"
+
+    with RunRegistry(session_store=store) as reg:
+        rid = reg.start(
+            BareLoop(ScriptedClient([call("gate"), reply("done")]), [gate]), "go", session_id="s", owner="u"
+        )
+        assert entered.wait(10)
+        assert reg.run_on_session("s", owner="u") == rid
+        assert reg.run_on_session("s", owner="other") is None
+        assert reg.run_on_session("elsewhere", owner="u") is None
+        with pytest.raises(SessionBusy):  # e.g. a second tab: the page shows the run in flight instead
+            reg.start(BareLoop(ScriptedClient([reply("never")])), "again", session_id="s", owner="u")
+        go.set()
+        reg.result(rid, 10, owner="u")
+        assert reg.run_on_session("s", owner="u") is None
+    assert texts(store.session("s", owner="u").messages())[-1] == "assistant:done"
+    store.close()
