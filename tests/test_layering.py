@@ -57,9 +57,14 @@ RULES: tuple[Rule, ...] = (
         "leaves import nothing of loopctl",
         files=(
             "loopctl/errors.py", "loopctl/messages.py", "loopctl/cancel.py", "loopctl/text.py",
-            "loopctl/approvals.py",
+            "loopctl/frozen.py",
         ),
         allowed=(),
+    ),
+    Rule(
+        "approval values import only the frozen-value leaf",
+        files=("loopctl/approvals.py",),
+        allowed=("loopctl.frozen",),
     ),
     Rule(
         "typed output is pure: the leaves, the tools' schema machinery and itself",
@@ -78,7 +83,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "records import only the leaves and configs",
         files=("loopctl/records.py",),
-        allowed=("loopctl.errors", "loopctl.messages", "loopctl.config", "loopctl.approvals"),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.config", "loopctl.approvals", "loopctl.frozen"),
     ),
     Rule(
         "observer events and hooks import only the leaves",

@@ -1,5 +1,10 @@
 """Tool dispatch: sequential or parallel waves, results in request order.
 
+Every batch first passes the admission gate (``admission.admit``: unique
+ids, resolved names, frozen validated arguments); a call's attempts then
+run with the admitted tool and a fresh plain copy of the admitted
+arguments, and a recovery correction is admitted again before it runs.
+
 Every attempt of a call goes through one pipeline (reference §5.5), split
 in three phases so that events and state stay on the run's thread:
 
@@ -40,9 +45,11 @@ import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from loopctl.driver.admission import Admitted, admit
 from loopctl.driver.approval_gate import ParkedBatch, dispatch_parked, park_batch
 from loopctl.driver.recovery import corrected, decide
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
+from loopctl.frozen import thaw
 from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
 from loopctl.observers import ToolPost, ToolPre
@@ -82,13 +89,17 @@ _NO_OUTPUT = ToolOutput("")  # a call's output before it has one (frozen: shared
 
 
 class _Call:
-    """One call's state across its attempts."""
+    """One admitted call's state across its attempts."""
 
-    __slots__ = ("original", "call", "attempt", "ctx", "out", "ms", "resolved", "correction", "interrupted")
+    __slots__ = (
+        "original", "call", "tool", "attempt", "ctx", "out", "ms", "resolved", "correction", "interrupted",
+    )
 
-    def __init__(self, call: ToolCallPart) -> None:
+    def __init__(self, admitted: Admitted) -> None:
+        call = admitted.call
         self.original = call
         self.call = call
+        self.tool: Any = admitted.tool
         self.attempt = 0
         self.ctx: Optional[ToolContext] = None
         self.out = _NO_OUTPUT
@@ -135,7 +146,7 @@ class Dispatcher:
     # -- batches ---------------------------------------------------------------
 
     def dispatch(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> list[ToolResultPart]:
-        """Run ``calls``; results in the same order.
+        """Admit ``calls`` (the gate), then run them; results in the same order.
 
         Raises:
             Cancelled: the signal fired before a call, between calls or waves,
@@ -146,6 +157,9 @@ class Dispatcher:
         """
         if not calls:
             return []
+        return self._dispatch_admitted(run, turn, admit(calls, self.parts.tools))
+
+    def _dispatch_admitted(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         parallel = run.parallel
         settled = run.settled
         sequential = parallel.mode == "sequential" or parallel.max_concurrency == 1 or len(calls) == 1
@@ -155,7 +169,7 @@ class Dispatcher:
         if parked is not None:  # some calls wait for a person: see approval_gate
             waves = [[i] for i in range(len(calls))] if sequential else self._plan_waves(calls, parallel.max_concurrency)
 
-            def run_group(group: Sequence[ToolCallPart]) -> list[ToolResultPart]:
+            def run_group(group: Sequence[Admitted]) -> list[ToolResultPart]:
                 out = self._run_group(run, turn, group)
                 if settled is not None:
                     settled(out)
@@ -185,7 +199,7 @@ class Dispatcher:
                 settled([results[i] for i in wave])  # type: ignore[misc]
         return results  # type: ignore[return-value]
 
-    def _park(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> Optional[ParkedBatch]:
+    def _park(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> Optional[ParkedBatch]:
         rc = run.rc
         return park_batch(
             rc.approvals, self.parts.tools, self.parts.approval_policy, calls, events=run.events,
@@ -193,7 +207,7 @@ class Dispatcher:
             default_timeout=rc.run.config.approval_timeout, unfenced=rc.unfenced,
         )
 
-    def _run_group(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> list[ToolResultPart]:
+    def _run_group(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         if len(calls) == 1:
             return [self._run_one(run, turn, _Call(calls[0]))]
         return self._run_wave(run, turn, calls)
@@ -238,18 +252,17 @@ class Dispatcher:
             if rc.tools_abandoned:  # rare: the run was abandoned meanwhile
                 self.resources.inline_ended(rc)
 
-    def _plan_waves(self, calls: Sequence[ToolCallPart], limit: int) -> list[list[int]]:
+    def _plan_waves(self, calls: Sequence[Admitted], limit: int) -> list[list[int]]:
         """Group call indices into waves, keeping request order across waves.
 
         Safe calls join the current wave up to ``limit`` unless their resource
         key is already in it; an unsafe call runs alone.
         """
-        registry = self.parts.tools
         waves: list[list[int]] = []
         current: list[int] = []
         keys: set[str] = set()
-        for i, call in enumerate(calls):
-            tool = registry.get(call.name)
+        for i, admitted in enumerate(calls):
+            tool, call = admitted.tool, admitted.call
             safe = tool is not None and tool.is_concurrency_safe(call.input)
             if not safe:
                 if current:
@@ -257,7 +270,7 @@ class Dispatcher:
                 waves.append([i])
                 current, keys = [], set()
                 continue
-            key = tool.resource_key(call.input)  # type: ignore[union-attr]
+            key = tool.resource_key(call.input)
             if len(current) >= limit or (key is not None and key in keys):
                 waves.append(current)
                 current, keys = [], set()
@@ -268,7 +281,7 @@ class Dispatcher:
             waves.append(current)
         return waves
 
-    def _run_wave(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> list[ToolResultPart]:
+    def _run_wave(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         rc = run.rc
         states = [_Call(c) for c in calls]
         kinds = [self._begin(run, turn, st) for st in states]
@@ -397,16 +410,17 @@ class Dispatcher:
         t0 = time.perf_counter()
         pipeline = parts.pipeline
         try:
+            # The tool gets its own plain copy of the admitted (frozen) arguments.
             if pipeline is None:
-                tools = parts.tools
-                tool = tools.get(call.name)
+                tool = st.tool
                 if tool is None:
-                    out = ToolOutput.error(not_found_text(call.name, tools))
+                    out = ToolOutput.error(not_found_text(call.name, parts.tools))
                 else:
-                    out = invoke_tool(tool, call.input, st.ctx)
+                    out = invoke_tool(tool, thaw(call.input), st.ctx)
                 st.resolved = call.name
             else:
-                d = DispatchContext(call.name, call.input, call.name, call.id, turn, st.attempt, st.ctx, parts.tools)
+                args = thaw(call.input)
+                d = DispatchContext(call.name, args, call.name, call.id, turn, st.attempt, st.ctx, parts.tools)
                 out = pipeline.dispatch(d)
                 st.resolved = d.tool_name
         except Exception as exc:  # a custom pipeline that raises; never kill the run
@@ -474,7 +488,7 @@ class Dispatcher:
         strategy = parts.recovery if parts.recovery is not None else ExponentialBackoffRecovery()
         limit = getattr(strategy, "max_attempts", MAX_RETRIES)
         max_attempts = limit if isinstance(limit, int) else MAX_RETRIES
-        tool = parts.tools.get(st.call.name)
+        tool = st.tool
         schema = tool.schema() if tool is not None else None
         rctx = ReflectionContext(st.attempt, max_attempts, run.run_input, turn, st.call.id)
         call, text = st.call, st.out.text
@@ -494,7 +508,10 @@ class Dispatcher:
             with rc.unfenced():
                 self.sleep(rc.cancel, delay)
         self._check_cancel(rc)
-        st.call = corrected(st.call, st.correction)
+        fixed = corrected(st.call, st.correction)
+        if fixed is not st.call:  # a corrected call passes the gate again (same id)
+            again = admit([fixed], self.parts.tools)[0]
+            st.call, st.tool = again.call, again.tool
         st.correction = None
         st.attempt += 1
 
