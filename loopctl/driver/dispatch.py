@@ -45,8 +45,9 @@ import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from loopctl.approvals import ApprovalContext
 from loopctl.driver.admission import Admitted, admit
-from loopctl.driver.approval_gate import ParkedBatch, dispatch_parked, park_batch
+from loopctl.driver.approval_gate import ParkedBatch, dispatch_parked, needs_approval, park_batch
 from loopctl.driver.recovery import corrected, decide
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.frozen import thaw
@@ -93,6 +94,7 @@ class _Call:
 
     __slots__ = (
         "original", "call", "tool", "attempt", "ctx", "out", "ms", "resolved", "correction", "interrupted",
+        "refusal",
     )
 
     def __init__(self, admitted: Admitted) -> None:
@@ -107,6 +109,7 @@ class _Call:
         self.resolved = call.name
         self.correction: Any = None
         self.interrupted = False
+        self.refusal: Optional[str] = None  # why a corrected retry may not run
 
     def result(self) -> ToolResultPart:
         o = self.original
@@ -239,7 +242,7 @@ class Dispatcher:
             retry = self._finish(run, turn, st, kind == _GATED)
             if retry is None:
                 return st.result()
-            self._prepare_retry(rc, st, retry)
+            self._prepare_retry(run, turn, st, retry)
 
     def _execute_inline(self, rc: RunContext, turn: int, st: _Call) -> None:
         """Run the attempt on the run's thread, unfenced (a cancel may abandon it)."""
@@ -303,7 +306,7 @@ class Dispatcher:
                 retries.append((k, retry))
         for k, retry in retries:
             st = states[k]
-            self._prepare_retry(rc, st, retry)
+            self._prepare_retry(run, turn, st, retry)
             slots[k] = self._run_one(run, turn, st)
         return slots  # type: ignore[return-value]
 
@@ -374,6 +377,9 @@ class Dispatcher:
             stop = detector.pre_check()
             if stop is not None:
                 raise stop
+        if st.refusal is not None:
+            st.out, st.ms, st.resolved = ToolOutput.error(st.refusal), 0.0, call.name
+            return _GATED
         health = parts.health
         if health is not None:
             refusal = health.check(call.name)
@@ -499,8 +505,13 @@ class Dispatcher:
         st.correction = analysis.correction
         return action
 
-    def _prepare_retry(self, rc: RunContext, st: _Call, retry: Retry) -> None:
-        """Ceiling check, cancel-aware backoff, correction; then ``attempt + 1``."""
+    def _prepare_retry(self, run: ToolRun, turn: int, st: _Call, retry: Retry) -> None:
+        """Ceiling check, cancel-aware backoff, correction (admitted again); then ``attempt + 1``.
+
+        An approval covers the call as it was approved: a correction that
+        changes it into a call needing approval is refused, not run.
+        """
+        rc = run.rc
         if st.attempt + 1 > MAX_RETRIES:
             raise ToolRecoveryExhausted(st.original.name, MAX_RETRIES + 1)
         delay = retry.delay if retry.delay > 0 else 0.0
@@ -512,6 +523,13 @@ class Dispatcher:
         if fixed is not st.call:  # a corrected call passes the gate again (same id)
             again = admit([fixed], self.parts.tools)[0]
             st.call, st.tool = again.call, again.tool
+            c = again.call
+            ctx = ApprovalContext(c.name, c.input, c.id, rc.run.id, run.session_id, turn)
+            if needs_approval(again, self.parts.approval_policy, ctx, rc.unfenced):
+                st.refusal = (
+                    f"Tool '{c.name}': the corrected call was not run because it needs a person's approval; "
+                    "call the tool again to ask for it"
+                )
         st.correction = None
         st.attempt += 1
 

@@ -45,7 +45,7 @@ from loopctl.contrib.mcp.loop_thread import LoopThread
 from loopctl.contrib.mcp.tool import MCPTool
 from loopctl.contrib.mcp.transports import Spec, StdioSpec, http_spec, stdio_spec
 from loopctl.tools.base import ToolContext, ToolOutput
-from loopctl.tools.registry import ToolRegistry
+from loopctl.tools.registry import ToolConflict, ToolRegistry, describe_tool
 
 T = TypeVar("T")
 
@@ -211,54 +211,99 @@ class MCPServer:
             self._listing = listing
         return [MCPTool(self, t, prefix, timeout) for t in listing[1]]
 
-    def sync(self, registry: ToolRegistry, prefix: str = "", *, timeout: Optional[float] = None) -> list[str]:
+    def sync(self, registry: ToolRegistry, prefix: str = "", *, timeout: Optional[float] = None,
+             override: bool = False) -> list[str]:
         """Register the server's current tools into ``registry`` (e.g. ``loop.tools``).
 
-        Only tools that are new, or whose schema changed, are registered (a
-        same-named tool is replaced in place). Call it between runs, or use
-        ``attach`` to keep the registry current between turns.
+        Only tools that are new, or whose schema changed, are registered (this
+        server's same-named tool is replaced in place). All or nothing: a
+        name taken by another source's tool (a local tool, another server's)
+        or two of the server's tools whose names map to one loopctl name
+        (``a.b`` and ``a_b``) raise ``ToolConflict`` naming both and register
+        nothing. Pass a ``prefix`` to keep the names apart, or
+        ``override=True`` to let this server's tool replace another source's
+        (the first of two colliding server tools is kept); an approval-gated
+        tool is never replaced. Call it between runs, or use ``attach``.
 
         Returns:
             The names registered, in the server's order.
 
         Raises:
             MCPServerError: the server did not start or could not list its tools.
+            ToolConflict: a name collision (see above).
         """
-        added: list[str] = []
-        for t in self.tools(prefix, timeout=timeout):
-            old = registry.get(t.name)
-            if old is None or old.schema() != t.schema() or old.timeout != t.timeout:
-                registry.register(t)
-                added.append(t.name)
-        return added
+        chosen = self._claimable(registry, prefix, timeout, override, skip=False)
+        return self._register(registry, chosen, override)
 
-    def attach(self, registry: ToolRegistry, prefix: str = "", *, timeout: Optional[float] = None) -> list[str]:
+    def attach(self, registry: ToolRegistry, prefix: str = "", *, timeout: Optional[float] = None,
+               override: bool = False) -> list[str]:
         """Register the server's tools into ``registry`` and keep them current between turns.
 
-        After a ``list_changed`` notification, the next model turn (of this
-        run or a later one) sees the new list: new or changed tools are
-        registered, tools the server dropped are unregistered.
+        Collisions are refused as in ``sync``. After a ``list_changed``
+        notification, the next model turn (of this run or a later one) sees
+        the new list: new or changed tools are registered, tools the server
+        dropped are unregistered; a new name that collides with another
+        source's tool is skipped with a warning (the other tool stays: a
+        server renaming its tools can never take over a local one).
 
         Returns:
             The names registered now, in the server's order.
 
         Raises:
             MCPServerError: the server did not start or could not list its tools.
+            ToolConflict: a name collision (see ``sync``).
         """
-        provided = {t.name for t in self.tools(prefix, timeout=timeout)}
-        added = self.sync(registry, prefix, timeout=timeout)
+        chosen = self._claimable(registry, prefix, timeout, override, skip=False)
+        added = self._register(registry, chosen, override)
+        provided = {t.name for t in chosen}
 
         def refresh(reg: ToolRegistry) -> None:
             if not self.tools_changed or self.is_closed:
                 return
-            now = {t.name for t in self.tools(prefix, timeout=timeout)}
-            self.sync(reg, prefix, timeout=timeout)
-            for gone in provided - now:
-                reg.unregister(gone)
+            now = self._claimable(reg, prefix, timeout, override, skip=True)
+            self._register(reg, now, override)
+            names = {t.name for t in now}
+            for gone in provided - names:
+                reg.unregister(gone, source=self)
             provided.clear()
-            provided.update(now)
+            provided.update(names)
 
         registry.add_refresher(refresh)
+        return added
+
+    def _claimable(self, registry: ToolRegistry, prefix: str, timeout: Optional[float], override: bool,
+                   skip: bool) -> list[MCPTool]:
+        """The listed tools this server may register; collisions raise (or, with ``skip``, are dropped)."""
+        chosen: list[MCPTool] = []
+        seen: dict[str, MCPTool] = {}
+        for t in self.tools(prefix, timeout=timeout):
+            first = seen.get(t.name)
+            try:
+                if first is not None:
+                    if override:
+                        continue  # the first listed keeps the name
+                    raise ToolConflict(
+                        f"{describe_tool(t)} has the same name as {describe_tool(first)} "
+                        "(both map to one loopctl name); use override=True to keep the first",
+                        t.name, describe_tool(first), describe_tool(t))
+                registry.check(t, override=override)
+            except ToolConflict as exc:
+                if not skip:
+                    raise
+                self.logger.warning("MCP server %s: tool skipped: %s", self.name, exc)
+                continue
+            seen[t.name] = t
+            chosen.append(t)
+        return chosen
+
+    @staticmethod
+    def _register(registry: ToolRegistry, tools: list[MCPTool], override: bool) -> list[str]:
+        added: list[str] = []
+        for t in tools:
+            old = registry.get(t.name)
+            if old is None or old.schema() != t.schema() or old.timeout != t.timeout or old.source is not t.source:
+                registry.register(t, override=override)
+                added.append(t.name)
         return added
 
     def _run(self, coro: Any, what: str) -> Any:
