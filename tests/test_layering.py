@@ -62,6 +62,11 @@ RULES: tuple[Rule, ...] = (
         allowed=(),
     ),
     Rule(
+        "the duration check imports only the errors leaf",
+        files=("loopctl/timeouts.py",),
+        allowed=("loopctl.errors",),
+    ),
+    Rule(
         "approval values import only the frozen-value leaf",
         files=("loopctl/approvals.py",),
         allowed=("loopctl.frozen",),
@@ -78,7 +83,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "configs import only the leaves",
         files=("loopctl/config.py",),
-        allowed=("loopctl.errors", "loopctl.messages"),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.timeouts"),
     ),
     Rule(
         "records import only the leaves and configs",

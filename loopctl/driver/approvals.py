@@ -43,6 +43,7 @@ from loopctl.approvals import (
 from loopctl.errors import Cancelled
 from loopctl.frozen import FrozenDict, freeze_arguments
 from loopctl.records import Run
+from loopctl.timeouts import bounded
 
 #: ``validate(arguments) -> problem``: a message naming the bad field, or None.
 Validator = Callable[[Mapping[str, Any]], Optional[str]]
@@ -159,7 +160,7 @@ class ApprovalSlot:
                     return []  # every one was answered and already reported
                 if self._closed:
                     raise Cancelled(self._cancel_reason())
-                self._cond.wait(None if nearest is None else max(0.0, nearest - now))
+                self._cond.wait(None if nearest is None else bounded(nearest - now))
 
     def close(self, reason: str) -> None:
         """Answer every pending call denied with ``reason`` and refuse later answers (idempotent)."""

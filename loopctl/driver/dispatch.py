@@ -54,6 +54,7 @@ from loopctl.frozen import thaw
 from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
 from loopctl.observers import ToolPost, ToolPre
+from loopctl.timeouts import bounded
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.pipeline import DispatchContext, invoke_tool, not_found_text
 from loopctl.tools.recovery import (
@@ -83,7 +84,7 @@ def result_hash(text: str) -> str:
 
 
 def _cancel_wait(cancel: Any, delay: float) -> bool:
-    return bool(cancel.wait(delay))
+    return bool(cancel.wait(bounded(delay)))
 
 
 _NO_OUTPUT = ToolOutput("")  # a call's output before it has one (frozen: shared)

@@ -44,6 +44,7 @@ from loopctl.contrib.mcp.errors import (
 from loopctl.contrib.mcp.loop_thread import LoopThread
 from loopctl.contrib.mcp.tool import MCPTool
 from loopctl.contrib.mcp.transports import Spec, StdioSpec, http_spec, stdio_spec
+from loopctl.timeouts import required_seconds, seconds
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.registry import ToolConflict, ToolRegistry, describe_tool
 
@@ -92,14 +93,13 @@ class MCPServer:
 
     def __init__(self, spec: Spec, *, name: Optional[str] = None, start_timeout: float = 30.0,
                  max_restarts: int = 3) -> None:
-        if not start_timeout > 0:
-            raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
+        start_timeout = required_seconds(start_timeout, "MCPServer start_timeout")
         if not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
         self.spec = spec
         self.name = name or spec.label()
         self.description = spec.describe()
-        self.start_timeout = float(start_timeout)
+        self.start_timeout = start_timeout
         self.max_restarts = max_restarts
         # One child logger per server; dots would nest it under made-up parents.
         self.logger = logging.getLogger(f"loopctl.mcp.{thread_label(self.name).replace('.', '_')}")
@@ -203,6 +203,7 @@ class MCPServer:
         Raises:
             MCPServerError: the server did not start or could not list its tools.
         """
+        timeout = seconds(timeout, "MCP tool timeout")
         conn = self._connection(None)
         listing = self._listing
         if listing is None or listing[0] is not conn or self._changed.is_set():
