@@ -106,6 +106,7 @@ class MCPServer:
         self._lock = threading.Lock()
         self._thread: Optional[LoopThread] = None
         self._conn: Optional[Connection] = None
+        self._failed: Optional[Connection] = None  # a failed start still winding down
         self._pending: Optional[concurrent.futures.Future[Connection]] = None
         self._restarts = 0
         self._closed = False
@@ -171,13 +172,15 @@ class MCPServer:
             if self._closed:
                 return
             self._closed = True
-            conn, thread = self._conn, self._thread
-            self._conn = self._pending = None
+            conn, thread, failed = self._conn, self._thread, self._failed
+            self._conn = self._pending = self._failed = None
         if thread is None:
             return
-        if conn is not None:
+        for c in (conn, failed):
+            if c is None:
+                continue
             try:
-                thread.submit(conn.close()).result(CLOSE_TIMEOUT_S)
+                thread.submit(c.close()).result(CLOSE_TIMEOUT_S)
             except Exception as exc:  # closing is best effort; the loop stop below cleans up
                 self.logger.debug("closing MCP server %s: %s", self.name, describe_exception(exc))
         thread.stop()
@@ -401,17 +404,14 @@ class MCPServer:
                     fut = self._start_locked(conn)
             if not wait_future(fut, cancel):
                 raise _Interrupted()
-            idle: Optional[LoopThread] = None
             with self._lock:
                 if self._pending is fut:
                     self._pending = None
                     if not fut.cancelled() and fut.exception() is None:
                         self._conn = fut.result()
-                    elif self._conn is None:
-                        # Nothing runs on the loop now: stop its thread until the next start.
-                        idle, self._thread = self._thread, None
-            if idle is not None:
-                idle.stop()
+            # A failed start keeps the loop thread (a next start reuses it; close()
+            # joins it): the failure is reported now while a slow server process is
+            # stopped in the background, never after its teardown.
             if fut.cancelled():
                 raise MCPServerError(f"MCP server {self.description!r} is closed", self.description)
             exc = fut.exception()
@@ -446,6 +446,7 @@ class MCPServer:
         try:
             await conn.open(self.start_timeout)
         except Exception as exc:
+            self._failed = conn  # close() waits for its transport to wind down
             why = ""
             leaf = root_cause(exc)
             if isinstance(leaf, TimeoutError) or type(leaf).__name__ == "TimeoutError":
