@@ -241,7 +241,9 @@ def test_sixteen_threads_answering_one_call_one_answer_wins_and_the_record_agree
             won: list[tuple[int, dict[str, Any] | None]] = []
             edits: dict[int, dict[str, Any]] = {}
 
-            def answer(i: int) -> None:
+            def answer(
+                i: int, h: Any, barrier: threading.Barrier, edits: dict[int, Any], won: list[Any]
+            ) -> None:
                 barrier.wait(WAIT)
                 if i % 3 == 0:
                     took = h.approve("c1", by=f"t{i}")
@@ -255,7 +257,7 @@ def test_sixteen_threads_answering_one_call_one_answer_wins_and_the_record_agree
                 if took:
                     won.append((i, args))
 
-            assert run_in_threads(answer, [(i,) for i in range(16)]) == []
+            assert run_in_threads(answer, [(i, h, barrier, edits, won) for i in range(16)]) == []
             run = h.result(WAIT)
             for args in edits.values():
                 args["tags"].append("changed after the run")  # never reaches the record
