@@ -41,7 +41,6 @@ import contextvars
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -49,6 +48,7 @@ from loopctl.approvals import ApprovalContext
 from loopctl.driver.admission import Admitted, admit
 from loopctl.driver.approval_gate import ParkedBatch, dispatch_parked, needs_approval, park_batch
 from loopctl.driver.recovery import corrected, decide
+from loopctl.driver.tool_calls import CallState, ToolRun, plan_waves, result_hash
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.frozen import thaw
 from loopctl.hooks import ToolHookContext
@@ -66,8 +66,6 @@ from loopctl.tools.recovery import (
 )
 
 if TYPE_CHECKING:
-    from loopctl.config import ParallelDispatch
-    from loopctl.driver.emission import RunEvents
     from loopctl.driver.handle import RunContext
     from loopctl.driver.parts import LoopParts
     from loopctl.driver.resources import LoopResources
@@ -78,60 +76,9 @@ _RUN, _BLOCKED, _GATED = 0, 1, 2
 _trajectory_entry: Any = None  # loopctl.context.memory.trajectory_entry, imported on first use
 
 
-def result_hash(text: str) -> str:
-    """A short, stable, non-cryptographic hash of a result's text."""
-    return format(zlib.crc32(text.encode("utf-8", "surrogatepass")), "08x") if text else ""
-
-
 def _cancel_wait(cancel: Any, delay: float) -> bool:
     return bool(cancel.wait(bounded(delay)))
 
-
-_NO_OUTPUT = ToolOutput("")  # a call's output before it has one (frozen: shared)
-
-
-class _Call:
-    """One admitted call's state across its attempts."""
-
-    __slots__ = (
-        "original", "call", "tool", "attempt", "ctx", "out", "ms", "resolved", "correction", "interrupted",
-        "refusal",
-    )
-
-    def __init__(self, admitted: Admitted) -> None:
-        call = admitted.call
-        self.original = call
-        self.call = call
-        self.tool: Any = admitted.tool
-        self.attempt = 0
-        self.ctx: Optional[ToolContext] = None
-        self.out = _NO_OUTPUT
-        self.ms = 0.0
-        self.resolved = call.name
-        self.correction: Any = None
-        self.interrupted = False
-        self.refusal: Optional[str] = None  # why a corrected retry may not run
-
-    def result(self) -> ToolResultPart:
-        o = self.original
-        return ToolResultPart(o.id, o.name, self.out.text, self.out.is_error)
-
-
-class ToolRun:
-    """What one run lends the dispatcher: its fence, events, input and dispatch mode."""
-
-    __slots__ = ("rc", "events", "run_input", "parallel", "session_id", "settled")
-
-    def __init__(
-        self, rc: RunContext, events: RunEvents, run_input: str, parallel: ParallelDispatch, session_id: str
-    ) -> None:
-        self.rc = rc
-        self.events = events
-        self.run_input = run_input
-        self.parallel = parallel
-        self.session_id = session_id
-        # A durable run's checkpoint after each settled call or wave (run thread, fenced).
-        self.settled: Optional[Callable[[Sequence[ToolResultPart]], None]] = None
 
 
 class Dispatcher:
@@ -184,10 +131,10 @@ class Dispatcher:
             )
         if sequential:
             if settled is None:
-                return [self._run_one(run, turn, _Call(c)) for c in calls]
+                return [self._run_one(run, turn, CallState(c)) for c in calls]
             out = []
             for c in calls:
-                out.append(self._run_one(run, turn, _Call(c)))
+                out.append(self._run_one(run, turn, CallState(c)))
                 settled(out[-1:])
             return out
         results: list[Optional[ToolResultPart]] = [None] * len(calls)
@@ -195,7 +142,7 @@ class Dispatcher:
             self._check_cancel(run.rc)
             if len(wave) == 1:
                 i = wave[0]
-                results[i] = self._run_one(run, turn, _Call(calls[i]))
+                results[i] = self._run_one(run, turn, CallState(calls[i]))
             else:
                 for i, r in zip(wave, self._run_wave(run, turn, [calls[i] for i in wave])):
                     results[i] = r
@@ -213,21 +160,21 @@ class Dispatcher:
 
     def _run_group(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         if len(calls) == 1:
-            return [self._run_one(run, turn, _Call(calls[0]))]
+            return [self._run_one(run, turn, CallState(calls[0]))]
         return self._run_wave(run, turn, calls)
 
     def _check_cancel(self, rc: RunContext) -> None:
         if rc.cancel.is_cancelled():
             raise Cancelled(rc.cancel.reason)
 
-    def _check_interrupted(self, rc: RunContext, states: Sequence[_Call]) -> None:
+    def _check_interrupted(self, rc: RunContext, states: Sequence[CallState]) -> None:
         """A tool raised ``KeyboardInterrupt``: the user means the run, so cancel it."""
         for st in states:
             if st.interrupted:
                 rc.cancel.cancel("interrupted")
                 raise Cancelled("interrupted")
 
-    def _run_one(self, run: ToolRun, turn: int, st: _Call) -> ToolResultPart:
+    def _run_one(self, run: ToolRun, turn: int, st: CallState) -> ToolResultPart:
         """The whole per-call pipeline, inline on the run's thread, retries included."""
         rc = run.rc
         while True:
@@ -245,7 +192,7 @@ class Dispatcher:
                 return st.result()
             self._prepare_retry(run, turn, st, retry)
 
-    def _execute_inline(self, rc: RunContext, turn: int, st: _Call) -> None:
+    def _execute_inline(self, rc: RunContext, turn: int, st: CallState) -> None:
         """Run the attempt on the run's thread, unfenced (a cancel may abandon it)."""
         rc.inline_tool = True
         try:
@@ -257,37 +204,11 @@ class Dispatcher:
                 self.resources.inline_ended(rc)
 
     def _plan_waves(self, calls: Sequence[Admitted], limit: int) -> list[list[int]]:
-        """Group call indices into waves, keeping request order across waves.
-
-        Safe calls join the current wave up to ``limit`` unless their resource
-        key is already in it; an unsafe call runs alone.
-        """
-        waves: list[list[int]] = []
-        current: list[int] = []
-        keys: set[str] = set()
-        for i, admitted in enumerate(calls):
-            tool, call = admitted.tool, admitted.call
-            safe = tool is not None and tool.is_concurrency_safe(call.input)
-            if not safe:
-                if current:
-                    waves.append(current)
-                waves.append([i])
-                current, keys = [], set()
-                continue
-            key = tool.resource_key(call.input)
-            if len(current) >= limit or (key is not None and key in keys):
-                waves.append(current)
-                current, keys = [], set()
-            current.append(i)
-            if key is not None:
-                keys.add(key)
-        if current:
-            waves.append(current)
-        return waves
+        return plan_waves(calls, limit)
 
     def _run_wave(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         rc = run.rc
-        states = [_Call(c) for c in calls]
+        states = [CallState(c) for c in calls]
         kinds = [self._begin(run, turn, st) for st in states]
         runnable = [st for st, k in zip(states, kinds) if k == _RUN]
         if runnable:
@@ -311,7 +232,7 @@ class Dispatcher:
             slots[k] = self._run_one(run, turn, st)
         return slots  # type: ignore[return-value]
 
-    def _execute_together(self, run: ToolRun, turn: int, states: list[_Call]) -> None:
+    def _execute_together(self, run: ToolRun, turn: int, states: list[CallState]) -> None:
         rc = run.rc
         resources = self.resources
         pool = resources.executor(run.parallel.max_concurrency)
@@ -327,7 +248,7 @@ class Dispatcher:
         all_done = threading.Event()
         remaining = [len(states)]
 
-        def work(st: _Call) -> None:
+        def work(st: CallState) -> None:
             try:
                 if st.ctx is not None and st.ctx.cancel.is_cancelled():
                     return  # cancelled while it waited for a worker: never start it
@@ -355,11 +276,11 @@ class Dispatcher:
 
     # -- one attempt's phases ------------------------------------------------------
 
-    def _hook_ctx(self, run: ToolRun, turn: int, st: _Call) -> ToolHookContext:
+    def _hook_ctx(self, run: ToolRun, turn: int, st: CallState) -> ToolHookContext:
         c = st.call
         return ToolHookContext(run.session_id, run.rc.run.id, turn, c.id, c.name, c.input, st.attempt)
 
-    def _begin(self, run: ToolRun, turn: int, st: _Call) -> int:
+    def _begin(self, run: ToolRun, turn: int, st: CallState) -> int:
         """Run thread: cancel check, pre event, the gate, detector pre-check, health gate."""
         rc = run.rc
         cancel = rc.cancel
@@ -394,7 +315,7 @@ class Dispatcher:
             raise Cancelled(cancel.reason)
         return _RUN
 
-    def _gate(self, run: ToolRun, turn: int, st: _Call) -> bool:
+    def _gate(self, run: ToolRun, turn: int, st: CallState) -> bool:
         """The one point where a call may wait before it runs; True when it is blocked.
 
         Runs unfenced (a hook may wait for a person): a cancel meanwhile takes
@@ -410,7 +331,7 @@ class Dispatcher:
             return True
         return False
 
-    def _execute(self, turn: int, st: _Call) -> None:
+    def _execute(self, turn: int, st: CallState) -> None:
         """Any thread, unfenced: run the attempt; never raises."""
         parts = self.parts
         call = st.call
@@ -440,7 +361,7 @@ class Dispatcher:
         st.out = out
         st.ms = (time.perf_counter() - t0) * 1000.0
 
-    def _finish(self, run: ToolRun, turn: int, st: _Call, gated: bool) -> Optional[Retry]:
+    def _finish(self, run: ToolRun, turn: int, st: CallState, gated: bool) -> Optional[Retry]:
         """Run thread: record, post event, hooks, health, memory, recovery.
 
         Returns a ``Retry`` when the call should run again, else None.
@@ -475,7 +396,7 @@ class Dispatcher:
             return None
         return self._recover(run, turn, st)
 
-    def _remember(self, st: _Call) -> None:
+    def _remember(self, st: CallState) -> None:
         global _trajectory_entry
         try:
             if _trajectory_entry is None:
@@ -489,7 +410,7 @@ class Dispatcher:
 
     # -- recovery ------------------------------------------------------------------
 
-    def _recover(self, run: ToolRun, turn: int, st: _Call) -> Optional[Retry]:
+    def _recover(self, run: ToolRun, turn: int, st: CallState) -> Optional[Retry]:
         parts = self.parts
         reflector = parts.reflector if parts.reflector is not None else NoopReflector()
         strategy = parts.recovery if parts.recovery is not None else ExponentialBackoffRecovery()
@@ -506,7 +427,7 @@ class Dispatcher:
         st.correction = analysis.correction
         return action
 
-    def _prepare_retry(self, run: ToolRun, turn: int, st: _Call, retry: Retry) -> None:
+    def _prepare_retry(self, run: ToolRun, turn: int, st: CallState, retry: Retry) -> None:
         """Ceiling check, cancel-aware backoff, correction (admitted again); then ``attempt + 1``.
 
         An approval covers the call as it was approved: a correction that
