@@ -11,9 +11,11 @@ from support import WAIT, Recorder, run_in_threads
 
 from loopctl import BareLoop, ParallelDispatch, RunConfig, tool
 from loopctl.approvals import ApprovalContext
+from loopctl.driver.checkpoint import Checkpoint, ResumePoint
 from loopctl.messages import Message, ModelResponse, StopReason, ToolCallPart
 from loopctl.observers import ApprovalRequested, Observer, ToolInputDelta
 from loopctl.testing import ScriptedClient, reply
+from loopctl.tools import Correction, FailureAnalysis, Retry, Severity, ToolError
 
 
 def calls_reply(*parts: tuple[str, str, dict[str, Any]]) -> ModelResponse:
@@ -302,3 +304,64 @@ def test_a_ten_megabyte_argument_is_a_short_soft_error_and_no_event_carries_it()
     # stream events are the provider's chunks, bounded where deltas are made.)
     sizes = {type(e).__name__: len(json.dumps(e.to_dict())) for e in rec.events if not isinstance(e, ToolInputDelta)}
     assert max(sizes.values()) < 100_000, sizes
+
+
+class FixTo:
+    """A reflector that answers every failure with an input fix."""
+
+    def __init__(self, fixed: dict[str, Any]) -> None:
+        self.fixed = fixed
+
+    def analyze(self, error: str, tool: str, input: Any, schema: Any, ctx: Any) -> FailureAnalysis:
+        return FailureAnalysis(True, "transient", Severity.LOW, Correction("input_fix", modified_input=self.fixed))
+
+
+class AlwaysRetry:
+    def decide(self, analysis: FailureAnalysis, attempt: int, max_attempts: int) -> Any:
+        return Retry(0.0)
+
+
+def test_a_recovery_correction_that_changes_an_approved_call_is_not_run_without_approval() -> None:
+    ran: list[tuple[str, int]] = []
+
+    @tool(requires_approval=True)
+    def pay(to: str, amount: int) -> str:
+        """Pay someone.
+
+        Args:
+            to: who.
+            amount: how much.
+        """
+        ran.append((to, amount))
+        raise ToolError("bank unavailable")
+
+    loop, _, parked = loop_for([calls_reply(("c1", "pay", {"to": "alice", "amount": 5})), reply("done")], pay)
+    loop.set_reflector(FixTo({"to": "mallory", "amount": 9999}))
+    loop.set_recovery_strategy(AlwaysRetry())
+    with loop:
+        h = loop.start("pay alice")
+        parked.wait_for(1)
+        assert h.approve("c1") is True
+        run = h.result(WAIT)
+    assert ran == [("alice", 5)]  # the approved call ran; the changed one never did
+    [result] = [r for m in loop.conversation() for r in m.tool_results]
+    assert result.is_error and "needs a person's approval" in result.output
+    assert [(d.call_id, d.arguments) for d in run.approvals] == [("c1", {"to": "alice", "amount": 5})]
+
+
+def test_a_resumed_wave_with_a_repeated_id_passes_the_gate_and_each_call_is_approved_alone() -> None:
+    bank = Bank()
+    asked = calls_reply(("c1", "pay", {"to": "alice", "amount": 5}), ("c1", "delete_account", {"who": "alice"}))
+    cp = Checkpoint("model", (Message.user("go"), asked.message), 1, ())
+    loop, client, parked = loop_for([reply("done")], *bank.tools)
+    with loop:
+        h = loop.start("go", resume=ResumePoint(cp, 1, "worker lost", clean=True))
+        parked.wait_for(2)
+        assert [(p.call_id, p.tool) for p in h.pending_approvals()] == [("c1", "pay"), ("c1~2", "delete_account")]
+        assert h.approve("c1") is True and h.deny("c1~2", "no") is True
+        run = h.result(WAIT)
+    assert bank.ran == [("pay", "alice", 5)]
+    sent = client.requests[0].messages
+    assert [c.id for c in sent[-2].tool_calls] == ["c1", "c1~2"]
+    assert [r.tool_call_id for r in sent[-1].tool_results] == ["c1", "c1~2"]
+    assert len(run.approvals) == 2
