@@ -102,19 +102,19 @@ def test_two_calls_sharing_an_id_are_each_approved_and_recorded_and_the_model_se
         h = loop.start("pay alice")
         parked.wait_for(2)
         pending = h.pending_approvals()
-        assert [(p.call_id, p.tool) for p in pending] == [("c1", "pay"), ("c1~2", "delete_account")]
+        assert [(p.call_id, p.tool) for p in pending] == [("c1", "pay"), ("c1-2", "delete_account")]
         assert h.approve("c1", by="ann") is True
-        assert h.deny("c1~2", "not that", by="ann") is True
+        assert h.deny("c1-2", "not that", by="ann") is True
         run = h.result(WAIT)
     assert bank.ran == [("pay", "alice", 5)]  # approving pay never ran delete_account
     assert [(d.call_id, d.tool, d.approved) for d in run.approvals] == [
-        ("c1", "pay", True), ("c1~2", "delete_account", False)]
+        ("c1", "pay", True), ("c1-2", "delete_account", False)]
     # The record and the model's next request carry the same renamed ids as the approvals.
-    assert [c.id for c in run.turns[0].tool_calls] == ["c1", "c1~2"]
+    assert [c.id for c in run.turns[0].tool_calls] == ["c1", "c1-2"]
     sent = client.requests[1].messages
     assistant = [m for m in sent if m.tool_calls][-1]
-    assert [c.id for c in assistant.tool_calls] == ["c1", "c1~2"]
-    assert [r.tool_call_id for r in sent[-1].tool_results] == ["c1", "c1~2"]
+    assert [c.id for c in assistant.tool_calls] == ["c1", "c1-2"]
+    assert [r.tool_call_id for r in sent[-1].tool_results] == ["c1", "c1-2"]
     assert "denied" in sent[-1].tool_results[1].output
 
 
@@ -129,11 +129,11 @@ def test_an_edit_applies_to_one_call_only_when_two_calls_share_an_id() -> None:
         assert [p.arguments for p in h.pending_approvals()] == [
             {"to": "alice", "amount": 5}, {"to": "mallory", "amount": 9999}]
         assert h.approve("c1", arguments={"to": "alice", "amount": 6}) is True
-        assert h.deny("c1~2", "who is mallory?") is True
+        assert h.deny("c1-2", "who is mallory?") is True
         run = h.result(WAIT)
     assert bank.ran == [("pay", "alice", 6)]
     assert [(d.call_id, d.approved, d.arguments) for d in run.approvals] == [
-        ("c1", True, {"to": "alice", "amount": 6}), ("c1~2", False, {"to": "mallory", "amount": 9999})]
+        ("c1", True, {"to": "alice", "amount": 6}), ("c1-2", False, {"to": "mallory", "amount": 9999})]
 
 
 def test_policy_person_event_record_and_tool_each_read_one_value_none_can_change() -> None:
@@ -207,7 +207,7 @@ def test_fifty_calls_sharing_three_ids_get_fifty_ids_all_matched_in_request_orde
     assert sorted(n for _, n in bank.ran) == list(range(50))
     calls = run.turns[0].tool_calls
     assert [c.id for c in calls] == ids
-    assert ids[:3] == ["a", "b", "c"] and ids[3:6] == ["a~2", "b~2", "c~2"]
+    assert ids[:3] == ["a", "b", "c"] and ids[3:6] == ["a-2", "b-2", "c-2"]
     results = client.requests[1].messages[-1].tool_results
     assert [r.tool_call_id for r in results] == ids  # request order kept
     assert [r.output for r in results] == [f"step {i}" for i in range(50)]
@@ -357,11 +357,11 @@ def test_a_resumed_wave_with_a_repeated_id_passes_the_gate_and_each_call_is_appr
     with loop:
         h = loop.start("go", resume=ResumePoint(cp, 1, "worker lost", clean=True))
         parked.wait_for(2)
-        assert [(p.call_id, p.tool) for p in h.pending_approvals()] == [("c1", "pay"), ("c1~2", "delete_account")]
-        assert h.approve("c1") is True and h.deny("c1~2", "no") is True
+        assert [(p.call_id, p.tool) for p in h.pending_approvals()] == [("c1", "pay"), ("c1-2", "delete_account")]
+        assert h.approve("c1") is True and h.deny("c1-2", "no") is True
         run = h.result(WAIT)
     assert bank.ran == [("pay", "alice", 5)]
     sent = client.requests[0].messages
-    assert [c.id for c in sent[-2].tool_calls] == ["c1", "c1~2"]
-    assert [r.tool_call_id for r in sent[-1].tool_results] == ["c1", "c1~2"]
+    assert [c.id for c in sent[-2].tool_calls] == ["c1", "c1-2"]
+    assert [r.tool_call_id for r in sent[-1].tool_results] == ["c1", "c1-2"]
     assert len(run.approvals) == 2

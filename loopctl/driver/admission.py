@@ -7,8 +7,10 @@ so no path reaches a tool, an approval or a policy without it. ``admit``
 is deterministic and idempotent (an admitted batch admits to itself).
 Rules it keeps:
 
-- ids are unique within a turn: a repeated id is renamed ``<id>~2``,
-  ``<id>~3`` ... (the first keeps its id; a name already taken is skipped).
+- ids are unique within a turn: a repeated id is renamed ``<id>-2``,
+  ``<id>-3`` ... (the first keeps its id; a name already taken is skipped;
+  ``-`` because every provider's id alphabet has it, Anthropic's
+  ``[A-Za-z0-9_-]`` included).
   The renamed calls are what the conversation, the record, the approvals,
   the events and the results carry, so the model, the audit trail and a
   person answering agree on which call is which, and one answer can only
@@ -64,7 +66,7 @@ class Admitted:
 
 
 def unique_ids(calls: Sequence[ToolCallPart]) -> list[ToolCallPart]:
-    """``calls`` with every repeated id renamed ``<id>~N`` (deterministic; first keeps its id)."""
+    """``calls`` with every repeated id renamed ``<id>-N`` (deterministic; first keeps its id)."""
     taken = {c.id for c in calls}
     if len(taken) == len(calls):
         return list(calls)
@@ -74,9 +76,9 @@ def unique_ids(calls: Sequence[ToolCallPart]) -> list[ToolCallPart]:
         cid = c.id
         if cid in seen:
             n = 2
-            while f"{c.id}~{n}" in taken:
+            while f"{c.id}-{n}" in taken:
                 n += 1
-            cid = f"{c.id}~{n}"
+            cid = f"{c.id}-{n}"
             taken.add(cid)
             c = attrs.evolve(c, id=cid)
         seen.add(cid)
@@ -95,16 +97,22 @@ def admit(calls: Sequence[ToolCallPart], tools: Any) -> list[Admitted]:
 
 
 def _admit_one(call: ToolCallPart, tools: Any) -> Admitted:
-    frozen = call.input if type(call.input) is FrozenDict else freeze_arguments(call.input)
-    if call.invalid is None:
-        size = json_size(frozen, MAX_ARGUMENT_CHARS)
-        if size > MAX_ARGUMENT_CHARS:
+    if type(call.input) is FrozenDict:  # admitted before: the same value, checked again below
+        frozen: FrozenDict = call.input
+    else:
+        why = None
+        if call.invalid is None and json_size(call.input, MAX_ARGUMENT_CHARS) > MAX_ARGUMENT_CHARS:
             why = (
                 f"the arguments of '{call.name[:80]}' are too large (more than {MAX_ARGUMENT_CHARS:,} "
                 "characters of JSON); send a smaller call (a path or a reference instead of the content)"
             )
+        else:
+            try:
+                frozen = freeze_arguments(call.input)
+            except RecursionError:
+                why = f"the arguments of '{call.name[:80]}' are nested too deeply; send a flatter call"
+        if why is not None:  # the call cannot run: the model gets the reason as a soft error
             return Admitted(ToolCallPart(call.id, call.name, FrozenDict(), why), None, why)
-    if frozen is not call.input:
         call = attrs.evolve(call, input=frozen)
     tool = tools.get(call.name) if call.name else None
     problem: Optional[str] = None
