@@ -21,6 +21,7 @@ from loopctl.observers import ApprovalRequested, Observer
 from loopctl.providers import AnthropicClient, OpenAIClient
 from loopctl.providers.stream_handler import StreamHandler
 from loopctl.testing import ScriptedClient, call, reply
+from loopctl.tools import Tool, ToolRegistry
 
 SILENT = str(Path(__file__).resolve().parent / "mcp_servers" / "silent_server.py")
 
@@ -33,7 +34,17 @@ def make_tool(**options: Any) -> Any:
     return tool(**options)(f)
 
 
+class Custom(Tool):
+    """A ``Tool`` subclass whose timeouts are plain attributes (checked when registered)."""
+
+    name = "custom"
+
+    def __init__(self, approval_timeout: Any) -> None:
+        self.approval_timeout = approval_timeout
+
+
 CONFIGURED: list[tuple[str, Callable[[Any], Any]]] = [
+    ("tool 'custom': approval_timeout", lambda v: ToolRegistry([Custom(v)])),
     ("RunConfig.approval_timeout", lambda v: RunConfig(approval_timeout=v)),
     ("approval_timeout", lambda v: make_tool(requires_approval=True, approval_timeout=v)),
     ("timeout", lambda v: make_tool(timeout=v)),

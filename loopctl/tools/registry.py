@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 
 from loopctl.errors import ConfigError
 from loopctl.messages import ToolSchema
+from loopctl.timeouts import seconds
 from loopctl.tools.base import Tool
 
 log = logging.getLogger("loopctl")
@@ -93,11 +94,16 @@ class ToolRegistry:
         Raises:
             ToolConflict: a same-named tool of another source is registered
                 (and ``override`` is False, or it requires approval).
+            ConfigError: the tool's ``timeout`` or ``approval_timeout`` is
+                not a finite positive number of seconds (or None).
         """
         if not isinstance(tool, Tool):
             raise TypeError(f"register() takes a Tool, got {type(tool).__name__} {tool!r:.60}")
         if not tool.name:
             raise ValueError(f"tool {tool!r} has an empty name")
+        # A Tool subclass sets these as plain attributes: checked here, as @tool checks its own.
+        seconds(getattr(tool, "timeout", None), f"tool {tool.name!r}: timeout")
+        seconds(getattr(tool, "approval_timeout", None), f"tool {tool.name!r}: approval_timeout")
         self.check(tool, override=override)
         old = self._tools.get(tool.name)
         if old is not None and old is not tool and getattr(old, "source", None) is None:
