@@ -42,11 +42,12 @@ from loopctl.contrib.mcp.errors import (
     thread_label,
 )
 from loopctl.contrib.mcp.loop_thread import LoopThread
+from loopctl.contrib.mcp.naming import claimable, register_tools
 from loopctl.contrib.mcp.tool import MCPTool
 from loopctl.contrib.mcp.transports import Spec, StdioSpec, http_spec, stdio_spec
-from loopctl.timeouts import required_seconds, seconds
+from loopctl.timeouts import bounded, required_seconds, seconds
 from loopctl.tools.base import ToolContext, ToolOutput
-from loopctl.tools.registry import ToolConflict, ToolRegistry, describe_tool
+from loopctl.tools.registry import ToolRegistry
 
 T = TypeVar("T")
 
@@ -194,7 +195,7 @@ class MCPServer:
 
     def wait_tools_changed(self, timeout: Optional[float] = None) -> bool:
         """Block until the server announces a new tool list (True) or ``timeout`` passes."""
-        return self._changed.wait(timeout)
+        return self._changed.wait(bounded(timeout))
 
     def tools(self, prefix: str = "", *, timeout: Optional[float] = None) -> list[MCPTool]:
         """The server's tools as loopctl ``Tool``s (re-listed when the list changed).
@@ -236,8 +237,8 @@ class MCPServer:
             MCPServerError: the server did not start or could not list its tools.
             ToolConflict: a name collision (see above).
         """
-        chosen = self._claimable(registry, prefix, timeout, override, skip=False)
-        return self._register(registry, chosen, override)
+        chosen = claimable(self.tools(prefix, timeout=timeout), registry, override, None)
+        return register_tools(registry, chosen, override)
 
     def attach(self, registry: ToolRegistry, prefix: str = "", *, timeout: Optional[float] = None,
                override: bool = False) -> list[str]:
@@ -257,15 +258,15 @@ class MCPServer:
             MCPServerError: the server did not start or could not list its tools.
             ToolConflict: a name collision (see ``sync``).
         """
-        chosen = self._claimable(registry, prefix, timeout, override, skip=False)
-        added = self._register(registry, chosen, override)
+        chosen = claimable(self.tools(prefix, timeout=timeout), registry, override, None)
+        added = register_tools(registry, chosen, override)
         provided = {t.name for t in chosen}
 
         def refresh(reg: ToolRegistry) -> None:
             if not self.tools_changed or self.is_closed:
                 return
-            now = self._claimable(reg, prefix, timeout, override, skip=True)
-            self._register(reg, now, override)
+            now = claimable(self.tools(prefix, timeout=timeout), reg, override, self.logger)
+            register_tools(reg, now, override)
             names = {t.name for t in now}
             for gone in provided - names:
                 reg.unregister(gone, source=self)
@@ -273,41 +274,6 @@ class MCPServer:
             provided.update(names)
 
         registry.add_refresher(refresh)
-        return added
-
-    def _claimable(self, registry: ToolRegistry, prefix: str, timeout: Optional[float], override: bool,
-                   skip: bool) -> list[MCPTool]:
-        """The listed tools this server may register; collisions raise (or, with ``skip``, are dropped)."""
-        chosen: list[MCPTool] = []
-        seen: dict[str, MCPTool] = {}
-        for t in self.tools(prefix, timeout=timeout):
-            first = seen.get(t.name)
-            try:
-                if first is not None:
-                    if override:
-                        continue  # the first listed keeps the name
-                    raise ToolConflict(
-                        f"{describe_tool(t)} has the same name as {describe_tool(first)} "
-                        "(both map to one loopctl name); use override=True to keep the first",
-                        t.name, describe_tool(first), describe_tool(t))
-                registry.check(t, override=override)
-            except ToolConflict as exc:
-                if not skip:
-                    raise
-                self.logger.warning("MCP server %s: tool skipped: %s", self.name, exc)
-                continue
-            seen[t.name] = t
-            chosen.append(t)
-        return chosen
-
-    @staticmethod
-    def _register(registry: ToolRegistry, tools: list[MCPTool], override: bool) -> list[str]:
-        added: list[str] = []
-        for t in tools:
-            old = registry.get(t.name)
-            if old is None or old.schema() != t.schema() or old.timeout != t.timeout or old.source is not t.source:
-                registry.register(t, override=override)
-                added.append(t.name)
         return added
 
     def _run(self, coro: Any, what: str) -> Any:
