@@ -106,7 +106,6 @@ def needs_approval(
 
 def park_batch(
     slot: ApprovalSlot,
-    tools: Any,
     policy: Optional[ApprovalPolicy],
     calls: Sequence[Admitted],
     *,

@@ -153,7 +153,7 @@ class Dispatcher:
     def _park(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> Optional[ParkedBatch]:
         rc = run.rc
         return park_batch(
-            rc.approvals, self.parts.tools, self.parts.approval_policy, calls, events=run.events,
+            rc.approvals, self.parts.approval_policy, calls, events=run.events,
             session_id=run.session_id, turn=turn,
             default_timeout=rc.run.config.approval_timeout, unfenced=rc.unfenced,
         )
