@@ -1,7 +1,9 @@
 """Approval values: a call waiting for a person, the policy's view, the decision.
 
-A leaf: plain frozen attrs classes with JSON forms, no threads and no
-loopctl imports. The slot that parks calls and takes answers from other
+A leaf: plain frozen attrs classes with JSON forms, no threads; it imports
+only ``loopctl.frozen``. Arguments are deeply immutable (``FrozenDict``):
+the policy, the person, the events and the record read one value that
+none of them can change (``thaw`` gives a mutable copy). The slot that parks calls and takes answers from other
 threads is ``loopctl.driver.approvals``; the audit record keeps every
 ``ApprovalDecision`` in ``Run.approvals``.
 """
@@ -13,16 +15,14 @@ from typing import Any, Optional
 
 import attrs
 
+from loopctl.frozen import FrozenDict, freeze_arguments, thaw
+
 #: The reason given to calls still pending when their run ends.
 RUN_ENDED = "run ended"
 #: The reason given to calls still pending when their run is cancelled.
 RUN_CANCELLED = "run cancelled"
 #: The reason given to a call whose approval timeout passed.
 TIMED_OUT = "approval timed out"
-
-
-def _frozen_dict(value: Mapping[str, Any]) -> dict[str, Any]:
-    return dict(value)
 
 
 @attrs.frozen
@@ -42,7 +42,7 @@ class PendingApproval:
 
     call_id: str
     tool: str
-    arguments: dict[str, Any] = attrs.field(converter=_frozen_dict)
+    arguments: FrozenDict = attrs.field(converter=freeze_arguments)
     run_id: str
     requested_at: float
     turn: int = 0
@@ -53,7 +53,7 @@ class PendingApproval:
         return {
             "call_id": self.call_id,
             "tool": self.tool,
-            "arguments": dict(self.arguments),
+            "arguments": thaw(self.arguments),
             "run_id": self.run_id,
             "requested_at": self.requested_at,
             "turn": self.turn,
@@ -84,7 +84,7 @@ class ApprovalContext:
     """
 
     tool: str
-    arguments: Mapping[str, Any]
+    arguments: FrozenDict = attrs.field(converter=freeze_arguments)
     call_id: str
     run_id: str
     session_id: str
@@ -114,7 +114,7 @@ class ApprovalDecision:
     approved: bool
     by: Optional[str]
     reason: str
-    arguments: dict[str, Any] = attrs.field(converter=_frozen_dict)
+    arguments: FrozenDict = attrs.field(converter=freeze_arguments)
     edited: bool
     requested_at: float
     decided_at: float
@@ -127,7 +127,7 @@ class ApprovalDecision:
             "approved": self.approved,
             "by": self.by,
             "reason": self.reason,
-            "arguments": dict(self.arguments),
+            "arguments": thaw(self.arguments),
             "edited": self.edited,
             "requested_at": self.requested_at,
             "decided_at": self.decided_at,

@@ -75,7 +75,12 @@ class CancelSignal:
         return self._event.is_set()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        """Block until cancelled or ``timeout`` seconds pass; True if cancelled."""
+        """Block until cancelled or ``timeout`` seconds pass; True if cancelled.
+
+        A ``timeout`` beyond what the platform can wait waits that long instead.
+        """
+        if timeout is not None and timeout > threading.TIMEOUT_MAX:
+            timeout = threading.TIMEOUT_MAX
         return self._event.wait(timeout)
 
     @property

@@ -1,7 +1,10 @@
 """Session and run configuration: frozen, validated, never clamped.
 
 A value out of range raises ``ConfigError`` naming the field and the value
-(we differ from the original on purpose: nothing is silently clamped).
+(we differ from the original on purpose: nothing is silently clamped). The
+one exception is a duration longer than the platform can wait
+(``loopctl.timeouts``): it means "practically for ever" and is clamped to
+``threading.TIMEOUT_MAX``; infinities and NaN are refused.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from typing import Any, Optional
 import attrs
 
 from loopctl.errors import ConfigError
+from loopctl.timeouts import clamp, seconds
 
 _DISPATCH_MODES = ("parallel", "sequential")
 _OUTPUT_MODES = (None, "native", "tool", "prompt")
@@ -42,12 +46,7 @@ def _optional_str(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> Non
 
 
 def _optional_seconds(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(
-            f"{type(inst).__name__}.{attribute.name} must be a positive number of seconds or None, got {value!r:.80}"
-        )
+    seconds(value, f"{type(inst).__name__}.{attribute.name}")
 
 
 def _mode(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -176,7 +175,7 @@ class RunConfig:
     output_type: Any = None
     output_retries: int = attrs.field(default=2, validator=_int_range(0))
     output_mode: Optional[str] = attrs.field(default=None, validator=_output_mode)
-    approval_timeout: Optional[float] = attrs.field(default=None, validator=_optional_seconds)
+    approval_timeout: Optional[float] = attrs.field(default=None, converter=clamp, validator=_optional_seconds)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (an answer type travels as its import path, a schema as itself)."""

@@ -57,9 +57,19 @@ RULES: tuple[Rule, ...] = (
         "leaves import nothing of loopctl",
         files=(
             "loopctl/errors.py", "loopctl/messages.py", "loopctl/cancel.py", "loopctl/text.py",
-            "loopctl/approvals.py",
+            "loopctl/frozen.py",
         ),
         allowed=(),
+    ),
+    Rule(
+        "the duration check imports only the errors leaf",
+        files=("loopctl/timeouts.py",),
+        allowed=("loopctl.errors",),
+    ),
+    Rule(
+        "approval values import only the frozen-value leaf",
+        files=("loopctl/approvals.py",),
+        allowed=("loopctl.frozen",),
     ),
     Rule(
         "typed output is pure: the leaves, the tools' schema machinery and itself",
@@ -73,12 +83,12 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "configs import only the leaves",
         files=("loopctl/config.py",),
-        allowed=("loopctl.errors", "loopctl.messages"),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.timeouts"),
     ),
     Rule(
         "records import only the leaves and configs",
         files=("loopctl/records.py",),
-        allowed=("loopctl.errors", "loopctl.messages", "loopctl.config", "loopctl.approvals"),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.config", "loopctl.approvals", "loopctl.frozen"),
     ),
     Rule(
         "observer events and hooks import only the leaves",

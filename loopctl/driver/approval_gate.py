@@ -1,13 +1,17 @@
 """The approval gate: which calls of a batch wait for a person, and dispatch around them.
 
-Before a batch runs, ``park_batch`` asks of each call: does its tool say
-``requires_approval``, or does the loop's policy (``with_approval``) say so
-for these arguments? Only calls whose arguments pass the tool's schema are
-asked about (an invalid call never runs, so nobody need approve it); a
-policy that raises counts as "needs approval" (fail closed). Every call
-that needs one is parked in the run's ``ApprovalSlot`` at once, in request
-order, each announced by ``on_approval_requested``, so a person sees the
-whole batch.
+Before a batch runs, ``park_batch`` asks of each admitted call (see
+``admission``: its id is unique in the turn, its arguments frozen and
+validated): does its tool say ``requires_approval``, or does the loop's
+policy (``with_approval``) say so for these arguments? Only calls whose
+arguments pass the tool's schema are asked about (an invalid call never
+runs, so nobody need approve it); a policy that raises counts as "needs
+approval" (fail closed). Every call that needs one is parked in the run's
+``ApprovalSlot`` at once, in request order, each announced by
+``on_approval_requested``, so a person sees the whole batch. One parked
+call, one answer: ids are unique, so an answer never covers another call.
+The policy, the person, the event and the record all read the one frozen
+value the gate admitted; an edit is validated and frozen again by the slot.
 
 ``dispatch_parked`` then walks the batch's waves in order: a wave's free
 calls run first (they never wait for a person), then the gate waits for
@@ -16,7 +20,9 @@ the wave's parked calls (unfenced: a cancel takes the run over at once;
 batch), and the approved ones run, with edited arguments when the approver
 gave them. A denied call never runs: its result is the soft error "the
 user denied this call: <reason>", with no ``on_tool_pre``. Results stay in
-request order. An approval covers the call's recovery retries.
+request order. An approval covers the call's recovery retries as approved;
+a retry whose correction changes the call and needs approval is not run
+(``needs_approval`` says so for the dispatcher).
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from typing import Any, Callable, Optional
 import attrs
 
 from loopctl.approvals import ApprovalContext, ApprovalDecision, denial_text
+from loopctl.driver.admission import Admitted
 from loopctl.driver.approvals import ApprovalSlot
-from loopctl.messages import ToolCallPart, ToolResultPart
+from loopctl.messages import ToolResultPart
 from loopctl.observers import ApprovalRequested, ApprovalResolved
 
 log = logging.getLogger("loopctl")
@@ -85,11 +92,22 @@ def report_unreported(slot: ApprovalSlot, events: Any, session_id: str) -> None:
         report(events, session_id, slot.run_id, d)
 
 
+def needs_approval(
+    admitted: Admitted, policy: Optional[ApprovalPolicy], ctx: ApprovalContext, unfenced: Callable[[], Any]
+) -> bool:
+    """Whether an admitted call waits for a person (its tool says so, or the policy does)."""
+    tool = admitted.tool
+    if tool is None or admitted.problem is not None or admitted.call.invalid is not None:
+        return False  # it never runs: nothing to approve
+    if getattr(tool, "requires_approval", False):
+        return True
+    return policy is not None and _ask_policy(policy, ctx, unfenced)
+
+
 def park_batch(
     slot: ApprovalSlot,
-    tools: Any,
     policy: Optional[ApprovalPolicy],
-    calls: Sequence[ToolCallPart],
+    calls: Sequence[Admitted],
     *,
     events: Any,
     session_id: str,
@@ -103,26 +121,14 @@ def park_batch(
         Cancelled: the run was cancelled (the slot is closed).
     """
     ids: dict[int, str] = {}
-    for i, call in enumerate(calls):
-        tool = tools.get(call.name)
-        if tool is None:
+    for i, admitted in enumerate(calls):
+        call, tool = admitted.call, admitted.tool
+        # The frozen admitted arguments: a policy cannot change what runs.
+        ctx = ApprovalContext(call.name, call.input, call.id, slot.run_id, session_id, turn)
+        if not needs_approval(admitted, policy, ctx, unfenced):
             continue
-        needs = bool(getattr(tool, "requires_approval", False))
-        if not needs and policy is None:
-            continue
-        try:
-            if tool.validate(call.input) is not None:
-                continue  # it fails validation and never runs: nothing to approve
-        except Exception:
-            continue
-        if not needs:
-            ctx = ApprovalContext(call.name, dict(call.input), call.id, slot.run_id, session_id, turn)
-            needs = _ask_policy(policy, ctx, unfenced)  # a copy: a policy cannot change what runs
-        if not needs:
-            continue
-        if call.id in ids.values():  # a model that repeats an id: one answer serves both
-            ids[i] = call.id
-            continue
+        if call.id in ids.values():  # the gate makes ids unique: a repeat here is a bug, never a bypass
+            raise RuntimeError(f"call id {call.id!r} parked twice in one batch")
         timeout = getattr(tool, "approval_timeout", None)
         if timeout is None:
             timeout = default_timeout
@@ -146,9 +152,9 @@ def _ask_policy(policy: Any, ctx: ApprovalContext, unfenced: Callable[[], Any]) 
 
 def dispatch_parked(
     batch: ParkedBatch,
-    calls: Sequence[ToolCallPart],
+    calls: Sequence[Admitted],
     waves: Sequence[Sequence[int]],
-    run_group: Callable[[Sequence[ToolCallPart]], list[ToolResultPart]],
+    run_group: Callable[[Sequence[Admitted]], list[ToolResultPart]],
     check_cancel: Callable[[], None],
     unfenced: Callable[[], Any],
 ) -> list[ToolResultPart]:
@@ -159,7 +165,7 @@ def dispatch_parked(
     """
     results: list[Optional[ToolResultPart]] = [None] * len(calls)
 
-    def run(indices: list[int], group: list[ToolCallPart]) -> None:
+    def run(indices: list[int], group: list[Admitted]) -> None:
         if indices:
             for i, r in zip(indices, run_group(group)):
                 results[i] = r
@@ -174,17 +180,21 @@ def dispatch_parked(
         batch.wait_for(parked, unfenced)
         check_cancel()
         go: list[int] = []
-        group: list[ToolCallPart] = []
+        group: list[Admitted] = []
         for i in parked:
             d = batch.decision(i)
-            call = calls[i]
+            admitted = calls[i]
+            call = admitted.call
             if d.approved:
                 go.append(i)
-                group.append(attrs.evolve(call, input=dict(d.arguments)) if d.edited else call)
+                # An edit was validated and frozen by the slot: it runs as recorded.
+                group.append(attrs.evolve(admitted, call=attrs.evolve(call, input=d.arguments)) if d.edited else admitted)
             else:
                 results[i] = ToolResultPart(call.id, call.name, denial_text(d.reason), True)
         run(go, group)
     return results  # type: ignore[return-value]
 
 
-__all__ = ["ApprovalPolicy", "ParkedBatch", "dispatch_parked", "park_batch", "report", "report_unreported"]
+__all__ = [
+    "ApprovalPolicy", "ParkedBatch", "dispatch_parked", "needs_approval", "park_batch", "report", "report_unreported",
+]

@@ -9,9 +9,11 @@ thread lists what is pending (``pending``) and answers (``approve`` /
 - an answer is taken once: a second answer, an unknown call id, an id of
   another run, or an answer after the slot closed returns False and
   changes nothing;
-- edited arguments are checked against the tool's schema on the answering
-  thread, outside the lock; an invalid edit raises ``ValueError`` naming
-  the field and the call stays pending;
+- edited arguments are frozen first (a deep, immutable copy: the caller
+  changing its dict afterwards changes nothing), then that frozen value is
+  checked against the tool's schema on the answering thread, outside the
+  lock; an invalid edit raises ``ValueError`` naming the field and the call
+  stays pending; the call runs with exactly the value that was checked;
 - a call's timeout (the tool's ``approval_timeout``, else the run's) is
   measured from when it was parked; when it passes the call is denied
   ("approval timed out");
@@ -39,7 +41,9 @@ from loopctl.approvals import (
     PendingApproval,
 )
 from loopctl.errors import Cancelled
+from loopctl.frozen import FrozenDict, freeze_arguments
 from loopctl.records import Run
+from loopctl.timeouts import bounded
 
 #: ``validate(arguments) -> problem``: a message naming the bad field, or None.
 Validator = Callable[[Mapping[str, Any]], Optional[str]]
@@ -113,7 +117,7 @@ class ApprovalSlot:
         Raises:
             Cancelled: the slot is closed (the run was cancelled or ended).
         """
-        pending = PendingApproval(call_id, tool, dict(arguments), self._run.id, self._wall(), turn, timeout)
+        pending = PendingApproval(call_id, tool, freeze_arguments(arguments), self._run.id, self._wall(), turn, timeout)
         deadline = None if timeout is None else self._clock() + timeout
         with self._cond:
             if self._closed:
@@ -156,7 +160,7 @@ class ApprovalSlot:
                     return []  # every one was answered and already reported
                 if self._closed:
                     raise Cancelled(self._cancel_reason())
-                self._cond.wait(None if nearest is None else max(0.0, nearest - now))
+                self._cond.wait(None if nearest is None else bounded(nearest - now))
 
     def close(self, reason: str) -> None:
         """Answer every pending call denied with ``reason`` and refuse later answers (idempotent)."""
@@ -216,8 +220,11 @@ class ApprovalSlot:
                 if entry is None or entry.decision is not None or self._closed:
                     return False
                 validate = entry.validate
-            edited = dict(arguments)
-            problem = validate(edited) if validate is not None else None
+            edited = freeze_arguments(arguments)  # checked and run as this one immutable value
+            try:
+                problem = validate(edited) if validate is not None else None
+            except Exception as exc:  # a custom validate() that raises: refuse the edit
+                problem = f"validation raised {type(exc).__name__}"
             if problem is not None:
                 raise ValueError(f"invalid arguments for tool '{entry.pending.tool}': {problem}")
         with self._cond:
@@ -252,7 +259,7 @@ class ApprovalSlot:
         approved: bool,
         by: Optional[str],
         reason: str,
-        edited: Optional[dict[str, Any]],
+        edited: Optional[FrozenDict],
     ) -> None:
         # Under the lock: the decision and the audit record change together.
         p = entry.pending

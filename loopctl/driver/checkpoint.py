@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, Optional
 
 import attrs
 
+from loopctl.driver.admission import admit_message
 from loopctl.messages import Message, ToolResultPart
 from loopctl.records import Turn
 
@@ -155,7 +156,11 @@ def restore(point: ResumePoint, machine: Any, run: Any, tools: Any, answer_check
         return {}
     run.turns.extend(cp.turns)
     answered = answers_for(point, tools)
-    machine.resume(cp.pending, cp.turns_taken, answered, answer_check)
+    pending = list(cp.pending)
+    if pending and pending[-1].role == "assistant":
+        # The awaited calls pass the admission gate again, as a fresh reply's do.
+        pending[-1], _ = admit_message(pending[-1], tools)
+    machine.resume(pending, cp.turns_taken, answered, answer_check)
     return answered
 
 

@@ -1,5 +1,10 @@
 """Tool dispatch: sequential or parallel waves, results in request order.
 
+Every batch first passes the admission gate (``admission.admit``: unique
+ids, resolved names, frozen validated arguments); a call's attempts then
+run with the admitted tool and a fresh plain copy of the admitted
+arguments, and a recovery correction is admitted again before it runs.
+
 Every attempt of a call goes through the same steps, split in three
 phases so that events and state stay on the run's thread:
 
@@ -36,16 +41,20 @@ import contextvars
 import logging
 import threading
 import time
-import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from loopctl.driver.approval_gate import ParkedBatch, dispatch_parked, park_batch
+from loopctl.approvals import ApprovalContext
+from loopctl.driver.admission import Admitted, admit
+from loopctl.driver.approval_gate import ParkedBatch, dispatch_parked, needs_approval, park_batch
 from loopctl.driver.recovery import corrected, decide
+from loopctl.driver.tool_calls import CallState, ToolRun, plan_waves, result_hash
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
+from loopctl.frozen import thaw
 from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
 from loopctl.observers import ToolPost, ToolPre
+from loopctl.timeouts import bounded
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.pipeline import DispatchContext, invoke_tool, not_found_text
 from loopctl.tools.recovery import (
@@ -57,8 +66,6 @@ from loopctl.tools.recovery import (
 )
 
 if TYPE_CHECKING:
-    from loopctl.config import ParallelDispatch
-    from loopctl.driver.emission import RunEvents
     from loopctl.driver.handle import RunContext
     from loopctl.driver.parts import LoopParts
     from loopctl.driver.resources import LoopResources
@@ -69,54 +76,9 @@ _RUN, _BLOCKED, _GATED = 0, 1, 2
 _trajectory_entry: Any = None  # loopctl.context.memory.trajectory_entry, imported on first use
 
 
-def result_hash(text: str) -> str:
-    """A short, stable, non-cryptographic hash of a result's text."""
-    return format(zlib.crc32(text.encode("utf-8", "surrogatepass")), "08x") if text else ""
-
-
 def _cancel_wait(cancel: Any, delay: float) -> bool:
-    return bool(cancel.wait(delay))
+    return bool(cancel.wait(bounded(delay)))
 
-
-_NO_OUTPUT = ToolOutput("")  # a call's output before it has one (frozen: shared)
-
-
-class _Call:
-    """One call's state across its attempts."""
-
-    __slots__ = ("original", "call", "attempt", "ctx", "out", "ms", "resolved", "correction", "interrupted")
-
-    def __init__(self, call: ToolCallPart) -> None:
-        self.original = call
-        self.call = call
-        self.attempt = 0
-        self.ctx: Optional[ToolContext] = None
-        self.out = _NO_OUTPUT
-        self.ms = 0.0
-        self.resolved = call.name
-        self.correction: Any = None
-        self.interrupted = False
-
-    def result(self) -> ToolResultPart:
-        o = self.original
-        return ToolResultPart(o.id, o.name, self.out.text, self.out.is_error)
-
-
-class ToolRun:
-    """What one run lends the dispatcher: its fence, events, input and dispatch mode."""
-
-    __slots__ = ("rc", "events", "run_input", "parallel", "session_id", "settled")
-
-    def __init__(
-        self, rc: RunContext, events: RunEvents, run_input: str, parallel: ParallelDispatch, session_id: str
-    ) -> None:
-        self.rc = rc
-        self.events = events
-        self.run_input = run_input
-        self.parallel = parallel
-        self.session_id = session_id
-        # A durable run's checkpoint after each settled call or wave (run thread, fenced).
-        self.settled: Optional[Callable[[Sequence[ToolResultPart]], None]] = None
 
 
 class Dispatcher:
@@ -135,7 +97,7 @@ class Dispatcher:
     # -- batches ---------------------------------------------------------------
 
     def dispatch(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> list[ToolResultPart]:
-        """Run ``calls``; results in the same order.
+        """Admit ``calls`` (the gate), then run them; results in the same order.
 
         Raises:
             Cancelled: the signal fired before a call, between calls or waves,
@@ -146,6 +108,9 @@ class Dispatcher:
         """
         if not calls:
             return []
+        return self._dispatch_admitted(run, turn, admit(calls, self.parts.tools))
+
+    def _dispatch_admitted(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         parallel = run.parallel
         settled = run.settled
         sequential = parallel.mode == "sequential" or parallel.max_concurrency == 1 or len(calls) == 1
@@ -155,7 +120,7 @@ class Dispatcher:
         if parked is not None:  # some calls wait for a person: see approval_gate
             waves = [[i] for i in range(len(calls))] if sequential else self._plan_waves(calls, parallel.max_concurrency)
 
-            def run_group(group: Sequence[ToolCallPart]) -> list[ToolResultPart]:
+            def run_group(group: Sequence[Admitted]) -> list[ToolResultPart]:
                 out = self._run_group(run, turn, group)
                 if settled is not None:
                     settled(out)
@@ -166,10 +131,10 @@ class Dispatcher:
             )
         if sequential:
             if settled is None:
-                return [self._run_one(run, turn, _Call(c)) for c in calls]
+                return [self._run_one(run, turn, CallState(c)) for c in calls]
             out = []
             for c in calls:
-                out.append(self._run_one(run, turn, _Call(c)))
+                out.append(self._run_one(run, turn, CallState(c)))
                 settled(out[-1:])
             return out
         results: list[Optional[ToolResultPart]] = [None] * len(calls)
@@ -177,7 +142,7 @@ class Dispatcher:
             self._check_cancel(run.rc)
             if len(wave) == 1:
                 i = wave[0]
-                results[i] = self._run_one(run, turn, _Call(calls[i]))
+                results[i] = self._run_one(run, turn, CallState(calls[i]))
             else:
                 for i, r in zip(wave, self._run_wave(run, turn, [calls[i] for i in wave])):
                     results[i] = r
@@ -185,31 +150,31 @@ class Dispatcher:
                 settled([results[i] for i in wave])  # type: ignore[misc]
         return results  # type: ignore[return-value]
 
-    def _park(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> Optional[ParkedBatch]:
+    def _park(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> Optional[ParkedBatch]:
         rc = run.rc
         return park_batch(
-            rc.approvals, self.parts.tools, self.parts.approval_policy, calls, events=run.events,
+            rc.approvals, self.parts.approval_policy, calls, events=run.events,
             session_id=run.session_id, turn=turn,
             default_timeout=rc.run.config.approval_timeout, unfenced=rc.unfenced,
         )
 
-    def _run_group(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> list[ToolResultPart]:
+    def _run_group(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         if len(calls) == 1:
-            return [self._run_one(run, turn, _Call(calls[0]))]
+            return [self._run_one(run, turn, CallState(calls[0]))]
         return self._run_wave(run, turn, calls)
 
     def _check_cancel(self, rc: RunContext) -> None:
         if rc.cancel.is_cancelled():
             raise Cancelled(rc.cancel.reason)
 
-    def _check_interrupted(self, rc: RunContext, states: Sequence[_Call]) -> None:
+    def _check_interrupted(self, rc: RunContext, states: Sequence[CallState]) -> None:
         """A tool raised ``KeyboardInterrupt``: the user means the run, so cancel it."""
         for st in states:
             if st.interrupted:
                 rc.cancel.cancel("interrupted")
                 raise Cancelled("interrupted")
 
-    def _run_one(self, run: ToolRun, turn: int, st: _Call) -> ToolResultPart:
+    def _run_one(self, run: ToolRun, turn: int, st: CallState) -> ToolResultPart:
         """The whole per-call pipeline, inline on the run's thread, retries included."""
         rc = run.rc
         while True:
@@ -225,9 +190,9 @@ class Dispatcher:
             retry = self._finish(run, turn, st, kind == _GATED)
             if retry is None:
                 return st.result()
-            self._prepare_retry(rc, st, retry)
+            self._prepare_retry(run, turn, st, retry)
 
-    def _execute_inline(self, rc: RunContext, turn: int, st: _Call) -> None:
+    def _execute_inline(self, rc: RunContext, turn: int, st: CallState) -> None:
         """Run the attempt on the run's thread, unfenced (a cancel may abandon it)."""
         rc.inline_tool = True
         try:
@@ -238,39 +203,12 @@ class Dispatcher:
             if rc.tools_abandoned:  # rare: the run was abandoned meanwhile
                 self.resources.inline_ended(rc)
 
-    def _plan_waves(self, calls: Sequence[ToolCallPart], limit: int) -> list[list[int]]:
-        """Group call indices into waves, keeping request order across waves.
+    def _plan_waves(self, calls: Sequence[Admitted], limit: int) -> list[list[int]]:
+        return plan_waves(calls, limit)
 
-        Safe calls join the current wave up to ``limit`` unless their resource
-        key is already in it; an unsafe call runs alone.
-        """
-        registry = self.parts.tools
-        waves: list[list[int]] = []
-        current: list[int] = []
-        keys: set[str] = set()
-        for i, call in enumerate(calls):
-            tool = registry.get(call.name)
-            safe = tool is not None and tool.is_concurrency_safe(call.input)
-            if not safe:
-                if current:
-                    waves.append(current)
-                waves.append([i])
-                current, keys = [], set()
-                continue
-            key = tool.resource_key(call.input)  # type: ignore[union-attr]
-            if len(current) >= limit or (key is not None and key in keys):
-                waves.append(current)
-                current, keys = [], set()
-            current.append(i)
-            if key is not None:
-                keys.add(key)
-        if current:
-            waves.append(current)
-        return waves
-
-    def _run_wave(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> list[ToolResultPart]:
+    def _run_wave(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         rc = run.rc
-        states = [_Call(c) for c in calls]
+        states = [CallState(c) for c in calls]
         kinds = [self._begin(run, turn, st) for st in states]
         runnable = [st for st, k in zip(states, kinds) if k == _RUN]
         if runnable:
@@ -290,11 +228,11 @@ class Dispatcher:
                 retries.append((k, retry))
         for k, retry in retries:
             st = states[k]
-            self._prepare_retry(rc, st, retry)
+            self._prepare_retry(run, turn, st, retry)
             slots[k] = self._run_one(run, turn, st)
         return slots  # type: ignore[return-value]
 
-    def _execute_together(self, run: ToolRun, turn: int, states: list[_Call]) -> None:
+    def _execute_together(self, run: ToolRun, turn: int, states: list[CallState]) -> None:
         rc = run.rc
         resources = self.resources
         pool = resources.executor(run.parallel.max_concurrency)
@@ -310,7 +248,7 @@ class Dispatcher:
         all_done = threading.Event()
         remaining = [len(states)]
 
-        def work(st: _Call) -> None:
+        def work(st: CallState) -> None:
             try:
                 if st.ctx is not None and st.ctx.cancel.is_cancelled():
                     return  # cancelled while it waited for a worker: never start it
@@ -338,11 +276,11 @@ class Dispatcher:
 
     # -- one attempt's phases ------------------------------------------------------
 
-    def _hook_ctx(self, run: ToolRun, turn: int, st: _Call) -> ToolHookContext:
+    def _hook_ctx(self, run: ToolRun, turn: int, st: CallState) -> ToolHookContext:
         c = st.call
         return ToolHookContext(run.session_id, run.rc.run.id, turn, c.id, c.name, c.input, st.attempt)
 
-    def _begin(self, run: ToolRun, turn: int, st: _Call) -> int:
+    def _begin(self, run: ToolRun, turn: int, st: CallState) -> int:
         """Run thread: cancel check, pre event, the gate, detector pre-check, health gate."""
         rc = run.rc
         cancel = rc.cancel
@@ -361,6 +299,9 @@ class Dispatcher:
             stop = detector.pre_check()
             if stop is not None:
                 raise stop
+        if st.refusal is not None:
+            st.out, st.ms, st.resolved = ToolOutput.error(st.refusal), 0.0, call.name
+            return _GATED
         health = parts.health
         if health is not None:
             refusal = health.check(call.name)
@@ -374,7 +315,7 @@ class Dispatcher:
             raise Cancelled(cancel.reason)
         return _RUN
 
-    def _gate(self, run: ToolRun, turn: int, st: _Call) -> bool:
+    def _gate(self, run: ToolRun, turn: int, st: CallState) -> bool:
         """The one point where a call may wait before it runs; True when it is blocked.
 
         Runs unfenced (a hook may wait for a person): a cancel meanwhile takes
@@ -390,23 +331,24 @@ class Dispatcher:
             return True
         return False
 
-    def _execute(self, turn: int, st: _Call) -> None:
+    def _execute(self, turn: int, st: CallState) -> None:
         """Any thread, unfenced: run the attempt; never raises."""
         parts = self.parts
         call = st.call
         t0 = time.perf_counter()
         pipeline = parts.pipeline
         try:
+            # The tool gets its own plain copy of the admitted (frozen) arguments.
             if pipeline is None:
-                tools = parts.tools
-                tool = tools.get(call.name)
+                tool = st.tool
                 if tool is None:
-                    out = ToolOutput.error(not_found_text(call.name, tools))
+                    out = ToolOutput.error(not_found_text(call.name, parts.tools))
                 else:
-                    out = invoke_tool(tool, call.input, st.ctx)
+                    out = invoke_tool(tool, thaw(call.input), st.ctx)
                 st.resolved = call.name
             else:
-                d = DispatchContext(call.name, call.input, call.name, call.id, turn, st.attempt, st.ctx, parts.tools)
+                args = thaw(call.input)
+                d = DispatchContext(call.name, args, call.name, call.id, turn, st.attempt, st.ctx, parts.tools)
                 out = pipeline.dispatch(d)
                 st.resolved = d.tool_name
         except Exception as exc:  # a custom pipeline that raises; never kill the run
@@ -419,7 +361,7 @@ class Dispatcher:
         st.out = out
         st.ms = (time.perf_counter() - t0) * 1000.0
 
-    def _finish(self, run: ToolRun, turn: int, st: _Call, gated: bool) -> Optional[Retry]:
+    def _finish(self, run: ToolRun, turn: int, st: CallState, gated: bool) -> Optional[Retry]:
         """Run thread: record, post event, hooks, health, memory, recovery.
 
         Returns a ``Retry`` when the call should run again, else None.
@@ -454,7 +396,7 @@ class Dispatcher:
             return None
         return self._recover(run, turn, st)
 
-    def _remember(self, st: _Call) -> None:
+    def _remember(self, st: CallState) -> None:
         global _trajectory_entry
         try:
             if _trajectory_entry is None:
@@ -468,13 +410,13 @@ class Dispatcher:
 
     # -- recovery ------------------------------------------------------------------
 
-    def _recover(self, run: ToolRun, turn: int, st: _Call) -> Optional[Retry]:
+    def _recover(self, run: ToolRun, turn: int, st: CallState) -> Optional[Retry]:
         parts = self.parts
         reflector = parts.reflector if parts.reflector is not None else NoopReflector()
         strategy = parts.recovery if parts.recovery is not None else ExponentialBackoffRecovery()
         limit = getattr(strategy, "max_attempts", MAX_RETRIES)
         max_attempts = limit if isinstance(limit, int) else MAX_RETRIES
-        tool = parts.tools.get(st.call.name)
+        tool = st.tool
         schema = tool.schema() if tool is not None else None
         rctx = ReflectionContext(st.attempt, max_attempts, run.run_input, turn, st.call.id)
         call, text = st.call, st.out.text
@@ -485,8 +427,13 @@ class Dispatcher:
         st.correction = analysis.correction
         return action
 
-    def _prepare_retry(self, rc: RunContext, st: _Call, retry: Retry) -> None:
-        """Ceiling check, cancel-aware backoff, correction; then ``attempt + 1``."""
+    def _prepare_retry(self, run: ToolRun, turn: int, st: CallState, retry: Retry) -> None:
+        """Ceiling check, cancel-aware backoff, correction (admitted again); then ``attempt + 1``.
+
+        An approval covers the call as it was approved: a correction that
+        changes it into a call needing approval is refused, not run.
+        """
+        rc = run.rc
         if st.attempt + 1 > MAX_RETRIES:
             raise ToolRecoveryExhausted(st.original.name, MAX_RETRIES + 1)
         delay = retry.delay if retry.delay > 0 else 0.0
@@ -494,7 +441,17 @@ class Dispatcher:
             with rc.unfenced():
                 self.sleep(rc.cancel, delay)
         self._check_cancel(rc)
-        st.call = corrected(st.call, st.correction)
+        fixed = corrected(st.call, st.correction)
+        if fixed is not st.call:  # a corrected call passes the gate again (same id)
+            again = admit([fixed], self.parts.tools)[0]
+            st.call, st.tool = again.call, again.tool
+            c = again.call
+            ctx = ApprovalContext(c.name, c.input, c.id, rc.run.id, run.session_id, turn)
+            if needs_approval(again, self.parts.approval_policy, ctx, rc.unfenced):
+                st.refusal = (
+                    f"Tool '{c.name}': the corrected call was not run because it needs a person's approval; "
+                    "call the tool again to ask for it"
+                )
         st.correction = None
         st.attempt += 1
 

@@ -20,6 +20,7 @@ from loopctl.approvals import PendingApproval
 from loopctl.driver.approvals import ApprovalSlot
 from loopctl.errors import LoopError
 from loopctl.records import Run
+from loopctl.timeouts import bounded
 
 
 class Abandoned(BaseException):
@@ -129,7 +130,7 @@ class RunHandle:
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Block until the run finishes or ``timeout`` passes; True if finished."""
-        return self._rc.done.wait(timeout)
+        return self._rc.done.wait(bounded(timeout))
 
     def result(self, timeout: Optional[float] = None) -> Run:
         """The finished ``Run``.
@@ -138,7 +139,7 @@ class RunHandle:
             LoopError: the run's error (with ``.run`` set).
             TimeoutError: the run did not finish within ``timeout`` seconds.
         """
-        if not self._rc.done.wait(timeout):
+        if not self._rc.done.wait(bounded(timeout)):
             raise TimeoutError(f"run {self.run_id} not finished after {timeout}s")
         error = self._rc.error
         if error is not None:

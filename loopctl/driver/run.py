@@ -30,8 +30,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+import attrs
+
 from loopctl.approvals import RUN_ENDED
 from loopctl.config import RunConfig
+from loopctl.driver.admission import admit_message
 from loopctl.driver.answers import answer_system, answer_tools, shape_options, shape_request
 from loopctl.driver.approval_gate import report_unreported
 from loopctl.driver.checkpoint import DurableRun, ResumePoint, restore
@@ -376,7 +379,11 @@ class RunDriver:
         wanted = em._wanted
         if StreamSuccess in wanted:
             em.stream_success(turn, response.model or parts.model_name(), usage)
-        message = response.message
+        # The gate first: the conversation and the record hold the admitted calls
+        # (ids unique in the turn, arguments frozen), as the dispatcher and approvals do.
+        message, _ = admit_message(response.message, parts.tools)
+        if message is not response.message:
+            response = attrs.evolve(response, message=message)
         calls = message.tool_calls  # both are computed properties: read once
         text = message.text
         if not calls and parts.convergence is not None:

@@ -47,6 +47,7 @@ from loopctl.providers.http import (
 )
 from loopctl.providers.reader import StreamParser, StreamReader
 from loopctl.providers.secrets import header_secrets
+from loopctl.timeouts import required_seconds
 
 log = logging.getLogger("loopctl")
 
@@ -266,12 +267,15 @@ class HTTPClientBase:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             shown = url_credentials(base_url)[0] if isinstance(base_url, str) else base_url
             raise ConfigError(f"base_url must be an http(s) URL, got {shown!r}")
-        if isinstance(timeout, tuple):
-            ok = len(timeout) == 2 and all(isinstance(t, (int, float)) and t > 0 for t in timeout)
+        if isinstance(timeout, tuple) and len(timeout) == 2:
+            timeout = (
+                required_seconds(timeout[0], "timeout (connect)"),
+                required_seconds(timeout[1], "timeout (read)"),
+            )
+        elif isinstance(timeout, tuple):
+            raise ConfigError(f"timeout must be seconds > 0 or a (connect, read) pair, got {timeout!r:.80}")
         else:
-            ok = isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and timeout > 0
-        if not ok:
-            raise ConfigError(f"timeout must be seconds > 0 or a (connect, read) pair, got {timeout!r}")
+            timeout = required_seconds(timeout, "timeout")
         self._model = model
         self._base_url = base_url.rstrip("/")
         self._shown_url, url_secrets = url_credentials(self._base_url)

@@ -33,15 +33,12 @@ from loopctl.errors import Cancelled, ConfigError
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.providers.http import CallScope
 from loopctl.providers.turn_stream import TurnStream
+from loopctl.timeouts import clamp, seconds
 
 
 def _seconds(optional: bool) -> Any:
     def check(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if value is None and optional:
-            return
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            kind = "seconds >= 0 or None" if optional else "seconds >= 0"
-            raise ConfigError(f"StreamHandler.{attribute.name} must be {kind}, got {value!r}")
+        seconds(value, f"StreamHandler.{attribute.name}", optional=optional, zero=True)
 
     return check
 
@@ -87,18 +84,18 @@ class StreamHandler:
             ``passthrough()``).
     """
 
-    first_event_timeout: Optional[float] = attrs.field(default=120.0, validator=_seconds(True))
-    event_timeout: Optional[float] = attrs.field(default=180.0, validator=_seconds(True))
-    total_timeout: Optional[float] = attrs.field(default=300.0, validator=_seconds(True))
+    first_event_timeout: Optional[float] = attrs.field(default=120.0, converter=clamp, validator=_seconds(True))
+    event_timeout: Optional[float] = attrs.field(default=180.0, converter=clamp, validator=_seconds(True))
+    total_timeout: Optional[float] = attrs.field(default=300.0, converter=clamp, validator=_seconds(True))
     max_retries: int = attrs.field(default=3, validator=_count)
-    base_delay: float = attrs.field(default=0.1, validator=_seconds(False))
-    max_delay: float = attrs.field(default=10.0, validator=_seconds(False))
+    base_delay: float = attrs.field(default=0.1, converter=clamp, validator=_seconds(False))
+    max_delay: float = attrs.field(default=10.0, converter=clamp, validator=_seconds(False))
     jitter: float = attrs.field(default=0.1, validator=_fraction)
     rate_limit_retries: int = attrs.field(default=5, validator=_count)
-    rate_limit_delay: float = attrs.field(default=5.0, validator=_seconds(False))
-    max_retry_wait: float = attrs.field(default=60.0, validator=_seconds(False))
+    rate_limit_delay: float = attrs.field(default=5.0, converter=clamp, validator=_seconds(False))
+    max_retry_wait: float = attrs.field(default=60.0, converter=clamp, validator=_seconds(False))
     rescue: bool = True
-    rescue_timeout: float = attrs.field(default=120.0, validator=_seconds(False))
+    rescue_timeout: float = attrs.field(default=120.0, converter=clamp, validator=_seconds(False))
     single_attempt: bool = False
 
     @classmethod

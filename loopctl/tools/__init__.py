@@ -46,7 +46,7 @@ from loopctl.tools.recovery import (
     Severity,
     Skip,
 )
-from loopctl.tools.registry import ToolRegistry
+from loopctl.tools.registry import ToolConflict, ToolRegistry
 
 __all__ = [
     "MAX_RETRIES",
@@ -72,6 +72,7 @@ __all__ = [
     "Skip",
     "TimeoutMiddleware",
     "Tool",
+    "ToolConflict",
     "ToolContext",
     "ToolError",
     "ToolHealth",

@@ -166,8 +166,10 @@ class Tool:
     ``timeout`` (seconds; enforced by the dispatcher, see
     ``loopctl.tools.timeout``), ``requires_approval`` (every call waits for
     a person's approval, see docs/approvals.md) with ``approval_timeout``
-    (seconds; None defers to ``RunConfig.approval_timeout``), and the
-    per-call ``is_concurrency_safe`` / ``resource_key`` overrides. ``call`` runs on a worker thread when calls
+    (seconds; None defers to ``RunConfig.approval_timeout``), ``source``
+    (what provides the tool: None for your own code, the server for an MCP
+    tool; a registry never lets one source's tool silently replace
+    another's), and the per-call ``is_concurrency_safe`` / ``resource_key`` overrides. ``call`` runs on a worker thread when calls
     overlap, so shared state needs its own lock.
     """
 
@@ -179,6 +181,7 @@ class Tool:
     timeout: Optional[float] = None
     requires_approval: bool = False
     approval_timeout: Optional[float] = None
+    source: Any = None
 
     def input_schema(self) -> Mapping[str, Any]:
         """The JSON Schema of the input (an object schema)."""

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Optional, TypeVar, Union, overload
 
 from loopctl.errors import ConfigError
+from loopctl.timeouts import seconds
 from loopctl.tools.base import Tool, ToolContext, ToolError, ToolOutput, to_output
 from loopctl.tools.docstrings import description as doc_description
 from loopctl.tools.docstrings import parse_args_section
@@ -83,16 +84,8 @@ class FunctionTool(Tool):
         if not isinstance(text, str) or not text.strip():
             raise ConfigError(f"{where}: a tool needs a description: add a docstring or pass description=")
         self.description = text.strip()
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ConfigError(f"{where}: timeout must be a positive number of seconds, got {timeout!r}")
-        if approval_timeout is not None and (
-            isinstance(approval_timeout, bool)
-            or not isinstance(approval_timeout, (int, float))
-            or not approval_timeout > 0
-        ):
-            raise ConfigError(
-                f"{where}: approval_timeout must be a positive number of seconds, got {approval_timeout!r}"
-            )
+        timeout = seconds(timeout, f"{where}: timeout")
+        approval_timeout = seconds(approval_timeout, f"{where}: approval_timeout")
         if not isinstance(requires_approval, bool):
             raise ConfigError(f"{where}: requires_approval must be a bool, got {requires_approval!r}")
         if resource_key is not None and not (isinstance(resource_key, str) or callable(resource_key)):
@@ -100,9 +93,9 @@ class FunctionTool(Tool):
         self.concurrency_safe = bool(concurrency_safe)
         self.read_only = bool(read_only)
         self.idempotent = bool(idempotent)
-        self.timeout = float(timeout) if timeout is not None else None
+        self.timeout = timeout
         self.requires_approval = requires_approval
-        self.approval_timeout = float(approval_timeout) if approval_timeout is not None else None
+        self.approval_timeout = approval_timeout
         self._resource_key = resource_key
         self.func = func
         self.__wrapped__ = func

@@ -1,4 +1,17 @@
-"""ToolRegistry: tools by name, in registration order.
+"""ToolRegistry: tools by name, in registration order; no silent replacement.
+
+A tool's ``source`` says what provides it (None: the application's own
+code; an MCP server for its tools). The registry is the one place that
+decides whether a same-named tool may replace another:
+
+- from the same source, it replaces it in place (your own code
+  re-registering, a server updating its tool; a local replacement logs a
+  warning);
+- from another source, it is refused with ``ToolConflict`` naming both,
+  unless the caller passes ``override=True`` (then it replaces it, with a
+  warning) - the way out is a prefix on the other source's names;
+- a tool that ``requires_approval`` is never replaced by another source's
+  tool, not even with ``override``: nothing can shadow an approval gate.
 
 Refreshers let a tool source (an MCP server whose tool list changes, say)
 update the registry between turns: the driver calls ``refresh()`` on the
@@ -9,12 +22,49 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
+from loopctl.errors import ConfigError
 from loopctl.messages import ToolSchema
+from loopctl.timeouts import seconds
 from loopctl.tools.base import Tool
 
 log = logging.getLogger("loopctl")
+
+
+class ToolConflict(ConfigError):
+    """A tool would replace a same-named tool of another source; the message names both.
+
+    Attributes:
+        name: the contested name.
+        existing: the registered tool (described).
+        incoming: the tool that was refused (described).
+    """
+
+    def __init__(self, message: str, name: str, existing: str, incoming: str) -> None:
+        super().__init__(message)
+        self.name = name
+        self.existing = existing
+        self.incoming = incoming
+
+
+def describe_tool(tool: Tool) -> str:
+    """Who provides ``tool``, in words (``local tool 'x'``, or its source's repr)."""
+    if getattr(tool, "source", None) is None:
+        return f"local tool {tool.name!r}"
+    return repr(tool)
+
+
+def replacement_problem(old: Tool, new: Tool, override: bool) -> Optional[str]:
+    """Why ``new`` may not replace the same-named ``old`` (None: it may)."""
+    if old is new or getattr(old, "source", None) is getattr(new, "source", None):
+        return None
+    both = f"{describe_tool(new)} has the same name as {describe_tool(old)}"
+    if getattr(old, "requires_approval", False):
+        return f"{both}, which requires approval and can never be replaced by another source's tool; use a prefix"
+    if not override:
+        return f"{both}; use a prefix for one of them, or override=True to replace it"
+    return None
 
 
 class ToolRegistry:
@@ -30,23 +80,51 @@ class ToolRegistry:
         for t in tools:
             self.register(t)
 
-    def register(self, tool: Tool) -> Tool:
-        """Add ``tool``; a tool of the same name is replaced, keeping its position."""
+    def check(self, tool: Tool, *, override: bool = False) -> None:
+        """Raise ``ToolConflict`` when ``register(tool, override=override)`` would be refused."""
+        old = self._tools.get(tool.name)
+        if old is not None:
+            problem = replacement_problem(old, tool, override)
+            if problem is not None:
+                raise ToolConflict(problem, tool.name, describe_tool(old), describe_tool(tool))
+
+    def register(self, tool: Tool, *, override: bool = False) -> Tool:
+        """Add ``tool``; a same-named tool of the same source is replaced, keeping its position.
+
+        Raises:
+            ToolConflict: a same-named tool of another source is registered
+                (and ``override`` is False, or it requires approval).
+            ConfigError: the tool's ``timeout`` or ``approval_timeout`` is
+                not a finite positive number of seconds (or None).
+        """
         if not isinstance(tool, Tool):
             raise TypeError(f"register() takes a Tool, got {type(tool).__name__} {tool!r:.60}")
         if not tool.name:
             raise ValueError(f"tool {tool!r} has an empty name")
-        if tool.name in self._tools:
+        # A Tool subclass sets these as plain attributes: checked here, as @tool checks its own.
+        seconds(getattr(tool, "timeout", None), f"tool {tool.name!r}: timeout")
+        seconds(getattr(tool, "approval_timeout", None), f"tool {tool.name!r}: approval_timeout")
+        self.check(tool, override=override)
+        old = self._tools.get(tool.name)
+        if old is not None and old is not tool and getattr(old, "source", None) is None:
             log.warning("tool %r replaced in registry", tool.name)
+        elif old is not None and getattr(old, "source", None) is not getattr(tool, "source", None):
+            log.warning("%s replaced by %s (override)", describe_tool(old), describe_tool(tool))
         self._tools[tool.name] = tool
         self._schemas = None
         self._asks = None
         return tool
 
-    def unregister(self, name: str) -> bool:
-        """Remove the tool named ``name``; False when there is none."""
-        if self._tools.pop(name, None) is None:
+    def unregister(self, name: str, *, source: Any = None) -> bool:
+        """Remove the tool named ``name``; False when there is none.
+
+        With ``source``, only a tool of that source is removed (a source
+        dropping its tool never removes another source's same-named tool).
+        """
+        old = self._tools.get(name)
+        if old is None or (source is not None and getattr(old, "source", None) is not source):
             return False
+        del self._tools[name]
         self._schemas = None
         self._asks = None
         return True
@@ -105,4 +183,4 @@ class ToolRegistry:
         return len(self._tools)
 
 
-__all__ = ["ToolRegistry"]
+__all__ = ["ToolConflict", "ToolRegistry", "describe_tool", "replacement_problem"]

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 import attrs
 
 from loopctl.cancel import CancelSignal
+from loopctl.timeouts import bounded
 from loopctl.tools.base import ToolContext, ToolOutput
 
 _seq = itertools.count(1)
@@ -71,7 +72,7 @@ def call_with_timeout(
         target=contextvars.copy_context().run, args=(target,), name=f"loopctl-tool-timeout-{_UNSAFE.sub('_', tool)[:40]}-{next(_seq)}", daemon=True
     )
     thread.start()
-    finished = done.wait(seconds)
+    finished = done.wait(bounded(seconds))  # a custom tool's huge timeout never overflows the wait
     child.remove_listener(wake)
     if finished and box:
         return box[0]

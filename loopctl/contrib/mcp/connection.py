@@ -115,6 +115,11 @@ def is_connection_lost(exc: BaseException) -> bool:
                             ConnectionError, EOFError))
 
 
+def _retrieve(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
+
+
 class Connection:
     """An MCP client session over one transport, owned by the loop thread."""
 
@@ -159,6 +164,9 @@ class Connection:
         """
         loop = asyncio.get_running_loop()
         ready: asyncio.Future[None] = loop.create_future()
+        # Whoever waits may have given up (a timeout): mark the outcome read, so
+        # asyncio never prints "Future exception was never retrieved" on the terminal.
+        ready.add_done_callback(_retrieve)
         self._closing = asyncio.Event()
         if isinstance(self.spec, StdioSpec) and os.name == "posix":  # add_reader on a pipe
             self._stderr = StderrSink(self._logger)
@@ -167,8 +175,9 @@ class Connection:
         try:
             await asyncio.wait_for(asyncio.shield(ready), timeout)
         except asyncio.TimeoutError:
+            # Report the failure at the timeout: the transport (a process that
+            # may take seconds to stop) winds down on the loop meanwhile.
             self._task.cancel()
-            await self._wait_task()
             raise
         except BaseException:
             await self._wait_task()

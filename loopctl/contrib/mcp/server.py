@@ -42,8 +42,10 @@ from loopctl.contrib.mcp.errors import (
     thread_label,
 )
 from loopctl.contrib.mcp.loop_thread import LoopThread
+from loopctl.contrib.mcp.naming import claimable, register_tools
 from loopctl.contrib.mcp.tool import MCPTool
 from loopctl.contrib.mcp.transports import Spec, StdioSpec, http_spec, stdio_spec
+from loopctl.timeouts import bounded, required_seconds, seconds
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.registry import ToolRegistry
 
@@ -92,20 +94,20 @@ class MCPServer:
 
     def __init__(self, spec: Spec, *, name: Optional[str] = None, start_timeout: float = 30.0,
                  max_restarts: int = 3) -> None:
-        if not start_timeout > 0:
-            raise ValueError(f"start_timeout must be > 0, got {start_timeout!r}")
+        start_timeout = required_seconds(start_timeout, "MCPServer start_timeout")
         if not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
         self.spec = spec
         self.name = name or spec.label()
         self.description = spec.describe()
-        self.start_timeout = float(start_timeout)
+        self.start_timeout = start_timeout
         self.max_restarts = max_restarts
         # One child logger per server; dots would nest it under made-up parents.
         self.logger = logging.getLogger(f"loopctl.mcp.{thread_label(self.name).replace('.', '_')}")
         self._lock = threading.Lock()
         self._thread: Optional[LoopThread] = None
         self._conn: Optional[Connection] = None
+        self._failed: Optional[Connection] = None  # a failed start still winding down
         self._pending: Optional[concurrent.futures.Future[Connection]] = None
         self._restarts = 0
         self._closed = False
@@ -171,13 +173,15 @@ class MCPServer:
             if self._closed:
                 return
             self._closed = True
-            conn, thread = self._conn, self._thread
-            self._conn = self._pending = None
+            conn, thread, failed = self._conn, self._thread, self._failed
+            self._conn = self._pending = self._failed = None
         if thread is None:
             return
-        if conn is not None:
+        for c in (conn, failed):
+            if c is None:
+                continue
             try:
-                thread.submit(conn.close()).result(CLOSE_TIMEOUT_S)
+                thread.submit(c.close()).result(CLOSE_TIMEOUT_S)
             except Exception as exc:  # closing is best effort; the loop stop below cleans up
                 self.logger.debug("closing MCP server %s: %s", self.name, describe_exception(exc))
         thread.stop()
@@ -191,7 +195,7 @@ class MCPServer:
 
     def wait_tools_changed(self, timeout: Optional[float] = None) -> bool:
         """Block until the server announces a new tool list (True) or ``timeout`` passes."""
-        return self._changed.wait(timeout)
+        return self._changed.wait(bounded(timeout))
 
     def tools(self, prefix: str = "", *, timeout: Optional[float] = None) -> list[MCPTool]:
         """The server's tools as loopctl ``Tool``s (re-listed when the list changed).
@@ -203,6 +207,7 @@ class MCPServer:
         Raises:
             MCPServerError: the server did not start or could not list its tools.
         """
+        timeout = seconds(timeout, "MCP tool timeout")
         conn = self._connection(None)
         listing = self._listing
         if listing is None or listing[0] is not conn or self._changed.is_set():
@@ -211,52 +216,62 @@ class MCPServer:
             self._listing = listing
         return [MCPTool(self, t, prefix, timeout) for t in listing[1]]
 
-    def sync(self, registry: ToolRegistry, prefix: str = "", *, timeout: Optional[float] = None) -> list[str]:
+    def sync(self, registry: ToolRegistry, prefix: str = "", *, timeout: Optional[float] = None,
+             override: bool = False) -> list[str]:
         """Register the server's current tools into ``registry`` (e.g. ``loop.tools``).
 
-        Only tools that are new, or whose schema changed, are registered (a
-        same-named tool is replaced in place). Call it between runs, or use
-        ``attach`` to keep the registry current between turns.
+        Only tools that are new, or whose schema changed, are registered (this
+        server's same-named tool is replaced in place). All or nothing: a
+        name taken by another source's tool (a local tool, another server's)
+        or two of the server's tools whose names map to one loopctl name
+        (``a.b`` and ``a_b``) raise ``ToolConflict`` naming both and register
+        nothing. Pass a ``prefix`` to keep the names apart, or
+        ``override=True`` to let this server's tool replace another source's
+        (the first of two colliding server tools is kept); an approval-gated
+        tool is never replaced. Call it between runs, or use ``attach``.
 
         Returns:
             The names registered, in the server's order.
 
         Raises:
             MCPServerError: the server did not start or could not list its tools.
+            ToolConflict: a name collision (see above).
         """
-        added: list[str] = []
-        for t in self.tools(prefix, timeout=timeout):
-            old = registry.get(t.name)
-            if old is None or old.schema() != t.schema() or old.timeout != t.timeout:
-                registry.register(t)
-                added.append(t.name)
-        return added
+        chosen = claimable(self.tools(prefix, timeout=timeout), registry, override, None)
+        return register_tools(registry, chosen, override)
 
-    def attach(self, registry: ToolRegistry, prefix: str = "", *, timeout: Optional[float] = None) -> list[str]:
+    def attach(self, registry: ToolRegistry, prefix: str = "", *, timeout: Optional[float] = None,
+               override: bool = False) -> list[str]:
         """Register the server's tools into ``registry`` and keep them current between turns.
 
-        After a ``list_changed`` notification, the next model turn (of this
-        run or a later one) sees the new list: new or changed tools are
-        registered, tools the server dropped are unregistered.
+        Collisions are refused as in ``sync``. After a ``list_changed``
+        notification, the next model turn (of this run or a later one) sees
+        the new list: new or changed tools are registered, tools the server
+        dropped are unregistered; a new name that collides with another
+        source's tool is skipped with a warning (the other tool stays: a
+        server renaming its tools can never take over a local one).
 
         Returns:
             The names registered now, in the server's order.
 
         Raises:
             MCPServerError: the server did not start or could not list its tools.
+            ToolConflict: a name collision (see ``sync``).
         """
-        provided = {t.name for t in self.tools(prefix, timeout=timeout)}
-        added = self.sync(registry, prefix, timeout=timeout)
+        chosen = claimable(self.tools(prefix, timeout=timeout), registry, override, None)
+        added = register_tools(registry, chosen, override)
+        provided = {t.name for t in chosen}
 
         def refresh(reg: ToolRegistry) -> None:
             if not self.tools_changed or self.is_closed:
                 return
-            now = {t.name for t in self.tools(prefix, timeout=timeout)}
-            self.sync(reg, prefix, timeout=timeout)
-            for gone in provided - now:
-                reg.unregister(gone)
+            now = claimable(self.tools(prefix, timeout=timeout), reg, override, self.logger)
+            register_tools(reg, now, override)
+            names = {t.name for t in now}
+            for gone in provided - names:
+                reg.unregister(gone, source=self)
             provided.clear()
-            provided.update(now)
+            provided.update(names)
 
         registry.add_refresher(refresh)
         return added
@@ -355,17 +370,14 @@ class MCPServer:
                     fut = self._start_locked(conn)
             if not wait_future(fut, cancel):
                 raise _Interrupted()
-            idle: Optional[LoopThread] = None
             with self._lock:
                 if self._pending is fut:
                     self._pending = None
                     if not fut.cancelled() and fut.exception() is None:
                         self._conn = fut.result()
-                    elif self._conn is None:
-                        # Nothing runs on the loop now: stop its thread until the next start.
-                        idle, self._thread = self._thread, None
-            if idle is not None:
-                idle.stop()
+            # A failed start keeps the loop thread (a next start reuses it; close()
+            # joins it): the failure is reported now while a slow server process is
+            # stopped in the background, never after its teardown.
             if fut.cancelled():
                 raise MCPServerError(f"MCP server {self.description!r} is closed", self.description)
             exc = fut.exception()
@@ -400,6 +412,7 @@ class MCPServer:
         try:
             await conn.open(self.start_timeout)
         except Exception as exc:
+            self._failed = conn  # close() waits for its transport to wind down
             why = ""
             leaf = root_cause(exc)
             if isinstance(leaf, TimeoutError) or type(leaf).__name__ == "TimeoutError":

@@ -50,6 +50,7 @@ class MCPTool(Tool):
     def __init__(self, server: ToolCaller, remote: types.Tool, prefix: str = "",
                  timeout: Optional[float] = None) -> None:
         self.server = server
+        self.source = server  # a registry never lets another source's tool silently replace it
         self.remote_name = remote.name
         self.name = local_name(prefix, remote.name)
         self.description = remote.description or remote.title or ""
@@ -71,7 +72,8 @@ class MCPTool(Tool):
         return self.server.call_tool(self.remote_name, dict(input), ctx)
 
     def __repr__(self) -> str:
-        return f"<MCPTool {self.name!r} of {self.server.name!r}>"
+        remote = f" (remote name {self.remote_name!r})" if self.remote_name != self.name else ""
+        return f"<MCPTool {self.name!r}{remote} of {self.server.name!r}>"
 
 
 __all__ = ["MCPTool", "ToolCaller", "local_name"]

@@ -1,0 +1,367 @@
+"""The admission gate through real runs: unique ids, one frozen value, bounded arguments, races."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+from support import WAIT, Recorder, run_in_threads
+
+from loopctl import BareLoop, ParallelDispatch, RunConfig, tool
+from loopctl.approvals import ApprovalContext
+from loopctl.driver.checkpoint import Checkpoint, ResumePoint
+from loopctl.messages import Message, ModelResponse, StopReason, ToolCallPart
+from loopctl.observers import ApprovalRequested, Observer, ToolInputDelta
+from loopctl.testing import ScriptedClient, reply
+from loopctl.tools import Correction, FailureAnalysis, Retry, Severity, ToolError
+
+
+def calls_reply(*parts: tuple[str, str, dict[str, Any]]) -> ModelResponse:
+    """A reply whose calls carry the ids given (a model that repeats ids)."""
+    calls = [ToolCallPart(cid, name, dict(args)) for cid, name, args in parts]
+    return ModelResponse(Message.assistant("", calls), StopReason.TOOL_CALL)
+
+
+class Parked(Observer):
+    """Counts parked calls; ``wait_for(n)`` blocks until ``n`` were requested."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.requested: list[ApprovalRequested] = []
+
+    def on_approval_requested(self, event: ApprovalRequested) -> None:
+        with self.cond:
+            self.requested.append(event)
+            self.cond.notify_all()
+
+    def wait_for(self, n: int) -> None:
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.requested) >= n, WAIT), f"{len(self.requested)} of {n} parked"
+
+
+class Bank:
+    """Approval-gated tools with side effects; every call that really runs is recorded."""
+
+    def __init__(self) -> None:
+        self.ran: list[tuple[Any, ...]] = []
+        self.lock = threading.Lock()
+
+        @tool(requires_approval=True)
+        def pay(to: str, amount: int) -> str:
+            """Pay someone.
+
+            Args:
+                to: who.
+                amount: how much.
+            """
+            with self.lock:
+                self.ran.append(("pay", to, amount))
+            return f"paid {amount} to {to}"
+
+        @tool(requires_approval=True)
+        def delete_account(who: str) -> str:
+            """Delete an account.
+
+            Args:
+                who: whose.
+            """
+            with self.lock:
+                self.ran.append(("delete_account", who))
+            return f"deleted {who}"
+
+        @tool(requires_approval=True, concurrency_safe=True)
+        def step(n: int) -> str:
+            """One numbered step.
+
+            Args:
+                n: its number.
+            """
+            with self.lock:
+                self.ran.append(("step", n))
+            return f"step {n}"
+
+        self.tools = [pay, delete_account, step]
+
+
+def loop_for(script: list[Any], *tools: Any, **kw: Any) -> tuple[BareLoop, ScriptedClient, Parked]:
+    client = ScriptedClient(script)
+    loop = BareLoop(client, list(tools), **kw)
+    parked = Parked()
+    loop.register_observer(parked)
+    return loop, client, parked
+
+
+def test_two_calls_sharing_an_id_are_each_approved_and_recorded_and_the_model_sees_the_same_ids() -> None:
+    bank = Bank()
+    script = [calls_reply(("c1", "pay", {"to": "alice", "amount": 5}), ("c1", "delete_account", {"who": "alice"})),
+              reply("done")]
+    loop, client, parked = loop_for(script, *bank.tools)
+    with loop:
+        h = loop.start("pay alice")
+        parked.wait_for(2)
+        pending = h.pending_approvals()
+        assert [(p.call_id, p.tool) for p in pending] == [("c1", "pay"), ("c1-2", "delete_account")]
+        assert h.approve("c1", by="ann") is True
+        assert h.deny("c1-2", "not that", by="ann") is True
+        run = h.result(WAIT)
+    assert bank.ran == [("pay", "alice", 5)]  # approving pay never ran delete_account
+    assert [(d.call_id, d.tool, d.approved) for d in run.approvals] == [
+        ("c1", "pay", True), ("c1-2", "delete_account", False)]
+    # The record and the model's next request carry the same renamed ids as the approvals.
+    assert [c.id for c in run.turns[0].tool_calls] == ["c1", "c1-2"]
+    sent = client.requests[1].messages
+    assistant = [m for m in sent if m.tool_calls][-1]
+    assert [c.id for c in assistant.tool_calls] == ["c1", "c1-2"]
+    assert [r.tool_call_id for r in sent[-1].tool_results] == ["c1", "c1-2"]
+    assert "denied" in sent[-1].tool_results[1].output
+
+
+def test_an_edit_applies_to_one_call_only_when_two_calls_share_an_id() -> None:
+    bank = Bank()
+    script = [calls_reply(("c1", "pay", {"to": "alice", "amount": 5}), ("c1", "pay", {"to": "mallory", "amount": 9999})),
+              reply("done")]
+    loop, _, parked = loop_for(script, *bank.tools)
+    with loop:
+        h = loop.start("pay alice")
+        parked.wait_for(2)
+        assert [p.arguments for p in h.pending_approvals()] == [
+            {"to": "alice", "amount": 5}, {"to": "mallory", "amount": 9999}]
+        assert h.approve("c1", arguments={"to": "alice", "amount": 6}) is True
+        assert h.deny("c1-2", "who is mallory?") is True
+        run = h.result(WAIT)
+    assert bank.ran == [("pay", "alice", 6)]
+    assert [(d.call_id, d.approved, d.arguments) for d in run.approvals] == [
+        ("c1", True, {"to": "alice", "amount": 6}), ("c1-2", False, {"to": "mallory", "amount": 9999})]
+
+
+def test_policy_person_event_record_and_tool_each_read_one_value_none_can_change() -> None:
+    got: list[list[str]] = []
+
+    @tool
+    def basket(items: list[str]) -> str:
+        """Buy the items.
+
+        Args:
+            items: what to buy.
+        """
+        got.append(list(items))
+        items.append("added by the tool")  # its own copy
+        return "bought"
+
+    refused: list[str] = []
+
+    def policy(ctx: ApprovalContext) -> bool:
+        try:
+            ctx.arguments["items"].append("added by the policy")
+        except TypeError:
+            refused.append("policy")
+        return True
+
+    class Meddler(Observer):
+        def on_approval_requested(self, event: ApprovalRequested) -> None:
+            try:
+                event.arguments["items"].append("added by an observer")
+            except TypeError:
+                refused.append("observer")
+
+    script = [calls_reply(("c1", "basket", {"items": ["apples"]})), reply("done")]
+    loop, _, parked = loop_for(script, basket)
+    loop.with_approval(policy)
+    loop.register_observer(Meddler())
+    edit = {"items": ["pears", "plums"]}
+    with loop:
+        h = loop.start("shop")
+        parked.wait_for(1)
+        [pending] = h.pending_approvals()
+        with pytest.raises(TypeError):
+            pending.arguments["items"].append("added by the person")
+        assert h.approve("c1", by="ann", arguments=edit) is True
+        edit["items"].append("added after approving")  # the approver's dict is not what runs
+        run = h.result(WAIT)
+    assert refused == ["policy", "observer"]
+    assert got == [["pears", "plums"]]
+    [decision] = run.approvals
+    assert decision.arguments == {"items": ["pears", "plums"]} and decision.edited
+    assert parked.requested[0].arguments == {"items": ["apples"]}
+    assert pending.arguments == {"items": ["apples"]}
+    assert run.turns[0].tool_calls[0].input == {"items": ["apples"]}
+
+
+def test_fifty_calls_sharing_three_ids_get_fifty_ids_all_matched_in_request_order() -> None:
+    bank = Bank()
+    parts = [("abc"[i % 3], "step", {"n": i}) for i in range(50)]
+    script = [calls_reply(*parts), reply("done")]
+    loop, client, parked = loop_for(script, *bank.tools)
+    with loop:
+        h = loop.start("fifty", RunConfig(parallel=ParallelDispatch(max_concurrency=8)))
+        parked.wait_for(50)
+        pending = h.pending_approvals()
+        ids = [p.call_id for p in pending]
+        assert len(set(ids)) == 50
+        assert [p.arguments["n"] for p in pending] == list(range(50))
+        for p in reversed(pending):
+            assert h.approve(p.call_id) is True
+        run = h.result(WAIT)
+    assert sorted(n for _, n in bank.ran) == list(range(50))
+    calls = run.turns[0].tool_calls
+    assert [c.id for c in calls] == ids
+    assert ids[:3] == ["a", "b", "c"] and ids[3:6] == ["a-2", "b-2", "c-2"]
+    results = client.requests[1].messages[-1].tool_results
+    assert [r.tool_call_id for r in results] == ids  # request order kept
+    assert [r.output for r in results] == [f"step {i}" for i in range(50)]
+    assert sorted(d.call_id for d in run.approvals) == sorted(ids)
+    assert {d.call_id: d.arguments["n"] for d in run.approvals} == {c.id: c.input["n"] for c in calls}
+
+
+def test_sixteen_threads_answering_one_call_one_answer_wins_and_the_record_agrees_with_what_ran() -> None:
+    ran: list[dict[str, Any]] = []
+
+    @tool(requires_approval=True)
+    def pay(to: str, tags: list[str]) -> str:
+        """Pay someone.
+
+        Args:
+            to: who.
+            tags: labels.
+        """
+        ran.append({"to": to, "tags": list(tags)})
+        return "paid"
+
+    rounds = 25
+    script: list[Any] = []
+    for _ in range(rounds):
+        script += [calls_reply(("c1", "pay", {"to": "alice", "tags": ["a"]})), reply("done")]
+    loop, _, parked = loop_for(script, pay)
+    with loop:
+        for r in range(rounds):
+            ran.clear()
+            h = loop.start(f"round {r}")
+            parked.wait_for(r + 1)
+            barrier = threading.Barrier(16)
+            won: list[tuple[int, dict[str, Any] | None]] = []
+            edits: dict[int, dict[str, Any]] = {}
+
+            def answer(
+                i: int, h: Any, barrier: threading.Barrier, edits: dict[int, Any], won: list[Any]
+            ) -> None:
+                barrier.wait(WAIT)
+                if i % 3 == 0:
+                    took = h.approve("c1", by=f"t{i}")
+                    args = None
+                elif i % 3 == 1:
+                    took = h.deny("c1", f"no from t{i}", by=f"t{i}")
+                    args = None
+                else:
+                    args = edits[i] = {"to": f"t{i}", "tags": [f"t{i}"]}
+                    took = h.approve("c1", by=f"t{i}", arguments=args)
+                if took:
+                    won.append((i, args))
+
+            assert run_in_threads(answer, [(i, h, barrier, edits, won) for i in range(16)]) == []
+            run = h.result(WAIT)
+            for args in edits.values():
+                args["tags"].append("changed after the run")  # never reaches the record
+            with pytest.raises(TypeError):  # nor can the event's copy be changed
+                parked.requested[-1].arguments["tags"].append("changed by an observer")
+            assert len(won) == 1
+            winner, edited = won[0]
+            [decision] = run.approvals
+            assert decision.by == f"t{winner}"
+            if winner % 3 == 1:
+                assert not decision.approved and ran == []
+            else:
+                expected = {"to": "alice", "tags": ["a"]} if edited is None else {"to": f"t{winner}", "tags": [f"t{winner}"]}
+                assert decision.approved and ran == [expected]
+                assert decision.arguments == expected
+
+
+def test_a_ten_megabyte_argument_is_a_short_soft_error_and_no_event_carries_it() -> None:
+    ran: list[int] = []
+
+    @tool
+    def store(text: str) -> str:
+        """Store the text.
+
+        Args:
+            text: what to store.
+        """
+        ran.append(len(text))
+        return "stored"
+
+    huge = "x" * 10_000_000
+    loop, client, _ = loop_for([calls_reply(("c1", "store", {"text": huge})), reply("done")], store)
+    rec = Recorder()
+    loop.register_observer(rec)
+    with loop:
+        run = loop.run("store it")
+    assert run.output == "done" and ran == []
+    [result] = client.requests[1].messages[-1].tool_results
+    assert result.is_error and "too large" in result.output and len(result.output) < 2048
+    assert run.turns[0].tool_calls[0].input == {}
+    # Past the gate nothing carries the argument. (The raw ``tool_input_delta``
+    # stream events are the provider's chunks, bounded where deltas are made.)
+    sizes = {type(e).__name__: len(json.dumps(e.to_dict())) for e in rec.events if not isinstance(e, ToolInputDelta)}
+    assert max(sizes.values()) < 100_000, sizes
+
+
+class FixTo:
+    """A reflector that answers every failure with an input fix."""
+
+    def __init__(self, fixed: dict[str, Any]) -> None:
+        self.fixed = fixed
+
+    def analyze(self, error: str, tool: str, input: Any, schema: Any, ctx: Any) -> FailureAnalysis:
+        return FailureAnalysis(True, "transient", Severity.LOW, Correction("input_fix", modified_input=self.fixed))
+
+
+class AlwaysRetry:
+    def decide(self, analysis: FailureAnalysis, attempt: int, max_attempts: int) -> Any:
+        return Retry(0.0)
+
+
+def test_a_recovery_correction_that_changes_an_approved_call_is_not_run_without_approval() -> None:
+    ran: list[tuple[str, int]] = []
+
+    @tool(requires_approval=True)
+    def pay(to: str, amount: int) -> str:
+        """Pay someone.
+
+        Args:
+            to: who.
+            amount: how much.
+        """
+        ran.append((to, amount))
+        raise ToolError("bank unavailable")
+
+    loop, _, parked = loop_for([calls_reply(("c1", "pay", {"to": "alice", "amount": 5})), reply("done")], pay)
+    loop.set_reflector(FixTo({"to": "mallory", "amount": 9999}))
+    loop.set_recovery_strategy(AlwaysRetry())
+    with loop:
+        h = loop.start("pay alice")
+        parked.wait_for(1)
+        assert h.approve("c1") is True
+        run = h.result(WAIT)
+    assert ran == [("alice", 5)]  # the approved call ran; the changed one never did
+    [result] = [r for m in loop.conversation() for r in m.tool_results]
+    assert result.is_error and "needs a person's approval" in result.output
+    assert [(d.call_id, d.arguments) for d in run.approvals] == [("c1", {"to": "alice", "amount": 5})]
+
+
+def test_a_resumed_wave_with_a_repeated_id_passes_the_gate_and_each_call_is_approved_alone() -> None:
+    bank = Bank()
+    asked = calls_reply(("c1", "pay", {"to": "alice", "amount": 5}), ("c1", "delete_account", {"who": "alice"}))
+    cp = Checkpoint("model", (Message.user("go"), asked.message), 1, ())
+    loop, client, parked = loop_for([reply("done")], *bank.tools)
+    with loop:
+        h = loop.start("go", resume=ResumePoint(cp, 1, "worker lost", clean=True))
+        parked.wait_for(2)
+        assert [(p.call_id, p.tool) for p in h.pending_approvals()] == [("c1", "pay"), ("c1-2", "delete_account")]
+        assert h.approve("c1") is True and h.deny("c1-2", "no") is True
+        run = h.result(WAIT)
+    assert bank.ran == [("pay", "alice", 5)]
+    sent = client.requests[0].messages
+    assert [c.id for c in sent[-2].tool_calls] == ["c1", "c1-2"]
+    assert [r.tool_call_id for r in sent[-1].tool_results] == ["c1", "c1-2"]
+    assert len(run.approvals) == 2

@@ -1,0 +1,114 @@
+"""Every configurable timeout: refused when not finite and positive, clamped to what a wait can take."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+from support import WAIT
+
+from loopctl import BareLoop, RunConfig, tool
+from loopctl.contrib.mcp import MCPServer
+from loopctl.contrib.mcp.errors import MCPServerError
+from loopctl.observers import ApprovalRequested, Observer
+from loopctl.providers import AnthropicClient, OpenAIClient
+from loopctl.providers.stream_handler import StreamHandler
+from loopctl.testing import ScriptedClient, call, reply
+from loopctl.tools import Tool, ToolRegistry
+
+SILENT = str(Path(__file__).resolve().parent / "mcp_servers" / "silent_server.py")
+
+
+def make_tool(**options: Any) -> Any:
+    def f(a: int = 0) -> str:
+        """F."""
+        return "ok"
+
+    return tool(**options)(f)
+
+
+class Custom(Tool):
+    """A ``Tool`` subclass whose timeouts are plain attributes (checked when registered)."""
+
+    name = "custom"
+
+    def __init__(self, approval_timeout: Any) -> None:
+        self.approval_timeout = approval_timeout
+
+
+CONFIGURED: list[tuple[str, Callable[[Any], Any]]] = [
+    ("tool 'custom': approval_timeout", lambda v: ToolRegistry([Custom(v)])),
+    ("RunConfig.approval_timeout", lambda v: RunConfig(approval_timeout=v)),
+    ("approval_timeout", lambda v: make_tool(requires_approval=True, approval_timeout=v)),
+    ("timeout", lambda v: make_tool(timeout=v)),
+    ("timeout", lambda v: OpenAIClient("m", api_key="k", base_url="http://127.0.0.1:9", timeout=v)),
+    ("timeout (read)", lambda v: AnthropicClient("m", api_key="k", base_url="http://127.0.0.1:9", timeout=(5, v))),
+    ("StreamHandler.max_retry_wait", lambda v: StreamHandler(max_retry_wait=v)),
+    ("StreamHandler.total_timeout", lambda v: StreamHandler(total_timeout=v)),
+    ("MCPServer start_timeout", lambda v: MCPServer.stdio(sys.executable, [SILENT], start_timeout=v)),
+]
+
+
+def test_every_configured_timeout_refuses_infinity_and_nan_naming_field_and_value() -> None:
+    for field, make in CONFIGURED:
+        for bad in (math.inf, -math.inf, math.nan, -1.0):
+            with pytest.raises(ValueError) as info:
+                make(bad)
+            assert field in str(info.value) and repr(bad) in str(info.value), (field, bad)
+
+
+def test_a_timeout_beyond_what_a_wait_can_take_is_clamped() -> None:
+    assert RunConfig(approval_timeout=1e10).approval_timeout == threading.TIMEOUT_MAX
+    assert make_tool(requires_approval=True, approval_timeout=10**400).approval_timeout == threading.TIMEOUT_MAX
+    assert StreamHandler(max_retry_wait=1e12).max_retry_wait == threading.TIMEOUT_MAX
+    assert RunConfig.from_dict(RunConfig(approval_timeout=1e10).to_dict()).approval_timeout == threading.TIMEOUT_MAX
+
+
+class Asked(Observer):
+    def __init__(self) -> None:
+        self.asked = threading.Event()
+
+    def on_approval_requested(self, event: ApprovalRequested) -> None:
+        self.asked.set()
+
+
+@pytest.mark.parametrize("where", ["tool", "run"])
+def test_a_call_parked_with_a_huge_approval_timeout_waits_and_runs_without_overflow(where: str) -> None:
+    pay = make_tool(requires_approval=True, approval_timeout=1e10 if where == "tool" else None)
+    loop = BareLoop(ScriptedClient([call("f", a=1), reply("done")]), [pay])
+    asked = Asked()
+    loop.register_observer(asked)
+    with loop:
+        h = loop.start("go", RunConfig(approval_timeout=1e10) if where == "run" else None)
+        assert asked.asked.wait(WAIT)
+        assert h.approve(h.pending_approvals()[0].call_id) is True
+        run = h.result(WAIT)
+    assert run.output == "done" and [d.approved for d in run.approvals] == [True]
+
+
+@pytest.mark.parametrize("mode", ["--deaf", "--reading"])
+def test_an_mcp_server_that_never_answers_fails_at_its_start_timeout_and_prints_nothing(
+    mode: str, capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    server = MCPServer.stdio(sys.executable, [SILENT, mode], start_timeout=1.0)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(MCPServerError) as info:
+            server.connect()
+        elapsed = time.monotonic() - t0
+    finally:
+        server.close()
+    assert "silent_server.py" in str(info.value) and "no answer to initialize within 1s" in str(info.value)
+    # The failure comes at the start timeout, not after the server process was stopped.
+    assert 1.0 <= elapsed < 1.9
+    gc.collect()  # an unretrieved future's complaint comes when it is collected
+    captured = capfd.readouterr()
+    assert captured.out == "" and captured.err == "", captured
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
