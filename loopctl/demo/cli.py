@@ -27,6 +27,7 @@ import os
 import queue
 import signal
 import sys
+import textwrap
 import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, Optional
@@ -43,6 +44,7 @@ from loopctl.demo.model import OfflineModel
 from loopctl.demo.terminal import KeysMode, StdinLines, restore_terminal
 from loopctl.demo.tools import demo_tools
 from loopctl.demo.view import Console, LiveView, RunFacts
+from loopctl.demo.wording import check_key, error_lines
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
 from loopctl.observers import CallbackObserver
@@ -117,7 +119,9 @@ def build_parser() -> _Parser:
         prog="loopctl",
         description="Run an LLM agent: streaming, live tool calls, typed guidance, Ctrl-C to stop.",
     )
-    parser.add_argument("--version", action="version", version=f"loopctl {__version__}")
+    version = f"loopctl {__version__}"
+    parser.add_argument("--version", action="version", version=version)
+    common.add_argument("--version", action="version", version=version, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="{run,chat}", parser_class=argparse.ArgumentParser)
     run = sub.add_parser("run", parents=[common], help="run the agent once on a task")
     run.add_argument("input", help='the task, e.g. "What is 12 + 30?"')
@@ -303,7 +307,10 @@ class Command:
         if isinstance(error, Cancelled):
             self.note("cancelled", "yellow", "bold")
         elif error is not None:
-            self.console.line(f"error: {error}", "red", err=True)
+            v = self.view
+            for line in error_lines(error, model=v.model, attempts=v.attempts, rescued=v.rescued,
+                                    base_url=self.args.base_url, provider=self.args.provider):
+                self.console.line(line, "red", err=True)
         elif run is not None and not (run.output or "").strip():
             self.note("(the model's final reply was empty)", "yellow")
         if leftovers:
@@ -315,7 +322,8 @@ class Command:
             value = json_form(run.output_value)
             shown = {"type": "output_value", "value": value} if self.args.json else value
             self.console.line(json.dumps(shown, ensure_ascii=False))
-        self.note(_summary(run, self.facts), "dim")
+        if error is None or isinstance(error, Cancelled) or run is None or run.turn_count:
+            self.note(_summary(run, self.facts), "dim")  # not "0 turns, ..." after a failure
         if error is None:
             return EXIT_OK
         return EXIT_CANCELLED if isinstance(error, Cancelled) else EXIT_ERROR
@@ -401,6 +409,7 @@ def make_client(args: argparse.Namespace, env: Mapping[str, str], *, visible: bo
         cls = getattr(providers, "OpenAIClient" if args.provider == "openai" else "AnthropicClient")
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"provider {args.provider!r} is not available: {exc}") from exc
+    check_key(args.provider, args.base_url, env, os.environ)
     var, default = _DEFAULT_MODELS[args.provider]
     kwargs: dict[str, Any] = {"model": args.model or env.get(var) or default}
     if args.base_url:
@@ -439,7 +448,8 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
         session = Command(args, stdin if stdin is not None else sys.stdin, out, err,
                           os.environ if env is None else env)
     except LoopError as exc:
-        err.write(f"error: {exc}\n")
+        message = f"error: {exc}"
+        err.write((textwrap.fill(message, 79, break_long_words=False) if _isatty(err) else message) + "\n")
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_CANCELLED
