@@ -145,6 +145,7 @@ class Command:
         self.args = args
         tty = _isatty(out)
         self.console = Console(out, err, color=tty and not env.get("NO_COLOR"), tty=tty)
+        self.console.wrap = tty and not args.json  # JSON lines stay whole, even on a terminal
         self.stdin = stdin
         self.streaming = not args.no_stream
         self.config = RunConfig() if args.max_turns is None else RunConfig(max_turns=args.max_turns)

@@ -95,6 +95,7 @@ class Console:
         self.out, self.err = out, err
         self.color, self.tty = color, tty
         self.editing = False  # the input line is drawn here (stdin in KeysMode)
+        self.wrap = tty  # break rows between words (off for output meant for programs)
         self.lock = threading.RLock()
         self._columns = columns
         self._at_bol = {id(out): True, id(err): True}
@@ -133,10 +134,10 @@ class Console:
             return
         self._erase_status()
         if stream is self.out:
-            shown = self._wrap(text) if self.tty else text
+            shown = self._wrap(text) if self.wrap else text
             row = text.rsplit("\n", 1)[-1] if "\n" in text else self._row + text
             self._raw(stream, shown)
-            if not self.tty:
+            if not self.wrap:
                 self._row = row
         else:
             self._raw(stream, text)
@@ -199,7 +200,7 @@ class Console:
         stream = self.err if err else self.out
         if self._needs_newline(stream):
             self._write(stream, "\n")
-        if err and self.tty:  # out's rows are wrapped as they are written; err's here, whole
+        if err and self.wrap:  # out's rows are wrapped as they are written; err's here, whole
             rows, rest = break_row(text, max(self.columns() - 1, 8))
             text = "\n".join([*rows, rest])
         self._write(stream, self.style(text, *styles) + "\n")
@@ -360,7 +361,7 @@ class Console:
         # Mid-row in streamed text: the typed line goes on the row below, so
         # it stays visible as typed while the model's sentence goes on.
         below = self._needs_newline(self.out)
-        if below and not self.editing:
+        if below and not (self.editing and self.wrap):  # only a wrapped row is one row high
             return
         left, right = self._status_parts()
         if not left and not right:
