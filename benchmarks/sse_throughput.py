@@ -175,9 +175,9 @@ def main() -> None:
                             ("for scale: split + json.loads", t_json)):
             print(f"  {label:38s} {mb / secs:8.1f} MB/s  {deltas / secs:12,.0f} deltas/s")
         report(f"sse {name} per-event path, 16 KiB reads", deltas / t_big, FLOOR_DELTAS_PER_S, "deltas/s",
-               target=f">= {FLOOR_DELTAS_PER_S:.0f} deltas/s")
+               target=f">= {FLOOR_DELTAS_PER_S:,.0f} deltas/s")
         report(f"sse {name} per-event path, one event per read", deltas / t_small, FLOOR_DELTAS_PER_S, "deltas/s",
-               target=f">= {FLOOR_DELTAS_PER_S:.0f} deltas/s")
+               target=f">= {FLOOR_DELTAS_PER_S:,.0f} deltas/s")
 
 
 if __name__ == "__main__":
