@@ -5,23 +5,29 @@ they do not disturb each other's timings), with a timeout. A benchmark
 reports its figures by printing lines of this form, anywhere in its
 output::
 
-    RESULT <figure> | <loopctl value> | <floor value> | <ratio>
+    RESULT <figure> | <loopctl value> | <floor value> | <ratio> [| target <goal>] [| better higher]
 
-for example ``RESULT cancel p99, tool phase | 0.41 ms | 0.02 ms | 20.5x``.
-The figure is free text without ``|``; values carry their units, in plain
-digits; the floor is the same work done the simplest possible way,
-measured in the same run; the ratio is value / floor. The table fits 100
-columns and says for each ratio which way is better: lower for times and
-sizes, higher for rates (a unit ending in ``/s``). ``report()`` below prints such a line (a
-benchmark run as ``python benchmarks/x.py`` can ``from run_all import
-report``). A benchmark that prints no ``RESULT`` line still runs: the table
-says so and its output is shown below the table.
+for example ``RESULT cancel p99, tool phase | 0.41 ms | 0.02 ms | 20.5x |
+target <= 10 ms``. The figure is free text without ``|``; values carry
+their units, in plain digits; the floor is the same work done the simplest
+possible way, measured in the same run; the ratio is value / floor (``-``
+when both are 0). The table fits 100 columns: each figure's name on a line
+of its own, then its values, the ratio with which way is better (lower for
+times and sizes, higher for rates, a unit ending in ``/s``, or when the line
+says ``better higher``), and the target with "met" or "MISSED"; the misses
+are listed again under the table. A target in ``x`` judges the ratio.
+``report()`` below prints such a line (a benchmark run as ``python
+benchmarks/x.py`` can ``from run_all import report``). A benchmark that
+prints no ``RESULT`` line still runs: the table says so and its output is
+shown below the table.
 
     python benchmarks/run_all.py                   # all of them
     python benchmarks/run_all.py cancel_latency    # some of them
     python benchmarks/run_all.py --show-output     # and every benchmark's own output
 
-Exit code 1 if any benchmark failed or timed out.
+Exit code 1 if any benchmark failed or timed out. A missed target is not a
+failure (the figures depend on the machine and its load): the table says
+it in words.
 """
 
 from __future__ import annotations
@@ -65,17 +71,49 @@ def plain(x: float) -> str:
     return f"{x:.{decimals}f}"
 
 
-def direction(unit: str) -> str:
-    """Which way a figure in ``unit`` is better: a rate ("runs/s", "MB/s") higher, else lower."""
+def direction(unit: str, better: str = "") -> str:
+    """Which way a figure in ``unit`` is better: a rate ("runs/s", "MB/s") higher, else lower.
+
+    ``better`` ("higher" or "lower") overrides the rule for a count that
+    should be high (pushes accepted, say).
+    """
+    if better in ("higher", "lower"):
+        return f"{better} is better"
     return "higher is better" if unit.strip().endswith("/s") else "lower is better"
 
 
-def report(figure: str, value: float, floor: float, unit: str = "", ratio: Optional[float] = None) -> str:
-    """Print (and return) one ``RESULT`` line; the ratio defaults to value / floor."""
-    if ratio is None:
-        ratio = value / floor if floor else float("inf")
-    sep = " " if unit else ""
-    line = f"{PREFIX}{figure} | {plain(value)}{sep}{unit} | {plain(floor)}{sep}{unit} | {plain(ratio)}x"
+def report(
+    figure: str,
+    value: float,
+    floor: float,
+    unit: str,
+    ratio: Optional[float] = None,
+    *,
+    target: str = "",
+    better: str = "",
+) -> str:
+    """Print (and return) one ``RESULT`` line; the ratio defaults to value / floor.
+
+    Args:
+        figure: what was measured (no ``|``; keep it under 90 characters).
+        value, floor: loopctl's figure and the simplest way's, in ``unit``.
+        unit: the figures' unit, never empty ("ms", "threads", "runs").
+        ratio: overrides value / floor (none is printed for 0 / 0).
+        target: the goal, e.g. ``"<= 1 ms"``, ``"< 400 us"``, ``"<= 1.2x"``
+            (a target in ``x`` applies to the ratio); the table marks a miss.
+        better: "higher" when a bigger value is better and the unit is not a rate.
+    """
+    if not unit.strip():
+        raise ValueError(f"report({figure!r}): every figure needs a unit, got {unit!r}")
+    if ratio is None and floor:
+        ratio = value / floor
+    ratio_cell = "-" if ratio is None else f"{plain(ratio)}x"
+    fields = [figure, f"{plain(value)} {unit}", f"{plain(floor)} {unit}", ratio_cell]
+    if target:
+        fields.append(f"target {target}")
+    if better:
+        fields.append(f"better {better}")
+    line = PREFIX + " | ".join(fields)
     print(line, flush=True)
     return line
 
@@ -88,6 +126,8 @@ class Row:
     value: str
     floor: str
     ratio: str
+    target: str = ""
+    better: str = ""
 
 
 @attrs.define
@@ -108,9 +148,11 @@ def parse(output: str) -> list[Row]:
         if not line.startswith(PREFIX):
             continue
         fields = [f.strip() for f in line[len(PREFIX):].split("|")]
-        if len(fields) != 4:
-            fields = [line[len(PREFIX):].strip(), "?", "?", "?"]
-        rows.append(Row(*fields))
+        if len(fields) < 4:
+            rows.append(Row(line[len(PREFIX):].strip(), "?", "?", "?"))
+            continue
+        extra = {k: v.strip() for k, _, v in (f.partition(" ") for f in fields[4:])}
+        rows.append(Row(*fields[:4], target=extra.get("target", ""), better=extra.get("better", "")))
     return rows
 
 
@@ -153,6 +195,9 @@ def _text(data: Union[str, bytes, None]) -> str:
 
 WIDTH = 100  # the table fits this many columns
 _VALUE = re.compile(r"^([-+]?(?:[\d,]*\.?\d+(?:[eE][-+]?\d+)?|inf|nan))\s*(.*)$")
+_TARGET = re.compile(r"^(<=|>=|<|>|=)?\s*(.+)$")
+#: Seconds per unit, so a target in ms can judge a value in us.
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 
 
 def _split(cell: str) -> tuple[Optional[float], str]:
@@ -163,48 +208,98 @@ def _split(cell: str) -> tuple[Optional[float], str]:
     return float(m.group(1).replace(",", "")), m.group(2).strip()
 
 
+def _ratio(row: Row) -> Optional[float]:
+    """The row's ratio: as printed, else value / floor; None when there is none (0 / 0)."""
+    ratio, _ = _split(row.ratio.rstrip("xX"))
+    if ratio is not None:
+        return ratio
+    value, _ = _split(row.value)
+    floor, _ = _split(row.floor)
+    if row.ratio.strip() in ("-", "") and value is not None and floor:
+        return value / floor
+    return None
+
+
+def verdict(row: Row) -> str:
+    """The target cell: ``"<= 1 ms: met"``, ``"<= 1 ms: MISSED"``, or ``""`` without a target.
+
+    A target in ``x`` judges the ratio; one in the value's unit (or another
+    unit of time) judges the value. A target that cannot be read is shown
+    with "not checked".
+    """
+    if not row.target:
+        return ""
+    m = _TARGET.match(row.target)
+    goal, goal_unit = _split(m.group(2)) if m else (None, "")
+    op = (m.group(1) if m else None) or "="
+    value, unit = _split(row.value)
+    if goal is not None and goal_unit == "x":
+        value = _ratio(row)
+    elif goal is not None and value is not None and goal_unit and goal_unit != unit:
+        if goal_unit in _TIME and unit in _TIME:
+            value = value * _TIME[unit] / _TIME[goal_unit]
+        else:
+            value = None
+    if goal is None or value is None:
+        return f"{row.target}: not checked"
+    ok = {"<=": value <= goal, "<": value < goal, ">=": value >= goal, ">": value > goal,
+          "=": value == goal}[op]
+    return f"{row.target}: {'met' if ok else 'MISSED'}"
+
+
 def cells(row: Row) -> tuple[str, str, str]:
     """A row's value, floor and ratio as the table shows them: plain digits,
-    each value with its unit, the ratio with the way it is better."""
+    each value with its unit, the ratio with the way it is better ("none
+    (0/0)" when both are 0)."""
     value, unit = _split(row.value)
     floor, floor_unit = _split(row.floor)
-    ratio, _ = _split(row.ratio.rstrip("xX"))
     if value is None or floor is None:
         return row.value, row.floor, row.ratio
     unit = unit or floor_unit or "(no unit)"
-    if ratio is None:
-        ratio = value / floor if floor else float("inf")
+    ratio = _ratio(row)
+    ratio_cell = "none (0/0)" if ratio is None else f"{plain(ratio)}x"
     return (f"{plain(value)} {unit}", f"{plain(floor)} {floor_unit or unit}",
-            f"{plain(ratio)}x, {direction(unit)}")
+            f"{ratio_cell}, {direction(unit, row.better)}")
 
 
 def table(outcomes: Sequence[Outcome], width: int = WIDTH) -> str:
-    """The combined table, at most ``width`` columns: per benchmark a heading,
-    then one line per figure (long figure names wrap in their column)."""
-    shown = [(r.figure, *cells(r)) for o in outcomes for r in o.rows]
-    value_w = max([len("loopctl")] + [len(row[1]) for row in shown])
-    floor_w = max([len("floor")] + [len(row[2]) for row in shown])
-    ratio_w = max([len("ratio")] + [len(row[3]) for row in shown])
-    # The figure column takes what the numbers leave (long names wrap in it).
-    figure_w = max(20, width - 2 - value_w - floor_w - ratio_w - 6)
-    header = ("figure (ratio = loopctl / floor)", "loopctl", "floor", "ratio")
+    """The combined table, at most ``width`` columns.
 
-    def fmt(figure: str, value: str, floor: str, ratio: str) -> list[str]:
-        names = textwrap.wrap(figure, figure_w) or [""]
-        first = (f"  {names[0]:<{figure_w}}  {value:>{value_w}}  {floor:>{floor_w}}  "
-                 f"{ratio:<{ratio_w}}").rstrip()
-        return [first] + [f"  {n}" for n in names[1:]]
+    Per benchmark a heading, then per figure two lines: its name whole on
+    the first, then loopctl's value, the floor, the ratio with the way it is
+    better, and the target with "met" or "MISSED", in aligned columns.
+    """
+    shown = [cells(r) for o in outcomes for r in o.rows]
+    value_w = max([len("loopctl")] + [len(c[0]) for c in shown])
+    floor_w = max([len("floor")] + [len(c[1]) for c in shown])
+    ratio_w = max([len("ratio (loopctl / floor)")] + [len(c[2]) for c in shown])
+    indent = "    "
 
-    lines = [f"  {header[0]:<{figure_w}}  {header[1]:>{value_w}}  {header[2]:>{floor_w}}  {header[3]}",
-             "  " + "-" * (figure_w + value_w + floor_w + ratio_w + 6)]
+    def figures(value: str, floor: str, ratio: str, target: str) -> str:
+        return f"{indent}{value:>{value_w}}  {floor:>{floor_w}}  {ratio:<{ratio_w}}  {target}".rstrip()
+
+    lines = ["  figure", figures("loopctl", "floor", "ratio (loopctl / floor)", "target"),
+             "  " + "-" * (width - 2)]
+    missed = []
     for o in outcomes:
         lines.append(f"{o.name} ({o.status}, {o.seconds:.1f} s)")
         for r in o.rows:
-            lines += fmt(r.figure, *cells(r))
+            # The name is never broken inside: it has a line of its own, and
+            # only a name wider than the table is wrapped, between words.
+            lines += textwrap.wrap(r.figure, width - 2, initial_indent="  ", subsequent_indent="    ") or ["  "]
+            judged = verdict(r)
+            lines.append(figures(*cells(r), judged))
+            if judged.endswith("MISSED"):
+                missed.append(f"{o.name}: {r.figure}: {cells(r)[0]}, target {r.target}")
         if not o.rows:
             lines.append("  (no RESULT lines: output below)" if o.status == "ok" else f"  {o.status.upper()}")
         elif o.status != "ok":
             lines.append(f"  {o.status.upper()}")
+    if missed:
+        lines += ["", f"{len(missed)} figure{'s' if len(missed) != 1 else ''} missed the target:"]
+        for miss in missed:  # one a line, so no name is broken across lines
+            lines += textwrap.wrap(miss, width - 2, initial_indent="  ", subsequent_indent="      ",
+                                   break_on_hyphens=False)
     # Only a cell wider than the whole table could overflow: cut it, keeping the spacing.
     return "\n".join(line if len(line) <= width else line[: width - 1] + "…" for line in lines)
 

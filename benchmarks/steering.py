@@ -14,7 +14,10 @@ Throughput. 4 threads push M messages each while a run is in flight, (a)
 parked in a tool, (b) busy draining at boundaries (1 ms tool turns); beside
 the floor, 4 threads doing bare ``with lock: list.append`` under the same
 run conditions, in the same process. push(str) builds the user message;
-push(Message) takes a prebuilt one.
+push(Message) takes a prebuilt one. At most 10,000 pushed messages wait
+undrained (the steering cap), so most pushes of a race are refused; the
+figures count accepted and refused pushes alike, and the accepted share is
+printed and reported beside them.
 
 Run: ``python benchmarks/steering.py`` (from the repo root; < 60 s). Besides the prose it
 prints ``RESULT`` lines (figure | value | floor | ratio) for ``benchmarks/run_all.py``.
@@ -142,9 +145,9 @@ def latency(mode: str, seed: int = 6) -> None:
     print(f"  floor     median {statistics.median(floor) * ms:6.3f} ms   p99 {_pct(floor, 99) * ms:6.3f} ms"
           f"   (same boundary, nothing pushed)")
     report(f"steering boundary excess, median ({mode}) vs nothing pushed",
-           statistics.median(exc) * ms, statistics.median(floor) * ms, "ms")
+           statistics.median(exc) * ms, statistics.median(floor) * ms, "ms", target="<= 1 ms")
     report(f"steering boundary excess, p99 ({mode}) vs nothing pushed",
-           _pct(exc, 99) * ms, _pct(floor, 99) * ms, "ms")
+           _pct(exc, 99) * ms, _pct(floor, 99) * ms, "ms", target="<= 1 ms")
 
 
 # -- throughput --------------------------------------------------------------------------
@@ -224,7 +227,8 @@ def throughput(kind: str) -> None:
         handle = loop.start("go", RunConfig(max_turns=1_000_000))
         tool.started.wait(30)
         steering = loop.steering()
-        accepted = [0]
+        accepted = {"push(str)": 0, "push(Message)": 0}
+        counting = ["push(str)"]
 
         def push_all(row: list[Any]) -> None:
             push = steering.push
@@ -232,7 +236,7 @@ def throughput(kind: str) -> None:
             for x in row:
                 ok += push(x)
             with floor_lock:
-                accepted[0] += ok
+                accepted[counting[0]] += ok
 
         floor_lock = threading.Lock()
         sink: list[Any] = []
@@ -246,21 +250,26 @@ def throughput(kind: str) -> None:
 
         results: dict[str, list[float]] = {"push(str)": [], "push(Message)": [], "floor": []}
         for _ in range(REPEATS):
-            results["push(str)"].append(_race(push_all, texts))
-            results["push(Message)"].append(_race(push_all, messages))
+            for name, payload in (("push(str)", texts), ("push(Message)", messages)):
+                counting[0] = name
+                results[name].append(_race(push_all, payload))
+                steering.take_all()  # every race starts with nothing undrained
             results["floor"].append(_race(append_all, texts))
             sink.clear()
-            if kind == "parked":
-                steering.take_all()  # keep the slot small between repeats
         stop.set()
         if kind == "parked":
             tool.release.set()
         handle.result(60)
         steering.take_all()
     total = THREADS * M
-    assert accepted[0] == 2 * REPEATS * total, "every push during the run is accepted"
+    cap = steering.max_messages
     floor = statistics.median(results["floor"])
     print(f"throughput ({kind} run, {THREADS} threads x {M} pushes, median of {REPEATS}):")
+    for name, ok in accepted.items():
+        # Pushes past the cap on undrained guidance are refused (and store
+        # nothing); a refusal is cheaper than an acceptance, so say how many.
+        print(f"  {name:<14} accepted {ok:,} of {REPEATS * total:,} pushes "
+              f"({ok / (REPEATS * total):.1%}); the rest met the cap of {cap:,} undrained messages")
     for name, xs in results.items():
         s = statistics.median(xs)
         print(f"  {name:<14} {total / s / 1e6:6.2f} M pushes/s   {s / total * 1e9:7.0f} ns/push"
@@ -268,6 +277,8 @@ def throughput(kind: str) -> None:
     for name in ("push(str)", "push(Message)"):
         report(f"steering {name}, {THREADS} threads, {kind} run vs locked list.append",
                statistics.median(results[name]) / total * 1e9, floor / total * 1e9, "ns/push")
+        report(f"steering {name}, {kind} run: pushes accepted (cap {cap:,} undrained)",
+               accepted[name] / REPEATS, total, "pushes", better="higher")
 
 
 def main() -> None:

@@ -191,7 +191,7 @@ def main() -> None:
         per = {n: results[n][0][k] / n * 1e6 for n in SIZES}
         marginal = (results[hi][0][k] - results[lo][0][k]) / (hi - lo) * 1e6
         fixed = results[lo][0][k] * 1e6 - marginal * lo
-        report(f"growth of {name} us/turn N={lo}->{hi} (target <= 1.3x)", per[hi], per[lo], unit="us")
+        report(f"growth of {name} per turn N={lo}->{hi}", per[hi], per[lo], unit="us/turn", target="<= 1.3x")
         print(
             f"{name:>4}: growth N={lo}->{hi} {per[hi] / per[lo]:.2f}x (target <= 1.3x); "
             f"worst {max(per.values()):.1f} us/turn (target <= 50); "

@@ -13,16 +13,19 @@ server. From the repository root:
 
 The last command starts a run from this process (it could be any other),
 steers it, follows its events as the worker streams them, and prints the
-answer. ``LOOPCTL_REDIS_URL`` overrides the Redis URL.
+answer. ``LOOPCTL_REDIS_URL`` overrides the Redis URL. Each worker prints
+one line per run it executes (id, outcome, duration).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
 
 from celery import Celery
+from celery.signals import worker_init
 
 from loopctl import BareLoop, Message, SessionConfig
 from loopctl.contrib.celery import CeleryRunRegistry
@@ -39,6 +42,16 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
 )
+
+@worker_init.connect
+def show_run_lines(**_: Any) -> None:
+    """In the worker process only: print the registry's line per run (INFO on ``loopctl.celery``)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s"))
+    logger = logging.getLogger("loopctl.celery")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
 
 # Module level, on purpose: constructing the registry connects nothing, and
 # registers it in this process's table under its prefix ("loopctl"), which

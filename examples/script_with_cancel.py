@@ -7,13 +7,18 @@ milliseconds even while a tool is running (the demo tools wait on the run's
 cancel signal), the conversation is left as it was before the run, and the
 guidance the run never reached comes back as leftovers.
 
-    python examples/script_with_cancel.py                  # guidance noted, finishes: 20
-    python examples/script_with_cancel.py --tool-delay 5   # cancelled after 2 s
+    python examples/script_with_cancel.py                # cancelled after 1 s, in the first tool
+    python examples/script_with_cancel.py --timeout 10   # guidance noted, finishes: 20
+
+Each demo tool call takes ``--tool-delay`` seconds (2 by default), so the
+default run cannot finish within the default timeout of 1 s. Tool calls
+print as the ``loopctl`` command prints them: ``> add(a=2, b=3)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 from pathlib import Path
@@ -34,17 +39,18 @@ class ShowTools(Observer):
     """Prints each tool call and its result on their own lines."""
 
     def on_tool_call_received(self, event: ToolCallReceived) -> None:
-        print(f"\n  > {event.tool}({dict(event.input)})")
+        args = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in event.input.items())
+        print(f"\n  > {event.tool}({args})")
 
     def on_tool_post(self, event: ToolPost) -> None:
-        print(f"  < {event.output}")
+        print(f"  < {event.tool}: {event.output}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run once; exit code 0 if the run finished, 130 if it was cancelled."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--timeout", type=float, default=2.0, help="seconds before cancelling")
-    parser.add_argument("--tool-delay", type=float, default=0.3, help="seconds each tool takes")
+    parser.add_argument("--timeout", type=float, default=1.0, help="seconds before cancelling (default 1)")
+    parser.add_argument("--tool-delay", type=float, default=2.0, help="seconds each tool takes (default 2)")
     parser.add_argument("--question", default="What is (2 + 3) * 4?")
     args = parser.parse_args(argv)
 

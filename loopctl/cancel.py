@@ -93,12 +93,17 @@ class CancelSignal:
         return self._event.reason
 
     def reset(self) -> None:
-        """Re-arm the signal (the loop's, at the end of ``finalize``)."""
+        """Re-arm the signal (the loop's, at the end of ``finalize``).
+
+        The flag is replaced even when it never fired: a cancel already on
+        its way through the ended run's view (it passed the "still running"
+        check just before the run ended) must land on that run's flag, never
+        on the one the next run reads.
+        """
         if self._parent is not None:
             return
         with self._lock:
-            if self._event.is_set():
-                self._event = _Flag()
+            self._event = _Flag()
 
     def add_listener(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` (on the cancelling thread) when the signal fires.
@@ -109,13 +114,14 @@ class CancelSignal:
         parent = self._parent
         if parent is not None:
             # Register on the parent only while it still holds this view's flag,
-            # checked and added under its lock: a flag the parent has re-armed
-            # away from was fired, so ``fn`` runs now instead of never.
+            # checked and added under its lock. A flag the parent has re-armed
+            # away from belongs to an ended run: if it fired, ``fn`` runs now
+            # instead of never; if not, that run can no longer be cancelled.
             with parent._lock:
                 live = parent._event is self._event and not self._event.is_set()
                 if live:
                     parent._listeners.append(fn)
-            if not live:
+            if not live and self._event.is_set():
                 fn()
             return
         with self._lock:

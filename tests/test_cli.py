@@ -166,7 +166,8 @@ def test_no_stream_prints_whole_replies() -> None:
 def test_a_loop_error_exits_1_with_its_message() -> None:
     code, out, err = _main(["run", "What is (2+3)*4?", "--max-turns", "1"])
     assert code == 1
-    assert "error: max turns exceeded: the run used all 1 turns" in err
+    assert "error: the run stopped after 1 model call without a final answer.\n" in err
+    assert "  Give it more with --max-turns N" in err
 
 
 def test_colours_only_on_a_terminal_and_never_with_no_color() -> None:
@@ -473,3 +474,12 @@ def test_control_characters_from_untrusted_text_are_shown_escaped() -> None:
     assert "fine\n\\x1b[2Jcleared?\\x0d\\x07\n" in text
     assert '  > add\\x1b[31m(a="\\x9b2J")' in text
     assert "  < add: \\x1b]0;title\\x07ok (1 ms)" in text
+
+
+def test_rows_break_between_words_and_only_a_too_long_word_is_cut() -> None:
+    from loopctl.demo.wrap import break_row, visible_cells
+
+    rows, rest = break_row("add(2, 3) returned 5, so the sum is plus five.", 12)
+    assert rows == ["add(2, 3)", "returned 5,", "so the sum", "is plus"] and rest == "five."
+    assert break_row("  [x] abcdefghijklmnop", 10) == (["  [x]", "abcdefghij"], "klmnop")
+    assert visible_cells("\x1b[33mhi\x1b[0m 日本") == 7

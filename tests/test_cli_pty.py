@@ -121,8 +121,8 @@ def screen(raw: str, cols: int) -> tuple[list[str], int]:
     """The lines a terminal ``cols`` wide shows after ``raw`` (scrollback
     included), and the cursor's column at the end. It models what the
     command relies on: ``\\r``, ``\\n``, ``ESC[K`` (erase to the end of the
-    line) and the automatic wrap at the right margin; other escape
-    sequences (styles) take no room."""
+    line), ``ESC[A`` (cursor up) and the automatic wrap at the right margin;
+    other escape sequences (styles) take no room."""
     lines: list[list[str]] = [[]]
     row = col = 0
     i = 0
@@ -132,6 +132,8 @@ def screen(raw: str, cols: int) -> tuple[list[str], int]:
         if m is not None:
             if m.group(0).endswith("K"):
                 del lines[row][col:]
+            elif m.group(0).endswith("A"):
+                row = max(row - int(m.group(0)[2:-1] or 1), 0)
             i = m.end()
             continue
         if ch == "\r":
@@ -256,3 +258,145 @@ def test_echo_piped_into_loopctl_run_always_reports_the_guidance() -> None:
         assert p.returncode == 0, err
         assert "[guidance queued: show each step]" in out, out
         assert "[guidance delivered: show each step]" in out or "  - show each step\n" in out, out
+
+
+# -- at 80 columns: typed text in sight, rows broken between words, plain errors -------
+
+
+def _piped_lines(args: list[str]) -> list[str]:
+    """The command's output lines without a terminal (nothing wrapped), up to the summary."""
+    proc = subprocess.run([sys.executable, "-m", "loopctl", *args], env=_env(), cwd=str(ROOT),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [line for line in proc.stdout.splitlines() if not line.startswith("-- ")]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_text_typed_while_a_reply_streams_mid_line_shows_at_once_on_the_bottom_row() -> None:
+    log = io.StringIO()
+    # 0.2 s between the offline model's four-character deltas: the first
+    # sentence (149 characters) takes about 7 s to stream.
+    child = _spawn(["run", COUNTRIES, "--delay", "0.2"], 80, log)
+    try:
+        child.expect_exact("To work out the")
+        child.send("abc")
+        child.expect_exact("» abc")
+        typed_at = len(log.getvalue())
+        child.send("\x15")  # Ctrl-U: the typed text is cleared, never sent
+        child.expect_exact("\r\x1b[K")  # the status line goes
+        child.sendintr()  # no need to wait for the rest of the reply
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 130
+    raw = log.getvalue()
+    # Drawn while the model was still mid-sentence (the CLI used to wait for the line's end).
+    assert "(together)." not in raw[:raw.index("» abc")]
+    lines, _ = screen(raw[:typed_at], 80)
+    while lines and not lines[-1]:
+        lines.pop()
+    assert lines[-1] == "» abc", lines
+    sentence = "To work out the population of France + the population of Spain, I'll look up"
+    assert lines[-2] and sentence.startswith(lines[-2]), lines  # the part-written row, intact above
+    after, col = screen(raw, 80)
+    assert not [line for line in after if "»" in line or "abc" in line], after
+    assert "guidance queued" not in raw and "cancelled" in raw and col == 0
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_long_lines_wrap_between_words_at_80_columns() -> None:
+    expected = _piped_lines(["run", COUNTRIES])
+    assert max(len(line) for line in expected) > 100  # the reply has lines that must wrap
+    log = io.StringIO()
+    child = _spawn(["run", COUNTRIES], 80, log)
+    try:
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    rows, _ = screen(log.getvalue(), 80)
+    rows = [r for r in rows if r and not r.startswith("-- ")]
+    assert all(len(r) < 80 for r in rows), rows
+    # Each line is its rows joined by the spaces they were broken at: no word
+    # is cut ("plu" / "s") and no "." sits alone on a row.
+    at = 0
+    for line in expected:
+        got = rows[at]
+        at += 1
+        while len(got) < len(line):
+            got += " " + rows[at]
+            at += 1
+        assert got == line, (line, rows)
+    assert at == len(rows)
+    assert not [r for r in rows if r.strip() in (".", ",")]
+
+
+def _dead_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_a_dead_endpoint_is_told_in_a_persons_words() -> None:
+    log = io.StringIO()
+    env = _env()
+    env["OPENAI_API_KEY"] = "sk-test-not-a-real-key-0123456789"
+    url = f"http://127.0.0.1:{_dead_port()}/v1"
+    child = pexpect.spawn(sys.executable, ["-m", "loopctl", "run", "hi", "--provider", "openai",
+                                           "--base-url", url], env=env, cwd=str(ROOT),
+                          encoding="utf-8", timeout=60, dimensions=(24, 80))
+    child.logfile_read = log
+    try:
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 1
+    rows, _ = screen(log.getvalue(), 80)
+    text = " ".join(r.strip() for r in rows if r)
+    assert "attempt 4/4" in text
+    assert "[still no reply after 4 tries: asking once more, for the whole reply at once]" in text
+    assert (f"error: no reply from gpt-4o-mini: connection refused at {url} "
+            "(tried 4 times, then once more without streaming).") in text
+    assert "Check that the server is running and the --base-url address is right" in text
+    for internal in ("stream interrupted", "rescue", "retry 4]", "0 turns", "sk-test"):
+        assert internal not in text, (internal, rows)
+    assert all(len(r) < 80 for r in rows), rows
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+def test_a_missing_key_says_which_variable_to_set_and_runs_nothing() -> None:
+    log = io.StringIO()
+    env = {k: v for k, v in _env().items() if k not in ("OPENAI_API_KEY", "OPENAI_BASE_URL")}
+    child = pexpect.spawn(sys.executable, ["-m", "loopctl", "run", "hi", "--provider", "openai"],
+                          env=env, cwd=str(ROOT), encoding="utf-8", timeout=60, dimensions=(24, 80))
+    child.logfile_read = log
+    try:
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 1
+    rows, _ = screen(log.getvalue(), 80)
+    text = " ".join(r.strip() for r in rows if r)
+    assert text.startswith("error: no OpenAI API key: OPENAI_API_KEY is not set."), rows
+    assert "export OPENAI_API_KEY=" in text and "leave out --provider" in text
+    assert "api_key=" not in text and "turns" not in text
+    assert all(len(r) < 80 for r in rows), rows
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a POSIX pseudo-terminal")
+@pytest.mark.parametrize("where", [["run"], ["chat"]])
+def test_version_works_where_the_docs_list_it(where: list[str]) -> None:
+    import loopctl
+
+    assert "| `--version` |" in (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    child = pexpect.spawn(sys.executable, ["-m", "loopctl", *where, "--version"], env=_env(),
+                          cwd=str(ROOT), encoding="utf-8", timeout=60, dimensions=(24, 80))
+    try:
+        child.expect(pexpect.EOF)
+    finally:
+        child.close(force=True)
+    assert child.exitstatus == 0
+    assert child.before.strip() == f"loopctl {loopctl.__version__}"

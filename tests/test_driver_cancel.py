@@ -832,11 +832,57 @@ def test_cancel_through_a_stale_view_does_not_touch_the_loop() -> None:
     assert sig.is_cancelled() and sig.reason == "now"
 
 
+def test_reset_gives_the_next_run_a_fresh_flag_even_when_nothing_fired() -> None:
+    sig = CancelSignal()
+    ended = sig.view()  # the run that just ended, never cancelled
+    sig.reset()  # its finalize re-arms the loop's signal
+    current = sig.view()  # the next run
+    ended.cancel("late")  # a cancel that passed "still running" before the end
+    assert ended.is_cancelled() and ended.reason == "late"
+    assert not current.is_cancelled() and not sig.is_cancelled()
+    heard: list[str] = []
+    ended.add_listener(lambda: heard.append("ended"))  # fired: runs at once
+    assert heard == ["ended"]
+    quiet = sig.view()
+    sig.reset()
+    quiet.add_listener(lambda: heard.append("quiet"))  # ended unfired: nothing to hear
+    assert heard == ["ended"] and sig._listeners == []
+
+
+@pytest.mark.parametrize("how", ["tool", "handle"])
+def test_a_cancel_landing_after_its_run_completed_never_cancels_the_next_run(how: str) -> None:
+    # The cancel of run one passes the "still running" check, then run one
+    # completes and run two starts before the cancel fires. It fires through
+    # run one's view (a tool's ctx.cancel, or the handle's) and must stay there.
+    gate = Gate()
+    views: list[CancelSignal] = []
+
+    class Keep(Tool):
+        name = "keep"
+        description = "Keeps its run's cancel view."
+
+        def call(self, input: Any, ctx: ToolContext) -> str:
+            views.append(ctx.cancel)
+            return "kept"
+
+    client = ScriptedClient([call("keep"), reply("first done"), call("stuck"), reply("second done")])
+    with BareLoop(client, [Keep(), Stuck(gate)]) as loop:
+        first = loop.start("one")
+        assert first.result(WAIT).output == "first done"
+        second = loop.start("two")
+        gate.wait_entered()
+        late = views[0] if how == "tool" else first._rc.cancel
+        late.cancel("meant for run one")
+        assert not loop.is_cancelled()
+        gate.open()
+        assert second.result(WAIT).output == "second done"
+
+
 def test_a_view_made_before_the_signal_fires_sees_it() -> None:
     from loopctl import CancelSignal
 
     sig = CancelSignal()
-    sig.reset()  # not fired: the same flag stays, views made earlier stay live
+    sig.reset()
     view = sig.view()
     waiter_woke = threading.Event()
     def waiter() -> None:

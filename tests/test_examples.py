@@ -57,6 +57,20 @@ def test_script_with_cancel_finishes_or_cancels(capsys: pytest.CaptureFixture[st
     assert "conversation after the cancel: 0 messages" in out
 
 
+def test_script_with_cancel_cancels_by_default_and_prints_calls_as_the_cli_does(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    script = _load("script_with_cancel")
+    # Defaults: each tool call waits 2 s on the cancel signal, the timeout is 1 s.
+    assert script.main([]) == 130
+    out = capsys.readouterr().out
+    assert "\n  > add(a=2, b=3)\n" in out and "{'a'" not in out
+    assert "run cancelled: took longer than the timeout" in out
+    assert script.main(["--tool-delay", "0", "--timeout", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "  > multiply(a=5, b=4)\n" in out and "  < multiply: 20\n" in out
+
+
 class SSE:
     """Reads server-sent event frames from a response body iterator."""
 

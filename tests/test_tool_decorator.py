@@ -303,3 +303,22 @@ def test_optional_context_parameter_is_injected() -> None:
 
     assert f.schema().input_schema["properties"] == {}
     assert f.invoke({}, object()).text == "got"  # type: ignore[arg-type]
+
+
+def test_rst_literals_and_roles_in_a_docstring_reach_the_model_as_markdown() -> None:
+    @tool
+    def fetch(path: str, mode: str = "r") -> str:
+        """Read ``path`` (a :class:`~pathlib.Path` works too) and return its text.
+
+        Args:
+            path: the file; ``~`` is not expanded.
+            mode: ``"r"`` or ``"rb"``.
+        """
+        return path
+
+    schema = fetch.schema()
+    assert schema.description == "Read `path` (a `pathlib.Path` works too) and return its text."
+    props = schema.input_schema["properties"]
+    assert props["path"]["description"] == "the file; `~` is not expanded."
+    assert props["mode"]["description"] == '`"r"` or `"rb"`.'
+    assert "``" not in repr(schema)

@@ -4,12 +4,18 @@ Owns the task name, the process-wide map from key prefix to registry (a
 worker's task finds "its" registry there), the per-app task object
 (``task_for``, at-most-once options forced), the task body
 (``execute_task``) and the optional OpenTelemetry propagation the task and
-``start`` use to carry the starter's trace context to the worker.
+``start`` use to carry the starter's trace context to the worker. Each task
+logs one INFO line on the ``loopctl.celery`` logger when it ends: the run
+id, how it ended and how long the task took; never the run's input, its
+guidance or an error's text (which could name a URL with its password),
+only the error's type.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 import weakref
 from typing import Any, Dict, List, Optional, Protocol
 
@@ -18,6 +24,8 @@ from loopctl.errors import LoopError
 from .celery_signals import connect_signals
 
 TASK_NAME = "loopctl.contrib.celery.execute_run"
+
+log = logging.getLogger("loopctl.celery")
 
 
 class Executor(Protocol):
@@ -40,6 +48,19 @@ def execute_task(
     ``trace`` is the starter's W3C trace context: current around the run, so
     the run's spans join the starter's trace.
     """
+    t0 = time.monotonic()
+    outcome = "error"
+    try:
+        outcome = _execute(run_id, prefix, conversation, trace)
+        return outcome
+    except BaseException as exc:
+        outcome = f"error ({type(exc).__name__})"
+        raise
+    finally:
+        log.info("run %s %s in %.2f s", run_id, outcome, time.monotonic() - t0)
+
+
+def _execute(run_id: str, prefix: str, conversation: str, trace: Optional[Dict[str, str]]) -> str:
     reg = REGISTRIES.get(prefix)
     if reg is None:
         raise LoopError(

@@ -16,7 +16,9 @@ prints what guidance was never delivered. Exit codes: 0 success,
 and the spinner appear only on a terminal, colours never with ``NO_COLOR``.
 The terminal view itself (``Console``, ``LiveView``) lives in
 ``loopctl.demo.view``, stdin (``StdinLines``, ``KeysMode``) in
-``loopctl.demo.terminal``; they are re-exported here.
+``loopctl.demo.terminal``, the arguments in ``loopctl.demo.arguments`` and
+what a failure says in ``loopctl.demo.wording``; the first three are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -27,16 +29,16 @@ import os
 import queue
 import signal
 import sys
+import textwrap
 import threading
 from collections.abc import Mapping, Sequence
 from typing import IO, Any, Optional
-from urllib.parse import urlsplit
 
 import attrs
 
-from loopctl import __version__
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.demo.approval_prompt import ApprovalPrompt, ask_policy
+from loopctl.demo.arguments import build_parser, load_schema
 from loopctl.demo.chat_sessions import open_chat_session
 from loopctl.demo.console import printable
 from loopctl.demo.mcp_servers import close_mcp_servers, open_mcp_servers
@@ -44,6 +46,7 @@ from loopctl.demo.model import OfflineModel
 from loopctl.demo.terminal import KeysMode, StdinLines, restore_terminal
 from loopctl.demo.tools import demo_tools
 from loopctl.demo.view import Console, LiveView, RunFacts
+from loopctl.demo.wording import check_key, error_lines
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
 from loopctl.observers import CallbackObserver
@@ -52,84 +55,6 @@ from loopctl.records import json_form
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 _DEFAULT_MODELS = {"openai": ("OPENAI_MODEL", "gpt-4o-mini"),
                    "anthropic": ("ANTHROPIC_MODEL", "claude-sonnet-4-20250514")}
-
-
-class _Parser(argparse.ArgumentParser):
-    """An argument parser that knows its subcommands' parsers."""
-
-    commands: dict[str, argparse.ArgumentParser]
-
-
-def _turns(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _url(text: str) -> str:
-    parts = urlsplit(text)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        # Credentials in a URL are a secret: the message never repeats them.
-        shown = "<credentials>@" + text.rsplit("@", 1)[1] if "@" in text else text
-        raise argparse.ArgumentTypeError(
-            f"must start with http:// or https:// and name a host, got {shown!r}")
-    return text
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def build_parser() -> _Parser:
-    """The argument parser of the ``loopctl`` command."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--provider", choices=("offline", "openai", "anthropic"), default="offline",
-                        help="model provider (default: the embedded offline demo model)")
-    common.add_argument("--model", help="model name (provider default when omitted)")
-    common.add_argument("--base-url", type=_url,
-                        help="API base URL (openai: include /v1; anthropic: host root)")
-    common.add_argument("--system", help="system prompt")
-    common.add_argument("--max-turns", type=_turns, default=None, metavar="N",
-                        help="model calls allowed per run (>= 1)")
-    common.add_argument("--json", action="store_true",
-                        help="print one JSON object per observer event on stdout")
-    common.add_argument("--no-stream", action="store_true", help="ask for whole replies, not streams")
-    common.add_argument("--tool-delay", type=_seconds, default=None, metavar="SECONDS",
-                        help="slow each demo tool call down (time to type guidance or press Ctrl-C)")
-    common.add_argument("--mcp", action="append", default=[], metavar='"COMMAND ARGS"',
-                        help="run an MCP server (stdio) and give its tools to the agent (repeatable)")
-    common.add_argument("--ask", action="append", default=[], metavar="TOOL",
-                        help="ask before each call of TOOL (repeatable; 'all' for every tool): "
-                             "answer y, n or a reason")
-    common.add_argument("--yes", action="store_true", help="approve every call that needs approval")
-    # Hidden: the offline model's pause between streamed text deltas.
-    common.add_argument("--delay", type=_seconds, default=None, help=argparse.SUPPRESS)
-    parser = _Parser(
-        prog="loopctl",
-        description="Run an LLM agent: streaming, live tool calls, typed guidance, Ctrl-C to stop.",
-    )
-    parser.add_argument("--version", action="version", version=f"loopctl {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="{run,chat}", parser_class=argparse.ArgumentParser)
-    run = sub.add_parser("run", parents=[common], help="run the agent once on a task")
-    run.add_argument("input", help='the task, e.g. "What is 12 + 30?"')
-    run.add_argument("--output-schema", metavar="SCHEMA.json",
-                     help="ask for an answer that fits this JSON Schema; print the validated object as JSON")
-    chat = sub.add_parser("chat", parents=[common], help="several runs in one session (history kept)")
-    chat.add_argument("--session", metavar="NAME",
-                      help="continue the named conversation across invocations (kept in the user's data folder)")
-    chat.add_argument("--session-db", metavar="PATH", help="the SQLite file --session keeps conversations in")
-    parser.commands = {"run": run, "chat": chat}
-    return parser
 
 
 class Command:
@@ -145,6 +70,7 @@ class Command:
         self.args = args
         tty = _isatty(out)
         self.console = Console(out, err, color=tty and not env.get("NO_COLOR"), tty=tty)
+        self.console.wrap = tty and not args.json  # JSON lines stay whole, even on a terminal
         self.stdin = stdin
         self.streaming = not args.no_stream
         self.config = RunConfig() if args.max_turns is None else RunConfig(max_turns=args.max_turns)
@@ -324,7 +250,10 @@ class Command:
         if isinstance(error, Cancelled):
             self.note("cancelled", "yellow", "bold")
         elif error is not None:
-            self.console.line(f"error: {error}", "red", err=True)
+            v = self.view
+            for line in error_lines(error, model=v.model, attempts=v.attempts, rescued=v.rescued,
+                                    base_url=self.args.base_url, provider=self.args.provider):
+                self.console.line(line, "red", err=True)
         elif run is not None and not (run.output or "").strip():
             self.note("(the model's final reply was empty)", "yellow")
         if leftovers:
@@ -336,7 +265,8 @@ class Command:
             value = json_form(run.output_value)
             shown = {"type": "output_value", "value": value} if self.args.json else value
             self.console.line(json.dumps(shown, ensure_ascii=False))
-        self.note(_summary(run, self.facts), "dim")
+        if error is None or isinstance(error, Cancelled) or run is None or run.turn_count:
+            self.note(_summary(run, self.facts), "dim")  # not "0 turns, ..." after a failure
         if error is None:
             return EXIT_OK
         return EXIT_CANCELLED if isinstance(error, Cancelled) else EXIT_ERROR
@@ -424,6 +354,7 @@ def make_client(args: argparse.Namespace, env: Mapping[str, str], *, visible: bo
         cls = getattr(providers, "OpenAIClient" if args.provider == "openai" else "AnthropicClient")
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"provider {args.provider!r} is not available: {exc}") from exc
+    check_key(args.provider, args.base_url, env, os.environ)
     var, default = _DEFAULT_MODELS[args.provider]
     kwargs: dict[str, Any] = {"model": args.model or env.get(var) or default}
     if args.base_url:
@@ -454,7 +385,7 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
     if args.provider == "offline" and args.base_url:
         parser.commands[args.command].error("--base-url applies to --provider openai or anthropic")
     if getattr(args, "output_schema", None):
-        args.output_schema_loaded = _load_schema(parser.commands[args.command], args.output_schema)
+        args.output_schema_loaded = load_schema(parser.commands[args.command], args.output_schema)
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     if args.provider == "offline" and args.model:
@@ -464,7 +395,8 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
         session = Command(args, stdin if stdin is not None else sys.stdin, out, err,
                           os.environ if env is None else env)
     except LoopError as exc:
-        err.write(f"error: {exc}\n")
+        message = f"error: {exc}"
+        err.write((textwrap.fill(message, 79, break_long_words=False) if _isatty(err) else message) + "\n")
         return EXIT_ERROR
     except KeyboardInterrupt:
         return EXIT_CANCELLED
@@ -487,17 +419,6 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
         finally:
             reader.stop()
             session.close()
-
-
-def _load_schema(parser: argparse.ArgumentParser, path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            schema = json.load(f)
-    except (OSError, ValueError) as exc:
-        parser.error(f"--output-schema {path}: {exc}")
-    if not isinstance(schema, dict):
-        parser.error(f"--output-schema {path}: a JSON Schema must be an object")
-    return schema
 
 
 def _chat(session: Command, reader: StdinLines) -> int:

@@ -8,7 +8,11 @@ half-typed guidance or the chat prompt), cut to the terminal's width so
 ``\\r\\x1b[K`` always erases it, redrawn below each new line by its
 ``loopctl-cli-spinner`` thread or at once after a key. A note that arrives
 while streamed text is mid-line waits for the line to end, so no note
-splits a word.
+splits a word. On a terminal the console wraps what it writes between
+words (``loopctl.demo.wrap``), so it knows the row the cursor is on: while
+streamed text is mid-row and a person types, the status line with the
+typed text is drawn on the row below it, and taken away again (cursor up)
+before the text goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import threading
 import time
 import unicodedata
 from typing import IO, Optional
+
+from loopctl.demo.wrap import break_row, visible_cells
 
 _STYLES = {"dim": "2", "bold": "1", "red": "31", "green": "32", "yellow": "33", "cyan": "36"}
 _FRAMES = "|/-\\"
@@ -89,10 +95,13 @@ class Console:
         self.out, self.err = out, err
         self.color, self.tty = color, tty
         self.editing = False  # the input line is drawn here (stdin in KeysMode)
+        self.wrap = tty  # break rows between words (off for output meant for programs)
         self.lock = threading.RLock()
         self._columns = columns
         self._at_bol = {id(out): True, id(err): True}
         self._mid_text = False  # out is mid-line in streamed text
+        self._row = ""  # what out's current row shows (it ends where the cursor is)
+        self._status_below = False  # the status line is on the row below a part-written row
         self._pending: list[tuple[str, tuple[str, ...], bool]] = []
         self._status_shown = False
         self._frame = 0
@@ -124,8 +133,42 @@ class Console:
         if not text:
             return
         self._erase_status()
-        self._raw(stream, text)
+        if stream is self.out:
+            shown = self._wrap(text) if self.wrap else text
+            row = text.rsplit("\n", 1)[-1] if "\n" in text else self._row + text
+            self._raw(stream, shown)
+            if not self.wrap:
+                self._row = row
+        else:
+            self._raw(stream, text)
         self._at_bol[id(stream)] = text.endswith("\n")
+
+    def _wrap(self, text: str) -> str:
+        """``text`` for the terminal, its rows broken between words; tracks the row."""
+        width = max(self.columns() - 1, 8)  # the last column stays free: no margin wrap
+        parts: list[str] = []
+        for i, piece in enumerate(text.split("\n")):
+            if i:
+                parts.append("\n")
+                self._row = ""
+            if not piece:
+                continue
+            row = self._row + piece
+            if visible_cells(row) <= width:
+                parts.append(piece)
+                self._row = row
+                continue
+            # Rewrite the row from its start: a word begun at its end moves down whole.
+            rows, rest = break_row(row, width)
+            parts.append("\r" + rows[0] + "\x1b[K" + "".join("\n" + r for r in rows[1:]) + "\n" + rest)
+            self._row = rest
+        return "".join(parts)
+
+    def _needs_newline(self, stream: IO[str]) -> bool:
+        """True when ``stream``'s cursor is not at the start of an empty row."""
+        if self._at_bol[id(stream)]:
+            return False
+        return stream is not self.out or bool(self._row)
 
     def _raw(self, stream: IO[str], text: str) -> None:
         try:
@@ -140,7 +183,12 @@ class Console:
 
     def _erase_status(self) -> None:
         if self._status_shown:
-            self._raw(self.out, "\r\x1b[K")
+            if self._status_below:
+                # Back up to the part-written row; rewriting it puts the cursor at its end.
+                self._raw(self.out, "\r\x1b[K\x1b[A\r" + self._row)
+                self._status_below = False
+            else:
+                self._raw(self.out, "\r\x1b[K")
             self._status_shown = False
 
     def _flush_pending(self) -> None:
@@ -150,8 +198,11 @@ class Console:
 
     def _line(self, text: str, styles: tuple[str, ...], err: bool) -> None:
         stream = self.err if err else self.out
-        if not self._at_bol[id(stream)]:
+        if self._needs_newline(stream):
             self._write(stream, "\n")
+        if err and self.wrap:  # out's rows are wrapped as they are written; err's here, whole
+            rows, rest = break_row(text, max(self.columns() - 1, 8))
+            text = "\n".join([*rows, rest])
         self._write(stream, self.style(text, *styles) + "\n")
         if not err:
             self._mid_text = False
@@ -200,8 +251,9 @@ class Console:
     def end_text(self) -> None:
         """Finish a line of streamed text (and show the notes that waited for it)."""
         with self.lock:
-            if not self._at_bol[id(self.out)]:
+            if self._needs_newline(self.out):
                 self._write(self.out, "\n")
+            self._at_bol[id(self.out)] = True
             self._mid_text = False
             self._after_write()
 
@@ -211,8 +263,9 @@ class Console:
             self._prompt, self._input = None, ""
             self._erase_status()
             for stream in (self.out, self.err):
-                if not self._at_bol[id(stream)]:
+                if self._needs_newline(stream):
                     self._write(stream, "\n")
+                self._at_bol[id(stream)] = True
             self._mid_text = False
             self._flush_pending()
 
@@ -303,13 +356,24 @@ class Console:
         return fit(text, avail) + ("  " if right else ""), right
 
     def _draw_status(self) -> None:
-        if not self.tty or not self._at_bol[id(self.out)] or not self._at_bol[id(self.err)]:
+        if not self.tty or self._needs_newline(self.err):
+            return
+        # Mid-row in streamed text: the typed line goes on the row below, so
+        # it stays visible as typed while the model's sentence goes on.
+        below = self._needs_newline(self.out)
+        if below and not (self.editing and self.wrap):  # only a wrapped row is one row high
             return
         left, right = self._status_parts()
         if not left and not right:
             self._erase_status()
             return
-        self._raw(self.out, "\r\x1b[K" + self.style(left, "dim") + right)
+        status = self.style(left, "dim") + right
+        if below and not self._status_below:
+            self._erase_status()
+            self._raw(self.out, "\r\n\x1b[K" + status)
+            self._status_below = True
+        else:
+            self._raw(self.out, "\r\x1b[K" + status)
         self._status_shown = True
 
     def _spin(self) -> None:
@@ -332,8 +396,9 @@ class Console:
             self._waiting = None
             self._erase_status()
             if self._pending:
-                if not self._at_bol[id(self.out)]:
+                if self._needs_newline(self.out):
                     self._write(self.out, "\n")
+                self._at_bol[id(self.out)] = True
                 self._mid_text = False
                 self._flush_pending()
 

@@ -93,9 +93,12 @@ class LiveView(Observer):
         self.model = model
         self._labels: dict[str, str] = {}
         self._retry_shown = False  # the next attempt reset is that retry's own
+        self.attempts = 1  # tries of the turn's model call so far (for the error line)
+        self.rescued = False  # after the last try, one more was made without streaming
 
     def on_turn_start(self, event: TurnStart) -> None:
         """The model is asked: a waiting line until its first token."""
+        self.attempts, self.rescued = 1, False
         self.console.waiting(f"waiting for {self.model}")
 
     def on_thinking_delta(self, event: ThinkingDelta) -> None:
@@ -121,6 +124,7 @@ class LiveView(Observer):
     def on_retry_scheduled(self, event: RetryScheduled) -> None:
         """A failed model call will be tried again: its cause and the wait."""
         self._retry_shown = True
+        self.attempts = event.attempt
         self.console.line(f"  [{_one_line(event.cause)}: retrying in {seconds(event.wait_s)}, "
                           f"attempt {event.attempt}/{event.max_attempts}]", "yellow")
         self.console.waiting(f"retrying {event.model or self.model} "
@@ -158,11 +162,18 @@ class LiveView(Observer):
         self.console.line(f"  [answer does not fit: {first}; {again} ({event.attempt}/{event.max_attempts})]", "yellow")
 
     def on_attempt_reset(self, event: AttemptReset) -> None:
-        """The reply starts again: said once (the retry line already gave its cause)."""
+        """The reply starts again: said once (the retry line already gave its cause).
+
+        A reset with no retry before it is the last resort after the last
+        try failed: one more request, for the whole reply at once.
+        """
         if self._retry_shown:
             self._retry_shown = False
             return
-        self.console.line(f"  [stream interrupted; retry {event.attempt}]", "yellow")
+        self.rescued = True
+        tries = f"{self.attempts} tries" if self.attempts != 1 else "1 try"
+        self.console.line(f"  [still no reply after {tries}: asking once more, for the whole reply at once]",
+                          "yellow")
 
     def on_loop_detected(self, event: LoopDetectedEvent) -> None:
         """A repeating tool pattern."""

@@ -4,6 +4,11 @@ Google style (``Args:`` / ``Arguments:`` / ``Parameters:`` / ``Attributes:``
 sections, ``name: text`` or ``name (type): text`` with indented
 continuation lines) and Sphinx style (``:param name: text``) are read.
 The description is everything before the first section header.
+
+The texts go to the model as they are read, so reStructuredText markup
+that only a documentation tool understands is turned into plain Markdown
+first: an inline literal ````value```` becomes `` `value` ``, and a role
+such as ``:class:`Path``` becomes `` `Path` ``.
 """
 
 from __future__ import annotations
@@ -21,6 +26,13 @@ _SECTIONS = (
 _HEADER = re.compile(r"^\s*([A-Za-z][A-Za-z ]*):\s*$")
 _ENTRY = re.compile(r"^(\*{0,2}\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
 _SPHINX = re.compile(r"^\s*:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$")
+_LITERAL = re.compile(r"``(?=\S)(.+?)(?<=\S)``")
+_ROLE = re.compile(r":[a-z][\w.+-]*:`~?([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """``text`` with reStructuredText inline literals and roles as Markdown code."""
+    return _ROLE.sub(r"`\1`", _LITERAL.sub(r"`\1`", text))
 
 
 def _is_header(line: str) -> bool:
@@ -38,7 +50,7 @@ def description(doc: Optional[str]) -> str:
         if _is_header(line) or line.lstrip().startswith(":param") or line.lstrip().startswith(":return"):
             break
         kept.append(line)
-    return "\n".join(kept).strip()
+    return plain("\n".join(kept).strip())
 
 
 def parse_args_section(
@@ -83,7 +95,7 @@ def parse_args_section(
                 current = None
         elif current is not None:
             out[current] = (out[current] + " " + line.strip()).strip()
-    return out
+    return {name: plain(text) for name, text in out.items()}
 
 
 __all__ = ["description", "parse_args_section"]
