@@ -145,6 +145,12 @@ class Steering:
             self._live_bytes = 0
             return out
 
+    def _hand_back(self, messages: list[Message]) -> None:
+        """Seal guidance a sub-agent's run never reached: it comes back as leftovers."""
+        if messages:
+            with self._lock:
+                self._sealed.extend(messages)
+
     def _close_and_seal(self) -> None:
         """Refuse further pushes and seal what was never drained (idempotent)."""
         with self._lock:

@@ -1,0 +1,356 @@
+"""Sub-agents: a loop offered to another loop's model as a tool.
+
+``SubagentTool`` (made by ``BareLoop.as_tool``) runs its loop on a task while
+the calling tool's thread waits, and answers with the run's final output.
+The rules it keeps:
+
+- One cancel stops the tree: the calling run's cancel signal fires the
+  sub-agent run's cancel (a listener, on the cancelling thread), which in
+  turn fires the runs it delegates to. The calling run's ``finalize`` waits
+  (briefly, bounded) for its sub-agent runs to end, so every loop in the
+  tree is free again when the caller sees ``Cancelled``.
+- A sub-agent run that ends on its own account (its own cancel, an error,
+  max turns, a failed typed answer) is a soft error naming the sub-agent
+  and the reason. Its history stays in its own loop; only the answer
+  reaches the caller.
+- Its events reach the calling run's tap and observers through a
+  forwarding observer on the sub-agent loop (delivered like any observer,
+  unfenced), re-stamped with the calling run's id and the sub-agent path.
+  Its pending approvals, guidance and token usage are reached through the
+  calling run's ``SubagentRuns``.
+- Calls of one sub-agent run one at a time. A call that would run a loop
+  already running in the calling chain (recursion), or delegate deeper than
+  ``MAX_DEPTH`` levels, is refused with a soft error.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import attrs
+
+from loopctl.config import RunConfig
+from loopctl.driver.handle import CURRENT_RUN, RunContext
+from loopctl.errors import ConfigError, LoopBusy, LoopError
+from loopctl.machine import LoopMachine
+from loopctl.messages import Usage
+from loopctl.observers import EVENT_METHODS, Event, Observer, RunEnd
+from loopctl.records import json_form
+from loopctl.tools.base import Tool, ToolContext, ToolOutput
+
+log = logging.getLogger("loopctl")
+
+#: Sub-agent levels below a top-level run; a call that would go deeper is refused.
+MAX_DEPTH = 8
+#: How long a cancelled run's finalize waits for its sub-agent runs to end (seconds).
+SETTLE_S = 0.08
+
+# The runs above the current one (outermost first) and the current run's
+# sub-agent path; set on the calling thread just before a sub-agent run
+# starts, so that run's context (a copy) carries it.
+_LINEAGE: contextvars.ContextVar[tuple[tuple[RunContext, ...], tuple[str, ...]]] = contextvars.ContextVar(
+    "loopctl_subagent_lineage", default=((), ())
+)
+_lock = threading.Lock()  # guards the forwarder table, a run's SubagentRuns creation and usage sums
+
+
+def join_path(name: str, sub: str) -> str:
+    """``name`` prefixed to a sub-agent path (``"research"`` + ``"search"``)."""
+    return f"{name}/{sub}" if sub else name
+
+
+class _Link:
+    __slots__ = ("events", "name")
+
+    def __init__(self, events: Any, name: str) -> None:
+        self.events = events  # the calling run's RunEvents
+        self.name = name
+
+
+class Forwarder(Observer):
+    """Carries a sub-agent loop's events to the run that called it (one per loop)."""
+
+    def __init__(self) -> None:
+        self._links: dict[str, _Link] = {}
+
+    def link(self, run_id: str, events: Any, name: str) -> None:
+        """Forward the events of run ``run_id`` to ``events`` under ``name``."""
+        with _lock:
+            self._links[run_id] = _Link(events, name)
+
+    def unlink(self, run_id: str) -> None:
+        """Stop forwarding run ``run_id``'s events (no error if unknown)."""
+        with _lock:
+            self._links.pop(run_id, None)
+
+    def forward(self, event: Event) -> None:
+        """Re-emit ``event`` to the calling run's tap and observers."""
+        link = self._links.get(event.run_id)
+        if link is None:
+            return  # a direct run of this loop: nobody above it
+        if type(event) is RunEnd and not event.subagent:
+            self.unlink(event.run_id)  # the run's last event
+        events = link.events
+        out = attrs.evolve(event, run_id=events.run_id, subagent=join_path(link.name, event.subagent))
+        tap = events.tap
+        if tap is not None:
+            try:
+                tap(out)
+            except Exception:
+                log.exception("event tap raised on a sub-agent's %s", type(out).__name__)
+        emitter = events.emitter
+        if emitter.observes(type(out)):
+            emitter.deliver(emitter.fan_out, out, None)
+
+
+for _method in set(EVENT_METHODS.values()):
+    setattr(Forwarder, _method, Forwarder.forward)
+
+_FORWARDERS: weakref.WeakKeyDictionary[Any, Forwarder] = weakref.WeakKeyDictionary()
+
+
+def forwarder_for(loop: Any) -> Forwarder:
+    """The loop's forwarding observer, registered on first use.
+
+    Raises:
+        ConfigError: a run is in flight on ``loop`` (observers are fixed then).
+    """
+    with _lock:
+        fw = _FORWARDERS.get(loop)
+        if fw is not None:
+            return fw
+        fw = Forwarder()
+        loop.register_observer(fw)
+        _FORWARDERS[loop] = fw
+        return fw
+
+
+class _Active:
+    """One sub-agent run in flight under a calling run."""
+
+    __slots__ = ("name", "loop", "handle", "done")
+
+    def __init__(self, name: str, loop: Any, handle: Any) -> None:
+        self.name = name
+        self.loop = loop
+        self.handle = handle
+        self.done = threading.Event()  # set once the call has settled (usage added)
+
+
+class SubagentRuns:
+    """A run's sub-agent runs in flight: their approvals, guidance and end (any thread)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self._lock = threading.Lock()
+        self._active: list[_Active] = []
+
+    def add(self, name: str, loop: Any, handle: Any) -> _Active:
+        """Note a sub-agent run that has started."""
+        active = _Active(name, loop, handle)
+        with self._lock:
+            self._active.append(active)
+        return active
+
+    def remove(self, active: _Active) -> None:
+        """Forget a sub-agent run whose call has settled."""
+        with self._lock:
+            if active in self._active:
+                self._active.remove(active)
+        active.done.set()
+
+    def _snapshot(self) -> list[_Active]:
+        with self._lock:
+            return list(self._active)
+
+    def settle(self, timeout: float = SETTLE_S) -> None:
+        """Wait up to ``timeout`` seconds in all for the runs in flight to settle."""
+        deadline = time.monotonic() + timeout
+        for active in self._snapshot():
+            left = deadline - time.monotonic()
+            if left <= 0 or not active.done.wait(left):
+                return
+
+    def pending_approvals(self) -> list[Any]:
+        """Calls the sub-agent runs have parked, each with its path and this run's id."""
+        out = []
+        for active in self._snapshot():
+            for p in active.handle.pending_approvals():
+                out.append(attrs.evolve(p, run_id=self.run_id, subagent=join_path(active.name, p.subagent)))
+        return out
+
+    def approve(self, call_id: str, *, by: Optional[str] = None, arguments: Optional[Mapping[str, Any]] = None) -> bool:
+        """Answer a sub-agent run's parked call; False when none holds ``call_id``."""
+        return any(a.handle.approve(call_id, by=by, arguments=arguments) for a in self._snapshot())
+
+    def deny(self, call_id: str, reason: str, *, by: Optional[str] = None) -> bool:
+        """Refuse a sub-agent run's parked call; False when none holds ``call_id``."""
+        return any(a.handle.deny(call_id, reason, by=by) for a in self._snapshot())
+
+    def steer(self, to: str, message: Any) -> bool:
+        """Guidance for the sub-agent run at path ``to``; False when none is in flight."""
+        if not isinstance(to, str) or not to:
+            raise ValueError(f"a sub-agent path must be a non-empty str like 'research', got {to!r:.60}")
+        name, _, rest = to.partition("/")
+        for active in self._snapshot():
+            if active.name != name or active.handle.done():
+                continue
+            if rest:
+                return bool(active.handle.steer_subagent(rest, message))
+            return bool(active.loop.steering().push(message))
+        return False
+
+
+def runs_of(rc: RunContext) -> SubagentRuns:
+    """``rc``'s ``SubagentRuns``, made on first use."""
+    with _lock:
+        runs = rc.subagents
+        if runs is None:
+            runs = rc.subagents = SubagentRuns(rc.run.id)
+        return runs  # type: ignore[no-any-return]
+
+
+def _add_usage(rc: RunContext, usage: Usage) -> None:
+    if usage.input_tokens or usage.output_tokens:
+        with _lock:
+            run = rc.run
+            sub = run.subagent_usage
+            run.subagent_usage = Usage(sub.input_tokens + usage.input_tokens, sub.output_tokens + usage.output_tokens)
+
+
+class SubagentTool(Tool):
+    """A loop as a tool (``BareLoop.as_tool``): one argument, ``task``; calls run one at a time."""
+
+    concurrency_safe = False
+
+    def __init__(
+        self,
+        loop: Any,
+        name: str,
+        description: str,
+        keep_history: bool = False,
+        config: Optional[RunConfig] = None,
+        output_type: Any = None,
+    ) -> None:
+        if not isinstance(name, str) or not name.strip() or "/" in name:
+            raise ConfigError(f"a sub-agent name must be a non-empty str without '/', got {name!r:.60}")
+        if not isinstance(description, str):
+            raise ConfigError(f"a sub-agent description must be a str, got {type(description).__name__}")
+        if config is not None and not isinstance(config, RunConfig):
+            raise ConfigError(f"a sub-agent config must be a RunConfig, got {type(config).__name__}")
+        self.loop = loop
+        self.name = name
+        self.description = description
+        self.keep_history = bool(keep_history)
+        self.config = config
+        self.output_type = output_type
+        self._lock = threading.Lock()
+        self._forwarder = forwarder_for(loop)
+
+    def input_schema(self) -> Mapping[str, Any]:
+        """One required string, ``task``."""
+        return {
+            "type": "object",
+            "properties": {"task": {"type": "string", "description": f"The task for the {self.name} sub-agent."}},
+            "required": ["task"],
+            "additionalProperties": False,
+        }
+
+    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """Run the sub-agent on ``input["task"]`` and answer with its output."""
+        cancel = ctx.cancel
+        while not self._lock.acquire(timeout=0.05):  # one call at a time; a cancel stops the wait
+            if cancel is not None and cancel.is_cancelled():
+                return ToolOutput.error(f"Sub-agent '{self.name}' was not started: the run was cancelled")
+        try:
+            return self._delegate(str(input["task"]), cancel)
+        finally:
+            self._lock.release()
+
+    def _refusal(self, chain: tuple[RunContext, ...], path: tuple[str, ...]) -> Optional[str]:
+        active = self.loop._active
+        if active is not None and any(active is rc for rc in chain):
+            where = "/".join(path + (self.name,))
+            return (
+                f"Sub-agent '{self.name}' refused: its loop is already running in this chain ({where}); "
+                "a sub-agent cannot call itself"
+            )
+        if len(path) >= MAX_DEPTH:
+            return f"Sub-agent '{self.name}' refused: delegation deeper than {MAX_DEPTH} levels"
+        return None
+
+    def _delegate(self, task: str, cancel: Any) -> ToolOutput:
+        parent = CURRENT_RUN.get()
+        ancestors, path = _LINEAGE.get()
+        chain = ancestors + (parent,) if parent is not None else ancestors
+        refusal = self._refusal(chain, path)
+        if refusal is not None:
+            return ToolOutput.error(refusal)
+        driver = parent.driver if parent is not None else None
+        run_id = uuid.uuid4().hex
+        if driver is not None:
+            self._forwarder.link(run_id, driver.events, self.name)
+        token = _LINEAGE.set((chain, path + (self.name,)))
+        try:
+            if not self.keep_history:
+                self._fresh_conversation()
+            handle = self.loop.start(task, self.config, run_id, output_type=self.output_type)
+        except LoopBusy as exc:
+            self._forwarder.unlink(run_id)
+            return ToolOutput.error(f"Sub-agent '{self.name}' is busy: {exc}")
+        except LoopError as exc:
+            self._forwarder.unlink(run_id)
+            return ToolOutput.error(f"Sub-agent '{self.name}' could not start ({type(exc).__name__}): {exc}")
+        finally:
+            _LINEAGE.reset(token)
+        return self._await(handle, parent, driver, cancel)
+
+    def _await(self, handle: Any, parent: Optional[RunContext], driver: Any, cancel: Any) -> ToolOutput:
+        """Wait for the run (the caller's cancel fires its cancel), settle it, answer."""
+        active = runs_of(parent).add(self.name, self.loop, handle) if parent is not None else None
+
+        def on_cancel() -> None:
+            handle.cancel(getattr(cancel, "reason", None) or "run cancelled")
+
+        if cancel is not None:
+            cancel.add_listener(on_cancel)  # fired already: cancels the sub-agent run at once
+        try:
+            handle.wait()
+        finally:
+            if cancel is not None:
+                cancel.remove_listener(on_cancel)
+            leftovers = self.loop.steering().take_leftovers()
+            if driver is not None:
+                driver.steering._hand_back(leftovers)
+            if parent is not None:
+                _add_usage(parent, handle.record.usage)
+            if active is not None and parent is not None:
+                runs_of(parent).remove(active)
+        return self._answer(handle)
+
+    def _answer(self, handle: Any) -> ToolOutput:
+        try:
+            run = handle.result()
+        except LoopError as exc:
+            return ToolOutput.error(f"Sub-agent '{self.name}' did not finish ({type(exc).__name__}): {exc}")
+        if run.config.output_type is not None:
+            return ToolOutput(json.dumps(json_form(run.output_value), ensure_ascii=False, default=str))
+        return ToolOutput(run.output or "")
+
+    def _fresh_conversation(self) -> None:
+        """A fresh conversation for this call (the loop's record keeps every run)."""
+        loop = self.loop
+        with loop._busy:
+            if loop._active is None:
+                loop._machine = LoopMachine()
+
+
+__all__ = ["MAX_DEPTH", "SETTLE_S", "Forwarder", "SubagentRuns", "SubagentTool", "forwarder_for", "join_path"]
