@@ -38,7 +38,7 @@ from typing import Any, Optional
 import attrs
 
 from loopctl.config import RunConfig
-from loopctl.driver.handle import CURRENT_RUN, RunContext
+from loopctl.driver.handle import CURRENT_RUN, RunContext, RunHandle
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.machine import LoopMachine
 from loopctl.messages import Usage
@@ -51,7 +51,7 @@ log = logging.getLogger("loopctl")
 #: Sub-agent levels below a top-level run; a call that would go deeper is refused.
 MAX_DEPTH = 8
 #: How long a cancelled run's finalize waits for its sub-agent runs to end (seconds).
-SETTLE_S = 0.08
+SETTLE_S = 1.0
 
 # The runs above the current one (outermost first) and the current run's
 # sub-agent path; set on the calling thread just before a sub-agent run
@@ -136,13 +136,29 @@ def forwarder_for(loop: Any) -> Forwarder:
 class _Active:
     """One sub-agent run in flight under a calling run."""
 
-    __slots__ = ("name", "loop", "handle", "done")
+    __slots__ = ("name", "loop", "run_id", "handle", "done")
 
-    def __init__(self, name: str, loop: Any, handle: Any) -> None:
+    def __init__(self, name: str, loop: Any, run_id: str) -> None:
         self.name = name
         self.loop = loop
-        self.handle = handle
+        self.run_id = run_id
+        self.handle: Any = None  # set once ``start`` has returned
         self.done = threading.Event()  # set once the call has settled (usage added)
+
+    def current(self) -> Any:
+        """The run's handle; before ``start`` returned, one made from the loop's run in flight.
+
+        The run may park an approval (or take guidance) before the starting
+        thread is scheduled again: it is reachable from its first instant.
+        """
+        handle = self.handle
+        if handle is not None:
+            return handle
+        loop = self.loop
+        rc = loop._active
+        if rc is None or rc.run.id != self.run_id:
+            return None
+        return RunHandle(rc, lambda reason: loop._cancel_run(rc, reason))
 
 
 class SubagentRuns:
@@ -153,9 +169,9 @@ class SubagentRuns:
         self._lock = threading.Lock()
         self._active: list[_Active] = []
 
-    def add(self, name: str, loop: Any, handle: Any) -> _Active:
-        """Note a sub-agent run that has started."""
-        active = _Active(name, loop, handle)
+    def add(self, name: str, loop: Any, run_id: str) -> _Active:
+        """Note a sub-agent run about to start (its handle is set once it has)."""
+        active = _Active(name, loop, run_id)
         with self._lock:
             self._active.append(active)
         return active
@@ -167,14 +183,22 @@ class SubagentRuns:
                 self._active.remove(active)
         active.done.set()
 
-    def _snapshot(self) -> list[_Active]:
+    def _snapshot(self) -> list[tuple[_Active, Any]]:
         with self._lock:
-            return list(self._active)
+            active = list(self._active)
+        out = []
+        for a in active:
+            handle = a.current()
+            if handle is not None:
+                out.append((a, handle))
+        return out
 
     def settle(self, timeout: float = SETTLE_S) -> None:
         """Wait up to ``timeout`` seconds in all for the runs in flight to settle."""
         deadline = time.monotonic() + timeout
-        for active in self._snapshot():
+        with self._lock:
+            started = list(self._active)
+        for active in started:
             left = deadline - time.monotonic()
             if left <= 0 or not active.done.wait(left):
                 return
@@ -182,29 +206,29 @@ class SubagentRuns:
     def pending_approvals(self) -> list[Any]:
         """Calls the sub-agent runs have parked, each with its path and this run's id."""
         out = []
-        for active in self._snapshot():
-            for p in active.handle.pending_approvals():
+        for active, handle in self._snapshot():
+            for p in handle.pending_approvals():
                 out.append(attrs.evolve(p, run_id=self.run_id, subagent=join_path(active.name, p.subagent)))
         return out
 
     def approve(self, call_id: str, *, by: Optional[str] = None, arguments: Optional[Mapping[str, Any]] = None) -> bool:
         """Answer a sub-agent run's parked call; False when none holds ``call_id``."""
-        return any(a.handle.approve(call_id, by=by, arguments=arguments) for a in self._snapshot())
+        return any(h.approve(call_id, by=by, arguments=arguments) for _, h in self._snapshot())
 
     def deny(self, call_id: str, reason: str, *, by: Optional[str] = None) -> bool:
         """Refuse a sub-agent run's parked call; False when none holds ``call_id``."""
-        return any(a.handle.deny(call_id, reason, by=by) for a in self._snapshot())
+        return any(h.deny(call_id, reason, by=by) for _, h in self._snapshot())
 
     def steer(self, to: str, message: Any) -> bool:
         """Guidance for the sub-agent run at path ``to``; False when none is in flight."""
         if not isinstance(to, str) or not to:
             raise ValueError(f"a sub-agent path must be a non-empty str like 'research', got {to!r:.60}")
         name, _, rest = to.partition("/")
-        for active in self._snapshot():
-            if active.name != name or active.handle.done():
+        for active, handle in self._snapshot():
+            if active.name != name or handle.done():
                 continue
             if rest:
-                return bool(active.handle.steer_subagent(rest, message))
+                return bool(handle.steer_subagent(rest, message))
             return bool(active.loop.steering().push(message))
         return False
 
@@ -216,6 +240,21 @@ def runs_of(rc: RunContext) -> SubagentRuns:
         if runs is None:
             runs = rc.subagents = SubagentRuns(rc.run.id)
         return runs  # type: ignore[no-any-return]
+
+
+def _enter(rc: RunContext, name: str, loop: Any, run_id: str) -> Optional[_Active]:
+    """Note a sub-agent run about to start under ``rc``; None once ``rc`` is ending.
+
+    Noted first, ``ending`` read second; ``finalize`` sets ``ending`` first,
+    reads the noted runs second: one of the two always sees the other, so a
+    run that starts is always one ``finalize`` waits for.
+    """
+    runs = runs_of(rc)
+    active = runs.add(name, loop, run_id)
+    if rc.ending:
+        runs.remove(active)
+        return None
+    return active
 
 
 def _add_usage(rc: RunContext, usage: Usage) -> None:
@@ -294,28 +333,45 @@ class SubagentTool(Tool):
         refusal = self._refusal(chain, path)
         if refusal is not None:
             return ToolOutput.error(refusal)
-        driver = parent.driver if parent is not None else None
         run_id = uuid.uuid4().hex
+        active = _enter(parent, self.name, self.loop, run_id) if parent is not None else None
+        if (parent is not None and active is None) or (cancel is not None and cancel.is_cancelled()):
+            if active is not None:
+                runs_of(parent).remove(active)  # type: ignore[arg-type]
+            return ToolOutput.error(f"Sub-agent '{self.name}' was not started: the run was cancelled")
+        try:
+            handle = self._start(task, run_id, parent, chain, path)
+            if active is not None:
+                active.handle = handle
+        except LoopError as exc:
+            busy = isinstance(exc, LoopBusy)
+            why = "is busy" if busy else f"could not start ({type(exc).__name__})"
+            return ToolOutput.error(f"Sub-agent '{self.name}' {why}: {exc}")
+        finally:
+            if active is not None and active.handle is None:
+                runs_of(parent).remove(active)  # type: ignore[arg-type]
+        return self._await(handle, parent, active, cancel)
+
+    def _start(
+        self, task: str, run_id: str, parent: Optional[RunContext], chain: tuple[RunContext, ...], path: tuple[str, ...]
+    ) -> Any:
+        """Start the run, its events forwarded to ``parent``'s (the caller's lineage in its context)."""
+        driver = parent.driver if parent is not None else None
         if driver is not None:
             self._forwarder.link(run_id, driver.events, self.name)
         token = _LINEAGE.set((chain, path + (self.name,)))
         try:
             if not self.keep_history:
                 self._fresh_conversation()
-            handle = self.loop.start(task, self.config, run_id, output_type=self.output_type)
-        except LoopBusy as exc:
+            return self.loop.start(task, self.config, run_id, output_type=self.output_type)
+        except BaseException:
             self._forwarder.unlink(run_id)
-            return ToolOutput.error(f"Sub-agent '{self.name}' is busy: {exc}")
-        except LoopError as exc:
-            self._forwarder.unlink(run_id)
-            return ToolOutput.error(f"Sub-agent '{self.name}' could not start ({type(exc).__name__}): {exc}")
+            raise
         finally:
             _LINEAGE.reset(token)
-        return self._await(handle, parent, driver, cancel)
 
-    def _await(self, handle: Any, parent: Optional[RunContext], driver: Any, cancel: Any) -> ToolOutput:
+    def _await(self, handle: Any, parent: Optional[RunContext], active: Optional[_Active], cancel: Any) -> ToolOutput:
         """Wait for the run (the caller's cancel fires its cancel), settle it, answer."""
-        active = runs_of(parent).add(self.name, self.loop, handle) if parent is not None else None
 
         def on_cancel() -> None:
             handle.cancel(getattr(cancel, "reason", None) or "run cancelled")
@@ -328,12 +384,13 @@ class SubagentTool(Tool):
             if cancel is not None:
                 cancel.remove_listener(on_cancel)
             leftovers = self.loop.steering().take_leftovers()
-            if driver is not None:
-                driver.steering._hand_back(leftovers)
             if parent is not None:
+                driver = parent.driver
+                if driver is not None:
+                    driver.steering._hand_back(leftovers)
                 _add_usage(parent, handle.record.usage)
-            if active is not None and parent is not None:
-                runs_of(parent).remove(active)
+                if active is not None:
+                    runs_of(parent).remove(active)
         return self._answer(handle)
 
     def _answer(self, handle: Any) -> ToolOutput:
