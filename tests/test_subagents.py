@@ -10,7 +10,16 @@ import attrs
 import pytest
 from support import WAIT, GatedReply, Recorder, run_in_thread
 
-from loopctl import BareLoop, ConfigError, LoopBusy, ModelError, ParallelDispatch, RunConfig, Tool, tool
+from loopctl import (
+    BareLoop,
+    ConfigError,
+    LoopBusy,
+    ModelError,
+    ParallelDispatch,
+    RunConfig,
+    Tool,
+    tool,
+)
 from loopctl.driver.subagent import MAX_DEPTH
 from loopctl.messages import Usage
 from loopctl.observers import RunEnd, RunStart, ToolPost

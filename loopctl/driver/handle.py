@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, Literal, Optional
 
@@ -21,12 +22,18 @@ from loopctl.driver.approvals import ApprovalSlot
 from loopctl.errors import LoopError
 from loopctl.records import Run
 
-
 #: The run whose body (or tool call) executes in this context: set in each
-#: run's copied context, so a tool reaches the run that called it.
-CURRENT_RUN: contextvars.ContextVar[Optional[RunContext]] = contextvars.ContextVar(
+#: run's copied context, so a tool reaches the run that called it. A weak
+#: reference: the run keeps its context, and must stay free of cycles.
+CURRENT_RUN: contextvars.ContextVar[Optional[weakref.ref[RunContext]]] = contextvars.ContextVar(
     "loopctl_current_run", default=None
 )
+
+
+def current_run() -> Optional[RunContext]:
+    """The run this thread works for (its body, or one of its tool calls), if any."""
+    ref = CURRENT_RUN.get()
+    return None if ref is None else ref()
 
 
 class Abandoned(BaseException):
@@ -223,4 +230,4 @@ class RunHandle:
         return f"<RunHandle {self.run_id} {state}>"
 
 
-__all__ = ["CURRENT_RUN", "Abandoned", "RunContext", "RunHandle", "Unfenced"]
+__all__ = ["CURRENT_RUN", "current_run", "Abandoned", "RunContext", "RunHandle", "Unfenced"]

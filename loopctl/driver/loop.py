@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -205,7 +206,7 @@ class BareLoop(LoopSetup):
 
         rc.listener = on_cancel
         ctx = contextvars.copy_context()
-        ctx.run(CURRENT_RUN.set, rc)  # the run's tools (a sub-agent's, say) find their run
+        ctx.run(CURRENT_RUN.set, weakref.ref(rc))  # the run's tools (a sub-agent's, say) find their run
         rc.context = ctx
         thread = threading.Thread(
             target=ctx.run, args=(self._body, rc), name=f"loopctl-run-{rid[:12]}", daemon=True

@@ -38,7 +38,7 @@ from typing import Any, Optional
 import attrs
 
 from loopctl.config import RunConfig
-from loopctl.driver.handle import CURRENT_RUN, RunContext, RunHandle
+from loopctl.driver.handle import RunContext, RunHandle, current_run
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.machine import LoopMachine
 from loopctl.messages import Usage
@@ -53,10 +53,10 @@ MAX_DEPTH = 8
 #: How long a cancelled run's finalize waits for its sub-agent runs to end (seconds).
 SETTLE_S = 1.0
 
-# The runs above the current one (outermost first) and the current run's
-# sub-agent path; set on the calling thread just before a sub-agent run
-# starts, so that run's context (a copy) carries it.
-_LINEAGE: contextvars.ContextVar[tuple[tuple[RunContext, ...], tuple[str, ...]]] = contextvars.ContextVar(
+# The runs above the current one (outermost first, weakly: a run keeps its
+# context) and the current run's sub-agent path; set on the calling thread
+# just before a sub-agent run starts, so that run's context (a copy) carries it.
+_LINEAGE: contextvars.ContextVar[tuple[tuple[weakref.ref[RunContext], ...], tuple[str, ...]]] = contextvars.ContextVar(
     "loopctl_subagent_lineage", default=((), ())
 )
 _lock = threading.Lock()  # guards the forwarder table, a run's SubagentRuns creation and usage sums
@@ -314,9 +314,9 @@ class SubagentTool(Tool):
         finally:
             self._lock.release()
 
-    def _refusal(self, chain: tuple[RunContext, ...], path: tuple[str, ...]) -> Optional[str]:
+    def _refusal(self, chain: tuple[weakref.ref[RunContext], ...], path: tuple[str, ...]) -> Optional[str]:
         active = self.loop._active
-        if active is not None and any(active is rc for rc in chain):
+        if active is not None and any(active is ref() for ref in chain):
             where = "/".join(path + (self.name,))
             return (
                 f"Sub-agent '{self.name}' refused: its loop is already running in this chain ({where}); "
@@ -327,9 +327,9 @@ class SubagentTool(Tool):
         return None
 
     def _delegate(self, task: str, cancel: Any) -> ToolOutput:
-        parent = CURRENT_RUN.get()
+        parent = current_run()
         ancestors, path = _LINEAGE.get()
-        chain = ancestors + (parent,) if parent is not None else ancestors
+        chain = ancestors + (weakref.ref(parent),) if parent is not None else ancestors
         refusal = self._refusal(chain, path)
         if refusal is not None:
             return ToolOutput.error(refusal)
@@ -353,7 +353,7 @@ class SubagentTool(Tool):
         return self._await(handle, parent, active, cancel)
 
     def _start(
-        self, task: str, run_id: str, parent: Optional[RunContext], chain: tuple[RunContext, ...], path: tuple[str, ...]
+        self, task: str, run_id: str, parent: Optional[RunContext], chain: tuple[weakref.ref[RunContext], ...], path: tuple[str, ...]
     ) -> Any:
         """Start the run, its events forwarded to ``parent``'s (the caller's lineage in its context)."""
         driver = parent.driver if parent is not None else None
