@@ -41,6 +41,7 @@ from loopctl.demo.console import printable
 from loopctl.demo.mcp_servers import close_mcp_servers, open_mcp_servers
 from loopctl.demo.model import OfflineModel
 from loopctl.demo.terminal import KeysMode, StdinLines, restore_terminal
+from loopctl.demo.delegation import delegating_tools
 from loopctl.demo.tools import demo_tools
 from loopctl.demo.view import Console, LiveView, RunFacts
 from loopctl.driver.loop import BareLoop
@@ -111,6 +112,8 @@ def build_parser() -> _Parser:
                         help="ask before each call of TOOL (repeatable; 'all' for every tool): "
                              "answer y, n or a reason")
     common.add_argument("--yes", action="store_true", help="approve every call that needs approval")
+    common.add_argument("--subagent", action="store_true",
+                        help="hand arithmetic to a 'calculator' sub-agent with its own add/multiply tools")
     # Hidden: the offline model's pause between streamed text deltas.
     common.add_argument("--delay", type=_seconds, default=None, help=argparse.SUPPRESS)
     parser = _Parser(
@@ -170,7 +173,9 @@ class Command:
         self.view = LiveView(self.console, streaming=self.streaming or typed,
                              model=str(getattr(client, "model", "") or "the model"))
         self.mcp_servers, mcp_tools = open_mcp_servers(a.mcp)
-        loop = BareLoop(client, [*demo_tools(tool_delay), *mcp_tools], SessionConfig(system_prompt=a.system))
+        own = (delegating_tools(lambda: make_client(a, env), tool_delay, ask_policy(a.ask) if a.ask else None)
+               if a.subagent else demo_tools(tool_delay))
+        loop = BareLoop(client, [*own, *mcp_tools], SessionConfig(system_prompt=a.system))
         if not self.streaming:
             loop.set_turn_mode("non_streaming")
         loop.register_observer(self.facts)
@@ -370,7 +375,7 @@ def _summary(run: Any, facts: RunFacts) -> str:
     def n(count: int, word: str) -> str:
         return f"{count} {word}{'' if count == 1 else 's'}"
 
-    tokens = n(run.input_tokens + run.output_tokens, "token")
+    tokens = n(run.usage.total_tokens, "token")  # sub-agents' tokens included
     if facts.usage_unknown and not facts.usage_known:
         tokens = "tokens unknown (the server sent no usage)"
     elif facts.usage_unknown:
