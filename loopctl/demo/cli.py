@@ -38,10 +38,10 @@ from loopctl import __version__
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.demo.approval_prompt import ApprovalPrompt, ask_policy
 from loopctl.demo.console import printable
+from loopctl.demo.delegation import delegating_tools
 from loopctl.demo.mcp_servers import close_mcp_servers, open_mcp_servers
 from loopctl.demo.model import OfflineModel
 from loopctl.demo.terminal import KeysMode, StdinLines, restore_terminal
-from loopctl.demo.delegation import delegating_tools
 from loopctl.demo.tools import demo_tools
 from loopctl.demo.view import Console, LiveView, RunFacts
 from loopctl.driver.loop import BareLoop
