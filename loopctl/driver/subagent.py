@@ -136,14 +136,30 @@ def forwarder_for(loop: Any) -> Forwarder:
 class _Active:
     """One sub-agent run in flight under a calling run."""
 
-    __slots__ = ("name", "loop", "run_id", "handle", "done")
+    __slots__ = ("name", "loop", "run_id", "handle", "done", "record", "steering", "settled")
 
-    def __init__(self, name: str, loop: Any, run_id: str) -> None:
+    def __init__(self, name: str, loop: Any, run_id: str, record: Any = None, steering: Any = None) -> None:
         self.name = name
         self.loop = loop
         self.run_id = run_id
         self.handle: Any = None  # set once ``start`` has returned
-        self.done = threading.Event()  # set once the call has settled (usage added)
+        self.done = threading.Event()  # set once the call is over (the tool returns)
+        self.record = record  # the calling run's Run: its sub-agent usage grows here
+        self.steering = steering  # the calling run's Steering: leftovers come back to it
+        self.settled = False
+
+    def settle_once(self) -> None:
+        """Once the run has ended: its usage into the caller's record, its leftovers back."""
+        handle = self.handle
+        with _lock:
+            if self.settled or handle is None or not handle.done():
+                return
+            self.settled = True
+        leftovers = self.loop.steering().take_leftovers()
+        if self.steering is not None:
+            self.steering._hand_back(leftovers)
+        if self.record is not None:
+            _add_usage(self.record, handle.record.usage)
 
     def current(self) -> Any:
         """The run's handle; before ``start`` returned, one made from the loop's run in flight.
@@ -169,9 +185,9 @@ class SubagentRuns:
         self._lock = threading.Lock()
         self._active: list[_Active] = []
 
-    def add(self, name: str, loop: Any, run_id: str) -> _Active:
+    def add(self, name: str, loop: Any, run_id: str, record: Any = None, steering: Any = None) -> _Active:
         """Note a sub-agent run about to start (its handle is set once it has)."""
-        active = _Active(name, loop, run_id)
+        active = _Active(name, loop, run_id, record, steering)
         with self._lock:
             self._active.append(active)
         return active
@@ -200,8 +216,12 @@ class SubagentRuns:
             started = list(self._active)
         for active in started:
             left = deadline - time.monotonic()
-            if left <= 0 or not active.done.wait(left):
+            handle = active.current()
+            # The run's own end, not the calling tool's return: one wake-up fewer per level.
+            ended = handle.wait(left) if handle is not None and left > 0 else active.done.wait(max(left, 0))
+            if not ended:
                 return
+            active.settle_once()
 
     def pending_approvals(self) -> list[Any]:
         """Calls the sub-agent runs have parked, each with its path and this run's id."""
@@ -250,17 +270,17 @@ def _enter(rc: RunContext, name: str, loop: Any, run_id: str) -> Optional[_Activ
     run that starts is always one ``finalize`` waits for.
     """
     runs = runs_of(rc)
-    active = runs.add(name, loop, run_id)
+    driver = rc.driver
+    active = runs.add(name, loop, run_id, rc.run, driver.steering if driver is not None else None)
     if rc.ending:
         runs.remove(active)
         return None
     return active
 
 
-def _add_usage(rc: RunContext, usage: Usage) -> None:
+def _add_usage(run: Any, usage: Usage) -> None:
     if usage.input_tokens or usage.output_tokens:
         with _lock:
-            run = rc.run
             sub = run.subagent_usage
             run.subagent_usage = Usage(sub.input_tokens + usage.input_tokens, sub.output_tokens + usage.output_tokens)
 
@@ -383,14 +403,11 @@ class SubagentTool(Tool):
         finally:
             if cancel is not None:
                 cancel.remove_listener(on_cancel)
-            leftovers = self.loop.steering().take_leftovers()
-            if parent is not None:
-                driver = parent.driver
-                if driver is not None:
-                    driver.steering._hand_back(leftovers)
-                _add_usage(parent, handle.record.usage)
-                if active is not None:
-                    runs_of(parent).remove(active)
+            if active is not None and parent is not None:
+                active.settle_once()
+                runs_of(parent).remove(active)
+            else:
+                self.loop.steering().take_leftovers()  # nobody above to hand them to
         return self._answer(handle)
 
     def _answer(self, handle: Any) -> ToolOutput:
