@@ -97,6 +97,14 @@ def measure_tree() -> tuple[list[float], list[float]]:
     return top_ms, tree_ms
 
 
+def _level(i: int, events: list[threading.Event], ready: threading.Barrier, woke: list[float]) -> None:
+    ready.wait()
+    events[i].wait(WAIT)
+    woke[i] = time.perf_counter()
+    if i + 1 < len(events):
+        events[i + 1].set()
+
+
 def measure_floor() -> list[float]:
     """Four threads woken one after the other by Events: the bare hand-off down a tree."""
     out: list[float] = []
@@ -104,15 +112,7 @@ def measure_floor() -> list[float]:
         events = [threading.Event() for _ in range(DEPTH + 1)]
         ready = threading.Barrier(DEPTH + 2)
         woke = [0.0] * (DEPTH + 1)
-
-        def level(i: int) -> None:
-            ready.wait()
-            events[i].wait(WAIT)
-            woke[i] = time.perf_counter()
-            if i + 1 < len(events):
-                events[i + 1].set()
-
-        threads = [threading.Thread(target=level, args=(i,)) for i in range(DEPTH + 1)]
+        threads = [threading.Thread(target=_level, args=(i, events, ready, woke)) for i in range(DEPTH + 1)]
         for t in threads:
             t.start()
         ready.wait()
