@@ -13,9 +13,10 @@ The rules it keeps:
   max turns, a failed typed answer) is a soft error naming the sub-agent
   and the reason. Its history stays in its own loop; only the answer
   reaches the caller.
-- Its events reach the calling run's tap and observers through a
-  forwarding observer on the sub-agent loop (delivered like any observer,
-  unfenced), re-stamped with the calling run's id and the sub-agent path.
+- Its events reach the calling run's tap inline (the sub-agent run's own
+  tap) and its observers through a forwarding observer on the sub-agent
+  loop (delivered like any observer, unfenced), re-stamped with the calling
+  run's id and the sub-agent path.
   Its pending approvals, guidance and token usage are reached through the
   calling run's ``SubagentRuns``.
 - Calls of one sub-agent run one at a time. A call that would run a loop
@@ -33,7 +34,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import attrs
 
@@ -75,8 +76,35 @@ class _Link:
         self.name = name
 
 
+class TapForward:
+    """A sub-agent run's tap: its events, re-stamped, into the calling run's tap, inline.
+
+    Taps never block (the registry's appends under a lock), so the calling
+    run's tap gets a sub-agent's events in order and before the sub-agent
+    run is done: its ``run_end`` always precedes the caller's own.
+    """
+
+    __slots__ = ("tap", "run_id", "name")
+
+    def __init__(self, tap: Callable[[Event], None], run_id: str, name: str) -> None:
+        self.tap = tap
+        self.run_id = run_id
+        self.name = name
+
+    def __call__(self, event: Event) -> None:
+        out = attrs.evolve(event, run_id=self.run_id, subagent=join_path(self.name, event.subagent))
+        try:
+            self.tap(out)
+        except Exception:
+            log.exception("event tap raised on a sub-agent's %s", type(out).__name__)
+
+
 class Forwarder(Observer):
-    """Carries a sub-agent loop's events to the run that called it (one per loop)."""
+    """Carries a sub-agent loop's events to the calling run's observers (one per loop).
+
+    Delivered like any observer (unfenced, one at a time), so a blocked
+    observer above never holds the sub-agent's cancel.
+    """
 
     def __init__(self) -> None:
         self._links: dict[str, _Link] = {}
@@ -92,22 +120,16 @@ class Forwarder(Observer):
             self._links.pop(run_id, None)
 
     def forward(self, event: Event) -> None:
-        """Re-emit ``event`` to the calling run's tap and observers."""
+        """Re-emit ``event`` to the calling run's observers."""
         link = self._links.get(event.run_id)
         if link is None:
             return  # a direct run of this loop: nobody above it
         if type(event) is RunEnd and not event.subagent:
             self.unlink(event.run_id)  # the run's last event
         events = link.events
-        out = attrs.evolve(event, run_id=events.run_id, subagent=join_path(link.name, event.subagent))
-        tap = events.tap
-        if tap is not None:
-            try:
-                tap(out)
-            except Exception:
-                log.exception("event tap raised on a sub-agent's %s", type(out).__name__)
         emitter = events.emitter
-        if emitter.observes(type(out)):
+        if emitter.observes(type(event)):
+            out = attrs.evolve(event, run_id=events.run_id, subagent=join_path(link.name, event.subagent))
             emitter.deliver(emitter.fan_out, out, None)
 
 
@@ -377,13 +399,17 @@ class SubagentTool(Tool):
     ) -> Any:
         """Start the run, its events forwarded to ``parent``'s (the caller's lineage in its context)."""
         driver = parent.driver if parent is not None else None
+        tap: Optional[TapForward] = None
         if driver is not None:
-            self._forwarder.link(run_id, driver.events, self.name)
+            events = driver.events
+            self._forwarder.link(run_id, events, self.name)
+            if events.tap is not None:
+                tap = TapForward(events.tap, events.run_id, self.name)
         token = _LINEAGE.set((chain, path + (self.name,)))
         try:
             if not self.keep_history:
                 self._fresh_conversation()
-            return self.loop.start(task, self.config, run_id, output_type=self.output_type)
+            return self.loop.start(task, self.config, run_id, output_type=self.output_type, tap=tap)
         except BaseException:
             self._forwarder.unlink(run_id)
             raise
@@ -427,4 +453,4 @@ class SubagentTool(Tool):
                 loop._machine = LoopMachine()
 
 
-__all__ = ["MAX_DEPTH", "SETTLE_S", "Forwarder", "SubagentRuns", "SubagentTool", "forwarder_for", "join_path"]
+__all__ = ["MAX_DEPTH", "SETTLE_S", "Forwarder", "TapForward", "SubagentRuns", "SubagentTool", "forwarder_for", "join_path"]
