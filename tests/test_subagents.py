@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
+import weakref
 from typing import Any
 
 import attrs
@@ -367,3 +369,28 @@ def test_threads_of_a_tree_are_all_named_loopctl() -> None:
     parent = BareLoop(ScriptedClient([call("research", task="t"), reply("p")]), tools=[child.as_tool("research", "r")])
     parent.run("go")
     assert seen and all(name.startswith("loopctl-") for name in seen)
+
+
+def test_a_finished_tree_is_freed_without_the_cyclic_gc() -> None:
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(5):
+            child = BareLoop(ScriptedClient([reply("42")]))
+            parent = BareLoop(
+                ScriptedClient([call("research", task="t"), reply("done")]), tools=[child.as_tool("research", "r")]
+            )
+            handle = parent.start("go")
+            assert handle.result(WAIT).output == "done"
+            child_run = child.session.runs[-1]
+            refs = [weakref.ref(parent), weakref.ref(child), weakref.ref(handle._rc), weakref.ref(child_run)]
+            handle._rc.thread.join(WAIT)
+            for t in threading.enumerate():
+                if t.name.startswith("loopctl-run-"):
+                    t.join(WAIT)
+            parent.close()
+            child.close()
+            del parent, child, handle, child_run
+            assert [r() is None for r in refs] == [True] * 4
+    finally:
+        gc.enable()
