@@ -81,7 +81,8 @@ class SubagentTool(Tool):
         self.keep_history = bool(keep_history)
         self.config = config
         self.output_type = output_type
-        self._lock = threading.Lock()
+        self._turn = threading.Condition()  # one call at a time: ``_busy`` under it
+        self._busy = False
         self._forwarder = forwarder_for(loop)
 
     def input_schema(self) -> Mapping[str, Any]:
@@ -96,13 +97,40 @@ class SubagentTool(Tool):
     def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
         """Run the sub-agent on ``input["task"]`` and answer with its output."""
         cancel = ctx.cancel
-        while not self._lock.acquire(timeout=0.05):  # one call at a time; a cancel stops the wait
-            if cancel is not None and cancel.is_cancelled():
-                return ToolOutput.error(f"Sub-agent '{self.name}' was not started: the run was cancelled")
+        if not self._take_turn(cancel):
+            return ToolOutput.error(f"Sub-agent '{self.name}' was not started: the run was cancelled")
         try:
             return self._delegate(str(input["task"]), cancel)
         finally:
-            self._lock.release()
+            with self._turn:
+                self._busy = False
+                self._turn.notify_all()  # a waiter that was cancelled meanwhile takes no turn
+
+    def _take_turn(self, cancel: Any) -> bool:
+        """Wait for the previous call to end; False if ``cancel`` fires first."""
+        turn = self._turn
+        with turn:
+            if not self._busy:
+                self._busy = True
+                return True
+
+        def wake() -> None:
+            with turn:
+                turn.notify_all()
+
+        if cancel is not None:
+            cancel.add_listener(wake)
+        try:
+            with turn:
+                while self._busy:
+                    if cancel is not None and cancel.is_cancelled():
+                        return False
+                    turn.wait()
+                self._busy = True
+                return True
+        finally:
+            if cancel is not None:
+                cancel.remove_listener(wake)
 
     def _refusal(self, chain: tuple[weakref.ref[RunContext], ...], path: tuple[str, ...]) -> Optional[str]:
         active = self.loop._active
