@@ -12,7 +12,7 @@ from support import WAIT, GatedReply, Recorder, run_in_thread
 
 from loopctl import BareLoop, Cancelled, RunRegistry, ToolContext, tool
 from loopctl.observers import ApprovalRequested, Observer, RunEnd
-from loopctl.testing import ScriptedClient, call, reply
+from loopctl.testing import ScriptedClient, call, calls, reply
 
 CANCEL_BOUND_S = 0.1
 
@@ -346,3 +346,24 @@ def test_steer_reaches_a_nested_subagent_by_its_path() -> None:
     gate.release.set()
     assert handle.result(WAIT).output == "done"
     assert leaf_client.requests[1].messages[-1].text == "deep guidance"
+
+
+def test_a_call_waiting_for_its_turn_stops_at_the_cancel() -> None:
+    for _ in range(10):
+        gate = GatedReply(reply("first"))
+        child = BareLoop(ScriptedClient([gate, reply("second"), reply("again")]))
+        t = child.as_tool("research", "r")
+        t.concurrency_safe = True  # both calls in one wave: the second waits for its turn
+        parent = BareLoop(
+            ScriptedClient([calls(("research", {"task": "a"}), ("research", {"task": "b"})), reply("done")]),
+            tools=[t],
+        )
+        handle = parent.start("go")
+        gate.wait_entered()
+        handle.cancel("stop")
+        with pytest.raises(Cancelled):
+            handle.result(WAIT)
+        gate.release.set()
+        assert len(child.session.runs) == 1  # the waiting call never started a run
+        assert isinstance(child.session.runs[0].stop_reason, Cancelled)
+        assert not child.is_running and not parent.is_running
