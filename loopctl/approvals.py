@@ -38,6 +38,9 @@ class PendingApproval:
         turn: the run's turn that asked for it.
         timeout: seconds it may wait before it is denied ("approval timed
             out"); None waits for ever.
+        subagent: ``""`` for the run's own call; for a call a sub-agent's run
+            parked, the sub-agent's path (``"research"``,
+            ``"research/search"``), with the parent's ``run_id``.
     """
 
     call_id: str
@@ -47,6 +50,7 @@ class PendingApproval:
     requested_at: float
     turn: int = 0
     timeout: Optional[float] = None
+    subagent: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (the arguments as given, which came from JSON)."""
@@ -58,6 +62,7 @@ class PendingApproval:
             "requested_at": self.requested_at,
             "turn": self.turn,
             "timeout": self.timeout,
+            "subagent": self.subagent,
         }
 
     @classmethod
@@ -72,6 +77,7 @@ class PendingApproval:
             requested_at=float(data.get("requested_at") or 0.0),
             turn=int(data.get("turn", 0)),
             timeout=None if timeout is None else float(timeout),
+            subagent=str(data.get("subagent") or ""),
         )
 
 

@@ -34,12 +34,19 @@ def _json_safe(value: Any) -> Any:
 
 @attrs.frozen
 class Event:
-    """Base of every observer event."""
+    """Base of every observer event.
+
+    ``subagent`` is ``""`` for the run's own events; an event a sub-agent's
+    run emitted, carried to its parent's observers, holds the sub-agent's
+    path (``"research"``, or ``"research/search"`` one level deeper) and the
+    parent's ``run_id``.
+    """
 
     TYPE: ClassVar[str] = "event"
 
     session_id: str
     run_id: str
+    subagent: str = attrs.field(default="", kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict with a ``type`` field naming the event."""

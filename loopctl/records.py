@@ -19,7 +19,7 @@ from loopctl import errors as _errors
 from loopctl.approvals import ApprovalDecision
 from loopctl.config import RunConfig
 from loopctl.errors import LoopError
-from loopctl.messages import StopReason, ToolCallPart, part_from_dict, part_to_dict
+from loopctl.messages import StopReason, ToolCallPart, Usage, part_from_dict, part_to_dict
 
 
 def _to_calls(value: Iterable[ToolCallPart]) -> tuple[ToolCallPart, ...]:
@@ -83,6 +83,8 @@ class Run:
     ``output_type`` (an instance of it); ``output`` is still the text.
     ``approvals`` holds every approval decision of the run (who, when,
     approved or denied and why), in the order they were taken.
+    ``subagent_usage`` sums the tokens of the sub-agent runs this run
+    delegated to (see ``BareLoop.as_tool``); ``usage`` adds the run's own.
     """
 
     id: str
@@ -95,6 +97,13 @@ class Run:
     stop_reason: Optional[LoopError] = None
     output_value: Any = None
     approvals: list[ApprovalDecision] = attrs.field(factory=list)
+    subagent_usage: Usage = Usage()
+
+    @property
+    def usage(self) -> Usage:
+        """Tokens of the run's own turns plus those of its sub-agents' runs."""
+        sub = self.subagent_usage
+        return Usage(self.input_tokens + sub.input_tokens, self.output_tokens + sub.output_tokens)
 
     @property
     def turn_count(self) -> int:
@@ -145,6 +154,7 @@ class Run:
             "stop_reason": None if err is None else _error_to_dict(err),
             "output_value": json_form(self.output_value),
             "approvals": [a.to_dict() for a in list(self.approvals)],
+            "subagent_usage": self.subagent_usage.to_dict(),
         }
 
     @classmethod
@@ -163,6 +173,7 @@ class Run:
             stop_reason=err,
             output_value=data.get("output_value"),
             approvals=[ApprovalDecision.from_dict(a) for a in data.get("approvals", ())],
+            subagent_usage=Usage.from_dict(data.get("subagent_usage") or {}),
         )
 
 

@@ -64,7 +64,9 @@ def mirror(backend: RedisBackend, run_id: str, batch: Sequence[Tuple[int, Event]
         pipe = backend.r.pipeline(transaction=False)
         for ev in changes:
             if isinstance(ev, ApprovalRequested):
-                p = PendingApproval(ev.call_id, ev.tool, dict(ev.arguments), run_id, time.time(), ev.turn, ev.timeout)
+                p = PendingApproval(
+                    ev.call_id, ev.tool, dict(ev.arguments), run_id, time.time(), ev.turn, ev.timeout, ev.subagent
+                )
                 pipe.hset(key, ev.call_id, dumps(p.to_dict()))
             elif isinstance(ev, ApprovalResolved):
                 pipe.hdel(key, ev.call_id)

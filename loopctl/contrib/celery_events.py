@@ -81,10 +81,12 @@ class EventWriter:
             if self.end is not None or self._sealed:
                 return  # run_end is the last event; a handed-back run writes no more
             self._seq += 1
-            self.session_id = event.session_id
-            if type(event) is SteeringDelivered:
+            own = not event.subagent  # a sub-agent's event: not this run's session, steers or end
+            if own:
+                self.session_id = event.session_id
+            if own and type(event) is SteeringDelivered:
                 self.delivered += len(event.messages)
-            if type(event) is RunEnd:
+            if own and type(event) is RunEnd:
                 self.end = (self._seq, event.to_dict())
             else:
                 q = self._queue

@@ -149,5 +149,5 @@ def follow_events(
             event = json.loads(data)
             yield seq, event
             pos = seq
-            if event.get("type") == "run_end":
+            if event.get("type") == "run_end" and not event.get("subagent"):
                 return

@@ -97,6 +97,8 @@ class ApprovalPrompt(Observer):
     def on_approval_requested(self, event: ApprovalRequested) -> None:
         """Announce the call; ``--yes`` approves it, else it waits for a line."""
         label = call_label(event.tool, event.arguments)
+        if event.subagent:  # a sub-agent's call: say whose
+            label = f"[{printable(event.subagent)}] {label}"
         with self._lock:
             self._labels[event.call_id] = label
             self._waiting.append((event.call_id, label))

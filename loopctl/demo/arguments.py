@@ -72,6 +72,8 @@ def build_parser() -> _Parser:
                         help="ask before each call of TOOL (repeatable; 'all' for every tool): "
                              "answer y, n or a reason")
     common.add_argument("--yes", action="store_true", help="approve every call that needs approval")
+    common.add_argument("--subagent", action="store_true",
+                        help="hand arithmetic to a 'calculator' sub-agent with its own add/multiply tools")
     # Hidden: the offline model's pause between streamed text deltas.
     common.add_argument("--delay", type=_seconds, default=None, help=argparse.SUPPRESS)
     parser = _Parser(

@@ -6,7 +6,9 @@ a task sentence ("What is 12 + 30?", "the population of France plus the
 population of Spain", "multiply that by 3") into an expression tree; ``read_conversation`` finds the task, the guidance that
 arrived since the model's previous reply and the tool results already
 known; ``plan_reply`` turns that into the reply's text and the tool calls
-that can run now (independent calls of one step together). Rules: no IO,
+that can run now (independent calls of one step together), or, with no
+``add``/``multiply`` of its own but a ``calculator`` sub-agent tool, hands
+the whole task to it. Rules: no IO,
 no threads, no clock and no state between calls, so the same request
 always gets the same ``Plan``; it never imports ``loopctl.testing``; the
 client (streaming, delays, ids, usage) stays in ``model.py``.
@@ -241,6 +243,10 @@ class Plan:
     calls: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
+#: The name of a sub-agent tool it hands arithmetic to when it has no add/multiply of its own.
+CALCULATOR = "calculator"
+
+
 def plan_reply(request: ModelRequest) -> Plan:
     """Decide the reply to ``request`` (pure: the same request, the same plan)."""
     tools: dict[str, ToolSchema] = {t.name: t for t in request.tools}
@@ -265,6 +271,10 @@ def plan_reply(request: ModelRequest) -> Plan:
         return Plan(lead + f"I can't work out {reading.task!r}. " + _help(names) + _unknown_tools(tools))
     if any(isinstance(n, Bin) and n.op == "/" for n in _walk(tree)):
         return Plan(lead + "I can only add and multiply with my tools; I have no way to divide.")
+    delegated = [r for c, r in reading.last_results if c.name == CALCULATOR]
+    if delegated:
+        verb = "failed" if delegated[-1].is_error else "worked it out"
+        return Plan(lead + f"The {CALCULATOR} sub-agent {verb}: {delegated[-1].output.strip()}")
     result = reduce(tree, reading.known)
     done_lines = [_said(c, r) for c, r in reading.last_results]
     so_far = _join(done_lines) + ". " if done_lines else ""
@@ -280,6 +290,12 @@ def plan_reply(request: ModelRequest) -> Plan:
             return Plan(lead + f"{_join(done_lines)}, so {answer}")
         return Plan(lead + answer[:1].upper() + answer[1:])
     missing = sorted({name for name, _ in calls} - set(tools))
+    if missing and CALCULATOR in tools:
+        # No arithmetic tools of its own, but a sub-agent that has them: delegate what is left.
+        return Plan(
+            lead + so_far + f"I'll ask the {CALCULATOR} sub-agent to work out {display(result)}.",
+            ((CALCULATOR, {"task": f"What is {display(result)}?"}),),
+        )
     if missing:
         return Plan(
             lead + so_far + f"I'd need the {_join([repr(m) for m in missing])} tool to work out "
@@ -301,7 +317,7 @@ def _walk(node: Node) -> Iterator[Node]:
         yield from _walk(node.right)
 
 
-_KNOWN_TOOLS = frozenset({"add", "multiply", "lookup"})
+_KNOWN_TOOLS = frozenset({"add", "multiply", "lookup", CALCULATOR})
 
 
 def _unknown_tools(tools: Mapping[str, ToolSchema]) -> str:
@@ -324,5 +340,5 @@ def _help(names: Sequence[str]) -> str:
     return text
 
 
-__all__ = ["Parser", "Plan", "Reading", "display", "fmt", "plan_reply", "read_conversation",
+__all__ = ["CALCULATOR", "Parser", "Plan", "Reading", "display", "fmt", "plan_reply", "read_conversation",
            "ready_calls", "reduce", "to_number"]

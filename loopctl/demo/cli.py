@@ -41,6 +41,7 @@ from loopctl.demo.approval_prompt import ApprovalPrompt, ask_policy
 from loopctl.demo.arguments import build_parser, load_schema
 from loopctl.demo.chat_sessions import open_chat_session
 from loopctl.demo.console import printable
+from loopctl.demo.delegation import delegating_tools
 from loopctl.demo.mcp_servers import close_mcp_servers, open_mcp_servers
 from loopctl.demo.model import OfflineModel
 from loopctl.demo.terminal import KeysMode, StdinLines, restore_terminal
@@ -113,7 +114,9 @@ class Command:
         self.view = LiveView(self.console, streaming=self.streaming or typed,
                              model=str(getattr(client, "model", "") or "the model"))
         self.mcp_servers, mcp_tools = open_mcp_servers(a.mcp)
-        loop = BareLoop(client, [*demo_tools(tool_delay), *mcp_tools], SessionConfig(system_prompt=a.system))
+        own = (delegating_tools(lambda: make_client(a, env), tool_delay, ask_policy(a.ask) if a.ask else None)
+               if a.subagent else demo_tools(tool_delay))
+        loop = BareLoop(client, [*own, *mcp_tools], SessionConfig(system_prompt=a.system))
         if not self.streaming:
             loop.set_turn_mode("non_streaming")
         loop.register_observer(self.facts)
@@ -323,7 +326,7 @@ def _summary(run: Any, facts: RunFacts) -> str:
     def n(count: int, word: str) -> str:
         return f"{count} {word}{'' if count == 1 else 's'}"
 
-    tokens = n(run.input_tokens + run.output_tokens, "token")
+    tokens = n(run.usage.total_tokens, "token")  # sub-agents' tokens included
     if facts.usage_unknown and not facts.usage_known:
         tokens = "tokens unknown (the server sent no usage)"
     elif facts.usage_unknown:

@@ -40,6 +40,12 @@ def _args_text(input: Mapping[str, Any]) -> str:
     return printable(", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in input.items()))
 
 
+def _indent(event: Any) -> str:
+    """Two spaces, plus two per sub-agent level: a sub-agent's calls sit under its parent's call."""
+    path = event.subagent
+    return "  " * (2 + path.count("/")) if path else "  "
+
+
 def _one_line(text: str, limit: int = 200) -> str:
     flat = printable(" ".join(text.split()))
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
@@ -60,8 +66,9 @@ class RunFacts(Observer):
         self.usage_unknown = 0
 
     def on_run_start(self, event: RunStart) -> None:
-        """A new run: the counts start again."""
-        self.usage_known = self.usage_unknown = 0
+        """A new run: the counts start again (a sub-agent's run is part of the run)."""
+        if not event.subagent:
+            self.usage_known = self.usage_unknown = 0
 
     def on_turn_start(self, event: TurnStart) -> None:
         """The slot is open by now: typed guidance may be pushed."""
@@ -110,8 +117,12 @@ class LiveView(Observer):
         self.console.waiting(None)
 
     def on_response(self, event: Response) -> None:
-        """Without streaming, a turn's text is shown whole."""
+        """Without streaming, a turn's text is shown whole (a sub-agent's always, indented)."""
         self.console.waiting(None)
+        if event.subagent:
+            if event.text:
+                self.console.line(f"{_indent(event)}[{printable(event.subagent)}] {_one_line(event.text)}", "dim")
+            return
         if self.streaming:
             self.console.end_text()
         elif event.text:
@@ -136,7 +147,7 @@ class LiveView(Observer):
         c.waiting(None)
         tool, args = _one_line(event.tool), _args_text(event.input)
         self._labels[event.call_id] = f"{tool}({args})"
-        c.line(f"  {c.style('>', 'cyan')} {c.style(tool, 'cyan', 'bold')}({args})")
+        c.line(f"{_indent(event)}{c.style('>', 'cyan')} {c.style(tool, 'cyan', 'bold')}({args})")
 
     def on_tool_pre(self, event: ToolPre) -> None:
         """The spinner starts for this call."""
@@ -148,7 +159,8 @@ class LiveView(Observer):
         c.tool_finished(event.call_id)
         mark = c.style("!", "red") if event.is_error else c.style("<", "green")
         body = c.style(_one_line(event.output), "red") if event.is_error else _one_line(event.output)
-        c.line(f"  {mark} {_one_line(event.tool)}: {body} {c.style(f'({event.duration_ms:.0f} ms)', 'dim')}")
+        c.line(f"{_indent(event)}{mark} {_one_line(event.tool)}: {body} "
+               f"{c.style(f'({event.duration_ms:.0f} ms)', 'dim')}")
 
     def on_steering(self, event: SteeringDelivered) -> None:
         """Guidance landed in the conversation."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import weakref
 from collections.abc import Mapping
 from typing import Any, Callable, Literal, Optional
 
@@ -21,6 +22,19 @@ from loopctl.driver.approvals import ApprovalSlot
 from loopctl.errors import LoopError
 from loopctl.records import Run
 from loopctl.timeouts import bounded
+
+#: The run whose body (or tool call) executes in this context: set in each
+#: run's copied context, so a tool reaches the run that called it. A weak
+#: reference: the run keeps its context, and must stay free of cycles.
+CURRENT_RUN: contextvars.ContextVar[Optional[weakref.ref[RunContext]]] = contextvars.ContextVar(
+    "loopctl_current_run", default=None
+)
+
+
+def current_run() -> Optional[RunContext]:
+    """The run this thread works for (its body, or one of its tool calls), if any."""
+    ref = CURRENT_RUN.get()
+    return None if ref is None else ref()
 
 
 class Abandoned(BaseException):
@@ -52,6 +66,7 @@ class RunContext:
         "inline_counted",
         "driver",
         "approvals",
+        "subagents",
         "__weakref__",
     )
 
@@ -78,6 +93,8 @@ class RunContext:
         self.driver: Any = None  # the run's RunDriver
         # The run's approval slot; closed by a cancel or by finalize.
         self.approvals = ApprovalSlot(run, cancel)
+        # The sub-agent runs its tool calls have in flight (made on first use).
+        self.subagents: Any = None
 
     def unfenced(self) -> Unfenced:
         """A context manager that releases the fence around blocking work."""
@@ -157,8 +174,13 @@ class RunHandle:
         return self._cancel(reason)
 
     def pending_approvals(self) -> list[PendingApproval]:
-        """The run's tool calls waiting for a person's answer, in request order (any thread)."""
-        return self._rc.approvals.pending()
+        """The run's tool calls waiting for a person's answer, in request order (any thread).
+
+        Calls its sub-agents' runs parked follow, each with its ``subagent`` path.
+        """
+        pending = self._rc.approvals.pending()
+        subagents = self._rc.subagents
+        return pending if subagents is None else pending + subagents.pending_approvals()
 
     def approve(
         self, call_id: str, *, by: Optional[str] = None, arguments: Optional[Mapping[str, Any]] = None
@@ -173,7 +195,10 @@ class RunHandle:
             ValueError: ``arguments`` do not fit the tool's schema (the
                 message names the field); the call stays pending.
         """
-        return self._rc.approvals.approve(call_id, by=by, arguments=arguments)
+        if self._rc.approvals.approve(call_id, by=by, arguments=arguments):
+            return True
+        subagents = self._rc.subagents
+        return subagents is not None and bool(subagents.approve(call_id, by=by, arguments=arguments))
 
     def deny(self, call_id: str, reason: str, *, by: Optional[str] = None) -> bool:
         """Refuse a waiting call (any thread); the model reads "the user denied this call: <reason>".
@@ -182,11 +207,28 @@ class RunHandle:
             True when this answer was taken; False when the call is not
             waiting in this run (unknown id, answered already, run ended).
         """
-        return self._rc.approvals.deny(call_id, reason, by=by)
+        if self._rc.approvals.deny(call_id, reason, by=by):
+            return True
+        subagents = self._rc.subagents
+        return subagents is not None and bool(subagents.deny(call_id, reason, by=by))
+
+    def steer_subagent(self, to: str, message: Any) -> bool:
+        """Offer guidance to the sub-agent run in flight at path ``to`` (any thread).
+
+        ``to`` is a sub-agent's name, or a path (``"research/search"``) for
+        one deeper down. The guidance lands at that run's next turn boundary;
+        what it never reached comes back with this run's leftovers.
+
+        Returns:
+            True if accepted; False when no sub-agent run with that path is
+            in flight (or its steering refused the message).
+        """
+        subagents = self._rc.subagents
+        return subagents is not None and bool(subagents.steer(to, message))
 
     def __repr__(self) -> str:
         state = "done" if self.done() else "running"
         return f"<RunHandle {self.run_id} {state}>"
 
 
-__all__ = ["Abandoned", "RunContext", "RunHandle", "Unfenced"]
+__all__ = ["CURRENT_RUN", "current_run", "Abandoned", "RunContext", "RunHandle", "Unfenced"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -25,9 +26,10 @@ from loopctl.driver.answers import answer_check
 from loopctl.driver.builder import LoopSetup
 from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
-from loopctl.driver.handle import RunContext, RunHandle
+from loopctl.driver.handle import CURRENT_RUN, RunContext, RunHandle
 from loopctl.driver.run import LoopSlot, RunDriver
 from loopctl.driver.session_link import SessionLink
+from loopctl.driver.subagent import SubagentTool
 from loopctl.errors import (
     Cancelled,
     ConfigError,
@@ -246,6 +248,7 @@ class BareLoop(LoopSetup):
 
         rc.listener = on_cancel
         ctx = contextvars.copy_context()
+        ctx.run(CURRENT_RUN.set, weakref.ref(rc))  # the run's tools (a sub-agent's, say) find their run
         rc.context = ctx
         thread = threading.Thread(
             target=ctx.run, args=(self._body, rc), name=f"loopctl-run-{rid[:12]}", daemon=True
@@ -336,6 +339,41 @@ class BareLoop(LoopSetup):
         if type(outcome) is Failed:
             return outcome.error
         return Cancelled(self._cancel.reason)
+
+    # -- delegation ------------------------------------------------------------------
+
+    def as_tool(
+        self,
+        name: str,
+        description: str,
+        *,
+        keep_history: bool = False,
+        config: Optional[RunConfig] = None,
+        output_type: Any = None,
+    ) -> SubagentTool:
+        """This loop as a sub-agent: a ``Tool`` whose one argument is ``task`` (str).
+
+        A call runs this loop on ``task`` while the calling tool's thread
+        waits, and returns the run's final output (a typed run's value as
+        JSON). The calling run's cancel reaches this run and every run it
+        delegates to; its events, approvals and usage show in the calling
+        run's. A run that ends on its own account (its own cancel, an error,
+        max turns, a failed typed answer) is a soft error naming the
+        sub-agent and the reason. Calls run one at a time.
+
+        Args:
+            name: the tool's name (also the sub-agent's name in paths).
+            description: what the model is told the sub-agent does.
+            keep_history: keep the conversation across calls (default: a
+                fresh conversation per call).
+            config: the ``RunConfig`` of each delegated run.
+            output_type: ask each delegated run for a typed answer.
+
+        Raises:
+            ConfigError: a bad name or description, or a run is in flight on
+                this loop (its observers are fixed while it runs).
+        """
+        return SubagentTool(self, name, description, keep_history, config, output_type)
 
     # -- lifecycle -------------------------------------------------------------------
 

@@ -518,6 +518,8 @@ class RunDriver:
         rc = self.rc
         with self.slot.busy:
             rc.ending = True
+        if rc.subagents is not None:  # a cancel cut a delegation short: let its runs end first
+            rc.subagents.settle()
         if error is not None and not rc.tools_abandoned:
             # The body itself ends a run whose cancel woke it from a wave before
             # the takeover could: the tools it gave up on are abandoned all the same.

@@ -176,6 +176,16 @@ class Steering:
             self._live_bytes = 0
             return out
 
+    def _hand_back(self, messages: list[Message]) -> None:
+        """Seal guidance a sub-agent's run never reached: it comes back as leftovers."""
+        if messages:
+            with self._lock:
+                for m in messages:
+                    size = _size(m)
+                    self._sealed.append((m, size))
+                    self._sealed_bytes += size
+                self._fit_sealed_locked(0, 0)
+
     def _close_and_seal(self) -> None:
         """Refuse further pushes and seal what was never drained (idempotent)."""
         with self._lock:

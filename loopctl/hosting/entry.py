@@ -146,7 +146,7 @@ class _Entry:
                 return
             self.seq += 1
             self.buf.append(event)  # type: ignore[union-attr]
-            if type(event) is RunEnd:
+            if type(event) is RunEnd and not event.subagent:  # a sub-agent's run_end is not ours
                 # The slot was sealed just before run_end and no new run can
                 # open it until this one has left finalize: these are ours.
                 loop = self.loop

@@ -240,12 +240,19 @@ class RunRegistry:
     # -- driving a run -------------------------------------------------------------
 
     def steer(
-        self, run_id: str, message: Union[Message, str], *, owner: Optional[Hashable] = None
+        self,
+        run_id: str,
+        message: Union[Message, str],
+        *,
+        owner: Optional[Hashable] = None,
+        to: Optional[str] = None,
     ) -> bool:
         """Offer guidance to the run; False once it has ended.
 
         An accepted message is delivered at the run's next turn boundary or,
-        if the run ends first, returned by ``leftovers(run_id)``.
+        if the run ends first, returned by ``leftovers(run_id)``. With ``to``
+        (a sub-agent's name, or a path like ``"research/search"``) it goes
+        to that sub-agent's run in flight instead; False when there is none.
 
         Raises:
             KeyError: unknown ``run_id``, or another ``owner``'s run.
@@ -256,6 +263,9 @@ class RunRegistry:
             loop = entry.loop
             if entry.ended or loop is None:
                 return False
+            if to is not None:
+                handle = entry.handle
+                return handle is not None and handle.steer_subagent(to, message)
             # Under the lock no new run can start on this loop, so the open
             # slot (if any) is this run's.
             return loop.steering().push(message)

@@ -42,6 +42,8 @@ ERROR_TYPE = "error.type"
 # -- loopctl attributes ----------------------------------------------------------------------
 
 RUN_ID = "loopctl.run.id"
+#: A sub-agent run's path under the run that called it ("research", "research/search").
+SUBAGENT = "loopctl.subagent"
 RUN_OUTCOME = "loopctl.run.outcome"
 RUN_TURNS = "loopctl.run.turns"
 TURN = "loopctl.turn"

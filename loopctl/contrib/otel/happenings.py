@@ -22,7 +22,7 @@ from loopctl.observers import (
 )
 
 from . import conventions as cv
-from .spans import RunState
+from .spans import RunState, run_key
 
 
 class RunSpanEvents(Observer):
@@ -39,7 +39,7 @@ class RunSpanEvents(Observer):
     def on_compaction(self, event: Compaction) -> None:
         """The conversation was compacted."""
         self._run_event(
-            event.run_id,
+            run_key(event),
             cv.EV_COMPACTION,
             {
                 "loopctl.compaction.reason": event.reason,
@@ -53,18 +53,18 @@ class RunSpanEvents(Observer):
         attrs: dict[str, Any] = {cv.TURN: event.turn, "loopctl.steering.count": len(event.messages)}
         if self.record_content:
             attrs["loopctl.steering.messages"] = tuple(cv.clean(m.text) for m in event.messages)
-        self._run_event(event.run_id, cv.EV_STEERING, attrs)
+        self._run_event(run_key(event), cv.EV_STEERING, attrs)
 
     def on_fallback(self, event: Fallback) -> None:
         """Requests moved to a fallback model."""
         self._run_event(
-            event.run_id, cv.EV_FALLBACK, {"loopctl.model.from": event.from_model, "loopctl.model.to": event.to_model}
+            run_key(event), cv.EV_FALLBACK, {"loopctl.model.from": event.from_model, "loopctl.model.to": event.to_model}
         )
 
     def on_model_switched(self, event: ModelSwitched) -> None:
         """The serving model changed."""
         self._run_event(
-            event.run_id,
+            run_key(event),
             cv.EV_MODEL_SWITCHED,
             {"loopctl.model.from": event.from_model, "loopctl.model.to": event.to_model},
         )
@@ -74,12 +74,12 @@ class RunSpanEvents(Observer):
         attrs: dict[str, Any] = {"loopctl.loop.repetitions": event.repetitions}
         if self.record_content:
             attrs["loopctl.loop.pattern"] = cv.clean(event.pattern)
-        self._run_event(event.run_id, cv.EV_LOOP_DETECTED, attrs)
+        self._run_event(run_key(event), cv.EV_LOOP_DETECTED, attrs)
 
     def on_convergence_detected(self, event: ConvergenceDetected) -> None:
         """The final answers converged."""
         self._run_event(
-            event.run_id,
+            run_key(event),
             cv.EV_CONVERGENCE,
             {
                 "loopctl.convergence.action": event.action,
@@ -90,7 +90,7 @@ class RunSpanEvents(Observer):
 
     def on_approval_requested(self, event: Any) -> None:
         """A tool call waits for a person's approval."""
-        self._run_event(event.run_id, cv.EV_APPROVAL_REQUESTED, _approval_attrs(event))
+        self._run_event(run_key(event), cv.EV_APPROVAL_REQUESTED, _approval_attrs(event))
 
     def on_approval_resolved(self, event: Any) -> None:
         """A pending approval was granted or denied."""
@@ -98,7 +98,7 @@ class RunSpanEvents(Observer):
         approved = getattr(event, "approved", None)
         if isinstance(approved, bool):
             attrs["loopctl.approval.approved"] = approved
-        self._run_event(event.run_id, cv.EV_APPROVAL_RESOLVED, attrs)
+        self._run_event(run_key(event), cv.EV_APPROVAL_RESOLVED, attrs)
 
 
 def _approval_attrs(event: Any) -> dict[str, Any]:

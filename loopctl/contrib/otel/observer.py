@@ -49,7 +49,16 @@ from loopctl.observers import (
 from . import conventions as cv
 from .happenings import RunSpanEvents
 from .instruments import Instruments
-from .spans import ChatCall, RunState, SpanWriter, is_cancel, json_text, messages_json, record_error
+from .spans import (
+    ChatCall,
+    RunState,
+    SpanWriter,
+    is_cancel,
+    json_text,
+    messages_json,
+    record_error,
+    run_key,
+)
 
 _SCOPE = "loopctl"
 _MAX_PENDING_CANCELS = 4096
@@ -173,19 +182,41 @@ class OTelObserver(RunSpanEvents):
             attrs[cv.PROVIDER_NAME] = provider
         if self.record_content:
             attrs[cv.INPUT_MESSAGES] = messages_json("user", event.input)
+        parent = self._subagent_parent(event.run_id, event.subagent) if event.subagent else None
+        if event.subagent:
+            attrs[cv.SUBAGENT] = event.subagent
         span = self._tracer.start_span(
             cv.OP_AGENT,
-            context=otel_context.get_current(),
+            context=parent if parent is not None else otel_context.get_current(),
             kind=SpanKind.INTERNAL,
             attributes=attrs,
             start_time=time.time_ns(),
         )
-        self._runs[event.run_id] = RunState(span, event.session_id, provider)
+        self._runs[run_key(event)] = RunState(span, event.session_id, provider)
         self._metrics.runs_started.add(1, {cv.AGENT_NAME: self.agent_name})
+
+    def _subagent_parent(self, run_id: str, path: str) -> Any:
+        """The context of the ``execute_tool`` span whose call runs the sub-agent at ``path``.
+
+        The calling run's open attempt of the tool named like the sub-agent
+        (its calls run one at a time); its span, made now (it is normally
+        made when the call ends), becomes the sub-agent run span's parent.
+        """
+        above, _, name = path.rpartition("/")
+        st = self._runs.get(f"{run_id}/{above}" if above else run_id)
+        if st is None:
+            return None
+        for key, opened in reversed(list(st.tools.items())):
+            if opened[2] == name:
+                span = st.live.get(key)
+                if span is None:
+                    span = st.live[key] = self._spans.open_tool(st, key[0], key[1], opened)
+                return trace.set_span_in_context(span)
+        return None
 
     def on_run_end(self, event: RunEnd) -> None:
         """Close whatever the run left open, then its span; count the outcome."""
-        st = self._runs.pop(event.run_id, None)
+        st = self._runs.pop(run_key(event), None)
         cancel_ns = self._take_cancel(event.session_id)
         if st is None:
             return
@@ -256,20 +287,20 @@ class OTelObserver(RunSpanEvents):
 
     def on_turn_start(self, event: TurnStart) -> None:
         """A model call begins: remember when (its span is made when it ends)."""
-        st = self._runs.get(event.run_id)
+        st = self._runs.get(run_key(event))
         if st is not None:
             self._flush_failed_chat(st)
             st.chat = ChatCall(event.turn, time.time_ns())
 
     def on_attempt_reset(self, event: AttemptReset) -> None:
         """A stream attempt failed and another starts: an event on the call's span."""
-        chat = self._chat(event.run_id, event.turn)
+        chat = self._chat(run_key(event), event.turn)
         if chat is not None:
             chat.events.append((cv.EV_ATTEMPT_RESET, {cv.ATTEMPT: event.attempt}, time.time_ns()))
 
     def on_retry_scheduled(self, event: RetryScheduled) -> None:
         """A failed call will be retried: an event with the cause and the wait."""
-        chat = self._chat(event.run_id, event.turn)
+        chat = self._chat(run_key(event), event.turn)
         if chat is None:
             return
         chat.model = event.model or chat.model
@@ -288,29 +319,29 @@ class OTelObserver(RunSpanEvents):
 
     def on_stream_success(self, event: StreamSuccess) -> None:
         """The call succeeded: note the model that served it."""
-        chat = self._chat(event.run_id, event.turn)
+        chat = self._chat(run_key(event), event.turn)
         if chat is not None:
             chat.model = event.model or chat.model
             chat.usage_known = event.usage is not None
 
     def on_stream_failure(self, event: StreamFailure) -> None:
         """The call failed: note the model (the error arrives with the turn's end)."""
-        chat = self._chat(event.run_id, event.turn)
+        chat = self._chat(run_key(event), event.turn)
         if chat is not None:
             chat.model = event.model or chat.model
 
     def on_response(self, event: Response) -> None:
         """The reply's text (subscribed only with ``record_content``)."""
-        chat = self._chat(event.run_id, event.turn)
+        chat = self._chat(run_key(event), event.turn)
         if chat is not None:
             chat.text = event.text
-        st = self._runs.get(event.run_id)
+        st = self._runs.get(run_key(event))
         if st is not None:
             st.text = event.text
 
     def on_turn_end(self, event: TurnEnd) -> None:
         """End the model call's span (``phase="llm"``) or close tools a phase cut short."""
-        st = self._runs.get(event.run_id)
+        st = self._runs.get(run_key(event))
         if st is None:
             return
         now = time.time_ns()
@@ -356,13 +387,13 @@ class OTelObserver(RunSpanEvents):
 
     def on_tool_call_received(self, event: ToolCallReceived) -> None:
         """The call's arguments (subscribed only with ``record_content``)."""
-        st = self._runs.get(event.run_id)
+        st = self._runs.get(run_key(event))
         if st is not None:
             st.arguments[event.call_id] = json_text(event.input)
 
     def on_tool_pre(self, event: ToolPre) -> None:
         """An attempt starts: remember when (its span is made when it ends)."""
-        st = self._runs.get(event.run_id)
+        st = self._runs.get(run_key(event))
         if st is not None:
             now = time.time_ns()
             st.tools[(event.call_id, event.attempt)] = (now, event.turn, event.tool)
@@ -378,7 +409,7 @@ class OTelObserver(RunSpanEvents):
         (``loopctl.tool.duration_ms``), so a wave's spans overlap as the
         calls did and a quick call's span is as short as the call.
         """
-        st = self._runs.get(event.run_id)
+        st = self._runs.get(run_key(event))
         if st is None:
             return
         opened = st.tools.pop((event.call_id, event.attempt), None)
@@ -393,7 +424,7 @@ class OTelObserver(RunSpanEvents):
         output = event.output if self.record_content else None
         self._spans.tool(
             st, event.call_id, event.attempt, (start_ns, turn, tool), end_ns, event.is_error, output,
-            event.duration_ms,
+            event.duration_ms, span=st.live.pop((event.call_id, event.attempt), None),
         )
 
 

@@ -41,6 +41,16 @@ class ChatCall:
 OpenTool = tuple[int, int, str]
 
 
+def run_key(event: Any) -> str:
+    """Which run's state an event belongs to: its run id, plus the sub-agent path if any.
+
+    A sub-agent's events carry the calling run's id and their path, and a
+    sub-agent's calls run one at a time: the pair names one run in flight.
+    """
+    sub = getattr(event, "subagent", "")  # duck-typed events (approvals) may lack it
+    return f"{event.run_id}/{sub}" if sub else str(event.run_id)
+
+
 class RunState:
     """One run's span and tallies (touched only by the thread delivering its events)."""
 
@@ -58,6 +68,7 @@ class RunState:
         "text",
         "last_pre_ns",
         "failed_chat",
+        "live",
     )
 
     def __init__(self, span: Any, session_id: str, provider: Optional[str]) -> None:
@@ -76,6 +87,9 @@ class RunState:
         # A model call that failed, held until the run goes on or ends: if the run
         # ends with that failure, the run's record names the error's class.
         self.failed_chat: Optional[tuple[ChatCall, int, TurnEnd]] = None
+        # Attempts whose span was made before they ended: a sub-agent run's
+        # span needed it as its parent. (call id, attempt) -> the open span.
+        self.live: dict[tuple[str, int], Any] = {}
 
 
 def is_cancel(error: Optional[str]) -> bool:
@@ -180,12 +194,14 @@ class SpanWriter:
         cancelled: bool = False,
         error: Optional[str] = None,
         kind: Optional[str] = None,
+        span: Any = None,
     ) -> None:
         """One tool call attempt's span, from ``opened`` to ``end_ns``.
 
         ``error`` is the run's error when the attempt was cut short by it;
         a soft error result (``is_error`` alone) says only that, never the
-        tool's own text, unless content is recorded.
+        tool's own text, unless content is recorded. ``span`` is the
+        attempt's span when ``open_tool`` made it already.
         """
         start_ns, turn, tool = opened
         attrs: dict[str, Any] = {
@@ -208,13 +224,25 @@ class SpanWriter:
             attrs[cv.CANCELLED] = True
         elif is_error:
             attrs[cv.ERROR_TYPE] = kind or ("tool_error" if error is None else cv.error_type(error))
-        span = self.tracer.start_span(
-            f"{cv.OP_TOOL} {tool}", context=st.parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
-        )
+        if span is None:
+            span = self.tracer.start_span(
+                f"{cv.OP_TOOL} {tool}", context=st.parent, kind=SpanKind.INTERNAL, attributes=attrs,
+                start_time=start_ns,
+            )
+        else:
+            span.set_attributes(attrs)
         if is_error and not cancelled:
             text = cv.redact(error) if error else "the tool returned an error result"
             span.set_status(Status(StatusCode.ERROR, text))
         span.end(end_time=max(start_ns, end_ns))
+
+    def open_tool(self, st: RunState, call_id: str, attempt: int, opened: OpenTool) -> Any:
+        """Start an attempt's span now, before it ends (``tool`` finishes it)."""
+        start_ns, turn, tool = opened
+        attrs = {cv.OPERATION_NAME: cv.OP_TOOL, cv.TOOL_NAME: tool, cv.TOOL_CALL_ID: call_id, cv.TURN: turn}
+        return self.tracer.start_span(
+            f"{cv.OP_TOOL} {tool}", context=st.parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
+        )
 
     def open_tools(
         self, st: RunState, now: int, error: Optional[str], error_class: Optional[str] = None
@@ -237,6 +265,7 @@ class SpanWriter:
             self.tool(
                 st, call_id, attempt, opened, now, not cancelled, cancelled=cancelled,
                 error=error or NO_RESULT, kind=(error_class if error else "no_result"),
+                span=st.live.pop((call_id, attempt), None),
             )
 
 
@@ -265,4 +294,6 @@ def messages_json(role: str, text: str) -> str:
     return json.dumps([{"role": role, "parts": [{"type": "text", "content": cv.clean(text)}]}], ensure_ascii=False)
 
 
-__all__ = ["ChatCall", "OpenTool", "RunState", "SpanWriter", "is_cancel", "json_text", "messages_json", "record_error"]
+__all__ = [
+    "ChatCall", "OpenTool", "RunState", "SpanWriter", "is_cancel", "json_text", "messages_json", "record_error", "run_key",
+]

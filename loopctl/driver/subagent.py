@@ -1,0 +1,237 @@
+"""Sub-agents: a loop offered to another loop's model as a tool.
+
+``SubagentTool`` (made by ``BareLoop.as_tool``) runs its loop on a task while
+the calling tool's thread waits, and answers with the run's final output.
+The rules it keeps:
+
+- One cancel stops the tree: the calling run's cancel signal fires the
+  sub-agent run's cancel (a listener, on the cancelling thread), which in
+  turn fires the runs it delegates to. The calling run's ``finalize`` waits
+  (briefly, bounded) for its sub-agent runs to end, so every loop in the
+  tree is free again when the caller sees ``Cancelled``.
+- A sub-agent run that ends on its own account (its own cancel, an error,
+  max turns, a failed typed answer) is a soft error naming the sub-agent
+  and the reason. Its history stays in its own loop; only the answer
+  reaches the caller.
+- Its events reach the calling run's tap and observers re-stamped with
+  the calling run's id and the sub-agent path (``subagent_events``); its
+  pending approvals, guidance and token usage are reached through the
+  calling run's ``SubagentRuns`` (``subagent_runs``).
+- Calls of one sub-agent run one at a time. A call that would run a loop
+  already running in the calling chain (recursion), or delegate deeper than
+  ``MAX_DEPTH`` levels, is refused with a soft error.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import threading
+import uuid
+import weakref
+from collections.abc import Mapping
+from typing import Any, Optional
+
+from loopctl.config import RunConfig
+from loopctl.driver.handle import RunContext, current_run
+from loopctl.driver.subagent_events import TapForward, forwarder_for
+from loopctl.driver.subagent_runs import SETTLE_S, SubagentRun, enter
+from loopctl.errors import ConfigError, LoopBusy, LoopError
+from loopctl.machine import LoopMachine
+from loopctl.records import json_form
+from loopctl.tools.base import Tool, ToolContext, ToolOutput
+
+log = logging.getLogger("loopctl")
+
+#: Sub-agent levels below a top-level run; a call that would go deeper is refused.
+MAX_DEPTH = 8
+
+# The runs above the current one (outermost first, weakly: a run keeps its
+# context) and the current run's sub-agent path; set on the calling thread
+# just before a sub-agent run starts, so that run's context (a copy) carries it.
+_LINEAGE: contextvars.ContextVar[tuple[tuple[weakref.ref[RunContext], ...], tuple[str, ...]]] = contextvars.ContextVar(
+    "loopctl_subagent_lineage", default=((), ())
+)
+
+
+class SubagentTool(Tool):
+    """A loop as a tool (``BareLoop.as_tool``): one argument, ``task``; calls run one at a time."""
+
+    concurrency_safe = False
+
+    def __init__(
+        self,
+        loop: Any,
+        name: str,
+        description: str,
+        keep_history: bool = False,
+        config: Optional[RunConfig] = None,
+        output_type: Any = None,
+    ) -> None:
+        if not isinstance(name, str) or not name.strip() or "/" in name:
+            raise ConfigError(f"a sub-agent name must be a non-empty str without '/', got {name!r:.60}")
+        if not isinstance(description, str):
+            raise ConfigError(f"a sub-agent description must be a str, got {type(description).__name__}")
+        if config is not None and not isinstance(config, RunConfig):
+            raise ConfigError(f"a sub-agent config must be a RunConfig, got {type(config).__name__}")
+        self.loop = loop
+        self.name = name
+        self.description = description
+        self.keep_history = bool(keep_history)
+        self.config = config
+        self.output_type = output_type
+        self._turn = threading.Condition()  # one call at a time: ``_busy`` under it
+        self._busy = False
+        self._forwarder = forwarder_for(loop)
+
+    def input_schema(self) -> Mapping[str, Any]:
+        """One required string, ``task``."""
+        return {
+            "type": "object",
+            "properties": {"task": {"type": "string", "description": f"The task for the {self.name} sub-agent."}},
+            "required": ["task"],
+            "additionalProperties": False,
+        }
+
+    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+        """Run the sub-agent on ``input["task"]`` and answer with its output."""
+        cancel = ctx.cancel
+        if not self._take_turn(cancel):
+            return ToolOutput.error(f"Sub-agent '{self.name}' was not started: the run was cancelled")
+        try:
+            return self._delegate(str(input["task"]), cancel)
+        finally:
+            with self._turn:
+                self._busy = False
+                self._turn.notify_all()  # a waiter that was cancelled meanwhile takes no turn
+
+    def _take_turn(self, cancel: Any) -> bool:
+        """Wait for the previous call to end; False if ``cancel`` fires first."""
+        turn = self._turn
+        with turn:
+            if not self._busy:
+                self._busy = True
+                return True
+
+        def wake() -> None:
+            with turn:
+                turn.notify_all()
+
+        if cancel is not None:
+            cancel.add_listener(wake)
+        try:
+            with turn:
+                while self._busy:
+                    if cancel is not None and cancel.is_cancelled():
+                        return False
+                    turn.wait()
+                self._busy = True
+                return True
+        finally:
+            if cancel is not None:
+                cancel.remove_listener(wake)
+
+    def _refusal(self, chain: tuple[weakref.ref[RunContext], ...], path: tuple[str, ...]) -> Optional[str]:
+        active = self.loop._active
+        if active is not None and any(active is ref() for ref in chain):
+            where = "/".join(path + (self.name,))
+            return (
+                f"Sub-agent '{self.name}' refused: its loop is already running in this chain ({where}); "
+                "a sub-agent cannot call itself"
+            )
+        if len(path) >= MAX_DEPTH:
+            return f"Sub-agent '{self.name}' refused: delegation deeper than {MAX_DEPTH} levels"
+        return None
+
+    def _delegate(self, task: str, cancel: Any) -> ToolOutput:
+        parent = current_run()
+        ancestors, path = _LINEAGE.get()
+        chain = ancestors + (weakref.ref(parent),) if parent is not None else ancestors
+        refusal = self._refusal(chain, path)
+        if refusal is not None:
+            return ToolOutput.error(refusal)
+        run_id = uuid.uuid4().hex
+        active = enter(parent, self.name, self.loop, run_id) if parent is not None else None
+        if (parent is not None and active is None) or (cancel is not None and cancel.is_cancelled()):
+            if active is not None:
+                active.leave()
+            return ToolOutput.error(f"Sub-agent '{self.name}' was not started: the run was cancelled")
+        try:
+            handle = self._start(task, run_id, parent, chain, path)
+            if active is not None:
+                active.handle = handle
+        except LoopError as exc:
+            busy = isinstance(exc, LoopBusy)
+            why = "is busy" if busy else f"could not start ({type(exc).__name__})"
+            return ToolOutput.error(f"Sub-agent '{self.name}' {why}: {exc}")
+        finally:
+            if active is not None and active.handle is None:
+                active.leave()
+        return self._await(handle, active, cancel)
+
+    def _start(
+        self,
+        task: str,
+        run_id: str,
+        parent: Optional[RunContext],
+        chain: tuple[weakref.ref[RunContext], ...],
+        path: tuple[str, ...],
+    ) -> Any:
+        """Start the run, its events forwarded to ``parent``'s (the caller's lineage in its context)."""
+        driver = parent.driver if parent is not None else None
+        tap: Optional[TapForward] = None
+        if driver is not None:
+            events = driver.events
+            self._forwarder.link(run_id, events, self.name)
+            if events.tap is not None:
+                tap = TapForward(events.tap, events.run_id, self.name)
+        token = _LINEAGE.set((chain, path + (self.name,)))
+        try:
+            if not self.keep_history:
+                self._fresh_conversation()
+            return self.loop.start(task, self.config, run_id, output_type=self.output_type, tap=tap)
+        except BaseException:
+            self._forwarder.unlink(run_id)
+            raise
+        finally:
+            _LINEAGE.reset(token)
+
+    def _await(self, handle: Any, active: Optional[SubagentRun], cancel: Any) -> ToolOutput:
+        """Wait for the run (the caller's cancel fires its cancel), settle it, answer."""
+
+        def on_cancel() -> None:
+            handle.cancel(getattr(cancel, "reason", None) or "run cancelled")
+
+        if cancel is not None:
+            cancel.add_listener(on_cancel)  # fired already: cancels the sub-agent run at once
+        try:
+            handle.wait()
+        finally:
+            if cancel is not None:
+                cancel.remove_listener(on_cancel)
+            if active is not None:
+                active.settle_once()
+                active.leave()
+            else:
+                self.loop.steering().take_leftovers()  # nobody above to hand them to
+        return self._answer(handle)
+
+    def _answer(self, handle: Any) -> ToolOutput:
+        try:
+            run = handle.result()
+        except LoopError as exc:
+            return ToolOutput.error(f"Sub-agent '{self.name}' did not finish ({type(exc).__name__}): {exc}")
+        if run.config.output_type is not None:
+            return ToolOutput(json.dumps(json_form(run.output_value), ensure_ascii=False, default=str))
+        return ToolOutput(run.output or "")
+
+    def _fresh_conversation(self) -> None:
+        """A fresh conversation for this call (the loop's record keeps every run)."""
+        loop = self.loop
+        with loop._busy:
+            if loop._active is None:
+                loop._machine = LoopMachine()
+
+
+__all__ = ["MAX_DEPTH", "SETTLE_S", "SubagentTool"]

@@ -1,0 +1,32 @@
+"""A loop factory for the distributed sub-agent tests: a parent that delegates its PLAN.
+
+The parent's model is a pure function of the request (like ``celery_app``'s):
+its first reply hands the run's input, unchanged, to the ``research``
+sub-agent (a ``celery_app.make_loop`` loop, so the plan's gates, tools and
+approvals apply inside the sub-agent); once the tool result is in, it
+answers ``delegated: <result>``.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from loopctl import BareLoop, Message, ModelRequest, ModelResponse, SessionConfig
+from loopctl.testing import ScriptedClient, call, reply
+from tests.celery_app import make_loop
+
+
+def _delegate(request: ModelRequest) -> ModelResponse:
+    messages = list(request.messages)
+    results = [p for m in messages for p in m.tool_results]
+    if results:
+        return reply(f"delegated: {results[-1].output}")
+    task = next(m.text for m in messages if m.role == "user")
+    return call("research", task=task)
+
+
+def make_delegating_loop(conversation: str, history: List[Message]) -> BareLoop:
+    """A parent loop with one sub-agent, ``research`` (a fresh ``make_loop`` loop)."""
+    child = make_loop(conversation + "-research", [])
+    client = ScriptedClient([_delegate] * 100_000, chunk=32)
+    return BareLoop.from_history(client, [child.as_tool("research", "Does the planned work.")], SessionConfig(), history)
