@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import pytest
 from support import GatedAdd
+from web_support import StoredRegistry
 
 from loopctl import BareLoop
 from loopctl.demo import OfflineModel
@@ -132,7 +133,7 @@ class Served:
 
 @contextlib.contextmanager
 def _serve(kind: str, factory: Callable[[], BareLoop], gate: threading.Event) -> Iterator[Served]:
-    registry = RunRegistry()
+    registry = StoredRegistry()
     saved = None
     if kind == "django":
         view = _load("django_view")
