@@ -105,7 +105,7 @@ from django.middleware.csrf import get_token
 from django.urls import path
 from django.views.decorators.http import require_POST, require_safe
 
-from loopctl import BareLoop, LoopBusy
+from loopctl import BareLoop, LoopBusy, SessionCorrupt
 from loopctl.demo import OfflineModel, demo_tools
 from loopctl.demo.chat_sessions import data_dir
 from loopctl.hosting.registry import RunRegistry
@@ -279,6 +279,8 @@ def list_runs(request: HttpRequest) -> HttpResponse:
             messages = you.stored(key).messages()
         except KeyError:  # not this owner's: nothing to show
             return JsonResponse(empty)
+        except SessionCorrupt as exc:  # the page says so; "New conversation" starts afresh
+            return JsonResponse({"error": str(exc)}, status=500)
         if runs_.run_on_session(key, owner=owner) == running:
             break
     return JsonResponse({"conversation": key, "messages": [_shown(m) for m in messages], "running": running})
@@ -310,6 +312,8 @@ def start_run(request: HttpRequest) -> HttpResponse:
         return JsonResponse({"error": "unknown conversation"}, status=404)
     except LoopBusy as exc:  # SessionBusy too: a run on it is in flight, here or elsewhere
         return JsonResponse({"error": str(exc)}, status=409)
+    except SessionCorrupt as exc:  # names the session and the row, never the row's text
+        return JsonResponse({"error": str(exc)}, status=500)
     you.use(conversation)
     return JsonResponse({"run_id": run_id, "conversation": conversation}, status=201)
 

@@ -82,7 +82,7 @@ except ImportError:  # run from a checkout without ``pip install -e .``
 
 from flask import Flask, Response, jsonify, request, session
 
-from loopctl import BareLoop, ConfigError, LoopBusy
+from loopctl import BareLoop, ConfigError, LoopBusy, SessionCorrupt
 from loopctl.demo import OfflineModel, demo_tools
 from loopctl.demo.chat_sessions import data_dir
 from loopctl.hosting.registry import RunRegistry
@@ -319,12 +319,17 @@ def create_app(
             return jsonify(error="unknown conversation"), 404
         except LoopBusy as exc:  # SessionBusy too: a run on it is in flight, here or elsewhere
             return jsonify(error=str(exc)), 409
+        except SessionCorrupt as exc:  # names the session and the row, never the row's text
+            return jsonify(error=str(exc)), 500
         you.use(conversation)
         return jsonify(run_id=run_id, conversation=conversation), 201
 
     @app.get("/runs")
     def show_conversation() -> Any:
-        return jsonify(conversation_view(registry, browser()))
+        try:
+            return jsonify(conversation_view(registry, browser()))
+        except SessionCorrupt as exc:  # the page says so; "New conversation" starts afresh
+            return jsonify(error=str(exc)), 500
 
     @app.post("/conversations")
     def new_conversation() -> Any:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
+from session_support import corrupt_row
 from test_examples import EXAMPLES, Client, Web, _DjangoSession, _FlaskSession, _load
 from web_support import StoredRegistry
 
@@ -241,6 +242,20 @@ def test_web_restart_shows_and_continues_the_conversation(kind: str, tmp_path: P
         stranger = second_server.new_client()
         stranger.open_page()
         assert stranger.post("/runs", {"input": "x", "conversation": started["conversation"]})[0] == 404
+
+
+def test_web_corrupt_conversation_is_an_error_naming_it_and_a_new_one_works(web: Web) -> None:
+    first = _finish(web.owner, "What is 12 + 30?")
+    corrupt_row("sqlite", str(web.registry.path), first["conversation"], 1)
+    code, refused = web.get("/runs")
+    assert code == 500 and first["conversation"] in refused["error"] and "{not json" not in refused["error"]
+    code, refused = web.post("/runs", {"input": "What is 1 + 1?"})
+    assert code == 500 and first["conversation"] in refused["error"]
+    assert [r.state for r in web.registry.list(owner=_cookie_data(web.owner)["owner"])] == ["completed"]
+    fresh = web.post("/conversations")[1]["conversation"]
+    assert web.get("/runs") == (200, {"conversation": fresh, "messages": [], "running": None})
+    assert _texts(web.get("/runs")[1]) == []
+    _finish(web.owner, "What is 1 + 1?")
 
 
 def test_web_session_cookie_holds_only_the_owner_and_the_conversation(web: Web) -> None:

@@ -21,8 +21,11 @@ class StoredRegistry(RunRegistry):
     """A registry whose conversations live in a SQLite file (temporary unless ``path`` is given)."""
 
     def __init__(self, path: Optional[Union[str, Path]] = None, **kw: Any) -> None:
-        self.folder = None if path is not None else Path(tempfile.mkdtemp(prefix="loopctl-web-"))
-        self.path = Path(path) if path is not None else self.folder / "web.db"  # type: ignore[operator]
+        self.folder: Optional[Path] = None
+        if path is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="loopctl-web-"))
+            path = self.folder / "web.db"
+        self.path = Path(path)
         super().__init__(session_store=SQLiteSessionStore(self.path), **kw)
 
     def close(self, timeout: Optional[float] = 10.0) -> None:
