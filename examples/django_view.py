@@ -272,7 +272,9 @@ def list_runs(request: HttpRequest) -> HttpResponse:
     if key is None:
         return JsonResponse(empty)
     # A run that ends between the two lookups has written its messages by
-    # then, so the read is taken again rather than showing it twice or not at all.
+    # then: the read is taken again, so the page neither misses it nor draws
+    # it twice. (In the instant between a run's write and its run_end event a
+    # reload can still draw it twice, stored and followed; the next one is right.)
     for _ in range(3):
         running = runs_.run_on_session(key, owner=owner)
         try:

@@ -200,7 +200,9 @@ def conversation_view(registry: RunRegistry, browser: BrowserSession) -> dict[st
     if key is None:
         return {"conversation": None, "messages": [], "running": None}
     # A run that ends between the two lookups has written its messages by
-    # then, so the read is taken again rather than showing it twice or not at all.
+    # then: the read is taken again, so the page neither misses it nor draws
+    # it twice. (In the instant between a run's write and its run_end event a
+    # reload can still draw it twice, stored and followed; the next one is right.)
     for _ in range(3):
         running = registry.run_on_session(key, owner=owner)
         try:
