@@ -198,16 +198,21 @@ def test_web_run_in_flight_is_named_and_not_yet_stored(kind: str) -> None:
 
 
 def _in_flight(web: Web) -> None:
+    done = _finish(web.owner, "What is 12 + 30?")
+    stored = web.get("/runs")[1]["messages"]
     code, body = web.post("/runs", {"input": "multiply 6 by 7"})
-    assert code == 201
-    web.stream(f"/runs/{body['run_id']}/events").until("tool_pre", tool="multiply")
-    assert web.get("/runs") == (200, {"conversation": body["conversation"], "messages": [], "running": body["run_id"]})
-    busy = web.post("/runs", {"input": "What is 1 + 1?"})
-    assert busy[0] == 409
+    assert code == 201 and body["conversation"] == done["conversation"]
+    seen, _ = web.stream(f"/runs/{body['run_id']}/events").until("tool_pre", tool="multiply")
+    # A reloaded page: the stored past (not the run in flight, not yet written) and the run to follow.
+    assert web.get("/runs") == (200, {"conversation": body["conversation"], "messages": stored, "running": body["run_id"]})
+    # Following it again resumes after the last event the page saw.
+    resumed = web.stream(f"/runs/{body['run_id']}/events", {"Last-Event-ID": str(seen)})
+    assert web.post("/runs", {"input": "What is 1 + 1?"})[0] == 409
     assert web.post(f"/runs/{body['run_id']}/cancel")[0] == 200
-    web.stream(f"/runs/{body['run_id']}/events").until("run_end")
-    # A cancelled run leaves the stored conversation as it was: empty.
-    assert web.get("/runs") == (200, {"conversation": body["conversation"], "messages": [], "running": None})
+    events = list(resumed)
+    assert events[0][0] == seen + 1 and events[-1][1]["type"] == "run_end"
+    # A cancelled run leaves the stored conversation as it was.
+    assert web.get("/runs") == (200, {"conversation": body["conversation"], "messages": stored, "running": None})
 
 
 def _recording(replies: list[str], made: list[ScriptedClient]) -> Callable[[], BareLoop]:
