@@ -1,14 +1,18 @@
 """The Flask example's pattern in Django: runs on worker threads, driven by id.
 
 One file: settings, views and URLs. Every view talks to one module-level
-``RunRegistry``; a conversation key maps to one ``BareLoop`` so follow-ups
-continue its history. What the server keeps per browser session (its owner
-id, its current conversation, the runs started in it) lives in one small
-class, ``BrowserSession``, over ``request.session``.
+``RunRegistry`` that keeps conversations in a SQLite session store; a
+conversation id maps to one stored session, so follow-ups continue its
+history, a reload shows it and a restarted server continues it. What the
+server keeps per browser session (its owner id and its current
+conversation's id, nothing else) lives in one small class,
+``BrowserSession``, over ``request.session``.
 
-    POST /runs                 {"input": "...", "conversation": key?} -> 201 {"run_id", "conversation"}
-    GET  /runs                 -> {"conversation", "runs"}: this session's current conversation
-                                  and the status of each of its runs the registry still keeps
+    POST /runs                 {"input": "...", "conversation": id?} -> 201 {"run_id", "conversation"};
+                               404 for a conversation of another session, 409 while one of
+                               its runs is in flight
+    GET  /runs                 -> {"conversation", "messages", "running"}: the current conversation
+                                  as stored (completed runs only) and its run in flight, if any
     POST /conversations        -> 201 {"conversation"}: start a new conversation
     POST /runs/<id>/steer      {"text": "..."} -> {"accepted": bool}
     POST /runs/<id>/cancel     {"reason": "..."?} -> {"cancelled": bool}
@@ -19,19 +23,26 @@ class, ``BrowserSession``, over ``request.session``.
     GET  /runs/<id>/events     -> server-sent events (resumes after Last-Event-ID)
     GET  /                     -> the live page (examples/static/live.html)
 
+The store is the file named by ``LOOPCTL_SESSION_DB``, else
+``web-sessions.db`` in the user's data folder (``~/.local/share/loopctl``
+on Linux, as the loopctl command uses), opened at the first request.
+
 Django's normal protections are on, so the views drop into a real project
 unchanged (never reach for ``@csrf_exempt``):
 
-- ``SessionMiddleware`` (signed-cookie sessions here, so no database) keeps
-  a random owner id per browser session. Set ``DJANGO_SECRET_KEY``; without
-  it each process makes a random key, so sessions end on restart.
+- ``SessionMiddleware`` (signed-cookie sessions here, so no database for
+  them) keeps a random owner id and the current conversation's id per
+  browser session. Set ``DJANGO_SECRET_KEY``; without it each process makes
+  a random key, so browser sessions end on restart (their stored
+  conversations stay, unreachable).
 - ``CsrfViewMiddleware``: the page reads the token from the DOM (the hidden
   input ``{% csrf_token %}`` would render) and sends it in ``X-CSRFToken``
   with every POST, as Django documents. A POST without it gets 403.
 - Runs are owned: a run belongs to the session that started it (the
   registry's ``owner=``). Another session asking for it by id, for status,
   events, guidance or cancel, gets the same 404 as an unknown id: a run id
-  is a name, not an authorisation. Conversations are per owner too.
+  is a name, not an authorisation. Conversations are owned the same way in
+  the store: another session's conversation id is an unknown id.
 
 Run it with Django's threaded development server (``pip install -e '.[examples]'``):
 
@@ -48,8 +59,10 @@ import functools
 import html
 import json
 import os
+import re
 import secrets
 import sys
+import threading
 import uuid
 from collections.abc import Hashable, Iterator, MutableMapping
 from pathlib import Path
@@ -92,12 +105,16 @@ from django.middleware.csrf import get_token
 from django.urls import path
 from django.views.decorators.http import require_POST, require_safe
 
-from loopctl import BareLoop, LoopBusy
+from loopctl import BareLoop, LoopBusy, SessionCorrupt
 from loopctl.demo import OfflineModel, demo_tools
+from loopctl.demo.chat_sessions import data_dir
 from loopctl.hosting.registry import RunRegistry
+from loopctl.messages import Message
+from loopctl.sessions import SQLiteSessionStore
 
 PAGE = Path(__file__).resolve().parent / "static" / "live.html"
 KEEPALIVE_S = 15.0
+DB_NAME = "web-sessions.db"
 
 
 def default_loop() -> BareLoop:
@@ -106,9 +123,30 @@ def default_loop() -> BareLoop:
     return loop.with_approval(lambda ctx: ctx.tool == "multiply")
 
 
-#: The process's runs. Tests swap these two for their own.
-REGISTRY = RunRegistry()
+def open_store() -> SQLiteSessionStore:
+    """The SQLite store: ``$LOOPCTL_SESSION_DB``, else ``web-sessions.db`` in the user's data folder."""
+    configured = os.environ.get("LOOPCTL_SESSION_DB")
+    if configured:
+        return SQLiteSessionStore(Path(configured).expanduser())
+    folder = data_dir(os.environ)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return SQLiteSessionStore(folder / DB_NAME)
+
+
+#: The process's runs, made at the first request (``registry()``), so
+#: importing this module opens no file. Tests swap these two for their own.
+REGISTRY: Optional[RunRegistry] = None
 LOOP_FACTORY: Callable[[], BareLoop] = default_loop
+_MAKING = threading.Lock()
+
+
+def registry() -> RunRegistry:
+    """The process's registry, with its session store (made once, on first use)."""
+    global REGISTRY
+    with _MAKING:
+        if REGISTRY is None:
+            REGISTRY = RunRegistry(session_store=open_store())
+        return REGISTRY
 
 
 def _body(request: HttpRequest) -> dict[str, Any]:
@@ -120,57 +158,66 @@ def _body(request: HttpRequest) -> dict[str, Any]:
 
 
 class BrowserSession:
-    """What the server keeps for one browser session, over a session mapping.
+    """What the server keeps for one browser session: an owner id and the current conversation.
 
-    The owner id (random, made on first use), the current conversation key
-    and the runs started in each conversation (the newest ``RUNS_KEPT``);
-    Django keeps the CSRF token itself. It is the one place that reads or
-    writes per-session state: to keep conversations in a store instead of
-    the signed cookie, change this class. Lists are replaced, never mutated in place, so the
-    framework sees every change.
+    The session holds these two values and nothing else (Django keeps the
+    CSRF token itself); each conversation (its completed runs' messages) is
+    in the session store, owned by the owner id. So the cookie never grows,
+    two tabs of one browser never overwrite each other's runs, and a
+    restarted server finds every conversation again. It is the one place
+    that reads or writes per-session state.
     """
-
-    RUNS_KEPT = 20  # the signed-cookie session stays well under 4 KB
 
     def __init__(self, data: MutableMapping[str, Any]) -> None:
         self._data = data
 
-    def secret(self, name: str) -> str:
-        """The session's random value ``name`` (made on first use)."""
-        value = self._data.get(name)
+    @property
+    def owner(self) -> str:
+        """Who the session's runs and conversations belong to (random, made on first use)."""
+        value = self._data.get("owner")
         if not isinstance(value, str):
-            value = self._data[name] = secrets.token_urlsafe(32)
+            value = self._data["owner"] = secrets.token_urlsafe(32)
         return value
 
     @property
-    def owner(self) -> str:
-        """Who the session's runs belong to (the registry's ``owner=``)."""
-        return self.secret("owner")
-
-    @property
     def conversation(self) -> Optional[str]:
-        """The conversation the page shows (None before the first run)."""
+        """The conversation the page shows (None before the first one)."""
         value = self._data.get("conversation")
-        return value if isinstance(value, str) else None
+        return value if isinstance(value, str) and CONVERSATION_ID.fullmatch(value) else None
 
     def new_conversation(self) -> str:
-        """Make a fresh conversation the current one; its key."""
-        key = self._data["conversation"] = uuid.uuid4().hex
+        """Make a fresh conversation the current one; its id.
+
+        It is claimed in the store at once, so it is this owner's from the
+        start: to anyone else it is an unknown id, even while its first run
+        works (a run writes only as it ends).
+        """
+        key = uuid.uuid4().hex
+        lease = self.stored(key).acquire()
+        try:
+            lease.append([])
+        finally:
+            lease.release()
+        self._data["conversation"] = key
         return key
 
-    def started(self, run_id: str, conversation: str) -> None:
-        """Record a run started in ``conversation``, which becomes the current one."""
-        self._data["runs"] = [*self._runs(), [run_id, conversation]][-self.RUNS_KEPT :]
+    def use(self, conversation: str) -> None:
+        """Make ``conversation`` the current one (a run was started in it)."""
         self._data["conversation"] = conversation
 
-    def run_ids(self) -> list[str]:
-        """The current conversation's runs, oldest first."""
-        key = self.conversation
-        return [run_id for run_id, conversation in self._runs() if conversation == key]
+    def stored(self, conversation: str) -> Any:
+        """The conversation's stored session, as this owner sees it."""
+        return registry().session_store.session(conversation, owner=self.owner)
 
-    def _runs(self) -> list[list[str]]:
-        runs = self._data.get("runs")
-        return [r for r in runs if isinstance(r, list) and len(r) == 2] if isinstance(runs, list) else []
+
+CONVERSATION_ID = re.compile(r"[0-9a-f]{32}")  # what new_conversation makes
+
+
+def _shown(message: Message) -> dict[str, Any]:
+    """A stored message as the page renders it (the model's private reasoning left out)."""
+    data = message.to_dict()
+    data["parts"] = [p for p in data["parts"] if p["type"] != "thinking"]
+    return data
 
 
 def _owner(request: HttpRequest) -> str:
@@ -214,17 +261,31 @@ def runs(request: HttpRequest) -> HttpResponse:
 
 @require_safe
 def list_runs(request: HttpRequest) -> HttpResponse:
-    """The current conversation and its runs' status, owner-checked (pruned runs left out)."""
+    """The current conversation as stored (what the model sees next), and its run in flight.
+
+    Cancelled and failed runs are not stored; the run in flight is not
+    written yet, the page follows it from its events.
+    """
     you = BrowserSession(request.session)
-    owner, found = you.owner, []
-    for run_id in you.run_ids():
+    key, owner, runs_ = you.conversation, you.owner, registry()
+    empty: dict[str, Any] = {"conversation": None, "messages": [], "running": None}
+    if key is None:
+        return JsonResponse(empty)
+    # A run that ends between the two lookups has written its messages by
+    # then: the read is taken again, so the page neither misses it nor draws
+    # it twice. (In the instant between a run's write and its run_end event a
+    # reload can still draw it twice, stored and followed; the next one is right.)
+    for _ in range(3):
+        running = runs_.run_on_session(key, owner=owner)
         try:
-            info = REGISTRY.status(run_id, owner=owner).to_dict()
-            info["leftovers"] = [m.text for m in REGISTRY.leftovers(run_id, owner=owner)]
-        except KeyError:
-            continue
-        found.append(info)
-    return JsonResponse({"conversation": you.conversation, "runs": found})
+            messages = you.stored(key).messages()
+        except KeyError:  # not this owner's: nothing to show
+            return JsonResponse(empty)
+        except SessionCorrupt as exc:  # the page says so; "New conversation" starts afresh
+            return JsonResponse({"error": str(exc)}, status=500)
+        if runs_.run_on_session(key, owner=owner) == running:
+            break
+    return JsonResponse({"conversation": key, "messages": [_shown(m) for m in messages], "running": running})
 
 
 @require_POST
@@ -235,23 +296,28 @@ def new_conversation(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 def start_run(request: HttpRequest) -> HttpResponse:
-    """Start a run on the conversation's loop, owned by this session; 409 while that loop is busy."""
+    """Start a run on the conversation, owned by this session; 404 for another's, 409 while one runs."""
     data = _body(request)
     text = data.get("input")
     if not isinstance(text, str) or not text.strip():
         return JsonResponse({"error": "'input' must be a non-empty string"}, status=400)
     you = BrowserSession(request.session)
-    owner = you.owner
-    key = str(data.get("conversation") or uuid.uuid4().hex)
-    # Conversations are per owner: another session naming the same key gets
-    # a loop of its own, never this one's history.
-    loop = REGISTRY.loop_for((owner, key), LOOP_FACTORY)
+    asked = data.get("conversation")
+    if asked is not None and not (isinstance(asked, str) and CONVERSATION_ID.fullmatch(asked)):
+        return JsonResponse({"error": "'conversation' must be an id this server gave"}, status=400)
+    conversation = asked or you.conversation or you.new_conversation()
+    owner, runs_ = you.owner, registry()
+    loop = runs_.loop_for((owner, conversation), LOOP_FACTORY)
     try:
-        run_id = REGISTRY.start(loop, text, owner=owner)
-    except LoopBusy as exc:
+        run_id = runs_.start(loop, text, owner=owner, session_id=conversation)
+    except KeyError:  # another session's conversation: to this one, an unknown id
+        return JsonResponse({"error": "unknown conversation"}, status=404)
+    except LoopBusy as exc:  # SessionBusy too: a run on it is in flight, here or elsewhere
         return JsonResponse({"error": str(exc)}, status=409)
-    you.started(run_id, key)
-    return JsonResponse({"run_id": run_id, "conversation": key}, status=201)
+    except SessionCorrupt as exc:  # names the session and the row, never the row's text
+        return JsonResponse({"error": str(exc)}, status=500)
+    you.use(conversation)
+    return JsonResponse({"run_id": run_id, "conversation": conversation}, status=201)
 
 
 @require_POST
@@ -260,9 +326,9 @@ def steer(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
     """Guidance for the run: accepted (delivered or a leftover) or refused."""
     text = _body(request).get("text")
     if not isinstance(text, str) or not text.strip():
-        REGISTRY.status(run_id, owner=owner)  # an unknown run is a 404 first
+        registry().status(run_id, owner=owner)  # an unknown run is a 404 first
         return JsonResponse({"error": "'text' must be a non-empty string"}, status=400)
-    return JsonResponse({"accepted": REGISTRY.steer(run_id, text, owner=owner)})
+    return JsonResponse({"accepted": registry().steer(run_id, text, owner=owner)})
 
 
 @require_POST
@@ -270,7 +336,7 @@ def steer(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
 def cancel(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
     """Stop the run; False once it has ended."""
     reason = str(_body(request).get("reason") or "cancelled from the web")
-    return JsonResponse({"cancelled": REGISTRY.cancel(run_id, reason, owner=owner)})
+    return JsonResponse({"cancelled": registry().cancel(run_id, reason, owner=owner)})
 
 
 @require_POST
@@ -283,10 +349,10 @@ def answer(request: HttpRequest, run_id: str, call_id: str) -> HttpResponse:
             arguments = data.get("arguments")
             if arguments is not None and not isinstance(arguments, dict):
                 return JsonResponse({"error": "'arguments' must be an object"}, status=400)
-            answered = REGISTRY.approve(run_id, call_id, by="web", arguments=arguments, owner=owner)
+            answered = registry().approve(run_id, call_id, by="web", arguments=arguments, owner=owner)
         else:
             reason = str(data.get("reason") or "denied from the web")
-            answered = REGISTRY.deny(run_id, call_id, reason, by="web", owner=owner)
+            answered = registry().deny(run_id, call_id, reason, by="web", owner=owner)
     except KeyError:
         return JsonResponse({"error": "unknown run"}, status=404)
     except ValueError as exc:  # edited arguments the tool's schema refuses; still pending
@@ -298,8 +364,8 @@ def answer(request: HttpRequest, run_id: str, call_id: str) -> HttpResponse:
 @_by_id
 def status(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
     """The run's status and its undelivered guidance."""
-    info = REGISTRY.status(run_id, owner=owner).to_dict()
-    info["leftovers"] = [m.text for m in REGISTRY.leftovers(run_id, owner=owner)]
+    info = registry().status(run_id, owner=owner).to_dict()
+    info["leftovers"] = [m.text for m in registry().leftovers(run_id, owner=owner)]
     return JsonResponse(info)
 
 
@@ -307,14 +373,14 @@ def _frames(run_id: str, owner: Hashable, after: int) -> Iterator[str]:
     last = after
     while True:
         ended = False
-        for seq, event in REGISTRY.events(run_id, after=last, timeout=KEEPALIVE_S, owner=owner):
+        for seq, event in registry().events(run_id, after=last, timeout=KEEPALIVE_S, owner=owner):
             last = seq
             ended = event["type"] == "run_end"
             yield f"id: {seq}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
         if ended:
             return
-        if REGISTRY.status(run_id, owner=owner).state != "running":
-            for seq, event in REGISTRY.events(run_id, after=last, timeout=0, owner=owner):
+        if registry().status(run_id, owner=owner).state != "running":
+            for seq, event in registry().events(run_id, after=last, timeout=0, owner=owner):
                 yield f"id: {seq}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
             return
         yield ": keep-alive\n\n"
@@ -324,7 +390,7 @@ def _frames(run_id: str, owner: Hashable, after: int) -> Iterator[str]:
 @_by_id
 def events(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
     """Server-sent events until ``run_end``; resumes after ``Last-Event-ID``."""
-    REGISTRY.status(run_id, owner=owner)  # 404 now, not inside the stream
+    registry().status(run_id, owner=owner)  # 404 now, not inside the stream
     header = request.headers.get("Last-Event-ID") or request.GET.get("after") or "0"
     after = int(header) if header.isdigit() else 0
     response = StreamingHttpResponse(_frames(run_id, owner, after), content_type="text/event-stream")

@@ -3,11 +3,14 @@
 The request that starts a run is not the one that steers it, stops it or
 streams it, so every route talks to one ``RunRegistry`` by run id:
 
-    POST /runs                 {"input": "...", "conversation": key?} -> 201 {"run_id", "conversation"}
-    GET  /runs                 -> {"conversation", "runs"}: this session's current conversation
-                                  and the status of each of its runs the registry still keeps
+    POST /runs                 {"input": "...", "conversation": id?} -> 201 {"run_id", "conversation"};
+                               404 for a conversation of another session, 409 while one of
+                               its runs is in flight
+    GET  /runs                 -> {"conversation", "messages", "running"}: this session's current
+                                  conversation as stored (completed runs only) and the id of
+                                  its run in flight, if any
     POST /conversations        -> 201 {"conversation"}: start a new conversation (the page's
-                                  "New conversation"); the next run without a key goes to it
+                                  "New conversation"); the next run without an id goes to it
     POST /runs/<id>/steer      {"text": "..."} -> {"accepted": bool}
     POST /runs/<id>/cancel     {"reason": "..."?} -> {"cancelled": bool}
     POST /runs/<id>/approvals/<call_id>
@@ -18,27 +21,40 @@ streams it, so every route talks to one ``RunRegistry`` by run id:
                                   resumes after the Last-Event-ID header
     GET  /                     -> a page with a block per run (and its summary), a guidance
                                   box, a Stop button, Approve / Deny buttons for calls that
-                                  wait for a person and "New conversation"; a reload shows
-                                  the conversation again and reattaches to a run in flight
+                                  wait for a person and "New conversation"; a reload, or a
+                                  restarted server, shows the conversation again and
+                                  reattaches to a run in flight
+
+Conversations are kept in a SQLite session store (``loopctl.sessions``):
+the file named by ``LOOPCTL_SESSION_DB``, else ``web-sessions.db`` in the
+user's data folder (``~/.local/share/loopctl`` on Linux, as the loopctl
+command uses). Every completed run is written there as it ends, so a
+restarted server shows each conversation and continues it: the model sees
+the earlier turns. A cancelled or failed run writes nothing.
 
 Safe to copy, with the protections a real app needs:
 
-- Sessions: a signed session cookie (HttpOnly, SameSite=Lax) holds a random
-  owner id. Set ``LOOPCTL_EXAMPLE_SECRET_KEY`` (or pass ``secret_key=``);
-  without it each process makes a random key, so sessions end on restart.
+- Sessions: a signed session cookie (HttpOnly, SameSite=Lax) holds two
+  values only: a random owner id and the current conversation's id; the
+  store holds the rest. Set ``LOOPCTL_EXAMPLE_SECRET_KEY`` (or pass
+  ``secret_key=``); without it each process makes a random key, so browser
+  sessions end on restart (their stored conversations stay, unreachable).
 - CSRF: every POST must carry the session's token in ``X-CSRFToken``; the
   page gets it in a hidden input. Without it: 403, and nothing happens.
+  The token is an HMAC of the owner id under the secret key, so the cookie
+  need not carry it.
 - Runs are owned: a run belongs to the session that started it (the
   registry's ``owner=``). Another session asking for it by id, for status,
   events, guidance or cancel, gets the same 404 as an unknown id: a run id
-  is a name, not an authorisation. Conversations are per owner too.
+  is a name, not an authorisation. Conversations are owned the same way in
+  the store: another session's conversation id is an unknown id.
 
-A conversation key maps to one ``BareLoop`` (``registry.loop_for``), so a
-follow-up continues the history; a new run on a conversation whose run is
-still going gets 409. What the server keeps per browser session (its owner
-id, its current conversation, the runs started in it) lives in one small
-class, ``BrowserSession``, over the signed session cookie. The model is the embedded offline demo model, slowed
-a little so the page visibly streams. Needs ``pip install -e '.[examples]'``.
+A conversation id maps to one stored session (``registry.start(...,
+session_id=, owner=)``) and, in this process, to one ``BareLoop``
+(``registry.loop_for``). What the server keeps per browser session lives in
+one small class, ``BrowserSession``, over the signed session cookie. The
+model is the embedded offline demo model, slowed a little so the page
+visibly streams. Needs ``pip install -e '.[examples]'``.
 
     python examples/flask_app.py        # then open http://127.0.0.1:5000/
 """
@@ -46,10 +62,12 @@ a little so the page visibly streams. Needs ``pip install -e '.[examples]'``.
 from __future__ import annotations
 
 import functools
+import hashlib
 import hmac
 import html
 import json
 import os
+import re
 import secrets
 import sys
 import uuid
@@ -64,14 +82,18 @@ except ImportError:  # run from a checkout without ``pip install -e .``
 
 from flask import Flask, Response, jsonify, request, session
 
-from loopctl import BareLoop, LoopBusy
+from loopctl import BareLoop, ConfigError, LoopBusy, SessionCorrupt
 from loopctl.demo import OfflineModel, demo_tools
+from loopctl.demo.chat_sessions import data_dir
 from loopctl.hosting.registry import RunRegistry
+from loopctl.messages import Message
+from loopctl.sessions import SQLiteSessionStore
 
 PAGE = Path(__file__).resolve().parent / "static" / "live.html"
 KEEPALIVE_S = 15.0
 CSRF_HEADER = "X-CSRFToken"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+DB_NAME = "web-sessions.db"
 
 
 def default_loop() -> BareLoop:
@@ -107,74 +129,106 @@ def sse_lines(
 
 
 class BrowserSession:
-    """What the server keeps for one browser session, over a session mapping.
+    """What the server keeps for one browser session: an owner id and the current conversation.
 
-    The owner id and CSRF token (random, made on first use), the current
-    conversation key and the runs started in each conversation (the newest
-    ``RUNS_KEPT``). It is the one place that reads or writes per-session
-    state: to keep conversations in a store instead of the signed cookie,
-    change this class. Lists are replaced, never mutated in place, so the
-    framework sees every change.
+    The session cookie holds these two values and nothing else; each
+    conversation (its completed runs' messages) is in the session store,
+    owned by the owner id. So the cookie never grows, two tabs of one
+    browser never overwrite each other's runs, and a restarted server finds
+    every conversation again. It is the one place that reads or writes
+    per-session state.
     """
 
-    RUNS_KEPT = 20  # the cookie stays well under the 4 KB browsers keep
-
-    def __init__(self, data: MutableMapping[str, Any]) -> None:
+    def __init__(self, data: MutableMapping[str, Any], store: Any) -> None:
         self._data = data
-
-    def secret(self, name: str) -> str:
-        """The session's random value ``name`` (made on first use): its owner id or CSRF token."""
-        value = self._data.get(name)
-        if not isinstance(value, str):
-            value = self._data[name] = secrets.token_urlsafe(32)
-        return value
+        self._store = store
 
     @property
     def owner(self) -> str:
-        """Who the session's runs belong to (the registry's ``owner=``)."""
-        return self.secret("owner")
+        """Who the session's runs and conversations belong to (random, made on first use)."""
+        value = self._data.get("owner")
+        if not isinstance(value, str):
+            value = self._data["owner"] = secrets.token_urlsafe(32)
+        return value
+
+    def csrf_token(self, key: str) -> str:
+        """The session's CSRF token: an HMAC of its owner id under the app's ``key``."""
+        return hmac.new(key.encode(), b"csrf:" + self.owner.encode(), hashlib.sha256).hexdigest()
 
     @property
     def conversation(self) -> Optional[str]:
-        """The conversation the page shows (None before the first run)."""
+        """The conversation the page shows (None before the first one)."""
         value = self._data.get("conversation")
-        return value if isinstance(value, str) else None
+        return value if isinstance(value, str) and CONVERSATION_ID.fullmatch(value) else None
 
     def new_conversation(self) -> str:
-        """Make a fresh conversation the current one; its key."""
-        key = self._data["conversation"] = uuid.uuid4().hex
+        """Make a fresh conversation the current one; its id.
+
+        It is claimed in the store at once, so it is this owner's from the
+        start: to anyone else it is an unknown id, even while its first run
+        works (a run writes only as it ends).
+        """
+        key = uuid.uuid4().hex
+        lease = self.stored(key).acquire()
+        try:
+            lease.append([])
+        finally:
+            lease.release()
+        self._data["conversation"] = key
         return key
 
-    def started(self, run_id: str, conversation: str) -> None:
-        """Record a run started in ``conversation``, which becomes the current one."""
-        self._data["runs"] = [*self._runs(), [run_id, conversation]][-self.RUNS_KEPT :]
+    def use(self, conversation: str) -> None:
+        """Make ``conversation`` the current one (a run was started in it)."""
         self._data["conversation"] = conversation
 
-    def run_ids(self) -> list[str]:
-        """The current conversation's runs, oldest first."""
-        key = self.conversation
-        return [run_id for run_id, conversation in self._runs() if conversation == key]
-
-    def _runs(self) -> list[list[str]]:
-        runs = self._data.get("runs")
-        return [r for r in runs if isinstance(r, list) and len(r) == 2] if isinstance(runs, list) else []
+    def stored(self, conversation: str) -> Any:
+        """The conversation's stored session, as this owner sees it."""
+        return self._store.session(conversation, owner=self.owner)
 
 
-def session_runs(registry: RunRegistry, browser: BrowserSession) -> dict[str, Any]:
-    """``GET /runs``: the current conversation and its runs' status, owner-checked.
+CONVERSATION_ID = re.compile(r"[0-9a-f]{32}")  # what new_conversation makes
 
-    A run the registry no longer keeps (pruned ``keep_finished_s`` after it
-    ended) is left out.
+
+def conversation_view(registry: RunRegistry, browser: BrowserSession) -> dict[str, Any]:
+    """``GET /runs``: the current conversation as stored, and its run in flight.
+
+    The stored conversation is what the model sees next: every completed
+    run, none of a cancelled or failed one. The run in flight has not been
+    written yet; the page follows it from its events.
     """
-    owner, runs = browser.owner, []
-    for run_id in browser.run_ids():
+    key, owner = browser.conversation, browser.owner
+    if key is None:
+        return {"conversation": None, "messages": [], "running": None}
+    # A run that ends between the two lookups has written its messages by
+    # then: the read is taken again, so the page neither misses it nor draws
+    # it twice. (In the instant between a run's write and its run_end event a
+    # reload can still draw it twice, stored and followed; the next one is right.)
+    for _ in range(3):
+        running = registry.run_on_session(key, owner=owner)
         try:
-            info = registry.status(run_id, owner=owner).to_dict()
-            info["leftovers"] = [m.text for m in registry.leftovers(run_id, owner=owner)]
-        except KeyError:
-            continue
-        runs.append(info)
-    return {"conversation": browser.conversation, "runs": runs}
+            messages = browser.stored(key).messages()
+        except KeyError:  # not this owner's: nothing to show
+            return {"conversation": None, "messages": [], "running": None}
+        if registry.run_on_session(key, owner=owner) == running:
+            break
+    return {"conversation": key, "messages": [shown(m) for m in messages], "running": running}
+
+
+def shown(message: Message) -> dict[str, Any]:
+    """A stored message as the page renders it (the model's private reasoning left out)."""
+    data = message.to_dict()
+    data["parts"] = [p for p in data["parts"] if p["type"] != "thinking"]
+    return data
+
+
+def open_store() -> SQLiteSessionStore:
+    """The SQLite store: ``$LOOPCTL_SESSION_DB``, else ``web-sessions.db`` in the user's data folder."""
+    configured = os.environ.get("LOOPCTL_SESSION_DB")
+    if configured:
+        return SQLiteSessionStore(Path(configured).expanduser())
+    folder = data_dir(os.environ)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return SQLiteSessionStore(folder / DB_NAME)
 
 
 def create_app(
@@ -184,10 +238,15 @@ def create_app(
 ) -> Flask:
     """The app; ``registry``, ``loop_factory`` and ``secret_key`` are injectable (tests use their own).
 
+    ``registry`` must keep conversations in a session store
+    (``RunRegistry(session_store=...)``); default: one on ``open_store()``.
     ``secret_key`` signs the session cookie; default: ``LOOPCTL_EXAMPLE_SECRET_KEY``
     from the environment, else a random key for this process.
     """
-    registry = registry if registry is not None else RunRegistry()
+    registry = registry if registry is not None else RunRegistry(session_store=open_store())
+    store = registry.session_store
+    if store is None:
+        raise ConfigError("the example keeps conversations in a store: pass RunRegistry(session_store=...)")
     app = Flask(__name__)
     app.config.update(
         SECRET_KEY=secret_key or os.environ.get("LOOPCTL_EXAMPLE_SECRET_KEY") or secrets.token_hex(32),
@@ -195,21 +254,27 @@ def create_app(
         SESSION_COOKIE_SAMESITE="Lax",
     )
     app.extensions["loopctl_registry"] = registry
+    key = str(app.config["SECRET_KEY"])
 
     def body() -> dict[str, Any]:
         data = request.get_json(silent=True)
         return data if isinstance(data, dict) else {}
 
+    def browser() -> BrowserSession:
+        return BrowserSession(session, store)
+
     @app.before_request
     def check_csrf() -> Any:
         # Every state-changing request must prove it came from our page: the
-        # token is in the page and the session, never in a cookie another
-        # site's form could send along on its own.
+        # token is in the page, never in a cookie another site's form could
+        # send along on its own.
         if request.method in SAFE_METHODS:
             return None
-        expected = session.get("csrf_token")
+        if not isinstance(session.get("owner"), str):
+            return jsonify(error="CSRF token missing or incorrect"), 403  # no page was ever loaded
+        expected = browser().csrf_token(key)
         sent = request.headers.get(CSRF_HEADER, "")
-        if not isinstance(expected, str) or not hmac.compare_digest(expected.encode(), sent.encode()):
+        if not hmac.compare_digest(expected.encode(), sent.encode()):
             return jsonify(error="CSRF token missing or incorrect"), 403
         return None
 
@@ -218,9 +283,6 @@ def create_app(
         response.headers.setdefault("X-Frame-Options", "DENY")  # no Stop button under a clickjack
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         return response
-
-    def browser() -> BrowserSession:
-        return BrowserSession(session)
 
     def by_id(view: Callable[[str, str], Any]) -> Callable[[str], Any]:
         """Run ``view(run_id, owner)``; unknown and foreign runs get one and the same 404."""
@@ -236,7 +298,7 @@ def create_app(
 
     @app.get("/")
     def page() -> Any:
-        token = html.escape(browser().secret("csrf_token"), quote=True)
+        token = html.escape(browser().csrf_token(key), quote=True)
         text = PAGE.read_text(encoding="utf-8").replace("__CSRF_TOKEN__", token)
         return Response(text, mimetype="text/html", headers={"Cache-Control": "no-store"})
 
@@ -247,21 +309,29 @@ def create_app(
         if not isinstance(text, str) or not text.strip():
             return jsonify(error="'input' must be a non-empty string"), 400
         you = browser()
+        asked = data.get("conversation")
+        if asked is not None and not (isinstance(asked, str) and CONVERSATION_ID.fullmatch(asked)):
+            return jsonify(error="'conversation' must be an id this server gave"), 400
+        conversation = asked or you.conversation or you.new_conversation()
         owner = you.owner
-        key = str(data.get("conversation") or uuid.uuid4().hex)
-        # Conversations are per owner: another session naming the same key
-        # gets a loop of its own, never this one's history.
-        loop = registry.loop_for((owner, key), loop_factory)
+        loop = registry.loop_for((owner, conversation), loop_factory)
         try:
-            run_id = registry.start(loop, text, owner=owner)
-        except LoopBusy as exc:
+            run_id = registry.start(loop, text, owner=owner, session_id=conversation)
+        except KeyError:  # another session's conversation: to this one, an unknown id
+            return jsonify(error="unknown conversation"), 404
+        except LoopBusy as exc:  # SessionBusy too: a run on it is in flight, here or elsewhere
             return jsonify(error=str(exc)), 409
-        you.started(run_id, key)
-        return jsonify(run_id=run_id, conversation=key), 201
+        except SessionCorrupt as exc:  # names the session and the row, never the row's text
+            return jsonify(error=str(exc)), 500
+        you.use(conversation)
+        return jsonify(run_id=run_id, conversation=conversation), 201
 
     @app.get("/runs")
-    def list_runs() -> Any:
-        return jsonify(session_runs(registry, browser()))
+    def show_conversation() -> Any:
+        try:
+            return jsonify(conversation_view(registry, browser()))
+        except SessionCorrupt as exc:  # the page says so; "New conversation" starts afresh
+            return jsonify(error=str(exc)), 500
 
     @app.post("/conversations")
     def new_conversation() -> Any:

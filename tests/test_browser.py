@@ -22,10 +22,11 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import pytest
 from support import GatedAdd
+from web_support import StoredRegistry
 
 from loopctl import BareLoop
 from loopctl.demo import OfflineModel
@@ -131,8 +132,11 @@ class Served:
 
 
 @contextlib.contextmanager
-def _serve(kind: str, factory: Callable[[], BareLoop], gate: threading.Event) -> Iterator[Served]:
-    registry = RunRegistry()
+def _serve(
+    kind: str, factory: Callable[[], BareLoop], gate: threading.Event, db: Optional[Path] = None
+) -> Iterator[Served]:
+    """The app on a real server; its conversations in the SQLite file ``db`` (default: a temporary one)."""
+    registry = StoredRegistry(db)
     saved = None
     if kind == "django":
         view = _load("django_view")

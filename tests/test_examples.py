@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import pytest
 from support import GatedAdd
+from web_support import StoredRegistry
 
 from loopctl import BareLoop
 from loopctl.demo.model import OfflineModel
@@ -201,7 +202,7 @@ class _DjangoSession:
 def flask_web(gate: threading.Event) -> Iterator[Web]:
     pytest.importorskip("flask")
     app_module = _load("flask_app")
-    registry = RunRegistry()
+    registry = StoredRegistry()
     app = app_module.create_app(registry, _factory(gate), secret_key="test-secret")
     opened: list[Any] = []
     yield Web(registry, lambda: Client(_FlaskSession(app, opened)))
@@ -215,7 +216,7 @@ def flask_web(gate: threading.Event) -> Iterator[Web]:
 def django_web(gate: threading.Event) -> Iterator[Web]:
     pytest.importorskip("django")
     view = _load("django_view")
-    registry = RunRegistry()
+    registry = StoredRegistry()
     saved = view.REGISTRY, view.LOOP_FACTORY
     view.REGISTRY, view.LOOP_FACTORY = registry, _factory(gate)
     opened: list[Any] = []
@@ -272,17 +273,18 @@ def test_web_app_steers_and_cancels_a_real_run(web: Web, gate: threading.Event) 
 
 def test_web_app_conversation_keeps_history_and_refuses_overlap(web: Web, gate: threading.Event) -> None:
     gate.set()
-    code, first = web.post("/runs", {"input": "What is 12 + 30?", "conversation": "c1"})
+    code, first = web.post("/runs", {"input": "What is 12 + 30?"})
     assert code == 201
+    c1 = first["conversation"]
     _, end = web.stream(f"/runs/{first['run_id']}/events").until("run_end")
     assert end["success"] is True
     code, status = web.get(f"/runs/{first['run_id']}")
     assert status["output"].endswith("12 + 30 = 42.")
 
-    code, second = web.post("/runs", {"input": "multiply 6 by 7", "conversation": "c1"})
+    code, second = web.post("/runs", {"input": "multiply 6 by 7", "conversation": c1})
     assert code == 201
     web.stream(f"/runs/{second['run_id']}/events").until("tool_pre", tool="multiply")
-    code, busy = web.post("/runs", {"input": "What is 1 + 1?", "conversation": "c1"})
+    code, busy = web.post("/runs", {"input": "What is 1 + 1?", "conversation": c1})
     assert code == 409 and "already in flight" in busy["error"]
     assert web.post(f"/runs/{second['run_id']}/cancel") == (200, {"cancelled": True})
 
@@ -333,7 +335,8 @@ def test_web_another_session_gets_404_on_every_by_id_endpoint_and_changes_nothin
     assert undisturbed[-1] == "run_end"
     gate.clear()
 
-    code, body = web.post("/runs", {"input": "What is 12 + 30?", "conversation": "c1"})
+    c1 = web.post("/conversations")[1]["conversation"]  # a fresh one: nothing stored in it yet
+    code, body = web.post("/runs", {"input": "What is 12 + 30?", "conversation": c1})
     assert code == 201
     rid = body["run_id"]
     events = web.stream(f"/runs/{rid}/events")
@@ -356,9 +359,13 @@ def test_web_another_session_gets_404_on_every_by_id_endpoint_and_changes_nothin
         assert answers[0][0] == 404, (suffix, answers[0])
         assert answers[0] == answers[1]  # exactly an unknown id's answer: ids cannot be probed
         assert rid not in json.dumps(answers[0][1])
-    # The stranger's conversation "c1" is its own: not the owner's busy loop (409).
-    code, theirs = stranger.post("/runs", {"input": "What is 1 + 1?", "conversation": "c1"})
-    assert code == 201 and theirs["run_id"] != rid
+    # The owner's conversation id, even while its first run works, is an
+    # unknown id to the stranger: not the owner's busy session (409).
+    assert stranger.post("/runs", {"input": "What is 1 + 1?", "conversation": c1}) == (
+        404, {"error": "unknown conversation"}
+    )
+    code, theirs = stranger.post("/runs", {"input": "What is 1 + 1?"})
+    assert code == 201 and theirs["run_id"] != rid and theirs["conversation"] != c1
     assert web.get(f"/runs/{theirs['run_id']}")[0] == 404  # and it is not the owner's either
 
     gate.set()

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 from test_examples import Client, Web, _DjangoSession, _FlaskSession, _load
+from web_support import StoredRegistry
 
 from loopctl import BareLoop
 from loopctl.demo.model import OfflineModel
 from loopctl.demo.tools import AddTool, LookupTool, MultiplyTool
-from loopctl.hosting.registry import RunRegistry
 
 
 def _approving_loop() -> BareLoop:
@@ -27,7 +27,7 @@ def _approving_loop() -> BareLoop:
 
 @pytest.fixture(params=["flask", "django"])
 def web(request: pytest.FixtureRequest) -> Iterator[Web]:
-    registry = RunRegistry()
+    registry = StoredRegistry()
     opened: list[Any] = []
     saved = None
     if request.param == "flask":
