@@ -23,6 +23,8 @@ from loopctl.errors import (
     OutputValidationError,
     RateLimited,
     RateLimitEscalation,
+    SessionBusy,
+    SessionCorrupt,
     ToolRecoveryExhausted,
     UserInputRequired,
 )
@@ -66,6 +68,13 @@ CASES: list[tuple[LoopError, dict[str, Any], tuple[str, ...]]] = [
     (ConfigError("SessionConfig.compact_threshold must be between 0 and 100, got 150"), {}, ("150",)),
     (LoopBusy(), {}, ("in flight",)),
     (LoopBusy("registry full: max_active=64"), {}, ("64",)),
+    (SessionBusy("ada/chat"), {"session_id": "ada/chat"}, ("'ada/chat'", "busy")),
+    (
+        SessionCorrupt("ada/chat", 3, "not a message"),
+        {"session_id": "ada/chat", "position": 3},
+        ("'ada/chat'", "message 3"),
+    ),
+    (SessionCorrupt("x" * 2000, None, "bad"), {"position": None}, ("corrupt", "...")),
 ]
 IDS = [f"{type(e).__name__}-{i}" for i, (e, _, _) in enumerate(CASES)]
 
