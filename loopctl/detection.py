@@ -114,10 +114,12 @@ class LoopDetector:
                 f"LoopDetector window must be >= warn_at and stop_at ({max(warn_at, stop_at)}), got {window!r}"
             )
         self._lock = threading.Lock()
-        self._ops: deque[tuple[tuple[str, _Key], int, int]] = deque()  # (sig, result hash, epoch)
+        # The window and the warned set are made on the first tool result: an
+        # idle loop holds no containers for the cyclic GC to walk.
+        self._ops: Optional[deque[tuple[tuple[str, _Key], int, int]]] = None  # (sig, result hash, epoch)
         self._current: dict[tuple[str, _Key], tuple[int, int, int]] = {}  # sig -> (hash, count, epoch)
         self._epoch = 0
-        self._warned: set[tuple[tuple[str, _Key], int]] = set()
+        self._warned: Optional[set[tuple[tuple[str, _Key], int]]] = None
         self._pending: Optional[tuple[tuple[str, _Key], int]] = None  # (sig, count); text built late
 
     def pre_check(self) -> Optional[LoopDetected]:
@@ -145,22 +147,29 @@ class LoopDetector:
             if cur is not None and cur[0] == rhash:
                 count, epoch = cur[1] + 1, cur[2]
             else:
-                if cur is not None:
+                if cur is not None and self._warned is not None:
                     self._warned.discard((sig, cur[0]))  # a differing result forgets the pattern
                 count, epoch = 1, self._epoch
             self._current[sig] = (rhash, count, epoch)
-            self._ops.append((sig, rhash, epoch))
-            if len(self._ops) > self.window:
-                evicted = self._ops.popleft()
+            ops = self._ops
+            if ops is None:
+                ops = self._ops = deque()
+            ops.append((sig, rhash, epoch))
+            if len(ops) > self.window:
+                evicted = ops.popleft()
                 self._evict(evicted)
                 if evicted[0] == sig:  # the eviction may have lowered this very pattern's count
                     cur = self._current.get(sig)
                     count = cur[1] if cur is not None else 0
             if self.stop_at and count >= self.stop_at:
                 self._pending = (sig, count)
-            if count < self.warn_at or (sig, rhash) in self._warned:
+            warned = self._warned
+            if count < self.warn_at or (warned is not None and (sig, rhash) in warned):
                 return None
-            self._warned.add((sig, rhash))
+            if warned is None:
+                self._warned = {(sig, rhash)}
+            else:
+                warned.add((sig, rhash))
         return (_describe(tool, sig[1]), count)
 
     def _evict(self, old: tuple[tuple[str, _Key], int, int]) -> None:
@@ -170,7 +179,8 @@ class LoopDetector:
             return  # that occurrence belonged to a forgotten pattern
         if cur[1] <= 1:
             del self._current[sig]
-            self._warned.discard((sig, rhash))
+            if self._warned is not None:
+                self._warned.discard((sig, rhash))
         else:
             self._current[sig] = (rhash, cur[1] - 1, epoch)
 
@@ -194,9 +204,9 @@ class LoopDetector:
             self._clear()
 
     def _clear(self) -> None:
-        self._ops.clear()
+        self._ops = None
         self._current.clear()
-        self._warned.clear()
+        self._warned = None
         self._pending = None
 
     def __repr__(self) -> str:
