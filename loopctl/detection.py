@@ -12,7 +12,8 @@ changing resource, paging (different inputs) and retrying after an error
 similarity (case-folded, punctuation ignored) with the previous answer at or
 above ``threshold`` for ``count`` answers in a row means converged.
 
-Both are thread-safe (a lock each) and never raise from ``record``; bad
+Both are thread-safe (``LoopDetector`` a lock each, ``ConvergenceDetector`` one lock
+for all) and never raise from ``record``; bad
 thresholds raise ``ConfigError`` naming the value at construction.
 ``LoopDetector.record`` runs on every tool result, so its common path stays
 cheap: an input that is a dict of scalars is keyed by a sorted tuple (JSON
@@ -32,6 +33,9 @@ from loopctl.context.memory import words
 from loopctl.errors import ConfigError, LoopDetected
 
 _ACTIONS = ("warn", "stop", "ask_user")
+#: Shared by every ``ConvergenceDetector``: it sees one terminal answer per
+#: run, so a lock each would only add an object per loop for the cyclic GC.
+_answers_lock = threading.Lock()
 
 
 def _int_at_least(name: str, value: Any, low: int) -> int:
@@ -245,7 +249,7 @@ class ConvergenceDetector:
         if action not in _ACTIONS:
             raise ConfigError(f"ConvergenceDetector action must be one of {_ACTIONS}, got {action!r}")
         self.action = action
-        self._lock = threading.Lock()
+        self._lock = _answers_lock
         self._previous: Optional[frozenset[str]] = None
         self._streak = 0
 
