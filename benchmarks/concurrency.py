@@ -29,6 +29,14 @@ Figures, each beside the floor's:
   calls; target < 400 us.
 
 - GC: time in cyclic-GC collections and the longest one (``gc.callbacks``).
+- wall against the plain threads' wall in the same run; target <= 1.3x
+  (with ``--gc on``, the default: the interpreter's own GC settings);
+- start cost: the N ``start()`` calls (each building its loop) against
+  the N plain thread starts; target <= 2x;
+- kernel CPU per run (``ru_stime``) and voluntary / involuntary context
+  switches per run (``ru_nvcsw``, ``ru_nivcsw``): where a GIL convoy shows.
+
+Take the default-GC rows at N = 2,000, 5,000 and 10,000 with ``--runs N``.
 
 What it showed (issue 22): with the temp dir made lazily and finished runs
 compacted, 1,000 runs meet every target; at 10,000 runs in flight a full
