@@ -10,6 +10,7 @@ independent signal that follows its parent until detached.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from _thread import LockType
 from collections.abc import Callable
@@ -23,6 +24,17 @@ log = logging.getLogger("loopctl")
 #: loop owns is walked by each full collection of the cyclic GC. It is held
 #: only for a few instructions and never while calling out.
 _guard = threading.Lock()
+
+
+def _fresh_guard() -> None:
+    # A fork while another thread held the guard would leave the child's copy
+    # locked for ever; the child has only the forking thread, so a new one is safe.
+    global _guard
+    _guard = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_guard)
 
 
 class _Flag:
