@@ -29,6 +29,14 @@ Figures, each beside the floor's:
   calls; target < 400 us.
 
 - GC: time in cyclic-GC collections and the longest one (``gc.callbacks``).
+- wall against the plain threads' wall in the same run; target <= 1.3x
+  (with ``--gc on``, the default: the interpreter's own GC settings);
+- start cost: the N ``start()`` calls (each building its loop) against
+  the N plain thread starts; target <= 2x;
+- kernel CPU per run (``ru_stime``) and voluntary / involuntary context
+  switches per run (``ru_nvcsw``, ``ru_nivcsw``): where a GIL convoy shows.
+
+Take the default-GC rows at N = 2,000, 5,000 and 10,000 with ``--runs N``.
 
 What it showed (issue 22): with the temp dir made lazily and finished runs
 compacted, 1,000 runs meet every target; at 10,000 runs in flight a full
@@ -167,13 +175,14 @@ def cancel_all(
     return latencies
 
 
-def usage() -> tuple[float, float]:
+def usage() -> tuple[float, float, int, int]:
+    """User CPU, kernel CPU, voluntary and involuntary context switches of this process so far."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime, ru.ru_stime
+    return ru.ru_utime, ru.ru_stime, ru.ru_nvcsw, ru.ru_nivcsw
 
 
 def finish(
-    kind: str, n: int, t0: float, cpu0: tuple[float, float], rss0: int, sampler: Sampler,
+    kind: str, n: int, t0: float, cpu0: tuple[float, float, int, int], rss0: int, sampler: Sampler,
     latencies: list[float], extra: dict[str, Any],
 ) -> None:
     wall = time.perf_counter() - t0
@@ -184,6 +193,8 @@ def finish(
         "wall": wall,
         "user": cpu1[0] - cpu0[0],
         "system": cpu1[1] - cpu0[1],
+        "vcsw": cpu1[2] - cpu0[2],
+        "ivcsw": cpu1[3] - cpu0[3],
         "threads": sampler.threads,
         "rss_per_run": max(0, max(sampler.rss, rss_bytes()) - rss0) / n,
         "cancel": latencies,
@@ -401,18 +412,25 @@ def main() -> None:
             f"{r['system'] / n * 1e3:.3f} ms, peak threads {r['threads']}, RSS/run "
             f"{r['rss_per_run'] / 1024:.1f} KiB, cancel p50 {pct(r['cancel'], 0.5) * 1e3:.2f} ms "
             f"p99 {pct(r['cancel'], 0.99) * 1e3:.2f} ms; GC {r['gc_total']:.2f} s in all, "
-            f"{r['gc_full']} full, longest {r['gc_longest'] * 1e3:.0f} ms"
+            f"{r['gc_full']} full, longest {r['gc_longest'] * 1e3:.0f} ms; context switches/run "
+            f"voluntary {r['vcsw'] / n:.1f} involuntary {r['ivcsw'] / n:.1f}"
         )
     print(f"fresh loop 2-turn run: median {lc['fresh_us']:.0f} us, best {lc['fresh_best_us']:.0f} us "
           f"(hand-written {lc['fresh_floor_us']:.0f} us; target < 400)")
-    tag = f"N={n}" + ("" if GC_MODE == "on" else f", GC {GC_MODE}")
+    tag = f"N={n}" + (", default GC" if GC_MODE == "on" else f", GC {GC_MODE}")
+    report(f"wall vs plain threads {tag}", lc["wall"], fl["wall"], unit="s", target="<= 1.3x")
     report(f"wall / ideal {tag}", lc["wall"] / ideal, fl["wall"] / ideal, unit="x ideal",
            target="<= 1.2 x ideal")
+    report(f"start cost, {n} start() calls vs {n} thread starts", lc["starts"], fl["starts"], unit="s",
+           target="<= 2x")
     report(f"CPU per run, user+system {tag}",
            (lc["user"] + lc["system"]) / n * 1e3, (fl["user"] + fl["system"]) / n * 1e3, unit="ms",
            target="<= 1 ms")
     report(f"CPU per run, user {tag}", lc["user"] / n * 1e3, fl["user"] / n * 1e3, unit="ms")
-    report(f"CPU per run, system {tag}", lc["system"] / n * 1e3, fl["system"] / n * 1e3, unit="ms")
+    report(f"CPU per run, kernel (system) {tag}", lc["system"] / n * 1e3, fl["system"] / n * 1e3, unit="ms")
+    report(f"context switches per run, voluntary {tag}", lc["vcsw"] / n, fl["vcsw"] / n, unit="switches")
+    report(f"context switches per run, involuntary {tag}", lc["ivcsw"] / n, fl["ivcsw"] / n,
+           unit="switches")
     report(f"peak threads {tag}", lc["threads"], fl["threads"], unit="threads")
     report(f"RSS per run in flight {tag}", lc["rss_per_run"] / 1024, fl["rss_per_run"] / 1024,
            unit="KiB", target="<= 64 KiB")

@@ -19,6 +19,11 @@ the steadier figure. (``process_time`` is no use here: in this sandbox the
 CPU of a thread that has exited is not reliably added to the process.)
 Each figure is the best of REPEATS, GC off.
 
+When smolagents is installed, a peer row: the marginal CPU per turn
+(N=50 -> N=200) of loopctl, the hand-written loop and a smolagents
+``ToolCallingAgent`` doing the same turns with a fake model (no network),
+in the same run; target: loopctl within 0.15x of smolagents.
+
 Run: ``python benchmarks/turn_overhead.py`` (from the repo root; < 60 s).
 Set ``PROFILE=1`` to print the top cProfile costs of one N=1000 run.
 """
@@ -30,8 +35,9 @@ import os
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -128,6 +134,86 @@ def floor_once(n: int) -> Clock:
     return dt
 
 
+# -- a peer: smolagents (when installed) -------------------------------------------------------
+
+SMOL_SIZES = (50, 200)
+SMOL_REPEATS = 3
+
+
+def smol_once_factory() -> Optional[Callable[[int], Clock]]:
+    """A smolagents ``ToolCallingAgent`` run of n tool turns with a fake model; None if not installed.
+
+    The same work as the driver's run: each model reply (no network; built
+    on the spot, as ScriptedClient replays its script) asks for one call of
+    a trivial tool, then a ``final_answer`` call ends the run. Logging off.
+    """
+    try:
+        from smolagents import ChatMessage, Model, ToolCallingAgent
+        from smolagents import tool as smol_tool
+        from smolagents.models import ChatMessageToolCall, ChatMessageToolCallFunction, MessageRole
+        from smolagents.monitoring import LogLevel
+    except ImportError:
+        return None
+
+    def noop(step: int) -> str:
+        """Does nothing.
+
+        Args:
+            step: the step number.
+        """
+        return "ok"
+
+    with warnings.catch_warnings():  # it warns of "decorators" on any function not defined at module level
+        warnings.simplefilter("ignore")
+        noop_tool = smol_tool(noop)
+
+    class FakeModel(Model):  # type: ignore[misc]
+        def __init__(self, n: int) -> None:
+            super().__init__(model_id="fake")
+            self.n, self.k = n, 0
+
+        def generate(self, messages: Any, stop_sequences: Any = None, response_format: Any = None,
+                     tools_to_call_from: Any = None, **kw: Any) -> Any:
+            k = self.k
+            self.k += 1
+            if k < self.n:
+                fn = ChatMessageToolCallFunction(arguments={"step": k}, name="noop")
+            else:
+                fn = ChatMessageToolCallFunction(arguments={"answer": "done"}, name="final_answer")
+            call = ChatMessageToolCall(fn, id=f"call-{k}", type="function")
+            return ChatMessage(role=MessageRole.ASSISTANT, content=None, tool_calls=[call])
+
+    def smol_once(n: int) -> Clock:
+        agent = ToolCallingAgent(tools=[noop_tool], model=FakeModel(n), max_steps=n + 2, verbosity_level=LogLevel.OFF)
+        t0 = _now()
+        out = agent.run("go")
+        dt = _since(t0)
+        assert out == "done", out
+        return dt
+
+    return smol_once
+
+
+def peer_row(smol_once: Callable[[int], Clock]) -> None:
+    """Marginal CPU per turn (N=50 -> N=200) of loopctl, the hand-written loop and smolagents."""
+    lo, hi = SMOL_SIZES
+    smol_once(lo)  # warm-up
+
+    def marginal(fn: Callable[[int], Clock], repeats: int) -> float:
+        a = min(fn(lo)[1] for _ in range(repeats))
+        b = min(fn(hi)[1] for _ in range(repeats))
+        return (b - a) / (hi - lo) * 1e6
+
+    d = marginal(lambda n: best(driver_once, n), 1)
+    f = marginal(lambda n: best(floor_once, n), 1)
+    sm = marginal(smol_once, SMOL_REPEATS)
+    print(f"marginal CPU per turn N={lo}->{hi}: loopctl {d:.1f} us, hand-written {f:.1f} us, "
+          f"smolagents {sm:.1f} us; loopctl / smolagents {d / sm:.3f}x (target <= 0.15x)")
+    report(f"marginal CPU per turn N={lo}->{hi}, loopctl vs smolagents", d, sm, unit="us",
+           target="<= 0.15x")
+    report(f"marginal CPU per turn N={lo}->{hi}, loopctl vs hand-written loop", d, f, unit="us")
+
+
 def best(fn: Callable[[int], Clock], n: int) -> Clock:
     """Best wall and best CPU time of REPEATS runs, GC off inside each."""
     samples = []
@@ -197,6 +283,11 @@ def main() -> None:
             f"worst {max(per.values()):.1f} us/turn (target <= 50); "
             f"fit: marginal {marginal:.1f} us/turn + fixed {fixed:.0f} us/run"
         )
+    smol_once = smol_once_factory()
+    if smol_once is None:
+        print("smolagents is not installed: no peer row (pip install smolagents)")
+    else:
+        peer_row(smol_once)
     if os.environ.get("PROFILE"):
         profile()
 

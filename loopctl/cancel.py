@@ -10,19 +10,82 @@ independent signal that follows its parent until detached.
 from __future__ import annotations
 
 import logging
+import os
 import threading
+from _thread import LockType
 from collections.abc import Callable
 from typing import Optional
 
 log = logging.getLogger("loopctl")
 
 
-class _Flag(threading.Event):
-    """One cancel flag: an Event that also keeps the reason it was set with."""
+#: Guards every flag's waiters and every signal's listeners. One lock for all
+#: signals, not one each: a host holds thousands of loops, and every object a
+#: loop owns is walked by each full collection of the cyclic GC. It is held
+#: only for a few instructions and never while calling out.
+_guard = threading.Lock()
+
+
+def _fresh_guard() -> None:
+    # A fork while another thread held the guard would leave the child's copy
+    # locked for ever; the child has only the forking thread, so a new one is safe.
+    global _guard
+    _guard = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_guard)
+
+
+class _Flag:
+    """One cancel flag: set once, with the reason it was set with; threads can wait on it.
+
+    A lighter ``threading.Event``: nothing is allocated for waiting until a
+    thread waits (then one lock for that wait).
+    """
+
+    __slots__ = ("reason", "_fired", "_waiters")
 
     def __init__(self) -> None:
-        super().__init__()
         self.reason: Optional[str] = None
+        self._fired = False
+        self._waiters: Optional[list[LockType]] = None
+
+    def is_set(self) -> bool:
+        return self._fired
+
+    def fire(self, reason: Optional[str]) -> None:
+        """Set the flag and wake its waiters; the caller holds ``_guard``."""
+        self.reason = reason
+        self._fired = True
+        waiters, self._waiters = self._waiters, None
+        for w in waiters or ():
+            w.release()
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        if self._fired:
+            return True
+        if timeout is not None and timeout <= 0:
+            return False
+        waiter = threading.Lock()
+        waiter.acquire()
+        with _guard:
+            if self._fired:
+                return True
+            if self._waiters is None:
+                self._waiters = [waiter]
+            else:
+                self._waiters.append(waiter)
+        try:
+            waiter.acquire(True, -1 if timeout is None else timeout)
+        finally:
+            with _guard:
+                waiters = self._waiters
+                if waiters is not None and waiter in waiters:
+                    waiters.remove(waiter)
+                    if not waiters:
+                        self._waiters = None
+        return self._fired
 
 
 class CancelSignal:
@@ -32,12 +95,11 @@ class CancelSignal:
     (a tool thread that was abandoned) keeps seeing it fired, with its reason.
     """
 
-    __slots__ = ("_event", "_lock", "_listeners", "_parent", "_follows", "__weakref__")
+    __slots__ = ("_event", "_listeners", "_parent", "_follows", "__weakref__")
 
     def __init__(self) -> None:
         self._event: _Flag = _Flag()
-        self._lock = threading.Lock()
-        self._listeners: list[Callable[[], None]] = []
+        self._listeners: Optional[list[Callable[[], None]]] = None  # made on the first listener
         self._parent: Optional[CancelSignal] = None  # set on a view: the signal it reads
         self._follows: Optional[CancelSignal] = None  # set on a child: the signal it follows
 
@@ -52,18 +114,16 @@ class CancelSignal:
         # A view fires its parent only while the parent still holds the view's
         # flag, checked and set under one lock: a signal re-armed since (the
         # next run's) is never touched; the view's own flag still fires.
-        with self._lock:
+        with _guard:
             event = self._event
             if expected is not None and event is not expected:
                 if not expected.is_set():
-                    expected.reason = reason
-                    expected.set()
+                    expected.fire(reason)
                 return
             if event.is_set():
                 return
-            event.reason = reason
-            event.set()
-            listeners = list(self._listeners)
+            event.fire(reason)
+            listeners = tuple(self._listeners or ())
         for fn in listeners:
             try:
                 fn()
@@ -102,7 +162,7 @@ class CancelSignal:
         """
         if self._parent is not None:
             return
-        with self._lock:
+        with _guard:
             self._event = _Flag()
 
     def add_listener(self, fn: Callable[[], None]) -> None:
@@ -117,29 +177,37 @@ class CancelSignal:
             # checked and added under its lock. A flag the parent has re-armed
             # away from belongs to an ended run: if it fired, ``fn`` runs now
             # instead of never; if not, that run can no longer be cancelled.
-            with parent._lock:
+            with _guard:
                 live = parent._event is self._event and not self._event.is_set()
                 if live:
-                    parent._listeners.append(fn)
+                    parent._add(fn)
             if not live and self._event.is_set():
                 fn()
             return
-        with self._lock:
-            self._listeners.append(fn)
+        with _guard:
+            self._add(fn)
             fired = self._event.is_set()
         if fired:
             fn()
+
+    def _add(self, fn: Callable[[], None]) -> None:
+        # The caller holds ``_guard``.
+        if self._listeners is None:
+            self._listeners = [fn]
+        else:
+            self._listeners.append(fn)
 
     def remove_listener(self, fn: Callable[[], None]) -> None:
         """Forget a listener added with ``add_listener`` (no error if absent)."""
         if self._parent is not None:
             self._parent.remove_listener(fn)
             return
-        with self._lock:
-            try:
-                self._listeners.remove(fn)
-            except ValueError:
-                pass
+        with _guard:
+            listeners = self._listeners
+            if listeners is not None and fn in listeners:
+                listeners.remove(fn)
+                if not listeners:
+                    self._listeners = None
 
     def view(self) -> CancelSignal:
         """A signal bound to the current flag: fired now or later, it stays fired.

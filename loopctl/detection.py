@@ -12,7 +12,8 @@ changing resource, paging (different inputs) and retrying after an error
 similarity (case-folded, punctuation ignored) with the previous answer at or
 above ``threshold`` for ``count`` answers in a row means converged.
 
-Both are thread-safe (a lock each) and never raise from ``record``; bad
+Both are thread-safe (``LoopDetector`` a lock each, ``ConvergenceDetector`` one lock
+for all) and never raise from ``record``; bad
 thresholds raise ``ConfigError`` naming the value at construction.
 ``LoopDetector.record`` runs on every tool result, so its common path stays
 cheap: an input that is a dict of scalars is keyed by a sorted tuple (JSON
@@ -32,6 +33,9 @@ from loopctl.context.memory import words
 from loopctl.errors import ConfigError, LoopDetected
 
 _ACTIONS = ("warn", "stop", "ask_user")
+#: Shared by every ``ConvergenceDetector``: it sees one terminal answer per
+#: run, so a lock each would only add an object per loop for the cyclic GC.
+_answers_lock = threading.Lock()
 
 
 def _int_at_least(name: str, value: Any, low: int) -> int:
@@ -114,10 +118,12 @@ class LoopDetector:
                 f"LoopDetector window must be >= warn_at and stop_at ({max(warn_at, stop_at)}), got {window!r}"
             )
         self._lock = threading.Lock()
-        self._ops: deque[tuple[tuple[str, _Key], int, int]] = deque()  # (sig, result hash, epoch)
+        # The window and the warned set are made on the first tool result: an
+        # idle loop holds no containers for the cyclic GC to walk.
+        self._ops: Optional[deque[tuple[tuple[str, _Key], int, int]]] = None  # (sig, result hash, epoch)
         self._current: dict[tuple[str, _Key], tuple[int, int, int]] = {}  # sig -> (hash, count, epoch)
         self._epoch = 0
-        self._warned: set[tuple[tuple[str, _Key], int]] = set()
+        self._warned: Optional[set[tuple[tuple[str, _Key], int]]] = None
         self._pending: Optional[tuple[tuple[str, _Key], int]] = None  # (sig, count); text built late
 
     def pre_check(self) -> Optional[LoopDetected]:
@@ -145,22 +151,29 @@ class LoopDetector:
             if cur is not None and cur[0] == rhash:
                 count, epoch = cur[1] + 1, cur[2]
             else:
-                if cur is not None:
+                if cur is not None and self._warned is not None:
                     self._warned.discard((sig, cur[0]))  # a differing result forgets the pattern
                 count, epoch = 1, self._epoch
             self._current[sig] = (rhash, count, epoch)
-            self._ops.append((sig, rhash, epoch))
-            if len(self._ops) > self.window:
-                evicted = self._ops.popleft()
+            ops = self._ops
+            if ops is None:
+                ops = self._ops = deque()
+            ops.append((sig, rhash, epoch))
+            if len(ops) > self.window:
+                evicted = ops.popleft()
                 self._evict(evicted)
                 if evicted[0] == sig:  # the eviction may have lowered this very pattern's count
                     cur = self._current.get(sig)
                     count = cur[1] if cur is not None else 0
             if self.stop_at and count >= self.stop_at:
                 self._pending = (sig, count)
-            if count < self.warn_at or (sig, rhash) in self._warned:
+            warned = self._warned
+            if count < self.warn_at or (warned is not None and (sig, rhash) in warned):
                 return None
-            self._warned.add((sig, rhash))
+            if warned is None:
+                self._warned = {(sig, rhash)}
+            else:
+                warned.add((sig, rhash))
         return (_describe(tool, sig[1]), count)
 
     def _evict(self, old: tuple[tuple[str, _Key], int, int]) -> None:
@@ -170,7 +183,8 @@ class LoopDetector:
             return  # that occurrence belonged to a forgotten pattern
         if cur[1] <= 1:
             del self._current[sig]
-            self._warned.discard((sig, rhash))
+            if self._warned is not None:
+                self._warned.discard((sig, rhash))
         else:
             self._current[sig] = (rhash, cur[1] - 1, epoch)
 
@@ -194,9 +208,9 @@ class LoopDetector:
             self._clear()
 
     def _clear(self) -> None:
-        self._ops.clear()
+        self._ops = None
         self._current.clear()
-        self._warned.clear()
+        self._warned = None
         self._pending = None
 
     def __repr__(self) -> str:
@@ -235,7 +249,7 @@ class ConvergenceDetector:
         if action not in _ACTIONS:
             raise ConfigError(f"ConvergenceDetector action must be one of {_ACTIONS}, got {action!r}")
         self.action = action
-        self._lock = threading.Lock()
+        self._lock = _answers_lock
         self._previous: Optional[frozenset[str]] = None
         self._streak = 0
 

@@ -23,7 +23,7 @@ def test_a_detached_child_no_longer_follows_and_leaves_no_listener() -> None:
     parent = CancelSignal()
     child = parent.child()
     child.detach()
-    assert parent._listeners == []
+    assert not parent._listeners
     parent.cancel()
     assert not child.is_cancelled()
 
@@ -35,4 +35,4 @@ def test_child_of_an_already_fired_view_is_fired_at_once() -> None:
     loop_signal.reset()  # the loop re-armed; the view keeps its run's flag
     child = view.child()
     assert child.is_cancelled() and child.reason == "before"
-    assert loop_signal._listeners == []
+    assert not loop_signal._listeners

@@ -724,7 +724,7 @@ def test_finished_runs_leave_no_cancel_listeners() -> None:
             loop.run(f"run {i}")
         for i in range(10):
             loop.start(f"start {i}").result(WAIT)
-        leaked = list(loop.cancel_signal()._listeners)
+        leaked = list(loop.cancel_signal()._listeners or ())
     assert leaked == [], f"{len(leaked)} cancel listeners leaked over 20 runs"
 
 
@@ -815,7 +815,7 @@ def test_view_listener_added_after_its_run_ended_runs_at_once_and_never_later() 
     assert calls == ["late"]
     sig.cancel("run 2 cancelled")
     assert calls == ["late"]  # not fired again by a later run's cancel
-    assert sig._listeners == []
+    assert not sig._listeners
 
 
 def test_cancel_through_a_stale_view_does_not_touch_the_loop() -> None:
@@ -846,7 +846,7 @@ def test_reset_gives_the_next_run_a_fresh_flag_even_when_nothing_fired() -> None
     quiet = sig.view()
     sig.reset()
     quiet.add_listener(lambda: heard.append("quiet"))  # ended unfired: nothing to hear
-    assert heard == ["ended"] and sig._listeners == []
+    assert heard == ["ended"] and not sig._listeners
 
 
 @pytest.mark.parametrize("how", ["tool", "handle"])

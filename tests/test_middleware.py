@@ -167,7 +167,7 @@ def test_stuck_tool_times_out_softly_the_run_finishes_and_close_is_prompt() -> N
         assert started.is_set()
         stragglers = [t for t in threading.enumerate() if t.name.startswith("loopctl-tool-timeout-stuck")]
         assert len(stragglers) == 1 and stragglers[0].daemon  # abandoned, still blocked
-        assert loop.cancel_signal()._listeners == []  # the abandoned call left no listener behind
+        assert not loop.cancel_signal()._listeners  # the abandoned call left no listener behind
         t0 = time.monotonic()
         loop.close()
         assert time.monotonic() - t0 < 1.0  # close() does not wait for the stuck thread

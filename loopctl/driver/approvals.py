@@ -1,6 +1,8 @@
 """The approval slot: a run's tool calls parked until a person answers, from any thread.
 
-One ``ApprovalSlot`` per run, guarded by one ``Condition``. The run's
+One ``ApprovalSlot`` per run, guarded by one ``Condition`` made when the
+first call is parked (most runs park none: until then the slot holds no
+lock, and nothing is pending to answer or close). The run's
 thread parks a call (``request``) and waits for answers (``wait_any``; the
 driver calls it unfenced, so a cancel takes the run over at once); any
 thread lists what is pending (``pending``) and answers (``approve`` /
@@ -45,6 +47,9 @@ from loopctl.frozen import FrozenDict, freeze_arguments
 from loopctl.records import Run
 from loopctl.timeouts import bounded
 
+#: Guards making a slot's lock against a ``close`` from another thread.
+_arming = threading.Lock()
+
 #: ``validate(arguments) -> problem``: a message naming the bad field, or None.
 Validator = Callable[[Mapping[str, Any]], Optional[str]]
 
@@ -77,15 +82,30 @@ class ApprovalSlot:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._cond: Optional[threading.Condition] = None  # made by the first request
         self._entries: dict[str, _Entry] = {}
         self._closed = False
         self._run = run
         self._clock = clock
         self._wall = wall
         self._cancel = cancel
-        if cancel is not None:
-            cancel.add_listener(self._on_cancel)
+
+    def _armed(self) -> threading.Condition:
+        """The slot's lock, made (and the cancel listened to) on the first request.
+
+        Only the run's thread parks calls, so this runs once; a ``close``
+        racing it decides under ``_arming`` whether it closes a slot with
+        nothing parked or waits for the lock.
+        """
+        cond = self._cond
+        if cond is None:
+            with _arming:
+                cond = self._cond = threading.Condition(threading.Lock())
+            if self._cancel is not None:
+                self._cancel.add_listener(self._on_cancel)  # already fired: closes the slot now
+                if self._closed:  # closed meanwhile from another thread: leave nothing behind
+                    self._cancel.remove_listener(self._on_cancel)
+        return cond
 
     @property
     def run_id(self) -> str:
@@ -95,7 +115,7 @@ class ApprovalSlot:
     @property
     def is_closed(self) -> bool:
         """True once the run's end or cancel closed the slot."""
-        return self._closed
+        return self._closed or (self._cancel is not None and self._cancel.is_cancelled())
 
     # -- the run's side -------------------------------------------------------------
 
@@ -119,7 +139,7 @@ class ApprovalSlot:
         """
         pending = PendingApproval(call_id, tool, freeze_arguments(arguments), self._run.id, self._wall(), turn, timeout)
         deadline = None if timeout is None else self._clock() + timeout
-        with self._cond:
+        with self._armed():
             if self._closed:
                 raise Cancelled(self._cancel_reason())
             self._entries[call_id] = _Entry(pending, deadline, validate)
@@ -136,7 +156,8 @@ class ApprovalSlot:
             KeyError: an id that was never parked.
         """
         ids = list(call_ids)
-        with self._cond:
+        cond = self._armed()
+        with cond:
             entries = [self._entries[i] for i in ids]
             while True:
                 if self._cancel is not None and self._cancel.is_cancelled():
@@ -160,10 +181,19 @@ class ApprovalSlot:
                     return []  # every one was answered and already reported
                 if self._closed:
                     raise Cancelled(self._cancel_reason())
-                self._cond.wait(None if nearest is None else bounded(nearest - now))
+                cond.wait(None if nearest is None else bounded(nearest - now))
 
     def close(self, reason: str) -> None:
         """Answer every pending call denied with ``reason`` and refuse later answers (idempotent)."""
+        if self._cond is None:
+            with _arming:
+                if self._cond is None:  # nothing was ever parked: nothing to answer
+                    self._closed = True
+                    return
+        if self._cancel is not None and self._cancel.is_cancelled():
+            # Whichever comes first, this slot's cancel listener or the run's
+            # end on the thread that took the cancelled run over, says why.
+            reason = RUN_CANCELLED
         with self._cond:
             if self._closed:
                 return
@@ -177,6 +207,8 @@ class ApprovalSlot:
 
     def take_unreported(self) -> list[ApprovalDecision]:
         """Decisions no event has reported yet, in the order they were parked (once)."""
+        if self._cond is None:
+            return []
         with self._cond:
             out = []
             for e in self._entries.values():
@@ -195,6 +227,8 @@ class ApprovalSlot:
 
     def pending(self) -> list[PendingApproval]:
         """The calls waiting for an answer, in the order they were parked."""
+        if self._cond is None:
+            return []
         with self._cond:
             return [e.pending for e in self._entries.values() if e.decision is None]
 
@@ -215,6 +249,8 @@ class ApprovalSlot:
         if arguments is not None:
             if not isinstance(arguments, Mapping):
                 raise ValueError(f"arguments must be a mapping of field to value, got {type(arguments).__name__}")
+            if self._cond is None:
+                return False
             with self._cond:
                 entry = self._entries.get(call_id)
                 if entry is None or entry.decision is not None or self._closed:
@@ -227,6 +263,8 @@ class ApprovalSlot:
                 problem = f"validation raised {type(exc).__name__}"
             if problem is not None:
                 raise ValueError(f"invalid arguments for tool '{entry.pending.tool}': {problem}")
+        if self._cond is None:
+            return False
         with self._cond:
             entry = self._entries.get(call_id)
             if entry is None or entry.decision is not None or self._closed:
@@ -245,6 +283,8 @@ class ApprovalSlot:
         if not isinstance(reason, str):
             raise TypeError(f"deny reason must be a str, got {type(reason).__name__}")
         _check_by(by)
+        if self._cond is None:
+            return False
         with self._cond:
             entry = self._entries.get(call_id)
             if entry is None or entry.decision is not None or self._closed:

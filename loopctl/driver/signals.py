@@ -37,6 +37,12 @@ MAX_PENDING_MESSAGES = 10_000
 MAX_PENDING_BYTES = 8 * 1024 * 1024
 
 
+#: Shared stand-ins for "nothing held": never mutated (a push or a seal swaps
+#: in a container of the instance's own first).
+_NONE_LIVE: list[Message] = []
+_NONE_SEALED: deque[tuple[Message, int]] = deque()
+
+
 def _size(message: Message) -> int:
     return sum(len(getattr(p, "text", "").encode("utf-8", "surrogatepass")) for p in message.parts)
 
@@ -61,8 +67,11 @@ class Steering:
     def __init__(self, max_messages: int = MAX_PENDING_MESSAGES, max_bytes: int = MAX_PENDING_BYTES) -> None:
         self._lock = threading.Lock()
         self._open = False
-        self._live: list[Message] = []
-        self._sealed: deque[tuple[Message, int]] = deque()  # (message, its size), oldest first
+        # Both made on first use: most loops never hear any guidance, and a
+        # host holding thousands of loops pays for every container in each
+        # full collection of the cyclic GC.
+        self._live: list[Message] = _NONE_LIVE
+        self._sealed: deque[tuple[Message, int]] = _NONE_SEALED  # (message, its size), oldest first
         self._arrived = 0
         self._live_bytes = 0
         self._sealed_bytes = 0
@@ -115,7 +124,10 @@ class Steering:
             if len(self._live) >= self.max_messages or self._live_bytes + size > self.max_bytes:
                 return False
             self._fit_sealed_locked(1, size)
-            self._live.append(msg)
+            if self._live is _NONE_LIVE:
+                self._live = [msg]
+            else:
+                self._live.append(msg)
             self._live_bytes += size
             self._arrived += 1
             return True
@@ -124,7 +136,7 @@ class Steering:
         """Remove and return sealed guidance (from ended runs), in push order."""
         with self._lock:
             out = [m for m, _ in self._sealed]
-            self._sealed.clear()
+            self._sealed = _NONE_SEALED
             self._sealed_bytes = 0
             return out
 
@@ -132,16 +144,16 @@ class Steering:
         """Remove and return sealed plus live guidance (the shutdown collect)."""
         with self._lock:
             out = [m for m, _ in self._sealed] + self._live
-            self._sealed.clear()
-            self._live = []
+            self._sealed = _NONE_SEALED
+            self._live = _NONE_LIVE
             self._live_bytes = self._sealed_bytes = 0
             return out
 
     def clear(self) -> None:
         """Drop all guidance, sealed and live."""
         with self._lock:
-            self._sealed.clear()
-            self._live = []
+            self._sealed = _NONE_SEALED
+            self._live = _NONE_LIVE
             self._live_bytes = self._sealed_bytes = 0
 
     @property
@@ -172,7 +184,9 @@ class Steering:
         if not self._live:  # racy fast path; a push that misses it lands next time
             return []
         with self._lock:
-            out, self._live = self._live, []
+            out, self._live = self._live, _NONE_LIVE
+            if out is _NONE_LIVE:  # cleared since the fast path looked
+                return []
             self._live_bytes = 0
             return out
 
@@ -180,6 +194,7 @@ class Steering:
         """Seal guidance a sub-agent's run never reached: it comes back as leftovers."""
         if messages:
             with self._lock:
+                self._own_sealed_locked()
                 for m in messages:
                     size = _size(m)
                     self._sealed.append((m, size))
@@ -195,12 +210,17 @@ class Steering:
     def _seal_live_locked(self) -> None:
         if not self._live:
             return
+        self._own_sealed_locked()
         for m in self._live:
             self._sealed.append((m, _size(m)))
         self._sealed_bytes += self._live_bytes
-        self._live = []
+        self._live = _NONE_LIVE
         self._live_bytes = 0
         self._fit_sealed_locked(0, 0)
+
+    def _own_sealed_locked(self) -> None:
+        if self._sealed is _NONE_SEALED:
+            self._sealed = deque()
 
     def _fit_sealed_locked(self, count: int, size: int) -> None:
         """Drop the oldest sealed messages until live, sealed and ``count``/``size`` more fit."""

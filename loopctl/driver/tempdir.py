@@ -44,6 +44,21 @@ UNLOCKED_GRACE_S = 60.0
 
 _TOKEN = os.urandom(4).hex()
 _lock = threading.Lock()  # guards _parents and every parent's make/remove
+#: Guards every loop's first ``ensure()`` (taken before ``_lock``). One for all
+#: loops, not one each: a host holds thousands of idle loops, each object of
+#: which the cyclic GC walks, and a first use is rare and short.
+_ensure_lock = threading.Lock()
+_temp_base: Optional[Path] = None
+
+
+def _system_temp() -> Path:
+    """The system temp dir as a ``Path``, one object shared while it stays the same."""
+    global _temp_base
+    text = tempfile.gettempdir()
+    base = _temp_base
+    if base is None or str(base) != text:
+        base = _temp_base = Path(text)
+    return base
 _parents: Dict[Path, _ProcessDir] = {}
 _swept: set[Path] = set()
 
@@ -184,9 +199,8 @@ class ManagedTempDir:
 
     def __init__(self, owner: Any, session_id: str) -> None:
         self.name = f"loopctl-{session_id}"
-        self.base: Optional[Path] = Path(tempfile.gettempdir())
+        self.base: Optional[Path] = _system_temp()
         self._owner = weakref.ref(owner)
-        self._lock = threading.Lock()
         self._path: Optional[Path] = None
         self._made = False
         self._finalizer: Optional[weakref.finalize[..., None]] = None
@@ -204,7 +218,7 @@ class ManagedTempDir:
         """Make the dir on first use (any thread); the system temp dir if that fails."""
         if self._made:
             return self._path
-        with self._lock:
+        with _ensure_lock:
             if self._made:
                 return self._path
             base = self.base

@@ -50,7 +50,8 @@ class LoopMachine:
     def __init__(self, history: Iterable[Message] = ()) -> None:
         self._history: list[Message] = list(history)
         self._pending: list[Message] = []
-        self._held: list[Message] = []
+        # Guidance held for after the tool results; a tuple (none shared) until some arrives.
+        self._held: Sequence[Message] = ()
         self._state = MachineState.START
         self._outcome: Optional[Outcome] = None
         self._turns_taken = 0
@@ -275,7 +276,7 @@ class LoopMachine:
         self._answer_rejected = None
         self._pending = [Message.user(text)]
         self._pending_epoch += 1
-        self._held = []
+        self._held = ()
         self._state = MachineState.START
         self._outcome = None
         self._turns_taken = 0
@@ -406,7 +407,7 @@ class LoopMachine:
             self._pending.append(Message.user(feedback))
         if self._held:
             self._pending.extend(self._held)
-            self._held = []
+            self._held = ()
         self._state = MachineState.START  # ready for the next model turn
 
     def tool_results(self, messages: Iterable[Message]) -> None:
@@ -433,7 +434,7 @@ class LoopMachine:
         self._pending.extend(fed)
         if self._held:
             self._pending.extend(self._held)
-            self._held = []
+            self._held = ()
         self._pending_tools = ()
         self._state = MachineState.START
 
@@ -447,7 +448,7 @@ class LoopMachine:
         if self._state is MachineState.TERMINAL:
             return
         if self._state is MachineState.AWAITING_TOOLS:
-            self._held.append(message)
+            self._held = (*self._held, message)
         else:
             self._pending.append(message)
 
@@ -532,13 +533,13 @@ class LoopMachine:
         self._history.extend(self._pending)
         self._pending = []
         self._pending_epoch += 1
-        self._held = []
+        self._held = ()
 
     def discard_pending(self) -> None:
         """Drop pending (failure): history stays as it was."""
         self._pending = []
         self._pending_epoch += 1
-        self._held = []
+        self._held = ()
 
     def load_history(self, messages: Iterable[Message]) -> None:
         """Replace the committed history between runs (mutates; bumps the history epoch).

@@ -57,6 +57,12 @@ class TurnSettings(RetrySettings, Protocol):
     def single_attempt(self) -> bool: ...
 
 
+#: Guards what ``close()`` reads (the stream, scope and sleep being swapped in)
+#: for every call: held only to swap those fields, never while calling out, so
+#: one lock serves all and a call in flight adds no lock for the cyclic GC.
+_swap_lock = threading.Lock()
+
+
 class TurnStream:
     """One model call's events under a handler's settings (iterate once; close from anywhere)."""
 
@@ -73,7 +79,7 @@ class TurnStream:
         self._request = request
         self._cancel = cancel
         self._streaming = streaming
-        self._lock = threading.Lock()
+        self._lock = _swap_lock
         self._closed = False
         # Made once a first attempt failed (most calls never retry); set under the
         # lock, as close() reads it, so a backoff wait never misses a close.

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Optional, TypeVar, Union, overload
 
 from loopctl.errors import ConfigError
+from loopctl.messages import ToolSchema
 from loopctl.timeouts import seconds
 from loopctl.tools.base import Tool, ToolContext, ToolError, ToolOutput, to_output
 from loopctl.tools.docstrings import description as doc_description
@@ -168,6 +169,16 @@ class FunctionTool(Tool):
     def input_schema(self) -> Mapping[str, Any]:
         """The JSON Schema built from the type hints (a fresh copy of the top level)."""
         return dict(self._schema)
+
+    def schema(self) -> ToolSchema:
+        """What the model is told about this tool (one value shared by every loop using it).
+
+        Made again only when ``name`` or ``description`` changed since.
+        """
+        made: Optional[ToolSchema] = self.__dict__.get("_made_schema")
+        if made is None or made.name != self.name or made.description != self.description:
+            made = self._made_schema = super().schema()
+        return made
 
     def validate(self, input: Mapping[str, Any]) -> Optional[str]:
         """Check ``input`` against the schema; a message naming the bad field(s), or None."""

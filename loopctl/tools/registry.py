@@ -74,7 +74,7 @@ class ToolRegistry:
         self._tools: dict[str, Tool] = {}
         self._schemas: Optional[tuple[ToolSchema, ...]] = None
         self._asks: Optional[bool] = None  # any tool with requires_approval (cached)
-        self._refreshers: list[Callable[[ToolRegistry], None]] = []
+        self._refreshers: tuple[Callable[[ToolRegistry], None], ...] = ()  # few, and most loops have none
         #: True once a refresher was added (read before every model turn: a plain attribute).
         self.has_refreshers = False
         for t in tools:
@@ -137,12 +137,12 @@ class ToolRegistry:
         outside the run's fence (a cancel never waits for it); an exception is
         logged and ignored.
         """
-        self._refreshers.append(refresher)
+        self._refreshers = (*self._refreshers, refresher)
         self.has_refreshers = True
 
     def refresh(self) -> None:
         """Run every refresher (the driver calls this before each model turn)."""
-        for refresher in list(self._refreshers):
+        for refresher in self._refreshers:
             try:
                 refresher(self)
             except Exception:
