@@ -1,8 +1,12 @@
 """Observer events and the ``Observer`` base class.
 
 Every event is a frozen attrs class carrying ``session_id`` and ``run_id``
-first, then its own fields (SPEC §4.1). ``to_dict()`` gives a JSON-safe dict
-with a ``type`` field (``"turn_start"``, ``"text_delta"``, ...). ``Observer``
+first, then its own fields. ``to_dict()`` gives a JSON-safe dict (no
+``NaN``/``Infinity``, every string masked by ``loopctl.text.redact``) with a
+``type`` field (``"turn_start"``, ``"text_delta"``, ...). ``redacted()`` is
+what the emitter delivers: the event with every text masked and its quotes
+of untrusted text (``error``, ``cause``, ``errors``, ...) cut to an excerpt.
+``Observer``
 has a documented no-op ``on_*`` method per event; override the ones you
 want. Observers are called only from ``loopctl.driver.emission``: one that
 raises is logged and skipped, and never changes the run.
@@ -16,15 +20,43 @@ from typing import Any, ClassVar, Optional
 import attrs
 
 from loopctl.messages import Message, StopReason, Usage
+from loopctl.text import json_safe, quote, redact, redact_value
+
+#: Fields that quote untrusted text (an error, a cause, a pattern of tool input):
+#: masked and cut to an excerpt. Every other text field is masked, never cut.
+QUOTED_FIELDS = frozenset(("error", "cause", "errors", "pattern", "reason"))
+_IDS = frozenset(("session_id", "run_id"))
+_PLAIN = (bool, int, float, type(None))
+_TEXT_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
+
+
+def _text_fields(cls: type) -> tuple[tuple[str, bool], ...]:
+    """``(name, quoted)`` of each field of ``cls`` that may hold text (cached per class)."""
+    found = _TEXT_FIELDS.get(cls)
+    if found is None:
+        found = tuple((f.name, f.name in QUOTED_FIELDS) for f in attrs.fields(cls) if f.name not in _IDS)
+        _TEXT_FIELDS[cls] = found
+    return found
+
+
+def _masked(value: Any, quoted: bool) -> Any:
+    if type(value) is str:  # an enum's text (a str subclass) is ours, never untrusted
+        return quote(value) if quoted else redact(value)
+    if quoted and isinstance(value, tuple):
+        out = tuple(_masked(v, True) for v in value)
+        return value if all(a is b for a, b in zip(out, value)) else out
+    return redact_value(value)
 
 
 def _json_safe(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float)):
+    if value is None or isinstance(value, (bool, int)):
         return value
+    if isinstance(value, float):
+        return json_safe(value)
     if isinstance(value, str):
-        return str(value)
+        return redact(str(value))
     if isinstance(value, (Usage, Message)):
-        return value.to_dict()
+        return _json_safe(value.to_dict())
     if isinstance(value, Mapping):
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -42,11 +74,23 @@ class Event:
     run_id: str
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict with a ``type`` field naming the event."""
+        """A JSON-safe dict with a ``type`` field naming the event (texts masked, floats finite)."""
         out: dict[str, Any] = {"type": self.TYPE}
         for f in attrs.fields(type(self)):
             out[f.name] = _json_safe(getattr(self, f.name))
         return out
+
+    def redacted(self) -> Event:
+        """This event with every text masked and its quotes cut to an excerpt (itself if none changed)."""
+        changes: dict[str, Any] = {}
+        for name, quoted in _text_fields(type(self)):
+            value = getattr(self, name)
+            if isinstance(value, _PLAIN):
+                continue
+            new = _masked(value, quoted)
+            if new is not value:
+                changes[name] = new
+        return attrs.evolve(self, **changes) if changes else self
 
 
 @attrs.frozen

@@ -2,7 +2,10 @@
 
 Records are what happened, never what the model sees: compaction does not
 touch them. Totals are derived from the turns, never stored twice. Every
-run gets its entry, success or failure.
+run gets its entry, success or failure. A record leaves the process only
+through ``to_dict``: every text in it masked (``loopctl.text.redact``) and
+every float finite, so the JSON of a record never carries a credential,
+``NaN`` or ``Infinity``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ from loopctl.approvals import ApprovalDecision
 from loopctl.config import RunConfig
 from loopctl.errors import LoopError
 from loopctl.messages import StopReason, ToolCallPart, part_from_dict, part_to_dict
+from loopctl.text import json_safe, redact_value
+
+
+def _outlet(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as it may leave: every text masked, every float finite."""
+    out: dict[str, Any] = json_safe(redact_value(data))
+    return out
 
 
 def _to_calls(value: Iterable[ToolCallPart]) -> tuple[ToolCallPart, ...]:
@@ -47,8 +57,8 @@ class Turn:
     stop_reason: StopReason = attrs.field(default=StopReason.END_TURN, converter=_to_stop_reason)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict."""
-        return {
+        """A JSON-safe dict (texts masked)."""
+        return _outlet({
             "turn": self.turn,
             "input": self.input,
             "output": self.output,
@@ -56,7 +66,7 @@ class Turn:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "stop_reason": self.stop_reason.value,
-        }
+        })
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Turn:
@@ -132,9 +142,9 @@ class Run:
         return self.end is not None and self.stop_reason is None
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict; the error travels as its type name, message and fields."""
+        """A JSON-safe dict (texts masked); the error travels as its type name, message and fields."""
         err = self.stop_reason
-        return {
+        return _outlet({
             "id": self.id,
             "input": self.input,
             "output": self.output,
@@ -145,7 +155,7 @@ class Run:
             "stop_reason": None if err is None else _error_to_dict(err),
             "output_value": json_form(self.output_value),
             "approvals": [a.to_dict() for a in list(self.approvals)],
-        }
+        })
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Run:
@@ -198,7 +208,7 @@ def _error_to_dict(err: LoopError) -> dict[str, Any]:
             fields[key] = value
         elif isinstance(value, (tuple, list)) and all(isinstance(v, _SCALARS) for v in value):
             fields[key] = list(value)
-    return {"type": type(err).__name__, "message": str(err), "fields": fields}
+    return _outlet({"type": type(err).__name__, "message": str(err), "fields": fields})
 
 
 def _error_from_dict(raw: Mapping[str, Any]) -> LoopError:

@@ -5,9 +5,26 @@ as UTF-8, so one such character from a tool or a model would fail every
 request or store that carries it); ``json_depth_exceeds`` tells, without
 parsing, whether JSON text nests deeper than a limit (``json`` would raise
 ``RecursionError`` long after the damage is done).
+
+``redact`` is the one mask every outlet's text goes through (errors, events,
+serialized records, logs, spans, CLI output): it hides every credential a
+client of this process was given (registered with ``register_secrets``) and
+anything shaped like a key (``sk-...``, ``sk-ant-...``, ``key-...``, a bearer
+token), whoever produced the text (the model, a tool, a server).
+``excerpt`` bounds how much untrusted text a message or an event quotes;
+``json_safe`` makes a value JSON that ``allow_nan=False`` accepts (a
+non-finite float becomes null, as JavaScript's ``JSON.stringify`` does).
 """
 
 from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 #: JSON nested deeper than this is refused wherever untrusted JSON is read.
 MAX_JSON_DEPTH = 64
@@ -50,4 +67,163 @@ def json_depth_exceeds(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-__all__ = ["MAX_JSON_DEPTH", "clean_text", "json_depth_exceeds"]
+#: The most untrusted text an error message or an event's error field quotes.
+EXCERPT_LIMIT = 2048
+
+REDACTED = "<redacted>"
+
+# Key shapes: OpenAI/Anthropic-style keys (``sk-``, ``sk-ant-``, ``pk-``, ``rk-``),
+# ``key-`` keys, and an Authorization header's bearer token. Case-sensitive
+# prefixes keep ordinary words ("risk-free", "task-list") out.
+_KEY_SHAPES = re.compile(
+    r"\b(?:[spr]k-[A-Za-z0-9_\-*]{6,}"
+    r"|key-[A-Za-z0-9_\-*]{12,})"
+    r"|\b[Bb]earer\s+[A-Za-z0-9._~+/\-=]{8,}"
+)
+#: A registered credential shorter than this is never masked process-wide
+#: (a short "secret" would mask ordinary words in every run's text).
+MIN_SECRET_CHARS = 8
+
+_secrets_lock = threading.Lock()
+_secrets_by_owner: dict[int, tuple[str, ...]] = {}
+_secret_forms: tuple[str, ...] = ()  # longest first: a secret containing another is masked whole
+
+
+def _rebuild_forms() -> None:
+    global _secret_forms
+    forms = {f for group in _secrets_by_owner.values() for f in group}
+    _secret_forms = tuple(sorted(forms, key=len, reverse=True))
+
+
+def _forget(key: int) -> None:
+    with _secrets_lock:
+        if _secrets_by_owner.pop(key, None) is not None:
+            _rebuild_forms()
+
+
+def register_secrets(owner: object, forms: Iterable[str]) -> None:
+    """Mask ``forms`` in every outlet's text for as long as ``owner`` lives.
+
+    Args:
+        owner: the object holding the credentials (weakly referenced).
+        forms: the ways the credentials show up in text; those shorter than
+            ``MIN_SECRET_CHARS`` are ignored.
+    """
+    kept = tuple(f for f in forms if len(f) >= MIN_SECRET_CHARS)
+    if not kept:
+        return
+    key = id(owner)
+    with _secrets_lock:
+        _secrets_by_owner[key] = kept
+        _rebuild_forms()
+    weakref.finalize(owner, _forget, key)
+
+
+def redact(text: str) -> str:
+    """``text`` with every registered credential and anything key-shaped masked."""
+    if not text:
+        return text
+    for form in _secret_forms:
+        if form in text:
+            text = text.replace(form, REDACTED)
+    return _KEY_SHAPES.sub(REDACTED, text)
+
+
+def redact_key_shapes(text: str) -> str:
+    """``text`` with anything shaped like an API key or a bearer token masked."""
+    return _KEY_SHAPES.sub(REDACTED, text)
+
+
+def excerpt(text: str, limit: int = EXCERPT_LIMIT) -> str:
+    """At most ``limit`` characters of ``text``, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def quote(text: str, limit: int = EXCERPT_LIMIT) -> str:
+    """Untrusted ``text`` as an outlet may quote it: masked, at most ``limit`` characters.
+
+    Only a little more than is kept is masked (bounded work on a megabyte),
+    so a key cut in half by the excerpt is still seen whole.
+    """
+    if len(text) <= limit:
+        return redact(text)
+    head = redact(text[: limit + 256])
+    return f"{head[:limit]}... ({len(text) - limit} more characters)"
+
+
+def redact_value(value: Any) -> Any:
+    """``value`` with every string in it (nested in mappings, lists, tuples) masked.
+
+    Returns ``value`` itself when nothing needed masking.
+    """
+    if type(value) is str:  # a str subclass (an enum's value) is ours, never untrusted
+        return redact(value)
+    if isinstance(value, Mapping):
+        items = [(k, redact_value(v)) for k, v in value.items()]
+        if all(v is value[k] for k, v in items):
+            return value
+        return dict(items)
+    if isinstance(value, (list, tuple)):
+        out = [redact_value(v) for v in value]
+        if all(a is b for a, b in zip(out, value)):
+            return value
+        return tuple(out) if isinstance(value, tuple) else out
+    return value
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as JSON ``allow_nan=False`` accepts: a non-finite float becomes None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+class RedactingFilter(logging.Filter):
+    """A log filter that masks what ``redact`` masks in each record's text and traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format: leave it to the handler to report
+            return True
+        masked = redact(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def install_log_filter(logger: logging.Logger) -> logging.Logger:
+    """Add the ``RedactingFilter`` to ``logger`` once; returns it."""
+    if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+        logger.addFilter(RedactingFilter())
+    return logger
+
+
+install_log_filter(logging.getLogger("loopctl"))
+
+
+__all__ = [
+    "EXCERPT_LIMIT",
+    "MAX_JSON_DEPTH",
+    "MIN_SECRET_CHARS",
+    "REDACTED",
+    "RedactingFilter",
+    "clean_text",
+    "excerpt",
+    "install_log_filter",
+    "json_depth_exceeds",
+    "json_safe",
+    "quote",
+    "redact",
+    "redact_key_shapes",
+    "redact_value",
+    "register_secrets",
+]

@@ -13,7 +13,9 @@ the last event of its run and comes before any event of a later run.
 
 ``RunEvents`` (one per run) binds the emitter to the run: its id, its tap
 (called inline, before the queue: the registry's tap never blocks) and its
-fence. ``phase()`` opens an LLM or tool phase whose ``on_turn_end`` is
+fence. ``emit`` is the one door every event passes: what the tap and the
+observers get is ``event.redacted()`` (credentials and key shapes masked,
+quotes of untrusted text cut to an excerpt), deltas and approvals included. ``phase()`` opens an LLM or tool phase whose ``on_turn_end`` is
 always sent exactly once: ok on a clean exit, failed on an error, failed by
 ``finalize`` when a cancel cut it short. An event object is built only when
 someone listens. Run-start goes to observers then hooks; run-end to hooks
@@ -271,7 +273,8 @@ class RunEvents:
         return cls in self._wanted
 
     def emit(self, event: Event) -> None:
-        """Tap first (inline), then observers (queued, one at a time)."""
+        """Redact, then tap first (inline), then observers (queued, one at a time)."""
+        event = event.redacted()
         tap = self.tap
         if tap is not None:
             try:

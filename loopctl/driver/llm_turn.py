@@ -28,6 +28,7 @@ from loopctl.providers.base import (
     StreamAttemptReset,
     StreamRescue,
 )
+from loopctl.text import redact
 
 if TYPE_CHECKING:
     from loopctl.driver.emission import RunEvents
@@ -208,7 +209,7 @@ def _stream_turn(
                         if streamer is not None:
                             with rc.unfenced():  # user code: never holds a cancel
                                 try:
-                                    streamer(ev.text)
+                                    streamer(redact(ev.text))  # an outlet: masked like events
                                 except Exception:
                                     log.exception("text streamer raised; ignored")
                         em.text_delta(turn, ev.text)

@@ -54,6 +54,7 @@ from loopctl.errors import (
     MaxTurnsExceeded,
     RateLimitEscalation,
     UserInputRequired,
+    scrub_error,
 )
 from loopctl.machine import (
     CallLLM,
@@ -528,6 +529,7 @@ class RunDriver:
                         log.exception("memory consolidate failed after run %s", run.id)
             else:
                 m.discard_pending()
+                scrub_error(error)  # the run's error and its causes leave masked, whoever made them
                 error.run = run
             if parts.loop_detector is not None:
                 parts.loop_detector.consume_pending_stop()
