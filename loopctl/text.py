@@ -153,6 +153,53 @@ def quote(text: str, limit: int = EXCERPT_LIMIT) -> str:
     return f"{head[:limit]}... ({len(text) - limit} more characters)"
 
 
+# The end of a text that a key may still be growing from: the trailing run of
+# key/token characters, with a "Bearer " before it.
+_OPEN_TAIL = re.compile(r"(?:\b[Bb]earer\s+)?[A-Za-z0-9._~+/=*\-]*\Z")
+#: The most a ``StreamMask`` holds back (no key is longer).
+MAX_HELD_CHARS = 256
+
+
+class StreamMask:
+    """Masks a text that arrives in pieces (a streamed reply, tool arguments).
+
+    A key split across pieces (``"sk-SE"``, ``"CRET-123"``) is masked whole:
+    each ``feed`` releases the masked text up to the last place a key could
+    still begin, and holds back the rest (at most ``MAX_HELD_CHARS``) until
+    the next piece or ``flush``. The pieces released, joined, are the whole
+    text masked. Not thread-safe: one stream, one reader.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, piece: str) -> str:
+        """The masked text this piece lets go of (maybe empty)."""
+        text = self._held + piece if self._held else piece
+        cut = _open_tail_start(text)
+        self._held = text[cut:]
+        return redact(text[:cut]) if cut else ""
+
+    def flush(self) -> str:
+        """What is still held, masked; the mask is empty again."""
+        held, self._held = self._held, ""
+        return redact(held) if held else ""
+
+
+def _open_tail_start(text: str) -> int:
+    """Where the part of ``text`` that could still be the start of a secret begins."""
+    match = _OPEN_TAIL.search(text, max(0, len(text) - MAX_HELD_CHARS))
+    cut = match.start() if match is not None else len(text)
+    for form in _secret_forms:  # a registered secret's beginning (it may hold other characters)
+        for k in range(min(len(form) - 1, len(text) - 1), 0, -1):
+            if text.endswith(form[:k]):
+                cut = min(cut, len(text) - k)
+                break
+    return max(cut, len(text) - MAX_HELD_CHARS)
+
+
 def redact_value(value: Any) -> Any:
     """``value`` with every string in it (nested in mappings, lists, tuples) masked.
 
@@ -212,10 +259,12 @@ install_log_filter(logging.getLogger("loopctl"))
 
 __all__ = [
     "EXCERPT_LIMIT",
+    "MAX_HELD_CHARS",
     "MAX_JSON_DEPTH",
     "MIN_SECRET_CHARS",
     "REDACTED",
     "RedactingFilter",
+    "StreamMask",
     "clean_text",
     "excerpt",
     "install_log_filter",

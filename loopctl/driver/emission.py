@@ -15,7 +15,10 @@ the last event of its run and comes before any event of a later run.
 (called inline, before the queue: the registry's tap never blocks) and its
 fence. ``emit`` is the one door every event passes: what the tap and the
 observers get is ``event.redacted()`` (credentials and key shapes masked,
-quotes of untrusted text cut to an excerpt), deltas and approvals included. ``phase()`` opens an LLM or tool phase whose ``on_turn_end`` is
+quotes of untrusted text cut to an excerpt), deltas and approvals included.
+Deltas pass a ``StreamMask`` per stream first, so a key split across pieces
+is masked whole; ``flush_deltas`` (at a stream's end, an attempt's reset and
+a phase's close) lets go of what a mask still holds. ``phase()`` opens an LLM or tool phase whose ``on_turn_end`` is
 always sent exactly once: ok on a clean exit, failed on an error, failed by
 ``finalize`` when a cancel cut it short. An event object is built only when
 someone listens. Run-start goes to observers then hooks; run-end to hooks
@@ -62,6 +65,7 @@ from loopctl.observers import (
     TurnEnd,
     TurnStart,
 )
+from loopctl.text import StreamMask
 
 if TYPE_CHECKING:
     from loopctl.driver.handle import RunContext
@@ -261,6 +265,8 @@ class RunEvents:
         self.handoff = False
         self.window = window
         self.open_phase: Optional[Phase] = None
+        self._masks: dict[tuple[type[Event], int, str, str], StreamMask] = {}  # one per delta stream
+        self.text_sink: Optional[Callable[[str], None]] = None  # the text streamer, during a stream
         self._table = emitter._table
         # Observers are fixed while a run is in flight, and so is the tap:
         # the event types anyone listens to, decided once per run.
@@ -288,6 +294,7 @@ class RunEvents:
         """From now on this run's events are handed off (the takeover finalizes it)."""
         self.fence = None
         self.handoff = True
+        self.text_sink = None  # the streamer unfences the run's body: never from the takeover
 
     # -- phases ------------------------------------------------------------------
 
@@ -306,6 +313,7 @@ class RunEvents:
         if phase.closed:
             return
         phase.closed = True
+        self.flush_deltas()
         if self.open_phase is phase:
             self.open_phase = None
         self.turn_end(
@@ -360,19 +368,53 @@ class RunEvents:
         if TurnStart in self._wanted:
             self.emit(TurnStart(self.session_id, self.run_id, turn, query))
 
-    def text_delta(self, turn: int, delta: str) -> None:
-        if TextDelta in self._wanted:
-            self.emit(TextDelta(self.session_id, self.run_id, turn, delta))
+    def _delta(self, cls: type[Event], turn: int, delta: str, call_id: str = "", tool: str = "") -> None:
+        key = (cls, turn, call_id, tool)
+        mask = self._masks.get(key)
+        if mask is None:
+            # Another stream begins (text, then a tool's arguments): the one
+            # before lets go first, so observers see the pieces in their order.
+            self.flush_deltas()
+            mask = self._masks[key] = StreamMask()
+        shown = mask.feed(delta)
+        if shown:
+            self._emit_delta(key, shown)
+
+    def _emit_delta(self, key: tuple[type[Event], int, str, str], text: str) -> None:
+        cls, turn, call_id, tool = key
+        if cls is TextDelta and not call_id and self.text_sink is not None:
+            self.text_sink(text)  # before the observers: the console leads
+            if TextDelta not in self._wanted:
+                return
+        if cls is ToolInputDelta:
+            self.emit(ToolInputDelta(self.session_id, self.run_id, turn, call_id, tool, text))
+        else:
+            make: Any = cls  # TextDelta or ThinkingDelta: (session, run, turn, delta)
+            self.emit(make(self.session_id, self.run_id, turn, text))
+
+    def flush_deltas(self) -> None:
+        """Send what the delta streams' masks still hold (a stream ended or was reset)."""
+        masks, self._masks = self._masks, {}
+        for key, mask in masks.items():
+            rest = mask.flush()
+            if rest:
+                self._emit_delta(key, rest)
+
+    def text_delta(self, turn: int, delta: str, answer: bool = False) -> None:
+        """A piece of reply text (``answer``: of the typed answer's tool input; never to the streamer)."""
+        if TextDelta in self._wanted or (self.text_sink is not None and not answer):
+            self._delta(TextDelta, turn, delta, "answer" if answer else "")
 
     def thinking_delta(self, turn: int, delta: str) -> None:
         if ThinkingDelta in self._wanted:
-            self.emit(ThinkingDelta(self.session_id, self.run_id, turn, delta))
+            self._delta(ThinkingDelta, turn, delta)
 
     def tool_input_delta(self, turn: int, call_id: str, tool: str, delta: str) -> None:
         if ToolInputDelta in self._wanted:
-            self.emit(ToolInputDelta(self.session_id, self.run_id, turn, call_id, tool, delta))
+            self._delta(ToolInputDelta, turn, delta, call_id, tool)
 
     def attempt_reset(self, turn: int, attempt: int) -> None:
+        self.flush_deltas()
         if AttemptReset in self._wanted:
             self.emit(AttemptReset(self.session_id, self.run_id, turn, attempt))
 
