@@ -23,7 +23,7 @@ from loopctl.approvals import ApprovalDecision
 from loopctl.config import RunConfig
 from loopctl.errors import LoopError
 from loopctl.messages import StopReason, ToolCallPart, part_from_dict, part_to_dict
-from loopctl.text import json_safe, redact_value
+from loopctl.text import json_safe, redact, redact_value
 
 
 def _outlet(data: dict[str, Any]) -> dict[str, Any]:
@@ -33,7 +33,20 @@ def _outlet(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _to_calls(value: Iterable[ToolCallPart]) -> tuple[ToolCallPart, ...]:
-    return tuple(value)
+    return tuple(_masked_call(c) for c in value)
+
+
+def _masked_call(call: ToolCallPart) -> ToolCallPart:
+    # The record keeps its own copy only when something in the call was masked.
+    masked = redact_value(call.input)
+    invalid = None if call.invalid is None else redact(call.invalid)
+    if masked is call.input and invalid is call.invalid:
+        return call
+    return attrs.evolve(call, input=masked, invalid=invalid)
+
+
+def _masked_text(value: str) -> str:
+    return redact(value) if type(value) is str else value
 
 
 def _to_stop_reason(value: Union[StopReason, str]) -> StopReason:
@@ -45,12 +58,14 @@ class Turn:
     """One model call of a run and what it asked for.
 
     ``turn`` counts from 0 within the run; ``input`` is the display text of
-    what the turn answered (the run input on turn 0).
+    what the turn answered (the run input on turn 0). The record is made
+    masked: its texts and the calls' arguments as ``loopctl.text.redact``
+    leaves them.
     """
 
     turn: int
-    input: str
-    output: str
+    input: str = attrs.field(converter=_masked_text)
+    output: str = attrs.field(converter=_masked_text)
     tool_calls: tuple[ToolCallPart, ...] = attrs.field(default=(), converter=_to_calls)
     input_tokens: int = 0
     output_tokens: int = 0
