@@ -150,7 +150,11 @@ def quote(text: str, limit: int = EXCERPT_LIMIT) -> str:
     if len(text) <= limit:
         return redact(text)
     head = redact(text[: limit + 256])
-    return f"{head[:limit]}... ({len(text) - limit} more characters)"
+    end = limit
+    marker = head.find(REDACTED, max(0, limit - len(REDACTED) + 1), limit + len(REDACTED))
+    if 0 <= marker < limit:
+        end = marker + len(REDACTED)  # never cut a mask in half: "<reda" would look like text
+    return f"{head[:end]}... ({len(text) - limit} more characters)"
 
 
 # The end of a text that a key may still be growing from: the trailing run of

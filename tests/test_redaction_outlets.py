@@ -216,3 +216,17 @@ def test_the_producer_table_covers_each_producer_of_the_issue() -> None:
     names = " ".join(p.name for p in PRODUCERS)
     for producer in ("reply text", "tool arguments", "tool output", "typed answer", "server error"):
         assert producer in names
+
+
+def test_a_log_line_quoting_a_key_is_masked_with_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    log = logging.getLogger("loopctl")
+    log.warning("a tool said %s", LEAK)
+    try:
+        raise ValueError(f"the vault refused {LEAK}")
+    except ValueError:
+        log.exception("observer raised")
+    assert caplog.text.count("<redacted>") >= 2
+    _clean("the log", caplog.text)
+    formatted = "\n".join(logging.Formatter().format(r) for r in caplog.records)
+    _clean("the formatted records (tracebacks included)", formatted)
