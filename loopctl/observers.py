@@ -120,11 +120,16 @@ class RunEnd(Event):
 
 @attrs.frozen
 class TurnStart(Event):
-    """A model call is about to be made (never for a deferred turn)."""
+    """A model call is about to be made (never for a deferred turn).
+
+    ``provider`` names the client's provider (``"openai"``, ``"anthropic"``;
+    None for a client that names none), as on every model event.
+    """
 
     TYPE: ClassVar[str] = "turn_start"
     turn: int
     query: str
+    provider: Optional[str] = None
 
 
 @attrs.frozen
@@ -182,6 +187,7 @@ class RetryScheduled(Event):
     wait_s: float
     attempt: int
     max_attempts: int
+    provider: Optional[str] = None
 
 
 @attrs.frozen
@@ -196,22 +202,24 @@ class Response(Event):
 
 @attrs.frozen
 class StreamSuccess(Event):
-    """A model call succeeded; ``model`` is the model that served it."""
+    """A model call succeeded; ``model`` is the model that served it, ``provider`` its provider."""
 
     TYPE: ClassVar[str] = "stream_success"
     turn: int
     model: str
     usage: Optional[Usage]
+    provider: Optional[str] = None
 
 
 @attrs.frozen
 class StreamFailure(Event):
-    """A model call failed (never fired for a cancel)."""
+    """A model call failed (never fired for a cancel); ``provider`` names the client's provider."""
 
     TYPE: ClassVar[str] = "stream_failure"
     turn: int
     model: str
     error: str
+    provider: Optional[str] = None
 
 
 @attrs.frozen

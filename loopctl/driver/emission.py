@@ -364,9 +364,9 @@ class RunEvents:
         if RunEnd in self._wanted:
             self.emit(RunEnd(self.session_id, self.run_id, success, error, total_turns, duration_ms, error_type))
 
-    def turn_start(self, turn: int, query: str) -> None:
+    def turn_start(self, turn: int, query: str, provider: Optional[str] = None) -> None:
         if TurnStart in self._wanted:
-            self.emit(TurnStart(self.session_id, self.run_id, turn, query))
+            self.emit(TurnStart(self.session_id, self.run_id, turn, query, provider))
 
     def _delta(self, cls: type[Event], turn: int, delta: str, call_id: str = "", tool: str = "") -> None:
         key = (cls, turn, call_id, tool)
@@ -419,12 +419,13 @@ class RunEvents:
             self.emit(AttemptReset(self.session_id, self.run_id, turn, attempt))
 
     def retry_scheduled(
-        self, turn: int, model: str, cause: str, wait_s: float, attempt: int, max_attempts: int
+        self, turn: int, model: str, cause: str, wait_s: float, attempt: int, max_attempts: int,
+        provider: Optional[str] = None,
     ) -> None:
         if RetryScheduled in self._wanted:
             self.emit(
                 RetryScheduled(
-                    self.session_id, self.run_id, turn, model, cause, wait_s, attempt, max_attempts
+                    self.session_id, self.run_id, turn, model, cause, wait_s, attempt, max_attempts, provider
                 )
             )
 
@@ -432,13 +433,13 @@ class RunEvents:
         if Response in self._wanted:
             self.emit(Response(self.session_id, self.run_id, turn, text, usage))
 
-    def stream_success(self, turn: int, model: str, usage: Optional[Usage]) -> None:
+    def stream_success(self, turn: int, model: str, usage: Optional[Usage], provider: Optional[str] = None) -> None:
         if StreamSuccess in self._wanted:
-            self.emit(StreamSuccess(self.session_id, self.run_id, turn, model, usage))
+            self.emit(StreamSuccess(self.session_id, self.run_id, turn, model, usage, provider))
 
-    def stream_failure(self, turn: int, model: str, error: str) -> None:
+    def stream_failure(self, turn: int, model: str, error: str, provider: Optional[str] = None) -> None:
         if StreamFailure in self._wanted:
-            self.emit(StreamFailure(self.session_id, self.run_id, turn, model, error))
+            self.emit(StreamFailure(self.session_id, self.run_id, turn, model, error, provider))
 
     def turn_end(
         self,

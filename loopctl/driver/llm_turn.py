@@ -170,7 +170,9 @@ def _complete_turn(parts: LoopParts, rc: RunContext, em: RunEvents, turn: int, r
                 reply: ModelResponse = ev.response  # the reply is the call's last event
                 return reply
             if type(ev) is RetryWait:
-                em.retry_scheduled(turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts)
+                em.retry_scheduled(
+                    turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts, parts.provider_name()
+                )
             elif type(ev) is StreamAttemptReset:
                 em.attempt_reset(turn, ev.attempt)
     finally:
@@ -238,7 +240,9 @@ def _stream_turn(
             elif isinstance(ev, StreamRescue):
                 rescued = ev.response
             elif isinstance(ev, RetryWait):
-                em.retry_scheduled(turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts)
+                em.retry_scheduled(
+                    turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts, parts.provider_name()
+                )
             else:
                 acc.feed(ev)
         if not rc.cancel.is_cancelled():

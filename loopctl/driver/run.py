@@ -322,7 +322,7 @@ class RunDriver:
         if parts.fallback is not None:
             self.route_model()
         if TurnStart in em._wanted:
-            em.turn_start(turn, query)
+            em.turn_start(turn, query, parts.provider_name())
         request = build_request(parts, m, transients, self.options())
         if self.answer_check is not None:
             request = shape_request(self.answer_check, request)
@@ -359,7 +359,9 @@ class RunDriver:
                 tripped = parts.fallback.record_failure(isinstance(exc, RateLimitEscalation))
                 if tripped is not None:
                     self.events.fallback(*tripped)
-            self.events.stream_failure(turn, parts.routed_model or parts.model_name(), str(exc))
+            self.events.stream_failure(
+                turn, parts.routed_model or parts.model_name(), str(exc), parts.provider_name()
+            )
             raise
 
     def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
@@ -374,7 +376,7 @@ class RunDriver:
             parts.fallback.record_success()
         wanted = em._wanted
         if StreamSuccess in wanted:
-            em.stream_success(turn, response.model or parts.model_name(), usage)
+            em.stream_success(turn, response.model or parts.model_name(), usage, parts.provider_name())
         message = response.message
         calls = message.tool_calls  # both are computed properties: read once
         text = message.text

@@ -85,7 +85,8 @@ class OTelObserver(RunSpanEvents):
         meter_provider: the provider for metrics (default: the global one).
         agent_name: ``gen_ai.agent.name`` on every run span.
         provider_name: ``gen_ai.provider.name`` (e.g. ``"openai"``); by
-            default taken from the client by ``instrument(loop)``, else left out.
+            default the provider the model events name (the client's
+            ``provider``), however the observer was attached; else left out.
         record_content: also record message content (run input and reply,
             each turn's reply, tool arguments and results, steering text).
             Off by default: content may hold personal data.
@@ -223,7 +224,7 @@ class OTelObserver(RunSpanEvents):
             kind = error_class or cv.error_type(error)
             attrs[cv.ERROR_TYPE] = kind
             metric_attrs[cv.ERROR_TYPE] = kind
-            record_error(span, kind, error, now)
+            record_error(span, kind, error, now, self.record_content)
         span.set_attributes(attrs)
         span.end(end_time=now)
         self._metrics.runs_ended.add(1, metric_attrs)
@@ -258,7 +259,11 @@ class OTelObserver(RunSpanEvents):
         st = self._runs.get(event.run_id)
         if st is not None:
             self._flush_failed_chat(st)
-            st.chat = ChatCall(event.turn, time.time_ns())
+            provider = self.provider_name or event.provider or st.provider
+            if provider and not st.provider:
+                st.provider = provider  # the run span names it too, however the observer was attached
+                st.span.set_attribute(cv.PROVIDER_NAME, provider)
+            st.chat = ChatCall(event.turn, time.time_ns(), provider)
 
     def on_attempt_reset(self, event: AttemptReset) -> None:
         """A stream attempt failed and another starts: an event on the call's span."""
@@ -272,6 +277,7 @@ class OTelObserver(RunSpanEvents):
         if chat is None:
             return
         chat.model = event.model or chat.model
+        chat.provider = chat.provider or event.provider
         chat.events.append(
             (
                 cv.EV_RETRY,
@@ -290,6 +296,7 @@ class OTelObserver(RunSpanEvents):
         chat = self._chat(event.run_id, event.turn)
         if chat is not None:
             chat.model = event.model or chat.model
+            chat.provider = chat.provider or event.provider
             chat.usage_known = event.usage is not None
 
     def on_stream_failure(self, event: StreamFailure) -> None:
@@ -297,6 +304,7 @@ class OTelObserver(RunSpanEvents):
         chat = self._chat(event.run_id, event.turn)
         if chat is not None:
             chat.model = event.model or chat.model
+            chat.provider = chat.provider or event.provider
 
     def on_response(self, event: Response) -> None:
         """The reply's text (subscribed only with ``record_content``)."""
