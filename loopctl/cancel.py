@@ -16,6 +16,11 @@ from typing import Optional
 
 log = logging.getLogger("loopctl")
 
+#: The cancel reason of a run a host hands back to its queue (a worker's warm
+#: shutdown): the run stops here and goes on elsewhere, so tracing records it
+#: as handed back, never as cancelled.
+HANDED_BACK = "the worker shut down and handed the run back"
+
 
 class _Flag(threading.Event):
     """One cancel flag: an Event that also keeps the reason it was set with."""
@@ -167,4 +172,7 @@ class CancelSignal:
         return f"CancelSignal(cancelled={self.is_cancelled()})"
 
 
-__all__ = ["CancelSignal"]
+__all__ = [
+    "HANDED_BACK",
+    "CancelSignal",
+]

@@ -63,6 +63,7 @@ OP_TOOL = "execute_tool"
 # -- span events (loopctl's own; the GenAI conventions define none of these) ------------------
 
 EV_ATTEMPT_RESET = "loopctl.attempt_reset"
+EV_HANDED_BACK = "loopctl.handed_back"
 EV_RETRY = "loopctl.retry_scheduled"
 EV_COMPACTION = "loopctl.compaction"
 EV_STEERING = "loopctl.steering"
@@ -126,6 +127,12 @@ _ERROR_PREFIXES = (
 )
 _TOOL_EXHAUSTED = re.compile(r"^tool '.*' failed after \d+ attempts$", re.S)
 
+
+#: ``loopctl.run.outcome`` of a run handed back to its queue (it goes on on another worker).
+OUTCOME_HANDED_BACK = "handed_back"
+#: On a resumed run's span: how many times it resumed, and why it last moved.
+RUN_RESUMES = "loopctl.run.resumes"
+RESUME_CAUSE = "loopctl.run.resume_cause"
 
 #: Error classes whose messages are loopctl's own words, never content: their
 #: text is recorded even without ``record_content``.

@@ -30,12 +30,14 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind
 
+from loopctl.cancel import HANDED_BACK
 from loopctl.observers import (
     AttemptReset,
     Observer,
     Response,
     RetryScheduled,
     RunEnd,
+    RunResumed,
     RunStart,
     StreamFailure,
     StreamSuccess,
@@ -49,6 +51,7 @@ from loopctl.observers import (
 from . import conventions as cv
 from .happenings import RunSpanEvents
 from .instruments import Instruments
+from .propagation import forget_run_span, note_run_span
 from .spans import ChatCall, RunState, SpanWriter, is_cancel, json_text, messages_json, record_error
 
 _SCOPE = "loopctl"
@@ -163,17 +166,34 @@ class OTelObserver(RunSpanEvents):
 
     def on_run_start(self, event: RunStart) -> None:
         """Open the run's ``invoke_agent`` span under the caller's current span."""
-        provider = self.provider_name or self._provider_of(event.session_id)
+        attrs: dict[str, Any] = {}
+        if self.record_content:
+            attrs[cv.INPUT_MESSAGES] = messages_json("user", event.input)
+        self._open_run(event.session_id, event.run_id, attrs)
+
+    def on_run_resumed(self, event: RunResumed) -> None:
+        """A run resumed here from its checkpoint: open its span (the trace came with the checkpoint).
+
+        The span is a child of the current span: where a host made the
+        checkpoint's trace context current, the span it continues.
+        """
+        if event.run_id in self._runs:
+            return  # resumed in the process that opened it: the span goes on
+        self._open_run(
+            event.session_id, event.run_id, {cv.RUN_RESUMES: event.attempt, cv.RESUME_CAUSE: cv.redact(event.cause)}
+        )
+
+    def _open_run(self, session_id: str, run_id: str, extra: dict[str, Any]) -> None:
+        provider = self.provider_name or self._provider_of(session_id)
         attrs: dict[str, Any] = {
             cv.OPERATION_NAME: cv.OP_AGENT,
             cv.AGENT_NAME: self.agent_name,
-            cv.CONVERSATION_ID: event.session_id,
-            cv.RUN_ID: event.run_id,
+            cv.CONVERSATION_ID: session_id,
+            cv.RUN_ID: run_id,
+            **extra,
         }
         if provider:
             attrs[cv.PROVIDER_NAME] = provider
-        if self.record_content:
-            attrs[cv.INPUT_MESSAGES] = messages_json("user", event.input)
         span = self._tracer.start_span(
             cv.OP_AGENT,
             context=otel_context.get_current(),
@@ -181,7 +201,8 @@ class OTelObserver(RunSpanEvents):
             attributes=attrs,
             start_time=time.time_ns(),
         )
-        self._runs[event.run_id] = RunState(span, event.session_id, provider)
+        self._runs[run_id] = RunState(span, session_id, provider)
+        note_run_span(run_id, span)  # a durable run's checkpoints carry it
         self._metrics.runs_started.add(1, {cv.AGENT_NAME: self.agent_name})
 
     def on_run_end(self, event: RunEnd) -> None:
@@ -190,13 +211,15 @@ class OTelObserver(RunSpanEvents):
         cancel_ns = self._take_cancel(event.session_id)
         if st is None:
             return
+        forget_run_span(event.run_id)
         now = time.time_ns()
         error = event.error
         error_class = None if event.success else self._error_class(event)
         if event.success:
             outcome = "completed"
         elif error_class == "Cancelled" or (error_class is None and is_cancel(error)):
-            outcome = "cancelled"
+            # A hand-back stops the run here so that it goes on elsewhere: not a cancel.
+            outcome = cv.OUTCOME_HANDED_BACK if cv.cancel_reason(error) == HANDED_BACK else "cancelled"
         else:
             outcome = "failed"
         self._flush_failed_chat(st, error_class, error)
@@ -211,7 +234,9 @@ class OTelObserver(RunSpanEvents):
         if self.record_content and event.success and st.text is not None:
             attrs[cv.OUTPUT_MESSAGES] = messages_json("assistant", st.text)
         metric_attrs: dict[str, Any] = {cv.AGENT_NAME: self.agent_name, cv.RUN_OUTCOME: outcome}
-        if outcome == "cancelled":
+        if outcome == cv.OUTCOME_HANDED_BACK:
+            span.add_event(cv.EV_HANDED_BACK, {}, timestamp=now)
+        elif outcome == "cancelled":
             attrs[cv.CANCELLED] = True
             reason = cv.cancel_reason(error)
             span.add_event(
