@@ -230,3 +230,27 @@ def test_a_log_line_quoting_a_key_is_masked_with_its_traceback(caplog: pytest.Lo
     _clean("the log", caplog.text)
     formatted = "\n".join(logging.Formatter().format(r) for r in caplog.records)
     _clean("the formatted records (tracebacks included)", formatted)
+
+
+def test_keys_in_two_calls_arguments_streamed_interleaved_are_both_masked(server: FakeServer) -> None:
+    from fakeserver import OA_DONE, oa_chunk
+    from support import Recorder
+
+    from loopctl.observers import ToolInputDelta
+
+    args = [_args(f"{LEAK}-{i}") for i in range(2)]
+    chunks = [oa_chunk({"tool_calls": [{"index": i, "id": f"c{i}", "type": "function",
+                                        "function": {"name": "fetch", "arguments": ""}}]}) for i in range(2)]
+    for at in range(0, max(len(a) for a in args), 3):  # the two calls' pieces alternate
+        chunks += [oa_chunk({"tool_calls": [{"index": i, "function": {"arguments": a[at:at + 3]}}]})
+                   for i, a in enumerate(args) if a[at:at + 3]]
+    chunks += [oa_chunk({}, "tool_calls"), OA_DONE]
+    server.push(Stream(chunks), Stream(openai_stream("done")))
+    recorder = Recorder()
+    with BareLoop(_client(server), [fetch]) as loop:
+        loop.register_observer(recorder)
+        loop.run("hi")
+    deltas = recorder.of(ToolInputDelta)
+    for i in range(2):
+        joined = "".join(d.delta for d in deltas if d.call_id == f"c{i}")
+        assert joined == _args("<redacted>"), joined

@@ -372,9 +372,10 @@ class RunEvents:
         key = (cls, turn, call_id, tool)
         mask = self._masks.get(key)
         if mask is None:
-            # Another stream begins (text, then a tool's arguments): the one
-            # before lets go first, so observers see the pieces in their order.
-            self.flush_deltas()
+            # Another kind of stream begins (text, then a tool's arguments): the
+            # other kinds let go first, so observers see the pieces in their
+            # order; two calls' arguments may interleave, each keeps its mask.
+            self.flush_deltas(keep=cls)
             mask = self._masks[key] = StreamMask()
         shown = mask.feed(delta)
         if shown:
@@ -392,10 +393,16 @@ class RunEvents:
             make: Any = cls  # TextDelta or ThinkingDelta: (session, run, turn, delta)
             self.emit(make(self.session_id, self.run_id, turn, text))
 
-    def flush_deltas(self) -> None:
-        """Send what the delta streams' masks still hold (a stream ended or was reset)."""
-        masks, self._masks = self._masks, {}
+    def flush_deltas(self, keep: Optional[type[Event]] = None) -> None:
+        """Send what the delta streams' masks still hold (a stream ended or was reset).
+
+        ``keep``: the streams of this event class keep what they hold.
+        """
+        masks = self._masks
+        self._masks = {k: m for k, m in masks.items() if k[0] is keep}
         for key, mask in masks.items():
+            if key[0] is keep:
+                continue
             rest = mask.flush()
             if rest:
                 self._emit_delta(key, rest)
