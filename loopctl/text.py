@@ -73,11 +73,12 @@ EXCERPT_LIMIT = 2048
 REDACTED = "<redacted>"
 
 # Key shapes: OpenAI/Anthropic-style keys (``sk-``, ``sk-ant-``, ``pk-``, ``rk-``),
-# ``key-`` keys, and an Authorization header's bearer token. Case-sensitive
-# prefixes keep ordinary words ("risk-free", "task-list") out.
+# ``key-`` keys with a digit (never a name like "key-value-store-lookup"), and
+# an Authorization header's bearer token. Case-sensitive prefixes at a word
+# start keep ordinary words ("risk-free", "task-list") out.
 _KEY_SHAPES = re.compile(
     r"\b(?:[spr]k-[A-Za-z0-9_\-*]{6,}"
-    r"|key-[A-Za-z0-9_\-*]{12,})"
+    r"|key-(?=[A-Za-z_\-*]*[0-9])[A-Za-z0-9_\-*]{12,})"
     r"|\b[Bb]earer\s+[A-Za-z0-9._~+/\-=]{8,}"
 )
 #: A registered credential shorter than this is never masked process-wide

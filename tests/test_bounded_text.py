@@ -60,6 +60,14 @@ def test_an_error_quoting_a_megabyte_is_bounded_wherever_it_is_made() -> None:
     assert str(err).endswith(" more characters)")  # says how much was left out
 
 
+def test_names_that_merely_look_like_keys_are_left_alone() -> None:
+    from loopctl.text import redact
+
+    text = "called key-value-store-lookup, risk-free task-list, sklearn"
+    assert redact(text) == text
+    assert redact("key-3ax6xnjp29jd6fds4gc373sgvjxteol0") == "<redacted>"
+
+
 def test_quote_masks_a_key_cut_by_the_excerpt() -> None:
     from loopctl.text import excerpt, quote
 
@@ -77,7 +85,7 @@ def test_a_key_split_across_stream_pieces_is_masked_whole(seed: int) -> None:
     rng = random.Random(seed)
     text = (
         f"first {'word ' * rng.randint(0, 5)}sk-ant-api03-{'Q' * rng.randint(6, 40)} then "
-        f"Authorization: Bearer {'t' * rng.randint(8, 30)}.x and key-{'z' * 14}! end"
+        f"Authorization: Bearer {'t' * rng.randint(8, 30)}.x and key-{'z' * 14}7! end"
     )
     mask = StreamMask()
     out: list[str] = []
