@@ -20,32 +20,12 @@ from typing import Any, ClassVar, Optional
 import attrs
 
 from loopctl.messages import Message, StopReason, Usage
-from loopctl.text import json_safe, quote, redact, redact_value
+from loopctl.text import json_safe, redact, redact_fields
 
 #: Fields that quote untrusted text (an error, a cause, a pattern of tool input):
 #: masked and cut to an excerpt. Every other text field is masked, never cut.
 QUOTED_FIELDS = frozenset(("error", "cause", "errors", "pattern", "reason"))
 _IDS = frozenset(("session_id", "run_id"))
-_PLAIN = (bool, int, float, type(None))
-_TEXT_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
-
-
-def _text_fields(cls: type) -> tuple[tuple[str, bool], ...]:
-    """``(name, quoted)`` of each field of ``cls`` that may hold text (cached per class)."""
-    found = _TEXT_FIELDS.get(cls)
-    if found is None:
-        found = tuple((f.name, f.name in QUOTED_FIELDS) for f in attrs.fields(cls) if f.name not in _IDS)
-        _TEXT_FIELDS[cls] = found
-    return found
-
-
-def _masked(value: Any, quoted: bool) -> Any:
-    if type(value) is str:  # an enum's text (a str subclass) is ours, never untrusted
-        return quote(value) if quoted else redact(value)
-    if quoted and isinstance(value, tuple):
-        out = tuple(_masked(v, True) for v in value)
-        return value if all(a is b for a, b in zip(out, value)) else out
-    return redact_value(value)
 
 
 def _json_safe(value: Any) -> Any:
@@ -82,15 +62,7 @@ class Event:
 
     def redacted(self) -> Event:
         """This event with every text masked and its quotes cut to an excerpt (itself if none changed)."""
-        changes: dict[str, Any] = {}
-        for name, quoted in _text_fields(type(self)):
-            value = getattr(self, name)
-            if isinstance(value, _PLAIN):
-                continue
-            new = _masked(value, quoted)
-            if new is not value:
-                changes[name] = new
-        return attrs.evolve(self, **changes) if changes else self
+        return redact_fields(self, QUOTED_FIELDS, _IDS)
 
 
 @attrs.frozen

@@ -24,7 +24,9 @@ import re
 import threading
 import weakref
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar
+
+import attrs
 
 #: JSON nested deeper than this is refused wherever untrusted JSON is read.
 MAX_JSON_DEPTH = 64
@@ -225,6 +227,45 @@ def redact_value(value: Any) -> Any:
     return value
 
 
+_PLAIN = (bool, int, float, type(None))
+_TEXT_FIELDS: dict[tuple[type, frozenset[str], frozenset[str]], tuple[tuple[str, bool], ...]] = {}
+
+T = TypeVar("T")
+
+
+def redact_fields(obj: T, quoted: frozenset[str] = frozenset(), skip: frozenset[str] = frozenset()) -> T:
+    """A frozen attrs ``obj`` with every text in its fields masked (``obj`` itself if none changed).
+
+    Args:
+        quoted: fields that quote untrusted text: also cut to an excerpt
+            (a tuple of texts: each one).
+        skip: fields left alone (ids the library made).
+    """
+    cls: Any = type(obj)
+    spec = _TEXT_FIELDS.get((cls, quoted, skip))
+    if spec is None:
+        spec = tuple((f.name, f.name in quoted) for f in attrs.fields(cls) if f.name not in skip)
+        _TEXT_FIELDS[(cls, quoted, skip)] = spec
+    changes: dict[str, Any] = {}
+    for name, is_quote in spec:
+        value = getattr(obj, name)
+        if isinstance(value, _PLAIN):
+            continue
+        new = _masked(value, is_quote)
+        if new is not value:
+            changes[name] = new
+    return attrs.evolve(obj, **changes) if changes else obj  # type: ignore[misc]
+
+
+def _masked(value: Any, quoted: bool) -> Any:
+    if type(value) is str:  # an enum's text (a str subclass) is ours, never untrusted
+        return quote(value) if quoted else redact(value)
+    if quoted and isinstance(value, tuple):
+        out = tuple(_masked(v, True) for v in value)
+        return value if all(a is b for a, b in zip(out, value)) else out
+    return redact_value(value)
+
+
 def json_safe(value: Any) -> Any:
     """``value`` as JSON ``allow_nan=False`` accepts: a non-finite float becomes None."""
     if isinstance(value, float):
@@ -277,6 +318,7 @@ __all__ = [
     "json_safe",
     "quote",
     "redact",
+    "redact_fields",
     "redact_key_shapes",
     "redact_value",
     "register_secrets",
