@@ -142,3 +142,18 @@ def test_register_observer_names_the_provider_on_spans_and_metrics(server: FakeS
         assert points and all(p.attributes.get("gen_ai.provider.name") == "openai" for p in points)
     finally:
         traced.close()
+
+
+def test_recorded_tool_arguments_are_standard_json() -> None:
+    import json
+
+    traced = Traced(record_content=True)
+    try:
+        script = [call("echo", x=float("nan"), y=float("inf")), reply("done")]
+        with BareLoop(ScriptedClient(script), [Echo()]) as loop:
+            loop.register_observer(traced.observer)
+            loop.run("hi")
+        args = traced.one("execute_tool echo").attributes["gen_ai.tool.call.arguments"]
+        assert json.loads(args, parse_constant=lambda c: pytest.fail(f"{c} in {args}")) == {"x": None, "y": None}
+    finally:
+        traced.close()

@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from loopctl.observers import TurnEnd
+from loopctl.text import json_safe
 
 from . import conventions as cv
 from .instruments import Instruments
@@ -259,7 +260,7 @@ def record_error(span: Any, kind: str, error: Optional[str], now: int, record_co
 def json_text(value: Mapping[str, Any]) -> str:
     """Tool arguments as JSON text, cleaned for export."""
     try:
-        text = json.dumps(dict(value), ensure_ascii=False, default=str)
+        text = json.dumps(json_safe(dict(value)), ensure_ascii=False, default=str, allow_nan=False)
     except (TypeError, ValueError):
         text = repr(value)
     return cv.clean(text)
