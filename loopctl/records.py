@@ -49,6 +49,10 @@ def _masked_text(value: str) -> str:
     return redact(value) if type(value) is str else value
 
 
+def _masked_optional(value: Optional[str]) -> Optional[str]:
+    return redact(value) if type(value) is str else value
+
+
 def _to_stop_reason(value: Union[StopReason, str]) -> StopReason:
     return StopReason(value)
 
@@ -107,12 +111,15 @@ class Run:
     ``output_value`` is the validated answer of a run that asked for an
     ``output_type`` (an instance of it); ``output`` is still the text.
     ``approvals`` holds every approval decision of the run (who, when,
-    approved or denied and why), in the order they were taken.
+    approved or denied and why), in the order they were taken. ``output``
+    is kept masked, as the turns' texts (``loopctl.text.redact``);
+    ``output_value`` is the answer as validated. ``input`` is what the
+    model is given, so it is kept whole here and masked in ``to_dict``.
     """
 
     id: str
     input: str
-    output: Optional[str] = None
+    output: Optional[str] = attrs.field(default=None, converter=_masked_optional)
     turns: list[Turn] = attrs.field(factory=list)
     config: RunConfig = attrs.field(factory=RunConfig)
     start: float = attrs.field(factory=time.time)

@@ -126,10 +126,13 @@ def redact(text: str) -> str:
     """``text`` with every registered credential and anything key-shaped masked."""
     if not text:
         return text
+    # Key shapes first: a registered key that is the start of a longer
+    # key-shaped token must not leave that token's tail behind.
+    text = _KEY_SHAPES.sub(REDACTED, text)
     for form in _secret_forms:
         if form in text:
             text = text.replace(form, REDACTED)
-    return _KEY_SHAPES.sub(REDACTED, text)
+    return text
 
 
 def redact_key_shapes(text: str) -> str:

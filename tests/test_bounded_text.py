@@ -68,6 +68,15 @@ def test_names_that_merely_look_like_keys_are_left_alone() -> None:
     assert redact("key-3ax6xnjp29jd6fds4gc373sgvjxteol0") == "<redacted>"
 
 
+def test_a_registered_key_inside_a_longer_key_shaped_token_leaves_no_tail() -> None:
+    from loopctl.providers.secrets import Secret
+    from loopctl.text import redact
+
+    secret = Secret("sk-REGISTERED-123")
+    assert redact("echo sk-REGISTERED-1234567-0 done") == "echo <redacted> done"
+    assert secret.redact("echo sk-REGISTERED-1234567-0 done") == "echo <redacted> done"
+
+
 def test_quote_masks_a_key_cut_by_the_excerpt() -> None:
     from loopctl.text import excerpt, quote
 

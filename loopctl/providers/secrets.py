@@ -65,6 +65,7 @@ class Secret:
 
     def redact(self, text: str) -> str:
         """``text`` with every credential of this client (and of every other) and anything key-shaped masked."""
+        text = redact_key_shapes(text)  # first: a key must not leave the tail of a longer token
         for form in self._forms:
             if form in text:
                 text = text.replace(form, _REDACTED)
