@@ -171,6 +171,7 @@ def test_no_untrusted_key_reaches_any_outlet(producer: Producer, server: FakeSer
         else:
             run = loop.run("hi", output_type=producer.output_type)
         _clean("Run.to_dict()", json.dumps(run.to_dict(), allow_nan=False))
+        _clean("the Run record's output and turns", repr((run.output, run.turns)))
     events = recorder.snapshot()
     shown = "\n".join(repr(e) for e in events) + json.dumps([e.to_dict() for e in events], allow_nan=False)
     _clean("the events", shown)
