@@ -90,12 +90,17 @@ MIN_SECRET_CHARS = 8
 _secrets_lock = threading.Lock()
 _secrets_by_owner: dict[int, tuple[str, ...]] = {}
 _secret_forms: tuple[str, ...] = ()  # longest first: a secret containing another is masked whole
+# The forms with a character a key never has (a space, a quote): a stream's
+# held-back tail of key characters cannot cover the start of those.
+_spaced_forms: tuple[str, ...] = ()
+_TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=*\-]+\Z")
 
 
 def _rebuild_forms() -> None:
-    global _secret_forms
+    global _secret_forms, _spaced_forms
     forms = {f for group in _secrets_by_owner.values() for f in group}
     _secret_forms = tuple(sorted(forms, key=len, reverse=True))
+    _spaced_forms = tuple(f for f in _secret_forms if not _TOKEN_CHARS.match(f))
 
 
 def _forget(key: int) -> None:
@@ -202,11 +207,14 @@ def _open_tail_start(text: str) -> int:
     """Where the part of ``text`` that could still be the start of a secret begins."""
     match = _OPEN_TAIL.search(text, max(0, len(text) - MAX_HELD_CHARS))
     cut = match.start() if match is not None else len(text)
-    for form in _secret_forms:  # a registered secret's beginning (it may hold other characters)
-        for k in range(min(len(form) - 1, len(text) - 1), 0, -1):
-            if text.endswith(form[:k]):
-                cut = min(cut, len(text) - k)
-                break
+    last = text[-1:]
+    for form in _spaced_forms:  # a registered secret's beginning, where it holds other characters
+        # Only where the form holds the text's last character can the text end inside it.
+        at = form.find(last, 0, len(form) - 1)
+        while at >= 0:
+            if at + 1 <= len(text) and text.endswith(form[: at + 1]):
+                cut = min(cut, len(text) - at - 1)
+            at = form.find(last, at + 1, len(form) - 1)
     return max(cut, len(text) - MAX_HELD_CHARS)
 
 

@@ -133,3 +133,23 @@ def test_non_finite_numbers_never_reach_json_outlets() -> None:
     finally:
         registry.close()
         loop.close()
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_a_registered_secret_with_spaces_split_across_pieces_is_masked_whole(seed: int) -> None:
+    from loopctl.providers.secrets import Secret
+    from loopctl.text import StreamMask, redact
+
+    secret = Secret("open sesame 4242 please")
+    rng = random.Random(seed)
+    text = f"{'w ' * rng.randint(0, 9)}the phrase is open sesame 4242 please, ok"
+    mask = StreamMask()
+    out = []
+    i = 0
+    while i < len(text):
+        n = rng.randint(1, 6)
+        out.append(mask.feed(text[i : i + n]))
+        i += n
+    out.append(mask.flush())
+    assert "".join(out) == redact(text) and "sesame" not in "".join(out)
+    assert secret  # alive while masking: its forms stay registered
