@@ -215,6 +215,13 @@ def _open_tail_start(text: str) -> int:
             if at + 1 <= len(text) and text.endswith(form[: at + 1]):
                 cut = min(cut, len(text) - at - 1)
             at = form.find(last, at + 1, len(form) - 1)
+    moved = bool(_spaced_forms)
+    while moved:  # a whole one the cut would split (its end held, its start released): hold it all
+        moved = False
+        for form in _spaced_forms:
+            at = text.find(form, max(0, cut - len(form) + 1))
+            if 0 <= at < cut < at + len(form):
+                cut, moved = at, True
     return max(cut, len(text) - MAX_HELD_CHARS)
 
 
