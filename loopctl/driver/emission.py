@@ -18,8 +18,9 @@ observers get is ``event.redacted()`` (credentials and key shapes masked,
 quotes of untrusted text cut to an excerpt), deltas and approvals included.
 Deltas pass a ``StreamMask`` per stream first, so a key split across pieces
 is masked whole; ``flush_deltas`` (at a stream's end, an attempt's reset and
-a phase's close) lets go of what a mask still holds. ``phase()`` opens an LLM or tool phase whose ``on_turn_end`` is
-always sent exactly once: ok on a clean exit, failed on an error, failed by
+a phase's close) lets go of what a mask still holds. ``phase()`` opens an
+LLM or tool phase (``phases.py``) whose ``on_turn_end`` is always sent
+exactly once: ok on a clean exit, failed on an error, failed by
 ``finalize`` when a cancel cut it short. An event object is built only when
 someone listens. Run-start goes to observers then hooks; run-end to hooks
 then observers.
@@ -33,8 +34,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+from loopctl.driver.phases import NullScope, Phase, PhaseScope
 from loopctl.hooks import HookExecutor, RunHookContext
 from loopctl.messages import Message, StopReason, Usage
 from loopctl.observers import (
@@ -180,72 +182,6 @@ class Emitter:
             raise
 
 
-class Phase:
-    """An open LLM or tool phase: its ``on_turn_end`` is owed until closed."""
-
-    __slots__ = ("turn", "name", "t0", "input_tokens", "output_tokens", "stop_reason", "context_tokens", "closed")
-
-    def __init__(self, turn: int, name: str, context_tokens: int) -> None:
-        self.turn = turn
-        self.name = name
-        self.t0 = time.perf_counter()
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.stop_reason: Optional[StopReason] = None
-        self.context_tokens = context_tokens
-        self.closed = False
-
-
-class PhaseScope:
-    """``with events.phase(turn, "llm", ctx) as phase:`` — closes the phase on every exit.
-
-    A clean exit sends ``on_turn_end(success=True)`` with the phase's fields
-    as the body set them; an error sends it failed with the error's text. A
-    run abandoned on cancel sends nothing here: ``finalize`` closed it.
-    """
-
-    __slots__ = ("events", "phase")
-
-    def __init__(self, events: RunEvents, phase: Phase) -> None:
-        self.events = events
-        self.phase = phase
-
-    def __enter__(self) -> Phase:
-        self.events.open_phase = self.phase
-        return self.phase
-
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
-        phase = self.phase
-        if phase.closed or (et is not None and not issubclass(et, Exception)):
-            return False  # closed by finalize, or unwinding an abandoned body
-        if et is None:
-            self.events.close_phase(phase, None)
-        else:
-            self.events.close_phase(phase, str(ev), et.__name__)
-        return False
-
-
-class _NullPhase:
-    """The phase of a run nobody watches turn ends of: fields are written, never read."""
-
-    __slots__ = ("input_tokens", "output_tokens", "stop_reason", "context_tokens")
-
-
-class _NullScope:
-    """``phase()`` when no ``on_turn_end`` would reach anyone: no clock, no event."""
-
-    __slots__ = ("phase",)
-
-    def __init__(self) -> None:
-        self.phase = _NullPhase()
-
-    def __enter__(self) -> Any:
-        return self.phase
-
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
-        return False
-
-
 class RunEvents:
     """One run's binding of the emitter: run id, tap, fence, the open phase."""
 
@@ -272,7 +208,7 @@ class RunEvents:
         # the event types anyone listens to, decided once per run.
         table = self._table
         self._wanted = frozenset(cls for cls in table if table[cls] or tap is not None)
-        self._null_scope: Optional[_NullScope] = None if self.wants(TurnEnd) else _NullScope()
+        self._null_scope: Optional[NullScope] = None if self.wants(TurnEnd) else NullScope()
 
     def wants(self, cls: type[Event]) -> bool:
         """True when an event of ``cls`` would reach anyone."""
