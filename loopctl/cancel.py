@@ -18,6 +18,11 @@ from typing import Optional
 
 log = logging.getLogger("loopctl")
 
+#: The cancel reason of a run a host hands back to its queue (a worker's warm
+#: shutdown): the run stops here and goes on elsewhere, so tracing records it
+#: as handed back, never as cancelled.
+HANDED_BACK = "the worker shut down and handed the run back"
+
 
 #: Guards every flag's waiters and every signal's listeners. One lock for all
 #: signals, not one each: a host holds thousands of loops, and every object a
@@ -246,4 +251,7 @@ class CancelSignal:
         return f"CancelSignal(cancelled={self.is_cancelled()})"
 
 
-__all__ = ["CancelSignal"]
+__all__ = [
+    "HANDED_BACK",
+    "CancelSignal",
+]

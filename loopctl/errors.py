@@ -4,13 +4,24 @@ Each error carries structured fields and a message that names the bad
 value. Foreign exceptions (``requests``, ``json``, user code) are translated
 at a boundary and chained with ``raise ... from exc``. The driver attaches
 the finished ``Run`` record to ``.run`` before a run's error reaches the
-caller. Messages never contain credentials.
+caller.
+
+Messages never contain credentials and never quote much: every message is
+masked (``loopctl.text.redact``) and bounded (``MESSAGE_LIMIT``) when the
+error is made, and ``scrub_error`` masks an error's whole cause chain where
+it leaves a run or a client.
 """
 
 from __future__ import annotations
 
 import traceback
+from collections.abc import Callable
 from typing import Any, Optional
+
+from loopctl.text import EXCERPT_LIMIT, quote, redact
+
+#: The longest message an error carries: room for its own words and a quoted excerpt or two.
+MESSAGE_LIMIT = 2 * EXCERPT_LIMIT
 
 
 class LoopError(Exception):
@@ -23,6 +34,7 @@ class LoopError(Exception):
     run: Any = None
 
     def __init__(self, message: str = "") -> None:
+        message = quote(str(message), MESSAGE_LIMIT)
         super().__init__(message)
         self.message = message
 
@@ -81,7 +93,7 @@ class LoopDetected(LoopError):
 
     def __init__(self, message: str) -> None:
         super().__init__(f"loop detected: {message}")
-        self.detail = message
+        self.detail = quote(message)
 
 
 class UserInputRequired(LoopError):
@@ -89,7 +101,7 @@ class UserInputRequired(LoopError):
 
     def __init__(self, message: str) -> None:
         super().__init__(f"user input required: {message}")
-        self.detail = message
+        self.detail = quote(message)
 
 
 class ToolRecoveryExhausted(LoopError):
@@ -153,13 +165,15 @@ class OutputValidationError(LoopError):
     """The model's final answer did not fit the requested ``output_type``.
 
     Attributes:
-        raw_text: the last reply's text, as the model sent it.
-        errors: the validation errors, each ``"path: message"``.
+        raw_text: the last reply's text, as the model sent it (whole, but
+            with credentials and key-shaped text masked).
+        errors: the validation errors, each ``"path: message"``, each a
+            masked excerpt of at most ``EXCERPT_LIMIT`` characters.
     """
 
     def __init__(self, raw_text: str, errors: tuple[str, ...] | list[str] = ()) -> None:
-        self.raw_text = raw_text
-        self.errors = tuple(errors)
+        self.raw_text = redact(raw_text)
+        self.errors = tuple(quote(str(e)) for e in errors)
         shown = "; ".join(self.errors[:5]) or "no details"
         super().__init__(f"output validation failed: {shown}")
 
@@ -183,6 +197,68 @@ class LoopBusy(LoopError, RuntimeError):
 
     def __init__(self, message: str = "a run is already in flight on this loop") -> None:
         super().__init__(message)
+
+
+def scrub_error(
+    err: BaseException, mask: Callable[[str], str] = redact, *, strip_foreign: bool = False
+) -> BaseException:
+    """Mask ``err`` and its whole cause/context chain in place; returns ``err``.
+
+    A ``LoopError``'s message, args and text fields (``errors``, ``detail``,
+    ``raw_text``, ...) go through ``mask`` and its message is bounded again;
+    its traceback keeps frames (file, line, function) but not their locals.
+    A foreign exception's text is masked; with ``strip_foreign`` (the wire,
+    whose foreign frames hold request headers) its args become that text
+    alone and its traceback is dropped, else only its frames' locals are.
+
+    Args:
+        mask: the masking of one text (a client adds its own credentials).
+        strip_foreign: drop foreign exceptions' args and tracebacks.
+    """
+    seen: set[int] = set()
+    todo: list[Optional[BaseException]] = [err]
+    while todo:
+        exc = todo.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if isinstance(exc, LoopError):
+            _scrub_fields(exc, mask)
+            if exc.__traceback__ is not None:
+                traceback.clear_frames(exc.__traceback__)  # frames still running are kept
+        else:
+            _scrub_foreign(exc, mask, strip_foreign)
+        todo += (exc.__cause__, exc.__context__)
+    return err
+
+
+def _scrub_fields(exc: LoopError, mask: Callable[[str], str]) -> None:
+    exc.message = quote(mask(exc.message), MESSAGE_LIMIT)
+    exc.args = (exc.message,)
+    for key, value in list(vars(exc).items()):
+        if key in ("run", "message") or key.startswith("_"):
+            continue
+        if isinstance(value, str):
+            setattr(exc, key, mask(value))
+        elif isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
+            setattr(exc, key, tuple(mask(v) for v in value))
+
+
+def _scrub_foreign(exc: BaseException, mask: Callable[[str], str], strip: bool) -> None:
+    try:
+        shown = str(exc)
+        text = mask(shown)
+    except Exception:
+        shown, text = "", type(exc).__name__
+    if strip or text != shown:
+        try:
+            exc.args = (text,)
+        except Exception:
+            pass
+    if strip:
+        exc.__traceback__ = None
+    elif exc.__traceback__ is not None:
+        traceback.clear_frames(exc.__traceback__)
 
 
 def _shown_id(session_id: str) -> str:
@@ -264,4 +340,5 @@ __all__ = [
     "ToolRecoveryExhausted",
     "UserInputRequired",
     "release_frames",
+    "scrub_error",
 ]

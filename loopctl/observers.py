@@ -1,8 +1,12 @@
 """Observer events and the ``Observer`` base class.
 
 Every event is a frozen attrs class carrying ``session_id`` and ``run_id``
-first, then its own fields. ``to_dict()`` gives a JSON-safe dict
-with a ``type`` field (``"turn_start"``, ``"text_delta"``, ...). ``Observer``
+first, then its own fields. ``to_dict()`` gives a JSON-safe dict (no
+``NaN``/``Infinity``, every string masked by ``loopctl.text.redact``) with a
+``type`` field (``"turn_start"``, ``"text_delta"``, ...). ``redacted()`` is
+what the emitter delivers: the event with every text masked and its quotes
+of untrusted text (``error``, ``cause``, ``errors``, ...) cut to an excerpt.
+``Observer``
 has a documented no-op ``on_*`` method per event; override the ones you
 want. Observers are called only from ``loopctl.driver.emission``: one that
 raises is logged and skipped, and never changes the run.
@@ -16,15 +20,23 @@ from typing import Any, ClassVar, Optional
 import attrs
 
 from loopctl.messages import Message, StopReason, Usage
+from loopctl.text import json_safe, redact, redact_fields
+
+#: Fields that quote untrusted text (an error, a cause, a pattern of tool input):
+#: masked and cut to an excerpt. Every other text field is masked, never cut.
+QUOTED_FIELDS = frozenset(("error", "cause", "errors", "pattern", "reason"))
+_IDS = frozenset(("session_id", "run_id"))
 
 
 def _json_safe(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float)):
+    if value is None or isinstance(value, (bool, int)):
         return value
+    if isinstance(value, float):
+        return json_safe(value)
     if isinstance(value, str):
-        return str(value)
+        return redact(str(value))
     if isinstance(value, (Usage, Message)):
-        return value.to_dict()
+        return _json_safe(value.to_dict())
     if isinstance(value, Mapping):
         return {str(k): _json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -49,11 +61,15 @@ class Event:
     subagent: str = attrs.field(default="", kw_only=True)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict with a ``type`` field naming the event."""
+        """A JSON-safe dict with a ``type`` field naming the event (texts masked, floats finite)."""
         out: dict[str, Any] = {"type": self.TYPE}
         for f in attrs.fields(type(self)):
             out[f.name] = _json_safe(getattr(self, f.name))
         return out
+
+    def redacted(self) -> Event:
+        """This event with every text masked and its quotes cut to an excerpt (itself if none changed)."""
+        return redact_fields(self, QUOTED_FIELDS, _IDS)
 
 
 @attrs.frozen
@@ -83,11 +99,16 @@ class RunEnd(Event):
 
 @attrs.frozen
 class TurnStart(Event):
-    """A model call is about to be made (never for a deferred turn)."""
+    """A model call is about to be made (never for a deferred turn).
+
+    ``provider`` names the client's provider (``"openai"``, ``"anthropic"``;
+    None for a client that names none), as on every model event.
+    """
 
     TYPE: ClassVar[str] = "turn_start"
     turn: int
     query: str
+    provider: Optional[str] = None
 
 
 @attrs.frozen
@@ -145,6 +166,7 @@ class RetryScheduled(Event):
     wait_s: float
     attempt: int
     max_attempts: int
+    provider: Optional[str] = None
 
 
 @attrs.frozen
@@ -159,22 +181,24 @@ class Response(Event):
 
 @attrs.frozen
 class StreamSuccess(Event):
-    """A model call succeeded; ``model`` is the model that served it."""
+    """A model call succeeded; ``model`` is the model that served it, ``provider`` its provider."""
 
     TYPE: ClassVar[str] = "stream_success"
     turn: int
     model: str
     usage: Optional[Usage]
+    provider: Optional[str] = None
 
 
 @attrs.frozen
 class StreamFailure(Event):
-    """A model call failed (never fired for a cancel)."""
+    """A model call failed (never fired for a cancel); ``provider`` names the client's provider."""
 
     TYPE: ClassVar[str] = "stream_failure"
     turn: int
     model: str
     error: str
+    provider: Optional[str] = None
 
 
 @attrs.frozen

@@ -2,7 +2,10 @@
 
 Records are what happened, never what the model sees: compaction does not
 touch them. Totals are derived from the turns, never stored twice. Every
-run gets its entry, success or failure.
+run gets its entry, success or failure. A record leaves the process only
+through ``to_dict``: every text in it masked (``loopctl.text.redact``) and
+every float finite, so the JSON of a record never carries a credential,
+``NaN`` or ``Infinity``.
 """
 
 from __future__ import annotations
@@ -20,10 +23,34 @@ from loopctl.approvals import ApprovalDecision
 from loopctl.config import RunConfig
 from loopctl.errors import LoopError
 from loopctl.messages import StopReason, ToolCallPart, Usage, part_from_dict, part_to_dict
+from loopctl.text import json_safe, redact, redact_value
+
+
+def _outlet(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as it may leave: every text masked, every float finite."""
+    out: dict[str, Any] = json_safe(redact_value(data))
+    return out
 
 
 def _to_calls(value: Iterable[ToolCallPart]) -> tuple[ToolCallPart, ...]:
-    return tuple(value)
+    return tuple(_masked_call(c) for c in value)
+
+
+def _masked_call(call: ToolCallPart) -> ToolCallPart:
+    # The record keeps its own copy only when something in the call was masked.
+    masked = redact_value(call.input)
+    invalid = None if call.invalid is None else redact(call.invalid)
+    if masked is call.input and invalid is call.invalid:
+        return call
+    return attrs.evolve(call, input=masked, invalid=invalid)
+
+
+def _masked_text(value: str) -> str:
+    return redact(value) if type(value) is str else value
+
+
+def _masked_optional(value: Optional[str]) -> Optional[str]:
+    return redact(value) if type(value) is str else value
 
 
 def _to_stop_reason(value: Union[StopReason, str]) -> StopReason:
@@ -35,20 +62,22 @@ class Turn:
     """One model call of a run and what it asked for.
 
     ``turn`` counts from 0 within the run; ``input`` is the display text of
-    what the turn answered (the run input on turn 0).
+    what the turn answered (the run input on turn 0). The record is made
+    masked: its texts and the calls' arguments as ``loopctl.text.redact``
+    leaves them.
     """
 
     turn: int
-    input: str
-    output: str
+    input: str = attrs.field(converter=_masked_text)
+    output: str = attrs.field(converter=_masked_text)
     tool_calls: tuple[ToolCallPart, ...] = attrs.field(default=(), converter=_to_calls)
     input_tokens: int = 0
     output_tokens: int = 0
     stop_reason: StopReason = attrs.field(default=StopReason.END_TURN, converter=_to_stop_reason)
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict."""
-        return {
+        """A JSON-safe dict (texts masked)."""
+        return _outlet({
             "turn": self.turn,
             "input": self.input,
             "output": self.output,
@@ -56,7 +85,7 @@ class Turn:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "stop_reason": self.stop_reason.value,
-        }
+        })
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Turn:
@@ -82,14 +111,17 @@ class Run:
     ``output_value`` is the validated answer of a run that asked for an
     ``output_type`` (an instance of it); ``output`` is still the text.
     ``approvals`` holds every approval decision of the run (who, when,
-    approved or denied and why), in the order they were taken.
+    approved or denied and why), in the order they were taken. ``output``
+    is kept masked, as the turns' texts (``loopctl.text.redact``);
+    ``output_value`` is the answer as validated. ``input`` is what the
+    model is given, so it is kept whole here and masked in ``to_dict``.
     ``subagent_usage`` sums the tokens of the sub-agent runs this run
     delegated to (see ``BareLoop.as_tool``); ``usage`` adds the run's own.
     """
 
     id: str
     input: str
-    output: Optional[str] = None
+    output: Optional[str] = attrs.field(default=None, converter=_masked_optional)
     turns: list[Turn] = attrs.field(factory=list)
     config: RunConfig = attrs.field(factory=RunConfig)
     start: float = attrs.field(factory=time.time)
@@ -141,9 +173,9 @@ class Run:
         return self.end is not None and self.stop_reason is None
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict; the error travels as its type name, message and fields."""
+        """A JSON-safe dict (texts masked); the error travels as its type name, message and fields."""
         err = self.stop_reason
-        return {
+        return _outlet({
             "id": self.id,
             "input": self.input,
             "output": self.output,
@@ -155,7 +187,7 @@ class Run:
             "output_value": json_form(self.output_value),
             "approvals": [a.to_dict() for a in list(self.approvals)],
             "subagent_usage": self.subagent_usage.to_dict(),
-        }
+        })
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Run:
@@ -209,7 +241,7 @@ def _error_to_dict(err: LoopError) -> dict[str, Any]:
             fields[key] = value
         elif isinstance(value, (tuple, list)) and all(isinstance(v, _SCALARS) for v in value):
             fields[key] = list(value)
-    return {"type": type(err).__name__, "message": str(err), "fields": fields}
+    return _outlet({"type": type(err).__name__, "message": str(err), "fields": fields})
 
 
 def _error_from_dict(raw: Mapping[str, Any]) -> LoopError:

@@ -5,9 +5,28 @@ as UTF-8, so one such character from a tool or a model would fail every
 request or store that carries it); ``json_depth_exceeds`` tells, without
 parsing, whether JSON text nests deeper than a limit (``json`` would raise
 ``RecursionError`` long after the damage is done).
+
+``redact`` is the one mask every outlet's text goes through (errors, events,
+serialized records, logs, spans, CLI output): it hides every credential a
+client of this process was given (registered with ``register_secrets``) and
+anything shaped like a key (``sk-...``, ``sk-ant-...``, ``key-...``, a bearer
+token), whoever produced the text (the model, a tool, a server).
+``excerpt`` bounds how much untrusted text a message or an event quotes;
+``json_safe`` makes a value JSON that ``allow_nan=False`` accepts (a
+non-finite float becomes null, as JavaScript's ``JSON.stringify`` does).
 """
 
 from __future__ import annotations
+
+import logging
+import math
+import re
+import threading
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
+
+import attrs
 
 #: JSON nested deeper than this is refused wherever untrusted JSON is read.
 MAX_JSON_DEPTH = 64
@@ -50,4 +69,275 @@ def json_depth_exceeds(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
-__all__ = ["MAX_JSON_DEPTH", "clean_text", "json_depth_exceeds"]
+#: The most untrusted text an error message or an event's error field quotes.
+EXCERPT_LIMIT = 2048
+
+REDACTED = "<redacted>"
+
+# Key shapes: OpenAI/Anthropic-style keys (``sk-``, ``sk-ant-``, ``pk-``, ``rk-``),
+# ``key-`` keys with a digit (never a name like "key-value-store-lookup"), and
+# an Authorization header's bearer token. Case-sensitive prefixes at a word
+# start keep ordinary words ("risk-free", "task-list") out.
+_KEY_SHAPES = re.compile(
+    r"\b(?:[spr]k-[A-Za-z0-9_\-*]{6,}"
+    r"|key-(?=[A-Za-z_\-*]*[0-9])[A-Za-z0-9_\-*]{12,})"
+    r"|\b[Bb]earer\s+[A-Za-z0-9._~+/\-=]{8,}"
+)
+#: A registered credential shorter than this is never masked process-wide
+#: (a short "secret" would mask ordinary words in every run's text).
+MIN_SECRET_CHARS = 8
+
+_secrets_lock = threading.Lock()
+_secrets_by_owner: dict[int, tuple[str, ...]] = {}
+_secret_forms: tuple[str, ...] = ()  # longest first: a secret containing another is masked whole
+# The forms with a character a key never has (a space, a quote): a stream's
+# held-back tail of key characters cannot cover the start of those.
+_spaced_forms: tuple[str, ...] = ()
+_TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=*\-]+\Z")
+
+
+def _rebuild_forms() -> None:
+    global _secret_forms, _spaced_forms
+    forms = {f for group in _secrets_by_owner.values() for f in group}
+    _secret_forms = tuple(sorted(forms, key=len, reverse=True))
+    _spaced_forms = tuple(f for f in _secret_forms if not _TOKEN_CHARS.match(f))
+
+
+def _forget(key: int) -> None:
+    with _secrets_lock:
+        if _secrets_by_owner.pop(key, None) is not None:
+            _rebuild_forms()
+
+
+def register_secrets(owner: object, forms: Iterable[str]) -> None:
+    """Mask ``forms`` in every outlet's text for as long as ``owner`` lives.
+
+    Args:
+        owner: the object holding the credentials (weakly referenced).
+        forms: the ways the credentials show up in text; those shorter than
+            ``MIN_SECRET_CHARS`` are ignored.
+    """
+    kept = tuple(f for f in forms if len(f) >= MIN_SECRET_CHARS)
+    if not kept:
+        return
+    key = id(owner)
+    with _secrets_lock:
+        _secrets_by_owner[key] = kept
+        _rebuild_forms()
+    weakref.finalize(owner, _forget, key)
+
+
+def redact(text: str) -> str:
+    """``text`` with every registered credential and anything key-shaped masked."""
+    if not text:
+        return text
+    # Key shapes first: a registered key that is the start of a longer
+    # key-shaped token must not leave that token's tail behind.
+    text = _KEY_SHAPES.sub(REDACTED, text)
+    for form in _secret_forms:
+        if form in text:
+            text = text.replace(form, REDACTED)
+    return text
+
+
+def redact_key_shapes(text: str) -> str:
+    """``text`` with anything shaped like an API key or a bearer token masked."""
+    return _KEY_SHAPES.sub(REDACTED, text)
+
+
+def excerpt(text: str, limit: int = EXCERPT_LIMIT) -> str:
+    """At most ``limit`` characters of ``text``, saying how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def quote(text: str, limit: int = EXCERPT_LIMIT) -> str:
+    """Untrusted ``text`` as an outlet may quote it: masked, at most ``limit`` characters.
+
+    Only a little more than is kept is masked (bounded work on a megabyte),
+    so a key cut in half by the excerpt is still seen whole.
+    """
+    if len(text) <= limit:
+        return redact(text)
+    head = redact(text[: limit + 256])
+    end = limit
+    marker = head.find(REDACTED, max(0, limit - len(REDACTED) + 1), limit + len(REDACTED))
+    if 0 <= marker < limit:
+        end = marker + len(REDACTED)  # never cut a mask in half: "<reda" would look like text
+    return f"{head[:end]}... ({len(text) - limit} more characters)"
+
+
+# The end of a text that a key may still be growing from: the trailing run of
+# key/token characters, with a "Bearer " before it.
+_OPEN_TAIL = re.compile(r"(?:\b[Bb]earer\s+)?[A-Za-z0-9._~+/=*\-]*\Z")
+#: The most a ``StreamMask`` holds back (no key is longer).
+MAX_HELD_CHARS = 256
+
+
+class StreamMask:
+    """Masks a text that arrives in pieces (a streamed reply, tool arguments).
+
+    A key split across pieces (``"sk-SE"``, ``"CRET-123"``) is masked whole:
+    each ``feed`` releases the masked text up to the last place a key could
+    still begin, and holds back the rest (at most ``MAX_HELD_CHARS``) until
+    the next piece or ``flush``. The pieces released, joined, are the whole
+    text masked. Not thread-safe: one stream, one reader.
+    """
+
+    __slots__ = ("_held",)
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, piece: str) -> str:
+        """The masked text this piece lets go of (maybe empty)."""
+        text = self._held + piece if self._held else piece
+        cut = _open_tail_start(text)
+        self._held = text[cut:]
+        return redact(text[:cut]) if cut else ""
+
+    def flush(self) -> str:
+        """What is still held, masked; the mask is empty again."""
+        held, self._held = self._held, ""
+        return redact(held) if held else ""
+
+
+def _open_tail_start(text: str) -> int:
+    """Where the part of ``text`` that could still be the start of a secret begins."""
+    match = _OPEN_TAIL.search(text, max(0, len(text) - MAX_HELD_CHARS))
+    cut = match.start() if match is not None else len(text)
+    last = text[-1:]
+    for form in _spaced_forms:  # a registered secret's beginning, where it holds other characters
+        # Only where the form holds the text's last character can the text end inside it.
+        at = form.find(last, 0, len(form) - 1)
+        while at >= 0:
+            if at + 1 <= len(text) and text.endswith(form[: at + 1]):
+                cut = min(cut, len(text) - at - 1)
+            at = form.find(last, at + 1, len(form) - 1)
+    moved = bool(_spaced_forms)
+    while moved:  # a whole one the cut would split (its end held, its start released): hold it all
+        moved = False
+        for form in _spaced_forms:
+            at = text.find(form, max(0, cut - len(form) + 1))
+            if 0 <= at < cut < at + len(form):
+                cut, moved = at, True
+    return max(cut, len(text) - MAX_HELD_CHARS)
+
+
+def redact_value(value: Any) -> Any:
+    """``value`` with every string in it (nested in mappings, lists, tuples) masked.
+
+    Returns ``value`` itself when nothing needed masking.
+    """
+    if type(value) is str:  # a str subclass (an enum's value) is ours, never untrusted
+        return redact(value)
+    if isinstance(value, Mapping):
+        items = [(k, redact_value(v)) for k, v in value.items()]
+        if all(v is value[k] for k, v in items):
+            return value
+        return dict(items)
+    if isinstance(value, (list, tuple)):
+        out = [redact_value(v) for v in value]
+        if all(a is b for a, b in zip(out, value)):
+            return value
+        return tuple(out) if isinstance(value, tuple) else out
+    return value
+
+
+_PLAIN = (bool, int, float, type(None))
+_TEXT_FIELDS: dict[tuple[type, frozenset[str], frozenset[str]], tuple[tuple[str, bool], ...]] = {}
+
+T = TypeVar("T")
+
+
+def redact_fields(obj: T, quoted: frozenset[str] = frozenset(), skip: frozenset[str] = frozenset()) -> T:
+    """A frozen attrs ``obj`` with every text in its fields masked (``obj`` itself if none changed).
+
+    Args:
+        quoted: fields that quote untrusted text: also cut to an excerpt
+            (a tuple of texts: each one).
+        skip: fields left alone (ids the library made).
+    """
+    cls: Any = type(obj)
+    spec = _TEXT_FIELDS.get((cls, quoted, skip))
+    if spec is None:
+        spec = tuple((f.name, f.name in quoted) for f in attrs.fields(cls) if f.name not in skip)
+        _TEXT_FIELDS[(cls, quoted, skip)] = spec
+    changes: dict[str, Any] = {}
+    for name, is_quote in spec:
+        value = getattr(obj, name)
+        if isinstance(value, _PLAIN):
+            continue
+        new = _masked(value, is_quote)
+        if new is not value:
+            changes[name] = new
+    return attrs.evolve(obj, **changes) if changes else obj  # type: ignore[misc]
+
+
+def _masked(value: Any, quoted: bool) -> Any:
+    if type(value) is str:  # an enum's text (a str subclass) is ours, never untrusted
+        return quote(value) if quoted else redact(value)
+    if quoted and isinstance(value, tuple):
+        out = tuple(_masked(v, True) for v in value)
+        return value if all(a is b for a, b in zip(out, value)) else out
+    return redact_value(value)
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` as JSON ``allow_nan=False`` accepts: a non-finite float becomes None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+class RedactingFilter(logging.Filter):
+    """A log filter that masks what ``redact`` masks in each record's text and traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken format: leave it to the handler to report
+            return True
+        masked = redact(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        if record.exc_info and record.exc_info[1] is not None and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def install_log_filter(logger: logging.Logger) -> logging.Logger:
+    """Add the ``RedactingFilter`` to ``logger`` once; returns it."""
+    if not any(isinstance(f, RedactingFilter) for f in logger.filters):
+        logger.addFilter(RedactingFilter())
+    return logger
+
+
+install_log_filter(logging.getLogger("loopctl"))
+
+
+__all__ = [
+    "EXCERPT_LIMIT",
+    "MAX_HELD_CHARS",
+    "MAX_JSON_DEPTH",
+    "MIN_SECRET_CHARS",
+    "REDACTED",
+    "RedactingFilter",
+    "StreamMask",
+    "clean_text",
+    "excerpt",
+    "install_log_filter",
+    "json_depth_exceeds",
+    "json_safe",
+    "quote",
+    "redact",
+    "redact_fields",
+    "redact_key_shapes",
+    "redact_value",
+    "register_secrets",
+]

@@ -254,6 +254,15 @@ def make_traced_loop(conversation: str, history: List[Message]) -> BareLoop:
     return loop
 
 
+def make_traced_durable_loop(conversation: str, history: List[Message]) -> BareLoop:
+    """``make_durable_loop`` with an ``OTelObserver`` attached by ``register_observer`` (not ``instrument``)."""
+    from loopctl.contrib.otel import OTelObserver
+
+    loop = make_durable_loop(conversation, history)
+    loop.register_observer(OTelObserver(tracer_provider=_worker_tracer_provider()))
+    return loop
+
+
 def make_forgetful_loop(conversation: str, history: List[Message]) -> BareLoop:
     """A broken factory that ignores the history (the worker must refuse it)."""
     return make_loop(conversation, [])

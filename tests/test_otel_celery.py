@@ -26,7 +26,13 @@ _REPO = str(Path(__file__).resolve().parent.parent)
 if _REPO not in sys.path:  # the worker and this module import the test app as tests.celery_app
     sys.path.insert(0, _REPO)
 
-from tests.celery_support import CeleryWorker, RedisServer, missing_requirements, stop_all  # noqa: E402
+from tests.celery_support import (  # noqa: E402
+    CeleryWorker,
+    RedisServer,
+    missing_requirements,
+    stop_all,
+    wait_signal,
+)
 
 REASON = missing_requirements()
 try:
@@ -136,3 +142,48 @@ def test_a_run_started_outside_any_span_is_its_own_trace_and_a_cancel_is_recorde
     assert len(cancel) == 1 and cancel[0]["attributes"]["loopctl.cancel.reason"] == "stop from the web"
     cut = [s for s in spans if s["name"].startswith("chat") and s["attributes"].get("loopctl.turn") == 1]
     assert len(cut) == 1 and cut[0]["attributes"]["loopctl.cancelled"] is True
+
+
+def test_a_run_handed_back_on_sigterm_is_not_cancelled_and_its_resume_continues_the_trace(
+    cluster: TracedCluster,
+) -> None:
+    queue = f"handback-{uuid.uuid4().hex[:6]}"
+    env = {OTEL_FILE_ENV: str(cluster.span_file)}
+    workers = [CeleryWorker(cluster.url, f"hb{i}{uuid.uuid4().hex[:4]}", queues=queue, concurrency=2, extra_env=env)
+               for i in range(2)]
+    registry = celery_app.make_registry(
+        cluster.app, cluster.url, "tests.celery_app:make_traced_durable_loop", resume="on_worker_loss", queue=queue
+    )
+    provider = TracerProvider()
+    tracer = trace.get_tracer("web", tracer_provider=provider)
+    try:
+        tag = uuid.uuid4().hex[:12]
+        with tracer.start_as_current_span("POST /chat") as request:
+            run_id = registry.start(f"conv-{tag}", plan_text(tag, turns=3, gate=[1], record=True))
+        assert int(wait_signal(cluster.sig, f"t:{tag}:entered", WAIT)) == 1
+        holder = int(cluster.sig.get(f"t:{tag}:pid") or 0)
+        [leaving] = [w for w in workers if w.pid == holder]
+        leaving._p.proc.terminate()  # warm shutdown: the run is handed back at its next boundary
+        cluster.sig.rpush(f"t:{tag}:release:1", "go")
+        run = registry.result(run_id, WAIT)
+        assert run.output == f"done {tag} turn=2 steers=0"
+        assert leaving._p.proc.wait(WAIT) == 0
+        assert registry.status(run_id).resumes == 1
+    finally:
+        registry.close()
+        stop_all(workers)
+        provider.shutdown()
+    caller = request.get_span_context()
+    spans = [json.loads(line) for line in cluster.span_file.read_text(encoding="utf-8").splitlines() if line]
+    runs = [s for s in spans if s["name"] == "invoke_agent" and s["attributes"].get("loopctl.run.id") == run_id]
+    assert len(runs) == 2, [s["attributes"] for s in runs]
+    first, resumed = sorted(runs, key=lambda s: s["start_time"])
+    assert {s["context"]["trace_id"] for s in runs} == {hex_id(caller.trace_id, 32)}
+    assert first["attributes"]["loopctl.run.outcome"] == "handed_back"
+    assert "loopctl.cancelled" not in first["attributes"] and first["status"]["status_code"] != "ERROR"
+    assert not [e for e in first["events"] if e["name"] == "loopctl.cancel"]
+    assert resumed["parent_id"] == first["context"]["span_id"]  # it continues the span it resumes
+    assert resumed["attributes"]["loopctl.run.resumes"] == 1
+    assert resumed["attributes"]["loopctl.run.outcome"] == "completed"
+    chats = [s for s in spans if s.get("parent_id") == resumed["context"]["span_id"]]
+    assert chats and all(s["context"]["trace_id"] == hex_id(caller.trace_id, 32) for s in chats)

@@ -9,7 +9,10 @@ hands the run back at that boundary: it seals the writer (nothing after the
 checkpoint reaches the stream) and cancels the local run before its next
 step, and ``hand_back`` requeues it (``HANDBACK``) and sends its message.
 ``wait_or_drain`` also hands back, from the last committed checkpoint, a
-run that reaches no boundary within ``drain_timeout``.
+run that reaches no boundary within ``drain_timeout``. Each checkpoint
+carries the run's trace context (``trace``: W3C headers of its run span,
+when OpenTelemetry is there), so the worker that resumes it continues the
+original trace (``checkpoint_trace``).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import json
 import logging
 import threading
 import time
-from typing import Callable, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
+from loopctl.cancel import HANDED_BACK
 from loopctl.driver.checkpoint import Checkpoint
 from loopctl.driver.handle import RunHandle
 from loopctl.driver.loop import BareLoop
@@ -34,11 +38,9 @@ from loopctl.records import Turn
 
 from .celery_events import EventWriter
 from .celery_redis import RedisBackend, RegistryUnavailable, dumps
+from .celery_task import propagation
 
 log = logging.getLogger("loopctl")
-
-#: The cause a run handed back on a warm shutdown shows in ``run_resumed``.
-HANDED_BACK = "the worker shut down and handed the run back"
 
 
 class WorkerHost:
@@ -59,13 +61,17 @@ class WorkerHost:
         self._kick()
 
 
-def checkpoint_to_json(cp: Checkpoint, steers: int, clean: bool = False) -> str:
+def checkpoint_to_json(
+    cp: Checkpoint, steers: int, clean: bool = False, trace: Optional[Dict[str, str]] = None
+) -> str:
     """A checkpoint as JSON, with the count of steers it has delivered.
 
     ``clean``: the run stops right here (handed back), nothing runs after it.
+    ``trace``: the run's W3C trace context, for the worker that resumes it.
     """
     return dumps(
         {
+            "trace": trace or None,
             "clean": clean,
             "after": cp.after,
             "pending": history_to_dict(cp.pending),
@@ -94,14 +100,40 @@ def checkpoint_from_json(text: str) -> Tuple[Checkpoint, int, bool]:
     return cp, int(data.get("steers") or 0), bool(data.get("clean"))
 
 
+def checkpoint_trace(text: str) -> Optional[Dict[str, str]]:
+    """The W3C trace context a checkpoint carries (None when it carries none)."""
+    try:
+        trace = json.loads(text).get("trace")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(trace, dict):
+        return None
+    return {k: v for k, v in trace.items() if isinstance(k, str) and isinstance(v, str)} or None
+
+
+def run_trace(run_id: str) -> Optional[Dict[str, str]]:
+    """The trace context a checkpoint of ``run_id`` carries (None without OpenTelemetry)."""
+    carrier = propagation()
+    if carrier is None:
+        return None
+    try:
+        found: Optional[Dict[str, str]] = carrier.run_carrier(run_id)
+    except Exception:  # tracing never fails a run
+        log.debug("run %s: no trace context for its checkpoint", run_id, exc_info=True)
+        return None
+    return found
+
+
 def checkpointer(
-    loop: BareLoop, writer: EventWriter, steer_base: int, host: Optional[WorkerHost], handed: threading.Event
+    loop: BareLoop, writer: EventWriter, steer_base: int, host: Optional[WorkerHost], handed: threading.Event,
+    run_id: str = "",
 ) -> Callable[[Checkpoint], None]:
     """The run's checkpoint sink (its thread): queue the state; hand back if draining."""
 
     def sink(cp: Checkpoint) -> None:
         hand = host is not None and host.draining.is_set() and not handed.is_set()
-        text = checkpoint_to_json(cp, steer_base + writer.delivered, clean=hand)
+        trace = run_trace(run_id) if run_id else None
+        text = checkpoint_to_json(cp, steer_base + writer.delivered, clean=hand, trace=trace)
         # Write-ahead for at-most-once: the model's calls are durable before any
         # of them starts, or a crash now would ask (and run) them again.
         written = writer.checkpoint(text, confirm=cp.after == "model" and not hand)
@@ -160,7 +192,9 @@ __all__ = [
     "WorkerHost",
     "checkpoint_from_json",
     "checkpoint_to_json",
+    "checkpoint_trace",
     "checkpointer",
     "hand_back",
+    "run_trace",
     "wait_or_drain",
 ]

@@ -53,6 +53,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from loopctl.errors import LoopError
+from loopctl.text import json_safe
 
 from . import celery_scripts as lua
 
@@ -434,8 +435,8 @@ class RedisBackend:
 
 
 def dumps(data: Any) -> str:
-    """Compact JSON text."""
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+    """Compact, standard JSON text (a non-finite number is ``null``)."""
+    return json.dumps(json_safe(data), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 __all__ = [

@@ -46,6 +46,7 @@ from its last checkpoint once ``drain_timeout`` has passed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -76,12 +77,14 @@ from .celery_durable import (
     HANDED_BACK,
     WorkerHost,
     checkpoint_from_json,
+    checkpoint_trace,
     checkpointer,
     hand_back,
     wait_or_drain,
 )
 from .celery_events import EventWriter, WorkerSettings
 from .celery_redis import Claim, RedisBackend, RegistryUnavailable, dumps
+from .celery_task import propagation
 
 log = logging.getLogger("loopctl")
 
@@ -202,9 +205,11 @@ def execute_run(
             loop, feed = _build_loop(claim, conversation, saved, steer_base, sessions)
             if claim.cancel:
                 loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
-            sink = checkpointer(loop, writer, steer_base, host, handed) if durable else None
+            sink = checkpointer(loop, writer, steer_base, host, handed, run_id) if durable else None
             point = ResumePoint(saved, claim.resumes, claim.cause, clean) if claim.resumes > 0 else None
-            handle = loop.start(claim.input, config, run_id, tap=writer.tap, checkpoint=sink, resume=point)
+            # A resumed run continues the trace its checkpoint carries (the run thread copies it).
+            with _resumed_trace(claim.checkpoint if point is not None else ""):
+                handle = loop.start(claim.input, config, run_id, tap=writer.tap, checkpoint=sink, resume=point)
         except Exception as exc:
             msg = f"could not start the run: {type(exc).__name__}: {exc}"
             setup_error = exc if isinstance(exc, LoopError) else LoopError(msg)
@@ -249,6 +254,15 @@ def execute_run(
             approvals.drop(backend, run_id)
         if loop is not None:
             loop.close()
+
+
+def _resumed_trace(checkpoint: str) -> Any:
+    """The checkpoint's trace context made current (a no-op without one, or without OpenTelemetry)."""
+    carrier = propagation() if checkpoint else None
+    trace = checkpoint_trace(checkpoint) if carrier is not None else None
+    if carrier is None or trace is None:
+        return contextlib.nullcontext()
+    return carrier.attached(trace)
 
 
 def _end_fields(

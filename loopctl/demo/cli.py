@@ -52,6 +52,7 @@ from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
 from loopctl.observers import CallbackObserver
 from loopctl.records import json_form
+from loopctl.text import json_safe, redact_value
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 _DEFAULT_MODELS = {"openai": ("OPENAI_MODEL", "gpt-4o-mini"),
@@ -126,7 +127,7 @@ class Command:
         if a.json:
             out = self.console
             loop.register_observer(CallbackObserver(
-                lambda e: out.line(json.dumps(e.to_dict(), ensure_ascii=False))))
+                lambda e: out.line(json.dumps(e.to_dict(), ensure_ascii=False, allow_nan=False))))
         else:
             if not typed:
                 loop.set_text_streamer(self.console.text)
@@ -267,7 +268,7 @@ class Command:
         if error is None and self.config.output_type is not None:
             value = json_form(run.output_value)
             shown = {"type": "output_value", "value": value} if self.args.json else value
-            self.console.line(json.dumps(shown, ensure_ascii=False))
+            self.console.line(json.dumps(json_safe(redact_value(shown)), ensure_ascii=False, allow_nan=False))
         if error is None or isinstance(error, Cancelled) or run is None or run.turn_count:
             self.note(_summary(run, self.facts), "dim")  # not "0 turns, ..." after a failure
         if error is None:

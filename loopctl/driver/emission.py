@@ -13,8 +13,14 @@ the last event of its run and comes before any event of a later run.
 
 ``RunEvents`` (one per run) binds the emitter to the run: its id, its tap
 (called inline, before the queue: the registry's tap never blocks) and its
-fence. ``phase()`` opens an LLM or tool phase whose ``on_turn_end`` is
-always sent exactly once: ok on a clean exit, failed on an error, failed by
+fence. ``emit`` is the one door every event passes: what the tap and the
+observers get is ``event.redacted()`` (credentials and key shapes masked,
+quotes of untrusted text cut to an excerpt), deltas and approvals included.
+Deltas pass a ``StreamMask`` per stream first, so a key split across pieces
+is masked whole; ``flush_deltas`` (at a stream's end, an attempt's reset and
+a phase's close) lets go of what a mask still holds. ``phase()`` opens an
+LLM or tool phase (``phases.py``) whose ``on_turn_end`` is always sent
+exactly once: ok on a clean exit, failed on an error, failed by
 ``finalize`` when a cancel cut it short. An event object is built only when
 someone listens. Run-start goes to observers then hooks; run-end to hooks
 then observers.
@@ -28,8 +34,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+from loopctl.driver.phases import NullScope, Phase, PhaseScope
 from loopctl.hooks import HookExecutor, RunHookContext
 from loopctl.messages import Message, StopReason, Usage
 from loopctl.observers import (
@@ -60,6 +67,7 @@ from loopctl.observers import (
     TurnEnd,
     TurnStart,
 )
+from loopctl.text import StreamMask
 
 if TYPE_CHECKING:
     from loopctl.driver.handle import RunContext
@@ -174,72 +182,6 @@ class Emitter:
             raise
 
 
-class Phase:
-    """An open LLM or tool phase: its ``on_turn_end`` is owed until closed."""
-
-    __slots__ = ("turn", "name", "t0", "input_tokens", "output_tokens", "stop_reason", "context_tokens", "closed")
-
-    def __init__(self, turn: int, name: str, context_tokens: int) -> None:
-        self.turn = turn
-        self.name = name
-        self.t0 = time.perf_counter()
-        self.input_tokens = 0
-        self.output_tokens = 0
-        self.stop_reason: Optional[StopReason] = None
-        self.context_tokens = context_tokens
-        self.closed = False
-
-
-class PhaseScope:
-    """``with events.phase(turn, "llm", ctx) as phase:`` — closes the phase on every exit.
-
-    A clean exit sends ``on_turn_end(success=True)`` with the phase's fields
-    as the body set them; an error sends it failed with the error's text. A
-    run abandoned on cancel sends nothing here: ``finalize`` closed it.
-    """
-
-    __slots__ = ("events", "phase")
-
-    def __init__(self, events: RunEvents, phase: Phase) -> None:
-        self.events = events
-        self.phase = phase
-
-    def __enter__(self) -> Phase:
-        self.events.open_phase = self.phase
-        return self.phase
-
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
-        phase = self.phase
-        if phase.closed or (et is not None and not issubclass(et, Exception)):
-            return False  # closed by finalize, or unwinding an abandoned body
-        if et is None:
-            self.events.close_phase(phase, None)
-        else:
-            self.events.close_phase(phase, str(ev), et.__name__)
-        return False
-
-
-class _NullPhase:
-    """The phase of a run nobody watches turn ends of: fields are written, never read."""
-
-    __slots__ = ("input_tokens", "output_tokens", "stop_reason", "context_tokens")
-
-
-class _NullScope:
-    """``phase()`` when no ``on_turn_end`` would reach anyone: no clock, no event."""
-
-    __slots__ = ("phase",)
-
-    def __init__(self) -> None:
-        self.phase = _NullPhase()
-
-    def __enter__(self) -> Any:
-        return self.phase
-
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
-        return False
-
-
 class RunEvents:
     """One run's binding of the emitter: run id, tap, fence, the open phase."""
 
@@ -259,19 +201,22 @@ class RunEvents:
         self.handoff = False
         self.window = window
         self.open_phase: Optional[Phase] = None
+        self._masks: dict[tuple[type[Event], int, str, str], StreamMask] = {}  # one per delta stream
+        self.text_sink: Optional[Callable[[str], None]] = None  # the text streamer, during a stream
         self._table = emitter._table
         # Observers are fixed while a run is in flight, and so is the tap:
         # the event types anyone listens to, decided once per run.
         table = self._table
         self._wanted = frozenset(cls for cls in table if table[cls] or tap is not None)
-        self._null_scope: Optional[_NullScope] = None if self.wants(TurnEnd) else _NullScope()
+        self._null_scope: Optional[NullScope] = None if self.wants(TurnEnd) else NullScope()
 
     def wants(self, cls: type[Event]) -> bool:
         """True when an event of ``cls`` would reach anyone."""
         return cls in self._wanted
 
     def emit(self, event: Event) -> None:
-        """Tap first (inline), then observers (queued, one at a time)."""
+        """Redact, then tap first (inline), then observers (queued, one at a time)."""
+        event = event.redacted()
         tap = self.tap
         if tap is not None:
             try:
@@ -285,6 +230,7 @@ class RunEvents:
         """From now on this run's events are handed off (the takeover finalizes it)."""
         self.fence = None
         self.handoff = True
+        self.text_sink = None  # the streamer unfences the run's body: never from the takeover
 
     # -- phases ------------------------------------------------------------------
 
@@ -303,6 +249,7 @@ class RunEvents:
         if phase.closed:
             return
         phase.closed = True
+        self.flush_deltas()
         if self.open_phase is phase:
             self.open_phase = None
         self.turn_end(
@@ -353,33 +300,75 @@ class RunEvents:
         if RunEnd in self._wanted:
             self.emit(RunEnd(self.session_id, self.run_id, success, error, total_turns, duration_ms, error_type))
 
-    def turn_start(self, turn: int, query: str) -> None:
+    def turn_start(self, turn: int, query: str, provider: Optional[str] = None) -> None:
         if TurnStart in self._wanted:
-            self.emit(TurnStart(self.session_id, self.run_id, turn, query))
+            self.emit(TurnStart(self.session_id, self.run_id, turn, query, provider))
 
-    def text_delta(self, turn: int, delta: str) -> None:
-        if TextDelta in self._wanted:
-            self.emit(TextDelta(self.session_id, self.run_id, turn, delta))
+    def _delta(self, cls: type[Event], turn: int, delta: str, call_id: str = "", tool: str = "") -> None:
+        key = (cls, turn, call_id, tool)
+        mask = self._masks.get(key)
+        if mask is None:
+            # Another kind of stream begins (text, then a tool's arguments): the
+            # other kinds let go first, so observers see the pieces in their
+            # order; two calls' arguments may interleave, each keeps its mask.
+            self.flush_deltas(keep=cls)
+            mask = self._masks[key] = StreamMask()
+        shown = mask.feed(delta)
+        if shown:
+            self._emit_delta(key, shown)
+
+    def _emit_delta(self, key: tuple[type[Event], int, str, str], text: str) -> None:
+        cls, turn, call_id, tool = key
+        if cls is TextDelta and not call_id and self.text_sink is not None:
+            self.text_sink(text)  # before the observers: the console leads
+            if TextDelta not in self._wanted:
+                return
+        if cls is ToolInputDelta:
+            self.emit(ToolInputDelta(self.session_id, self.run_id, turn, call_id, tool, text))
+        else:
+            make: Any = cls  # TextDelta or ThinkingDelta: (session, run, turn, delta)
+            self.emit(make(self.session_id, self.run_id, turn, text))
+
+    def flush_deltas(self, keep: Optional[type[Event]] = None) -> None:
+        """Send what the delta streams' masks still hold (a stream ended or was reset).
+
+        ``keep``: the streams of this event class keep what they hold.
+        """
+        masks = self._masks
+        self._masks = {k: m for k, m in masks.items() if k[0] is keep}
+        for key, mask in masks.items():
+            if key[0] is keep:
+                continue
+            rest = mask.flush()
+            if rest:
+                self._emit_delta(key, rest)
+
+    def text_delta(self, turn: int, delta: str, answer: bool = False) -> None:
+        """A piece of reply text (``answer``: of the typed answer's tool input; never to the streamer)."""
+        if TextDelta in self._wanted or (self.text_sink is not None and not answer):
+            self._delta(TextDelta, turn, delta, "answer" if answer else "")
 
     def thinking_delta(self, turn: int, delta: str) -> None:
         if ThinkingDelta in self._wanted:
-            self.emit(ThinkingDelta(self.session_id, self.run_id, turn, delta))
+            self._delta(ThinkingDelta, turn, delta)
 
     def tool_input_delta(self, turn: int, call_id: str, tool: str, delta: str) -> None:
         if ToolInputDelta in self._wanted:
-            self.emit(ToolInputDelta(self.session_id, self.run_id, turn, call_id, tool, delta))
+            self._delta(ToolInputDelta, turn, delta, call_id, tool)
 
     def attempt_reset(self, turn: int, attempt: int) -> None:
+        self.flush_deltas()
         if AttemptReset in self._wanted:
             self.emit(AttemptReset(self.session_id, self.run_id, turn, attempt))
 
     def retry_scheduled(
-        self, turn: int, model: str, cause: str, wait_s: float, attempt: int, max_attempts: int
+        self, turn: int, model: str, cause: str, wait_s: float, attempt: int, max_attempts: int,
+        provider: Optional[str] = None,
     ) -> None:
         if RetryScheduled in self._wanted:
             self.emit(
                 RetryScheduled(
-                    self.session_id, self.run_id, turn, model, cause, wait_s, attempt, max_attempts
+                    self.session_id, self.run_id, turn, model, cause, wait_s, attempt, max_attempts, provider
                 )
             )
 
@@ -387,13 +376,13 @@ class RunEvents:
         if Response in self._wanted:
             self.emit(Response(self.session_id, self.run_id, turn, text, usage))
 
-    def stream_success(self, turn: int, model: str, usage: Optional[Usage]) -> None:
+    def stream_success(self, turn: int, model: str, usage: Optional[Usage], provider: Optional[str] = None) -> None:
         if StreamSuccess in self._wanted:
-            self.emit(StreamSuccess(self.session_id, self.run_id, turn, model, usage))
+            self.emit(StreamSuccess(self.session_id, self.run_id, turn, model, usage, provider))
 
-    def stream_failure(self, turn: int, model: str, error: str) -> None:
+    def stream_failure(self, turn: int, model: str, error: str, provider: Optional[str] = None) -> None:
         if StreamFailure in self._wanted:
-            self.emit(StreamFailure(self.session_id, self.run_id, turn, model, error))
+            self.emit(StreamFailure(self.session_id, self.run_id, turn, model, error, provider))
 
     def turn_end(
         self,

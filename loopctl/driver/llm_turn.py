@@ -13,13 +13,12 @@ events.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from loopctl.context.memory import MEMORY_PREFIX, format_memory, memory_query
 from loopctl.errors import Cancelled, LoopError, ModelError
 from loopctl.messages import Message, ModelRequest, ModelResponse, ToolResultPart
-from loopctl.observers import TextDelta
 from loopctl.providers.base import (
     PartDelta,
     PartStart,
@@ -171,12 +170,27 @@ def _complete_turn(parts: LoopParts, rc: RunContext, em: RunEvents, turn: int, r
                 reply: ModelResponse = ev.response  # the reply is the call's last event
                 return reply
             if type(ev) is RetryWait:
-                em.retry_scheduled(turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts)
+                em.retry_scheduled(
+                    turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts, parts.provider_name()
+                )
             elif type(ev) is StreamAttemptReset:
                 em.attempt_reset(turn, ev.attempt)
     finally:
         rc.model_call = None
     raise Cancelled(cancel.reason)  # ended without a reply: only a close (cancel) does that
+
+
+def _sink(rc: RunContext, streamer: Callable[[str], None]) -> Callable[[str], None]:
+    """The text streamer as the events' text sink: called unfenced, its failure contained."""
+
+    def sink(piece: str) -> None:
+        with rc.unfenced():  # user code: never holds a cancel
+            try:
+                streamer(piece)
+            except Exception:
+                log.exception("text streamer raised; ignored")
+
+    return sink
 
 
 def _stream_turn(
@@ -193,7 +207,9 @@ def _stream_turn(
     acc = StreamAccumulator()
     rescued: Optional[ModelResponse] = None
     tool_slots: dict[int, tuple[str, str]] = {}
-    want_text = em.wants(TextDelta) or streamer is not None
+    # The streamer is an outlet too: it gets the reply's pieces as the events
+    # do, through the same mask (a key split across pieces is masked whole).
+    em.text_sink = None if streamer is None else _sink(rc, streamer)
     it = iter(events)
     rc.model_call = events  # before the call starts: a cancel from now on closes it
     try:
@@ -204,21 +220,14 @@ def _stream_turn(
             if isinstance(ev, PartDelta):
                 kind = ev.kind
                 if kind == "text":
-                    if want_text:
-                        if streamer is not None:
-                            with rc.unfenced():  # user code: never holds a cancel
-                                try:
-                                    streamer(ev.text)
-                                except Exception:
-                                    log.exception("text streamer raised; ignored")
-                        em.text_delta(turn, ev.text)
+                    em.text_delta(turn, ev.text)
                 elif kind == "thinking":
                     em.thinking_delta(turn, ev.text)
                 elif kind == "tool_input":
                     cid, name = tool_slots.get(ev.index, ("", ""))
                     em.tool_input_delta(turn, cid, name, ev.text)
                     if answer_tool is not None and name == answer_tool:
-                        em.text_delta(turn, ev.text)  # the typed answer, as it comes
+                        em.text_delta(turn, ev.text, answer=True)  # the typed answer, as it comes
                 acc.feed(ev)
             elif isinstance(ev, PartStart):
                 if ev.kind == "tool_call":
@@ -231,11 +240,16 @@ def _stream_turn(
             elif isinstance(ev, StreamRescue):
                 rescued = ev.response
             elif isinstance(ev, RetryWait):
-                em.retry_scheduled(turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts)
+                em.retry_scheduled(
+                    turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts, parts.provider_name()
+                )
             else:
                 acc.feed(ev)
+        if not rc.cancel.is_cancelled():
+            em.flush_deltas()  # on an error the phase's close lets go of them instead
     finally:
         rc.model_call = None
+        em.text_sink = None
     if rc.cancel.is_cancelled():
         raise Cancelled(rc.cancel.reason)
     if rescued is not None:

@@ -50,6 +50,11 @@ class LoopParts:
         """The client's model name ("" when it has none)."""
         return str(getattr(self.client, "model", "") or "")
 
+    def provider_name(self) -> Optional[str]:
+        """The client's ``provider`` (``"openai"``, ...), or None when it names none."""
+        provider = getattr(self.client, "provider", None)
+        return provider if isinstance(provider, str) and provider else None
+
     def window(self) -> Optional[int]:
         """The context window, or None when window policy is off (0)."""
         w = self.session_config.context_window

@@ -58,6 +58,7 @@ from loopctl.errors import (
     MaxTurnsExceeded,
     RateLimitEscalation,
     UserInputRequired,
+    scrub_error,
 )
 from loopctl.machine import (
     CallLLM,
@@ -326,7 +327,7 @@ class RunDriver:
         if parts.fallback is not None:
             self.route_model()
         if TurnStart in em._wanted:
-            em.turn_start(turn, query)
+            em.turn_start(turn, query, parts.provider_name())
         request = build_request(parts, m, transients, self.options())
         if self.answer_check is not None:
             request = shape_request(self.answer_check, request)
@@ -363,7 +364,9 @@ class RunDriver:
                 tripped = parts.fallback.record_failure(isinstance(exc, RateLimitEscalation))
                 if tripped is not None:
                     self.events.fallback(*tripped)
-            self.events.stream_failure(turn, parts.routed_model or parts.model_name(), str(exc))
+            self.events.stream_failure(
+                turn, parts.routed_model or parts.model_name(), str(exc), parts.provider_name()
+            )
             raise
 
     def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
@@ -378,7 +381,7 @@ class RunDriver:
             parts.fallback.record_success()
         wanted = em._wanted
         if StreamSuccess in wanted:
-            em.stream_success(turn, response.model or parts.model_name(), usage)
+            em.stream_success(turn, response.model or parts.model_name(), usage, parts.provider_name())
         # The gate first: the conversation and the record hold the admitted calls
         # (ids unique in the turn, arguments frozen), as the dispatcher and approvals do.
         message, _ = admit_message(response.message, parts.tools)
@@ -543,6 +546,7 @@ class RunDriver:
                         log.exception("memory consolidate failed after run %s", run.id)
             else:
                 m.discard_pending()
+                scrub_error(error)  # the run's error and its causes leave masked, whoever made them
                 error.run = run
             if parts.loop_detector is not None:
                 parts.loop_detector.consume_pending_stop()

@@ -23,6 +23,7 @@ from loopctl.errors import Cancelled, LoopError, release_frames
 from loopctl.messages import Message
 from loopctl.observers import Event, RunEnd
 from loopctl.records import Run, json_form
+from loopctl.text import json_safe, redact, redact_value
 
 if TYPE_CHECKING:
     from loopctl.driver.handle import RunHandle
@@ -73,8 +74,9 @@ class RunStatus:
     approvals: Tuple[ApprovalDecision, ...] = ()
 
     def to_dict(self) -> Dict[str, Any]:
-        """A JSON-safe dict of the fields."""
-        return attrs.asdict(self)
+        """A JSON-safe dict of the fields (texts masked, floats finite)."""
+        out: Dict[str, Any] = json_safe(redact_value(attrs.asdict(self)))
+        return out
 
 
 class _Final:
@@ -219,7 +221,9 @@ def _status(entry: _Entry) -> RunStatus:
     if entry.ended or handle.done():
         err = run.stop_reason
         if err is None:
-            state, output, value = "completed", run.output, json_form(run.output_value)
+            # The answer leaves through the status: masked like every outlet's text.
+            output = None if run.output is None else redact(run.output)
+            state, value = "completed", json_safe(redact_value(json_form(run.output_value)))
         else:
             state = "cancelled" if isinstance(err, Cancelled) else "failed"
             error = str(err)

@@ -36,6 +36,7 @@ from loopctl.messages import (
 )
 from loopctl.observers import EVENT_TYPES, Event
 from loopctl.records import Run, Turn, _error_from_dict, _error_to_dict
+from loopctl.text import json_safe
 
 
 class SchemaError(LoopError, ValueError):
@@ -334,8 +335,8 @@ def load(envelope: Mapping[str, Any]) -> Any:
 
 
 def dumps(obj: Any) -> str:
-    """``dump(obj)`` as compact JSON text."""
-    return json.dumps(dump(obj), separators=(",", ":"), ensure_ascii=False)
+    """``dump(obj)`` as compact JSON text (standard JSON: a non-finite number is ``null``)."""
+    return json.dumps(json_safe(dump(obj)), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def loads(text: Union[str, bytes]) -> Any:

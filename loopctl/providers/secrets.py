@@ -1,31 +1,26 @@
-"""A client's secrets and the one redaction every error it raises goes through.
+"""A client's secrets, registered with the one redaction every outlet goes through.
 
 ``Secret`` holds every credential a client was given (the key, header
-values that may authorise, URL credentials) and masks each of them, in
-every form it shows up in text (as is, stripped, escaped, percent-decoded),
-plus anything shaped like an API key. ``scrub`` applies that to an error and
-its whole cause/context chain, and drops what could still hold a secret:
+values that may authorise, URL credentials), registers every form each
+shows up in text (as is, stripped, escaped, percent-decoded) with
+``loopctl.text.register_secrets`` (so no event, record, log or span of any
+run shows them) and masks them itself, plus anything shaped like an API
+key. ``scrub`` applies that to an error and its whole cause/context chain
+(``loopctl.errors.scrub_error``), and drops what could still hold a secret:
 the locals of our frames, the tracebacks of foreign causes. Pure: no IO.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import traceback
 from collections.abc import Iterable, Mapping
 from typing import Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from loopctl.errors import LoopError
-
-_KEY_SHAPES = re.compile(r"\b(sk-[A-Za-z0-9_\-*]{6,}|key-[A-Za-z0-9_\-*]{12,})")
-_REDACTED = "<redacted>"
-
-
-def redact_key_shapes(text: str) -> str:
-    """``text`` with anything shaped like an API key masked."""
-    return _KEY_SHAPES.sub(_REDACTED, text)
+from loopctl.errors import scrub_error
+from loopctl.text import REDACTED as _REDACTED
+from loopctl.text import redact as _redact_everywhere
+from loopctl.text import redact_key_shapes, register_secrets
 
 
 def _forms(value: str) -> set[str]:
@@ -44,7 +39,7 @@ class Secret:
             credentials); empty ones are ignored.
     """
 
-    __slots__ = ("_forms", "_value")
+    __slots__ = ("__weakref__", "_forms", "_value")
 
     def __init__(self, value: Optional[str], others: Iterable[Optional[str]] = ()) -> None:
         self._value = value or None
@@ -54,6 +49,7 @@ class Secret:
                 forms |= _forms(str(v))
         # Longest first, so a secret containing another is masked whole.
         self._forms = tuple(sorted(forms, key=len, reverse=True))
+        register_secrets(self, self._forms)
 
     def reveal(self) -> Optional[str]:
         """The credential itself (for the request header only)."""
@@ -68,11 +64,12 @@ class Secret:
     __str__ = __repr__
 
     def redact(self, text: str) -> str:
-        """``text`` with every credential of this client and anything key-shaped masked."""
+        """``text`` with every credential of this client (and of every other) and anything key-shaped masked."""
+        text = redact_key_shapes(text)  # first: a key must not leave the tail of a longer token
         for form in self._forms:
             if form in text:
                 text = text.replace(form, _REDACTED)
-        return redact_key_shapes(text)
+        return _redact_everywhere(text)
 
     def scrub(self, err: BaseException) -> BaseException:
         """Redact ``err`` and its whole cause/context chain in place; returns ``err``.
@@ -82,30 +79,7 @@ class Secret:
         echoed; a foreign exception keeps its type and redacted text, not its
         traceback (frames of ``requests``/``urllib3`` hold the headers).
         """
-        seen: set[int] = set()
-        todo: list[Optional[BaseException]] = [err]
-        while todo:
-            exc = todo.pop()
-            if exc is None or id(exc) in seen:
-                continue
-            seen.add(id(exc))
-            if isinstance(exc, LoopError):
-                exc.message = self.redact(exc.message)
-                exc.args = (exc.message,)
-                if exc.__traceback__ is not None:
-                    traceback.clear_frames(exc.__traceback__)  # frames still running are kept
-            else:
-                try:
-                    text = self.redact(str(exc))
-                except Exception:
-                    text = type(exc).__name__
-                try:
-                    exc.args = (text,)
-                except Exception:
-                    pass
-                exc.__traceback__ = None
-            todo += (exc.__cause__, exc.__context__)
-        return err
+        return scrub_error(err, self.redact, strip_foreign=True)
 
 
 # Header names whose values describe the request, never authorise it.

@@ -17,7 +17,9 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, Callable, Optional, TypeVar
 
-log = logging.getLogger("loopctl.mcp")
+from loopctl.text import install_log_filter
+
+log = install_log_filter(logging.getLogger("loopctl.mcp"))  # a child logger: the parent's filter does not apply
 
 T = TypeVar("T")
 

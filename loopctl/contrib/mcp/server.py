@@ -45,6 +45,7 @@ from loopctl.contrib.mcp.loop_thread import LoopThread
 from loopctl.contrib.mcp.naming import claimable, register_tools
 from loopctl.contrib.mcp.tool import MCPTool
 from loopctl.contrib.mcp.transports import Spec, StdioSpec, http_spec, stdio_spec
+from loopctl.text import install_log_filter
 from loopctl.timeouts import bounded, required_seconds, seconds
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.registry import ToolRegistry
@@ -103,7 +104,8 @@ class MCPServer:
         self.start_timeout = start_timeout
         self.max_restarts = max_restarts
         # One child logger per server; dots would nest it under made-up parents.
-        self.logger = logging.getLogger(f"loopctl.mcp.{thread_label(self.name).replace('.', '_')}")
+        # The server's stderr lines are untrusted text: masked like every outlet's.
+        self.logger = install_log_filter(logging.getLogger(f"loopctl.mcp.{thread_label(self.name).replace('.', '_')}"))
         self._lock = threading.Lock()
         self._thread: Optional[LoopThread] = None
         self._conn: Optional[Connection] = None

@@ -6,9 +6,13 @@ not cover (compaction, steering, cancel, the run's outcome) is named under
 ``loopctl.*``. Nothing here imports ``opentelemetry``: the names are plain
 strings so the observer needs only ``opentelemetry-api`` at run time.
 
-Error text from the loop may quote a provider's message: it is redacted
-(anything shaped like a credential is masked) and cut short before it is
-recorded, and its class is reduced to a low-cardinality ``error.type``.
+Error text from the loop may quote a provider's message, the model's reply
+or a tool's input: without ``record_content`` only the messages of the
+error classes in ``OWN_WORDS`` (loopctl's own words: counts, limits, model
+names, a cancel's reason) are recorded, every other error says only its
+class (``error_message``). Any text recorded is redacted (the loop's one
+mask, ``loopctl.text.redact``, plus credential assignments) and cut short,
+and the class is reduced to a low-cardinality ``error.type``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import re
 from typing import Optional
 
 from loopctl.messages import StopReason
+from loopctl.text import redact as _redact_everywhere
 
 # -- GenAI attributes ------------------------------------------------------------------------
 
@@ -60,6 +65,7 @@ OP_TOOL = "execute_tool"
 # -- span events (loopctl's own; the GenAI conventions define none of these) ------------------
 
 EV_ATTEMPT_RESET = "loopctl.attempt_reset"
+EV_HANDED_BACK = "loopctl.handed_back"
 EV_RETRY = "loopctl.retry_scheduled"
 EV_COMPACTION = "loopctl.compaction"
 EV_STEERING = "loopctl.steering"
@@ -124,13 +130,39 @@ _ERROR_PREFIXES = (
 _TOOL_EXHAUSTED = re.compile(r"^tool '.*' failed after \d+ attempts$", re.S)
 
 
+#: ``loopctl.run.outcome`` of a run handed back to its queue (it goes on on another worker).
+OUTCOME_HANDED_BACK = "handed_back"
+#: On a resumed run's span: how many times it resumed, and why it last moved.
+RUN_RESUMES = "loopctl.run.resumes"
+RESUME_CAUSE = "loopctl.run.resume_cause"
+
+#: Error classes whose messages are loopctl's own words, never content: their
+#: text is recorded even without ``record_content``.
+OWN_WORDS = frozenset((
+    "Cancelled", "MaxTurnsExceeded", "FallbackExhausted", "ContextExceeded", "RateLimitEscalation",
+    "ToolRecoveryExhausted", "LoopBusy", "ConfigError",
+))
+
+
+def error_message(kind: str, error: Optional[str], record_content: bool) -> str:
+    """What a span may say of a failure of class ``kind`` whose text is ``error``.
+
+    Without ``record_content`` an error that may quote content (a reply that
+    did not fit, a repeated tool input, a server's or a tool's text) says
+    only its class; else the text, redacted and cut short.
+    """
+    if record_content or kind in OWN_WORDS:
+        return redact(error) or kind
+    return f"{kind} (the message is recorded only with record_content=True)"
+
+
 def redact(text: Optional[str]) -> str:
     """``text`` with anything credential-shaped masked, cut to ``MAX_ERROR_CHARS``."""
     if not text:
         return ""
     if len(text) > 4 * MAX_ERROR_CHARS:
         text = text[: 4 * MAX_ERROR_CHARS]  # bound the regex's work on a megabyte message
-    return clean(_SECRET_SHAPES.sub("<redacted>", text), MAX_ERROR_CHARS)
+    return clean(text, MAX_ERROR_CHARS)
 
 
 def clean(text: str, limit: int = MAX_CONTENT_CHARS) -> str:
@@ -143,7 +175,7 @@ def clean(text: str, limit: int = MAX_CONTENT_CHARS) -> str:
         text = text[: limit - 1] + "…"
     if not text.isascii():
         text = text.encode("utf-8", "replace").decode("utf-8")
-    return _SECRET_SHAPES.sub("<redacted>", text)
+    return _SECRET_SHAPES.sub("<redacted>", _redact_everywhere(text))
 
 
 def error_type(text: Optional[str], default: str = "_OTHER") -> str:

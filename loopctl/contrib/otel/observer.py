@@ -30,12 +30,14 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind
 
+from loopctl.cancel import HANDED_BACK
 from loopctl.observers import (
     AttemptReset,
     Observer,
     Response,
     RetryScheduled,
     RunEnd,
+    RunResumed,
     RunStart,
     StreamFailure,
     StreamSuccess,
@@ -49,6 +51,7 @@ from loopctl.observers import (
 from . import conventions as cv
 from .happenings import RunSpanEvents
 from .instruments import Instruments
+from .propagation import forget_run_span, note_run_span
 from .spans import (
     ChatCall,
     RunState,
@@ -94,7 +97,8 @@ class OTelObserver(RunSpanEvents):
         meter_provider: the provider for metrics (default: the global one).
         agent_name: ``gen_ai.agent.name`` on every run span.
         provider_name: ``gen_ai.provider.name`` (e.g. ``"openai"``); by
-            default taken from the client by ``instrument(loop)``, else left out.
+            default the provider the model events name (the client's
+            ``provider``), however the observer was attached; else left out.
         record_content: also record message content (run input and reply,
             each turn's reply, tool arguments and results, steering text).
             Off by default: content may hold personal data.
@@ -171,20 +175,37 @@ class OTelObserver(RunSpanEvents):
 
     def on_run_start(self, event: RunStart) -> None:
         """Open the run's ``invoke_agent`` span under the caller's current span."""
-        provider = self.provider_name or self._provider_of(event.session_id)
+        attrs: dict[str, Any] = {}
+        if self.record_content:
+            attrs[cv.INPUT_MESSAGES] = messages_json("user", event.input)
+        self._open_run(event.session_id, event.run_id, attrs, event.subagent)
+
+    def on_run_resumed(self, event: RunResumed) -> None:
+        """A run resumed here from its checkpoint: open its span (the trace came with the checkpoint).
+
+        The span is a child of the current span: where a host made the
+        checkpoint's trace context current, the span it continues.
+        """
+        if event.run_id in self._runs:
+            return  # resumed in the process that opened it: the span goes on
+        self._open_run(
+            event.session_id, event.run_id, {cv.RUN_RESUMES: event.attempt, cv.RESUME_CAUSE: cv.redact(event.cause)}
+        )
+
+    def _open_run(self, session_id: str, run_id: str, extra: dict[str, Any], subagent: str = "") -> None:
+        provider = self.provider_name or self._provider_of(session_id)
         attrs: dict[str, Any] = {
             cv.OPERATION_NAME: cv.OP_AGENT,
             cv.AGENT_NAME: self.agent_name,
-            cv.CONVERSATION_ID: event.session_id,
-            cv.RUN_ID: event.run_id,
+            cv.CONVERSATION_ID: session_id,
+            cv.RUN_ID: run_id,
+            **extra,
         }
         if provider:
             attrs[cv.PROVIDER_NAME] = provider
-        if self.record_content:
-            attrs[cv.INPUT_MESSAGES] = messages_json("user", event.input)
-        parent = self._subagent_parent(event.run_id, event.subagent) if event.subagent else None
-        if event.subagent:
-            attrs[cv.SUBAGENT] = event.subagent
+        parent = self._subagent_parent(run_id, subagent) if subagent else None
+        if subagent:
+            attrs[cv.SUBAGENT] = subagent
         span = self._tracer.start_span(
             cv.OP_AGENT,
             context=parent if parent is not None else otel_context.get_current(),
@@ -192,7 +213,11 @@ class OTelObserver(RunSpanEvents):
             attributes=attrs,
             start_time=time.time_ns(),
         )
-        self._runs[run_key(event)] = RunState(span, event.session_id, provider)
+        if subagent:
+            self._runs[f"{run_id}/{subagent}"] = RunState(span, session_id, provider)
+        else:
+            self._runs[run_id] = RunState(span, session_id, provider)
+            note_run_span(run_id, span)  # a durable run's checkpoints carry it
         self._metrics.runs_started.add(1, {cv.AGENT_NAME: self.agent_name})
 
     def _subagent_parent(self, run_id: str, path: str) -> Any:
@@ -220,13 +245,16 @@ class OTelObserver(RunSpanEvents):
         cancel_ns = self._take_cancel(event.session_id)
         if st is None:
             return
+        if not event.subagent:
+            forget_run_span(event.run_id)
         now = time.time_ns()
         error = event.error
         error_class = None if event.success else self._error_class(event)
         if event.success:
             outcome = "completed"
         elif error_class == "Cancelled" or (error_class is None and is_cancel(error)):
-            outcome = "cancelled"
+            # A hand-back stops the run here so that it goes on elsewhere: not a cancel.
+            outcome = cv.OUTCOME_HANDED_BACK if cv.cancel_reason(error) == HANDED_BACK else "cancelled"
         else:
             outcome = "failed"
         self._flush_failed_chat(st, error_class, error)
@@ -241,7 +269,9 @@ class OTelObserver(RunSpanEvents):
         if self.record_content and event.success and st.text is not None:
             attrs[cv.OUTPUT_MESSAGES] = messages_json("assistant", st.text)
         metric_attrs: dict[str, Any] = {cv.AGENT_NAME: self.agent_name, cv.RUN_OUTCOME: outcome}
-        if outcome == "cancelled":
+        if outcome == cv.OUTCOME_HANDED_BACK:
+            span.add_event(cv.EV_HANDED_BACK, {}, timestamp=now)
+        elif outcome == "cancelled":
             attrs[cv.CANCELLED] = True
             reason = cv.cancel_reason(error)
             span.add_event(
@@ -254,7 +284,7 @@ class OTelObserver(RunSpanEvents):
             kind = error_class or cv.error_type(error)
             attrs[cv.ERROR_TYPE] = kind
             metric_attrs[cv.ERROR_TYPE] = kind
-            record_error(span, kind, error, now)
+            record_error(span, kind, error, now, self.record_content)
         span.set_attributes(attrs)
         span.end(end_time=now)
         self._metrics.runs_ended.add(1, metric_attrs)
@@ -290,7 +320,11 @@ class OTelObserver(RunSpanEvents):
         st = self._runs.get(run_key(event))
         if st is not None:
             self._flush_failed_chat(st)
-            st.chat = ChatCall(event.turn, time.time_ns())
+            provider = self.provider_name or event.provider or st.provider
+            if provider and not st.provider:
+                st.provider = provider  # the run span names it too, however the observer was attached
+                st.span.set_attribute(cv.PROVIDER_NAME, provider)
+            st.chat = ChatCall(event.turn, time.time_ns(), provider)
 
     def on_attempt_reset(self, event: AttemptReset) -> None:
         """A stream attempt failed and another starts: an event on the call's span."""
@@ -304,6 +338,7 @@ class OTelObserver(RunSpanEvents):
         if chat is None:
             return
         chat.model = event.model or chat.model
+        chat.provider = chat.provider or event.provider
         chat.events.append(
             (
                 cv.EV_RETRY,
@@ -322,6 +357,7 @@ class OTelObserver(RunSpanEvents):
         chat = self._chat(run_key(event), event.turn)
         if chat is not None:
             chat.model = event.model or chat.model
+            chat.provider = chat.provider or event.provider
             chat.usage_known = event.usage is not None
 
     def on_stream_failure(self, event: StreamFailure) -> None:
@@ -329,6 +365,7 @@ class OTelObserver(RunSpanEvents):
         chat = self._chat(run_key(event), event.turn)
         if chat is not None:
             chat.model = event.model or chat.model
+            chat.provider = chat.provider or event.provider
 
     def on_response(self, event: Response) -> None:
         """The reply's text (subscribed only with ``record_content``)."""

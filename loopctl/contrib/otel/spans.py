@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from loopctl.observers import TurnEnd
+from loopctl.text import json_safe
 
 from . import conventions as cv
 from .instruments import Instruments
@@ -26,11 +27,12 @@ from .instruments import Instruments
 class ChatCall:
     """One model call in flight: what its span will say when it ends."""
 
-    __slots__ = ("turn", "start_ns", "model", "usage_known", "events", "text")
+    __slots__ = ("turn", "start_ns", "model", "provider", "usage_known", "events", "text")
 
-    def __init__(self, turn: int, start_ns: int) -> None:
+    def __init__(self, turn: int, start_ns: int, provider: Optional[str] = None) -> None:
         self.turn = turn
         self.start_ns = start_ns
+        self.provider = provider  # from the model events: whoever attached the observer
         self.model: Optional[str] = None
         self.usage_known = False
         self.events: list[tuple[str, dict[str, Any], int]] = []  # (name, attributes, ns)
@@ -126,8 +128,9 @@ class SpanWriter:
         if chat.model:
             st.model = chat.model
         attrs: dict[str, Any] = {cv.OPERATION_NAME: cv.OP_CHAT, cv.TURN: chat.turn}
-        if st.provider:
-            attrs[cv.PROVIDER_NAME] = st.provider
+        provider = chat.provider or st.provider
+        if provider:
+            attrs[cv.PROVIDER_NAME] = provider
         if model:
             attrs[cv.REQUEST_MODEL] = model
         if error_class is not None:
@@ -162,12 +165,12 @@ class SpanWriter:
         for name, event_attrs, ts in chat.events:
             span.add_event(name, event_attrs, timestamp=ts)
         if kind is not None:
-            record_error(span, kind, error, now)
+            record_error(span, kind, error, now, self.record_content)
         span.end(end_time=now)
         # The metrics carry the conventions' attributes only (low cardinality).
         m_attrs: dict[str, Any] = {cv.OPERATION_NAME: cv.OP_CHAT}
-        if st.provider:
-            m_attrs[cv.PROVIDER_NAME] = st.provider
+        if provider:
+            m_attrs[cv.PROVIDER_NAME] = provider
         if model:
             m_attrs[cv.REQUEST_MODEL] = model
         if success and chat.model:
@@ -232,7 +235,10 @@ class SpanWriter:
         else:
             span.set_attributes(attrs)
         if is_error and not cancelled:
-            text = cv.redact(error) if error else "the tool returned an error result"
+            if error is None or error == NO_RESULT:
+                text = error or "the tool returned an error result"
+            else:  # the run's error that cut the call short
+                text = cv.error_message(str(attrs[cv.ERROR_TYPE]), error, self.record_content)
             span.set_status(Status(StatusCode.ERROR, text))
         span.end(end_time=max(start_ns, end_ns))
 
@@ -273,9 +279,9 @@ class SpanWriter:
 NO_RESULT = "the call ended without a result (blocked before it ran)"
 
 
-def record_error(span: Any, kind: str, error: Optional[str], now: int) -> None:
-    """Error status plus the conventions' ``exception`` event, both redacted."""
-    text = cv.redact(error) or kind
+def record_error(span: Any, kind: str, error: Optional[str], now: int, record_content: bool = False) -> None:
+    """Error status plus the conventions' ``exception`` event (text only as ``cv.error_message`` allows)."""
+    text = cv.error_message(kind, error, record_content)
     span.set_status(Status(StatusCode.ERROR, text))
     span.add_event(cv.EV_EXCEPTION, {"exception.type": kind, "exception.message": text}, timestamp=now)
 
@@ -283,7 +289,7 @@ def record_error(span: Any, kind: str, error: Optional[str], now: int) -> None:
 def json_text(value: Mapping[str, Any]) -> str:
     """Tool arguments as JSON text, cleaned for export."""
     try:
-        text = json.dumps(dict(value), ensure_ascii=False, default=str)
+        text = json.dumps(json_safe(dict(value)), ensure_ascii=False, default=str, allow_nan=False)
     except (TypeError, ValueError):
         text = repr(value)
     return cv.clean(text)

@@ -1,0 +1,155 @@
+"""Untrusted text is quoted in bounded excerpts, masked even when split, and JSON stays JSON.
+
+A typed answer with a megabyte-long unknown key must not make a megabyte
+error message or event; a key the model streams in pieces is masked whole
+however the pieces fall; a value the model sends as ``NaN``/``Infinity``
+(Python's ``json`` reads both) never reaches an outlet's JSON as such.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import attrs
+import pytest
+from support import Echo, Recorder
+
+from loopctl import BareLoop, LoopDetected, OutputValidationError, RunConfig
+from loopctl.hosting.registry import RunRegistry
+from loopctl.hosting.serialization import error_to_dict
+from loopctl.observers import OutputValidationFailed, RunEnd, ToolCallReceived
+from loopctl.testing import ScriptedClient, calls, reply
+
+EXCERPT_LIMIT = 2048  # loopctl.text.EXCERPT_LIMIT, the bound the issue asks for
+MESSAGE_LIMIT = 2 * EXCERPT_LIMIT
+SLACK = 64  # the "... (N more characters)" note
+HUGE = "k" * 1_000_000
+
+
+@attrs.frozen
+class Answer:
+    """A typed answer."""
+
+    value: int
+
+
+def test_a_megabyte_unknown_key_gives_bounded_error_and_events() -> None:
+    bad = json.dumps({"value": 1, HUGE: 2})
+    recorder = Recorder()
+    with BareLoop(ScriptedClient([reply(bad)])) as loop:
+        loop.register_observer(recorder)
+        with pytest.raises(OutputValidationError) as info:
+            loop.run("hi", RunConfig(output_retries=0), output_type=Answer)
+    err = info.value
+    assert "unknown field" in str(err)
+    assert len(str(err)) <= MESSAGE_LIMIT + SLACK
+    assert err.errors and all(len(e) <= EXCERPT_LIMIT + SLACK for e in err.errors)
+    assert len(json.dumps(error_to_dict(err)["message"])) <= MESSAGE_LIMIT + SLACK
+    failed = recorder.of(OutputValidationFailed)
+    assert failed and all(len(e) <= EXCERPT_LIMIT + SLACK for ev in failed for e in ev.errors)
+    assert all(len(json.dumps(ev.to_dict())) <= 4 * EXCERPT_LIMIT for ev in failed)
+    (end,) = recorder.of(RunEnd)
+    assert end.error is not None and len(end.error) <= EXCERPT_LIMIT + SLACK
+
+
+def test_an_error_quoting_a_megabyte_is_bounded_wherever_it_is_made() -> None:
+    err = LoopDetected(f"tool input {HUGE}")
+    assert len(str(err)) <= MESSAGE_LIMIT + SLACK
+    assert len(err.detail) <= EXCERPT_LIMIT + SLACK
+    assert str(err).endswith(" more characters)")  # says how much was left out
+
+
+def test_names_that_merely_look_like_keys_are_left_alone() -> None:
+    from loopctl.text import redact
+
+    text = "called key-value-store-lookup, risk-free task-list, sklearn"
+    assert redact(text) == text
+    assert redact("key-3ax6xnjp29jd6fds4gc373sgvjxteol0") == "<redacted>"
+
+
+def test_a_registered_key_inside_a_longer_key_shaped_token_leaves_no_tail() -> None:
+    from loopctl.providers.secrets import Secret
+    from loopctl.text import redact
+
+    secret = Secret("sk-REGISTERED-123")
+    assert redact("echo sk-REGISTERED-1234567-0 done") == "echo <redacted> done"
+    assert secret.redact("echo sk-REGISTERED-1234567-0 done") == "echo <redacted> done"
+
+
+def test_quote_masks_a_key_cut_by_the_excerpt() -> None:
+    from loopctl.text import excerpt, quote
+
+    text = "x" * (EXCERPT_LIMIT - 5) + " sk-abcdefghijklmnop " + "y" * 5000
+    shown = quote(text)
+    assert "sk-abc" not in shown and "<redacted>" in shown
+    assert len(shown) <= EXCERPT_LIMIT + SLACK
+    assert excerpt("short") == "short"
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_a_key_split_across_stream_pieces_is_masked_whole(seed: int) -> None:
+    from loopctl.text import StreamMask, redact
+
+    rng = random.Random(seed)
+    text = (
+        f"first {'word ' * rng.randint(0, 5)}sk-ant-api03-{'Q' * rng.randint(6, 40)} then "
+        f"Authorization: Bearer {'t' * rng.randint(8, 30)}.x and key-{'z' * 14}7! end"
+    )
+    mask = StreamMask()
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        n = rng.randint(1, 7)
+        out.append(mask.feed(text[i : i + n]))
+        i += n
+    out.append(mask.flush())
+    joined = "".join(out)
+    assert joined == redact(text)
+    assert "api03" not in joined and "Bearer t" not in joined and "key-zz" not in joined
+
+
+def test_non_finite_numbers_never_reach_json_outlets() -> None:
+    recorder = Recorder()
+    client = ScriptedClient([calls(("echo", {"x": float("nan"), "y": float("inf")})), reply("done")])
+    with BareLoop(client, [Echo()]) as loop:
+        loop.register_observer(recorder)
+        run = loop.run("hi")
+    (received,) = recorder.of(ToolCallReceived)
+    assert received.to_dict()["input"] == {"x": None, "y": None}
+    for ev in recorder.snapshot():
+        json.dumps(ev.to_dict(), allow_nan=False)
+    json.dumps(run.to_dict(), allow_nan=False)
+
+    registry = RunRegistry()
+    loop = BareLoop(ScriptedClient([reply('Infinity')]))
+    try:
+        rid = registry.start(loop, "hi", output_type=float)
+        registry.result(rid, timeout=20)
+        status = registry.status(rid).to_dict()
+        assert status["output_value"] is None
+        json.dumps(status, allow_nan=False)
+        json.dumps([ev for _, ev in registry.events(rid, timeout=5)], allow_nan=False)
+    finally:
+        registry.close()
+        loop.close()
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_a_registered_secret_with_spaces_split_across_pieces_is_masked_whole(seed: int) -> None:
+    from loopctl.providers.secrets import Secret
+    from loopctl.text import StreamMask, redact
+
+    secret = Secret("open sesame 4242 please")
+    rng = random.Random(seed)
+    text = f"{'w ' * rng.randint(0, 9)}the phrase is open sesame 4242 please, ok"
+    mask = StreamMask()
+    out = []
+    i = 0
+    while i < len(text):
+        n = rng.randint(1, 6)
+        out.append(mask.feed(text[i : i + n]))
+        i += n
+    out.append(mask.flush())
+    assert "".join(out) == redact(text) and "sesame" not in "".join(out)
+    assert secret  # alive while masking: its forms stay registered
