@@ -88,7 +88,7 @@ from loopctl.records import Turn
 if TYPE_CHECKING:
     from loopctl.cancel import CancelSignal
     from loopctl.driver.session_link import SessionLink
-    from loopctl.driver.signals import Steering
+    from loopctl.driver.signals import RunSteering
     from loopctl.records import Session
 
 log = logging.getLogger("loopctl")
@@ -118,7 +118,7 @@ class RunDriver:
         meter: TokenMeter,
         events: RunEvents,
         dispatcher: Dispatcher,
-        steering: Steering,
+        steering: RunSteering,
         session: Session,
         slot: LoopSlot,
         resources: Any,
@@ -180,7 +180,7 @@ class RunDriver:
             if held and not rc.finished:
                 # Something escaped finalize itself: still close the slot and
                 # free the loop, so a stray handle cannot push into a dead run.
-                self.steering._close_and_seal()
+                self.steering.close()
                 self.slot.release(rc, rc.error)
             if held:
                 rc.lock.release()
@@ -306,14 +306,14 @@ class RunDriver:
         steering = self.steering
         gather = self.gathers
         while True:
-            arrived = steering._arrived  # before the drain: a push landing after it is seen below
+            arrived = steering.arrived  # before the drain: a push landing after it is seen below
             self.drain_steering(turn)
             transients = (
                 gather_transients(parts, m, self.rc, turn, query, self.run_input, self.config.memory_top_k)
                 if gather
                 else []
             )
-            if steering._arrived == arrived:
+            if steering.arrived == arrived:
                 break
         extra = meter.count(transients) if transients else 0
         raw = meter.raw(m) + extra
@@ -438,7 +438,7 @@ class RunDriver:
 
     def drain_steering(self, turn: int) -> None:
         """Move pushed guidance into pending (``on_steering`` when any arrived)."""
-        msgs = self.steering._drain()
+        msgs = self.steering.drain()
         if not msgs:
             return
         for msg in msgs:
@@ -525,7 +525,7 @@ class RunDriver:
             # the takeover could: the tools it gave up on are abandoned all the same.
             self.resources.abandon(rc)
         try:
-            self.steering._close_and_seal()
+            self.steering.close()
             rc.approvals.close(RUN_ENDED)
             if error is None and self.link is not None:
                 error = self.link.save(self.machine)  # a failed write fails the run
