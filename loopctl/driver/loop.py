@@ -27,7 +27,7 @@ from loopctl.driver.builder import LoopSetup
 from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import CURRENT_RUN, RunContext, RunHandle
-from loopctl.driver.run import LoopSlot, RunDriver
+from loopctl.driver.run import RunDriver
 from loopctl.driver.session_link import SessionLink
 from loopctl.driver.signals import RunSteering
 from loopctl.driver.subagent import SubagentTool
@@ -222,13 +222,14 @@ class BareLoop(LoopSetup):
             self._dispatcher,
             steering,
             self._session,
-            LoopSlot(self._busy, self._cancel, self._release),
+            self._busy,
+            self._cancel,
+            self._release,
             self._resources,
             check,
         )
         if checkpoint is not None:
             rc.driver.durable = DurableRun(checkpoint, self._machine.history_epoch)
-            rc.driver.tool_run.settled = rc.driver.settle
         rc.driver.resume_point = resume
         rc.driver.link = self._link
 

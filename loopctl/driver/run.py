@@ -27,29 +27,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 
 from loopctl.approvals import RUN_ENDED
-from loopctl.config import RunConfig
 from loopctl.driver.admission import admit_message
 from loopctl.driver.answers import answer_system, answer_tools, shape_options, shape_request
 from loopctl.driver.approval_gate import report_unreported
-from loopctl.driver.checkpoint import DurableRun, ResumePoint, restore
-from loopctl.driver.compaction import run_compaction
-from loopctl.driver.dispatch import Dispatcher, ToolRun
+from loopctl.driver.checkpoint import ResumePoint, restore
+from loopctl.driver.compaction import Compaction
+from loopctl.driver.dispatch import Dispatcher
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import Abandoned, RunContext
-from loopctl.driver.llm_turn import (
-    build_request,
-    call_model,
-    gather_transients,
-    turn_query,
-)
+from loopctl.driver.llm_turn import ModelTurn, turn_query
 from loopctl.driver.meter import TokenMeter
 from loopctl.driver.parts import LoopParts
+from loopctl.driver.run_state import Release
 from loopctl.errors import (
     Cancelled,
     ContextOverflow,
@@ -68,7 +62,6 @@ from loopctl.machine import (
     Done,
     Failed,
     LoopMachine,
-    MachinePolicy,
     MaxTurnsReached,
     Outcome,
 )
@@ -77,38 +70,22 @@ from loopctl.messages import (
     ModelRequest,
     ModelResponse,
     RequestOptions,
-    StopReason,
-    ToolResultPart,
 )
 from loopctl.observers import Response, StreamSuccess, ToolCallReceived, TurnStart
 from loopctl.output import OutputCheck
-from loopctl.providers.stream_handler import cancellable_complete
 from loopctl.records import Turn
 
 if TYPE_CHECKING:
     from loopctl.cancel import CancelSignal
-    from loopctl.driver.session_link import SessionLink
+    from loopctl.driver.resources import LoopResources
     from loopctl.driver.signals import RunSteering
     from loopctl.records import Session
 
 log = logging.getLogger("loopctl")
 
 
-class LoopSlot:
-    """The loop's side of a run: its busy lock, its cancel signal, and how a run frees it."""
-
-    __slots__ = ("busy", "cancel", "release")
-
-    def __init__(
-        self, busy: threading.Lock, cancel: CancelSignal, release: Callable[[RunContext, Optional[LoopError]], None]
-    ) -> None:
-        self.busy = busy
-        self.cancel = cancel
-        self.release = release
-
-
-class RunDriver:
-    """One run: its state and the three handlers, then ``finalize``."""
+class RunDriver(ModelTurn, Compaction):
+    """One run: what it does, in timeline order (its state is ``RunState``)."""
 
     def __init__(
         self,
@@ -120,35 +97,16 @@ class RunDriver:
         dispatcher: Dispatcher,
         steering: RunSteering,
         session: Session,
-        slot: LoopSlot,
-        resources: Any,
+        busy: threading.Lock,
+        loop_cancel: CancelSignal,
+        release: Release,
+        resources: LoopResources,
         answer_check: Optional[OutputCheck] = None,
     ) -> None:
-        self.rc = rc
-        self.parts = parts
-        self.machine = machine
-        self.meter = meter
-        self.events = events
+        super().__init__(
+            rc, parts, machine, meter, events, steering, session, busy, loop_cancel, release, resources, answer_check
+        )
         self.dispatcher = dispatcher
-        self.steering = steering
-        self.session = session
-        self.slot = slot
-        self.resources = resources
-        run = rc.run
-        self.run_input = run.input
-        self.config: RunConfig = run.config
-        sc = parts.session_config
-        self.policy = MachinePolicy(self.config.max_turns, sc.context_window, sc.compact_threshold, sc.auto_compact)
-        self.tool_run = ToolRun(rc, events, run.input, self.config.parallel, events.session_id)
-        self.durable: Optional[DurableRun] = None  # set by a host's checkpoint sink (checkpoint.py)
-        self.resume_point: Optional[ResumePoint] = None
-        self.tool_names: frozenset[str] = frozenset()
-        self.base_options: Optional[RequestOptions] = None
-        self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
-        self.deferred_tokens = 0  # the extras' cost a deferred turn reserves for the compaction
-        self.gathers = False  # contributors or memory: transient extras to gather each turn
-        self.answer_check = answer_check  # a typed answer: its type and mode (answers.py)
-        self.link: Optional[SessionLink] = None  # the stored session (BareLoop.with_session)
 
     # -- the body: one run, start to finish ---------------------------------------------
 
@@ -181,7 +139,7 @@ class RunDriver:
                 # Something escaped finalize itself: still close the slot and
                 # free the loop, so a stray handle cannot push into a dead run.
                 self.steering.close()
-                self.slot.release(rc, rc.error)
+                self.release(rc, rc.error)
             if held:
                 rc.lock.release()
             rc.done.set()
@@ -199,7 +157,7 @@ class RunDriver:
             rc.abandoned = True
             self.resources.abandon(rc)
             self.events.take_over()  # observers may be blocked: never deliver on this thread
-            err = Cancelled(self.slot.cancel.reason)
+            err = Cancelled(self.loop_cancel.reason)
             self.set_error_state(err)
             self._finalize(err)
         rc.done.set()
@@ -234,7 +192,7 @@ class RunDriver:
             elif t is Compact:
                 self.compact(step.reason)  # type: ignore[union-attr]
             else:
-                with self.slot.busy:
+                with self.busy:
                     rc.ending = True  # from here a cancel no longer reaches this run
                 outcome = m.conclude(policy)
                 if type(outcome) is Completed:
@@ -262,20 +220,6 @@ class RunDriver:
         self.meter.begin_run(
             answer_system(check, parts.session_config.system_prompt), answer_tools(check, parts.tools.schemas())
         )
-
-    def boundary(self, after: str) -> None:
-        """The run's one checkpoint seam: after each model turn, settled call and tool phase.
-
-        ``after`` is ``"model"``, ``"call"`` or ``"tools"``. A durable run
-        hands its resumable state to the host here (see checkpoint.py).
-        """
-        if self.durable is not None:
-            self.durable.boundary(self.machine, self.rc.run.turns, after)
-
-    def settle(self, results: Sequence[ToolResultPart]) -> None:
-        """Settled results of the awaited wave (the dispatcher of a durable run)."""
-        if self.durable is not None:
-            self.durable.settle(self.machine, self.rc.run.turns, results)
 
     def resume(self, point: ResumePoint) -> None:
         """``on_run_resumed``, then the machine where the checkpoint left the run."""
@@ -309,8 +253,7 @@ class RunDriver:
             arrived = steering.arrived  # before the drain: a push landing after it is seen below
             self.drain_steering(turn)
             transients = (
-                gather_transients(parts, m, self.rc, turn, query, self.run_input, self.config.memory_top_k)
-                if gather
+self.gather_transients(turn, query) if gather
                 else []
             )
             if steering.arrived == arrived:
@@ -327,7 +270,7 @@ class RunDriver:
             self.route_model()
         if TurnStart in em._wanted:
             em.turn_start(turn, query)
-        request = build_request(parts, m, transients, self.options())
+        request = self.build_request(transients, self.options())
         if self.answer_check is not None:
             request = shape_request(self.answer_check, request)
         try:
@@ -350,9 +293,7 @@ class RunDriver:
         parts = self.parts
         rc = self.rc
         try:
-            check = self.answer_check
-            answer_tool = check.final_tool if check is not None else None
-            return call_model(parts, rc, self.events, turn, request, answer_tool)
+            return self.call_model(turn, request)
         except Cancelled:
             raise
         except LoopError as exc:
@@ -445,10 +386,6 @@ class RunDriver:
             self.machine.inject(msg)
         self.events.steering(turn, msgs)
 
-    def summarize(self, request: Any) -> Any:
-        """A cancel-aware model call for a summarizing compactor."""
-        return cancellable_complete(self.parts.client, request, self.rc.cancel)
-
     # -- handler 2: the tools the reply asked for ---------------------------------------
 
     def call_tools(self, step: CallTools) -> None:
@@ -463,7 +400,7 @@ class RunDriver:
         todo = [i for i, p in enumerate(step.calls) if p.preresolved is None]
         with em.phase(turn, "tools", m.context_tokens) as phase:
             phase.input_tokens, phase.output_tokens, phase.stop_reason = self.llm_phase
-            outs = self.dispatcher.dispatch(self.tool_run, turn, [step.calls[i].call for i in todo])
+            outs = self.dispatcher.dispatch(self, turn, [step.calls[i].call for i in todo])
             for i, r in zip(todo, outs):
                 results[i] = r
             m.tool_results([Message.from_tool_results(results)])  # type: ignore[arg-type]
@@ -477,9 +414,7 @@ class RunDriver:
     def compact(self, reason: str) -> None:
         """One compaction pass; the deferred extras' reservation is used once."""
         deferred, self.deferred_tokens = self.deferred_tokens, 0
-        run_compaction(
-            self.parts, self.machine, self.meter, self.rc, self.events, reason, deferred, self.summarize
-        )
+        self.run_compaction(reason, deferred)
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -516,7 +451,7 @@ class RunDriver:
         before the run's last events).
         """
         rc = self.rc
-        with self.slot.busy:
+        with self.busy:
             rc.ending = True
         if rc.subagents is not None:  # a cancel cut a delegation short: let its runs end first
             rc.subagents.settle()
@@ -560,7 +495,7 @@ class RunDriver:
                 _class_name(error),
             )
         finally:
-            self.slot.release(rc, error)
+            self.release(rc, error)
 
 
 def _class_name(error: Optional[BaseException]) -> Optional[str]:
@@ -568,4 +503,4 @@ def _class_name(error: Optional[BaseException]) -> Optional[str]:
     return None if error is None else type(error).__name__
 
 
-__all__ = ["LoopSlot", "RunDriver"]
+__all__ = ["RunDriver"]
