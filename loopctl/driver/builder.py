@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
+import attrs
+
 from loopctl.cancel import CancelSignal
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.context.manager import ContextManager, TruncatingCompactor
@@ -109,7 +111,12 @@ class LoopSetup:
 
     @tool_extras.setter
     def tool_extras(self, extras: dict[str, Any]) -> None:
-        self._parts.tool_extras = extras
+        self._evolve(tool_extras=extras)
+
+    def _evolve(self, **changes: Any) -> None:
+        """Replace the loop's description (frozen) with these parts changed; the dispatcher follows."""
+        self._parts = attrs.evolve(self._parts, **changes)
+        self._dispatcher.parts = self._parts
 
     # -- cancellation and steering (any thread) --------------------------------
 
@@ -215,7 +222,7 @@ class LoopSetup:
         self._configurable("set_turn_mode")
         if mode not in _TURN_MODES:
             raise ConfigError(f"turn mode must be 'streaming' or 'non_streaming', got {mode!r}")
-        self._parts.turn_mode = mode
+        self._evolve(turn_mode=mode)
 
     def with_turn_mode(self: _L, mode: str) -> _L:
         """Fluent ``set_turn_mode``."""
@@ -227,7 +234,7 @@ class LoopSetup:
         self._configurable("set_request_options")
         if not isinstance(options, RequestOptions):
             raise ConfigError(f"request options must be RequestOptions, got {options!r:.80}")
-        self._parts.request_options = options
+        self._evolve(request_options=options)
 
     def with_request_options(self: _L, options: RequestOptions) -> _L:
         """Fluent ``set_request_options``."""
@@ -239,7 +246,7 @@ class LoopSetup:
         self._configurable("set_token_counter")
         if not (hasattr(counter, "count_text") and hasattr(counter, "count_message")):
             raise ConfigError(f"token counter needs count_text and count_message: {counter!r:.80}")
-        self._parts.counter = counter
+        self._evolve(counter=counter)
         self._meter.set_counter(counter)
         if self._parts.context_manager is not None and hasattr(self._parts.context_manager, "counter"):
             self._parts.context_manager.counter = counter
@@ -252,7 +259,7 @@ class LoopSetup:
     def set_memory(self: _L, memory: Any) -> None:
         """A memory store (``store``/``retrieve``/``consolidate``)."""
         self._configurable("set_memory")
-        self._parts.memory = memory
+        self._evolve(memory=memory)
 
     def with_memory(self: _L, memory: Any) -> _L:
         """Fluent ``set_memory``."""
@@ -264,7 +271,7 @@ class LoopSetup:
         self._configurable("set_context_manager")
         if manager is not None and hasattr(manager, "counter"):
             manager.counter = self._parts.counter
-        self._parts.context_manager = manager
+        self._evolve(context_manager=manager)
 
     def with_context_manager(self: _L, manager: Any) -> _L:
         """Fluent ``set_context_manager``."""
@@ -276,7 +283,7 @@ class LoopSetup:
         self._configurable("set_stream_handler")
         if not hasattr(handler, "stream_turn"):
             raise ConfigError(f"stream handler needs stream_turn(): {handler!r:.80}")
-        self._parts.stream_handler = handler
+        self._evolve(stream_handler=handler)
 
     def with_stream_handler(self: _L, handler: Any) -> _L:
         """Fluent ``set_stream_handler``."""
@@ -288,7 +295,7 @@ class LoopSetup:
         self._configurable("set_hook_executor")
         if not isinstance(hooks, HookExecutor):
             raise ConfigError(f"hooks must be a HookExecutor, got {hooks!r:.80}")
-        self._parts.hooks = hooks
+        self._evolve(hooks=hooks)
         self._emitter.hooks = hooks
 
     def with_hook_executor(self: _L, hooks: HookExecutor) -> _L:
@@ -299,7 +306,7 @@ class LoopSetup:
     def set_health_registry(self: _L, health: Any) -> None:
         """Per-tool circuit breakers."""
         self._configurable("set_health_registry")
-        self._parts.health = health
+        self._evolve(health=health)
 
     def with_health_registry(self: _L, health: Any) -> _L:
         """Fluent ``set_health_registry``."""
@@ -309,7 +316,7 @@ class LoopSetup:
     def set_reflector(self: _L, reflector: Any) -> None:
         """Analyses failed tool calls for recovery."""
         self._configurable("set_reflector")
-        self._parts.reflector = reflector
+        self._evolve(reflector=reflector)
 
     def with_reflector(self: _L, reflector: Any) -> _L:
         """Fluent ``set_reflector``."""
@@ -319,7 +326,7 @@ class LoopSetup:
     def set_recovery_strategy(self: _L, strategy: Any) -> None:
         """Decides retry / skip / ask / fail for a failed tool call."""
         self._configurable("set_recovery_strategy")
-        self._parts.recovery = strategy
+        self._evolve(recovery=strategy)
 
     def with_recovery_strategy(self: _L, strategy: Any) -> _L:
         """Fluent ``set_recovery_strategy``."""
@@ -335,7 +342,7 @@ class LoopSetup:
             )
         if not hasattr(builder, "build"):
             raise ConfigError(f"set_pipeline() takes a ToolPipeline builder, got {builder!r:.80}")
-        self._parts.pipeline = builder.build_with_core(self._parts.tools)
+        self._evolve(pipeline=builder.build_with_core(self._parts.tools))
 
     def with_pipeline(self: _L, builder: Any) -> _L:
         """Fluent ``set_pipeline``."""
@@ -347,7 +354,7 @@ class LoopSetup:
         self._configurable("set_text_streamer")
         if not callable(streamer):
             raise ConfigError(f"text streamer must be callable, got {streamer!r:.80}")
-        self._parts.text_streamer = streamer
+        self._evolve(text_streamer=streamer)
 
     def with_text_streamer(self: _L, streamer: Callable[[str], None]) -> _L:
         """Fluent ``set_text_streamer``."""
@@ -359,7 +366,7 @@ class LoopSetup:
         self._configurable("add_contributor")
         if not hasattr(contributor, "contribute"):
             raise ConfigError(f"a contributor needs contribute(ctx): {contributor!r:.80}")
-        self._parts.contributors.append(contributor)
+        self._evolve(contributors=(*self._parts.contributors, contributor))
 
     def with_contributor(self: _L, contributor: Any) -> _L:
         """Fluent ``add_contributor``."""
@@ -381,7 +388,7 @@ class LoopSetup:
     def set_fallback(self: _L, manager: Any) -> None:
         """A ``FallbackManager``: model breaker and fallback chain (routing per request)."""
         self._configurable("set_fallback")
-        self._parts.fallback = manager
+        self._evolve(fallback=manager)
 
     def with_fallback(self: _L, manager: Any) -> _L:
         """Fluent ``set_fallback``."""
@@ -391,7 +398,7 @@ class LoopSetup:
     def set_loop_detector(self: _L, detector: Any) -> None:
         """Replace the tool-loop detector (None disables it)."""
         self._configurable("set_loop_detector")
-        self._parts.loop_detector = detector
+        self._evolve(loop_detector=detector)
 
     def with_loop_detector(self: _L, detector: Any) -> _L:
         """Fluent ``set_loop_detector``."""
@@ -401,7 +408,7 @@ class LoopSetup:
     def set_convergence_detector(self: _L, detector: Any) -> None:
         """Replace the final-answer convergence detector (None disables it)."""
         self._configurable("set_convergence_detector")
-        self._parts.convergence = detector
+        self._evolve(convergence=detector)
 
     def with_convergence_detector(self: _L, detector: Any) -> _L:
         """Fluent ``set_convergence_detector``."""
@@ -421,7 +428,7 @@ class LoopSetup:
             raise ConfigError("set_approval() cannot be called while a run is in flight")
         if policy is not None and not callable(policy):
             raise ConfigError(f"an approval policy must be callable(ctx) -> bool, got {policy!r:.80}")
-        self._parts.approval_policy = policy
+        self._evolve(approval_policy=policy)
 
     def with_approval(self: _L, policy: Optional[Callable[[Any], bool]]) -> _L:
         """Fluent ``set_approval``."""
@@ -450,14 +457,14 @@ class LoopSetup:
         if self._active is not None:
             raise ConfigError("switch_model() cannot be called while a run is in flight")
         setter: Optional[Callable[[str], bool]] = getattr(self._parts.client, "set_model", None)
-        old = self._parts.routed_model or self._parts.model_name()
+        old = self._parts.route.model or self._parts.model_name()
         if setter is None or not setter(name):
             return False
         if old != name:
             self._between_runs().model_switched(old, name)
         if self._parts.fallback is not None and hasattr(self._parts.fallback, "set_primary"):
             self._parts.fallback.set_primary(name)
-        self._parts.routed_model = None
+        self._parts.route.model = None
         return True
 
 

@@ -399,13 +399,16 @@ class Dispatcher:
 
     def _remember(self, st: CallState) -> None:
         global _trajectory_entry
+        memory = self.parts.memory
+        if memory is None:
+            return
         try:
             if _trajectory_entry is None:
                 from loopctl.context.memory import trajectory_entry
 
                 _trajectory_entry = trajectory_entry
             # tool={name}; input={JSON, 500 chars}; result={500 chars}, tagged "trajectory"
-            self.parts.memory.store(_trajectory_entry(st.resolved, st.call.input, st.out.text))
+            memory.store(_trajectory_entry(st.resolved, st.call.input, st.out.text))
         except Exception:
             log.exception("memory store of a tool trajectory failed (tool %r)", st.resolved)
 

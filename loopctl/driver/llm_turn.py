@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Optional
 
+from loopctl.context.contributors import ContributorContext
 from loopctl.context.memory import MEMORY_PREFIX, format_memory, memory_query
 from loopctl.driver.run_state import RunState
 from loopctl.errors import Cancelled, LoopError, ModelError
@@ -56,24 +57,21 @@ class ModelTurn(RunState):
         read, so a cancel can take the run over meanwhile.
         """
         parts = self.parts
-        contributors = tuple(parts.contributors)
+        contributors = parts.contributors
         memory = parts.memory
         top_k = self.config.memory_top_k
-        ctx = None
-        if contributors:
-            from loopctl.context.contributors import ContributorContext
-
-            ctx = ContributorContext(turn, self.machine.full_history(), self.run_input)
+        ctx = ContributorContext(turn, self.machine.full_history(), self.run_input) if contributors else None
         out: list[Message] = []
         with self.rc.unfenced():
-            for contributor in contributors:
-                try:
-                    msg = contributor.contribute(ctx)
-                except Exception:
-                    log.exception("contributor %s raised; skipped", type(contributor).__name__)
-                    continue
-                if msg is not None:
-                    out.append(msg)
+            if ctx is not None:  # there are contributors
+                for contributor in contributors:
+                    try:
+                        msg = contributor.contribute(ctx)
+                    except Exception:
+                        log.exception("contributor %s raised; skipped", type(contributor).__name__)
+                        continue
+                    if msg is not None:
+                        out.append(msg)
             if memory is not None and top_k > 0:
                 try:
                     entries = memory.retrieve(memory_query(query), top_k)

@@ -304,7 +304,7 @@ self.gather_transients(turn, query) if gather
                 tripped = parts.fallback.record_failure(isinstance(exc, RateLimitEscalation))
                 if tripped is not None:
                     self.events.fallback(*tripped)
-            self.events.stream_failure(turn, parts.routed_model or parts.model_name(), str(exc))
+            self.events.stream_failure(turn, parts.route.model or parts.model_name(), str(exc))
             raise
 
     def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
@@ -346,7 +346,7 @@ self.gather_transients(turn, query) if gather
     def options(self) -> Optional[RequestOptions]:
         """The request options: the routed model beats a host override; the client is never mutated."""
         parts = self.parts
-        routed = parts.routed_model
+        routed = parts.route.model
         if routed is not None and routed != parts.model_name():
             return (self.base_options or parts.request_options).with_model(routed)
         return self.base_options
@@ -358,14 +358,16 @@ self.gather_transients(turn, query) if gather
         if fb is None:
             return
         model = fb.before_request()  # raises FallbackExhausted when every model is down
-        previous = parts.routed_model or parts.model_name()
-        parts.routed_model = model
+        previous = parts.route.model or parts.model_name()
+        parts.route.model = model
         if model != previous:
             self.events.model_switched(previous, model)
 
     def check_convergence(self, text: str) -> None:
         """Record a final answer; a detected convergence warns, stops or asks the user."""
         detector = self.parts.convergence
+        if detector is None:
+            return
         found = detector.record(text)
         if found is None:
             return
