@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 from loopctl import BareLoop, ConfigError, RequestOptions
-from loopctl.driver.builder import DEPRECATED_SETTERS
+from loopctl.driver.old_names import DEPRECATED_SETTERS
 from loopctl.hooks import HookExecutor
 from loopctl.testing import ScriptedClient, reply
 

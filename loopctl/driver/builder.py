@@ -3,10 +3,11 @@
 ``LoopSetup`` owns the loop-level state: the configured parts
 (``LoopParts``), the machine and its history, the audit trail, the
 emitter, the token meter, the dispatcher, the signals (cancel, steering)
-and the busy slot. ``BareLoop`` extends it with running. Every setter
-raises ``ConfigError`` once the first run has started (the components are
-wired into the run's hot path); ``register_observer`` may also be called
-between runs, never while one is in flight. ``cancel()``,
+and the busy slot. ``BareLoop`` extends it with running. A loop is
+configured one way, with chained ``with_*`` calls; each raises
+``ConfigError`` once the first run has started (the components are wired
+into the run's hot path), except ``with_observer`` and ``with_approval``,
+allowed between runs, never while one is in flight. ``cancel()``,
 ``is_cancelled()``, ``cancel_signal()`` and ``steering()`` are safe from any
 thread at any time; the other accessors belong to the thread that owns the
 loop.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
@@ -35,6 +35,7 @@ from loopctl.driver.dispatch import Dispatcher
 from loopctl.driver.emission import Emitter, RunEvents
 from loopctl.driver.handle import RunContext
 from loopctl.driver.meter import TokenMeter
+from loopctl.driver.old_names import old_setter
 from loopctl.driver.parts import LoopParts
 from loopctl.driver.resources import LoopResources
 from loopctl.driver.signals import Steering
@@ -56,16 +57,6 @@ if TYPE_CHECKING:
 
 _TURN_MODES = ("streaming", "non_streaming")
 
-#: In-place setters of earlier releases, kept for one release: each warns
-#: (``DeprecationWarning``) and calls its chainable form.
-DEPRECATED_SETTERS = {
-    name: "with_" + name[4:]
-    for name in (
-        "set_request_options", "set_token_counter", "set_context_manager", "set_hook_executor",
-        "set_health_registry", "set_reflector", "set_recovery_strategy", "set_pipeline", "set_fallback",
-        "set_loop_detector", "set_convergence_detector", "set_approval",
-    )
-}
 _L = TypeVar("_L", bound="LoopSetup")
 
 
@@ -428,20 +419,7 @@ class LoopSetup:
 
         def __getattr__(self, name: str) -> Any:
             """The other ``set_*`` names of earlier releases: they warn, then call ``with_*``."""
-            target = DEPRECATED_SETTERS.get(name)
-            if target is None:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            warnings.warn(
-                f"BareLoop.{name}() is deprecated; use {target}() (it returns the loop)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            configure = getattr(self, target)
-
-            def setter(value: Any) -> None:
-                configure(value)
-
-            return setter
+            return old_setter(self, name)
 
     def switch_model(self: _L, name: str) -> bool:
         """Switch the client's model between runs; True if the client accepted it.

@@ -1,4 +1,4 @@
-"""One model call: transient extras, request assembly, the call itself.
+"""One model turn: transient extras, request assembly, the call, the reply recorded.
 
 The request is ``[contributors..., memory?, history..., pending...]`` plus the
 system prompt and tool schemas, built with one copy. The user's input
@@ -16,12 +16,23 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any, Optional
 
+import attrs
+
 from loopctl.context.contributors import ContributorContext
 from loopctl.context.memory import MEMORY_PREFIX, format_memory, memory_query
+from loopctl.driver.admission import admit_message
 from loopctl.driver.run_state import RunState
-from loopctl.errors import Cancelled, LoopError, ModelError
-from loopctl.messages import Message, ModelRequest, ModelResponse, ToolResultPart
-from loopctl.observers import TextDelta
+from loopctl.errors import (
+    Cancelled,
+    ContextOverflow,
+    LoopDetected,
+    LoopError,
+    ModelError,
+    RateLimitEscalation,
+    UserInputRequired,
+)
+from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, ToolResultPart
+from loopctl.observers import Response, StreamSuccess, TextDelta
 from loopctl.providers.base import (
     PartDelta,
     PartStart,
@@ -30,6 +41,7 @@ from loopctl.providers.base import (
     StreamAttemptReset,
     StreamRescue,
 )
+from loopctl.records import Turn
 
 log = logging.getLogger("loopctl")
 
@@ -47,7 +59,7 @@ def turn_query(run_input: str, turn: int, conversation: Sequence[Message]) -> st
 
 
 class ModelTurn(RunState):
-    """The run's model turn: its transient extras, its request and the call itself."""
+    """The run's model turn: extras, request, the call (failures reported), the reply recorded."""
 
     def gather_transients(self, turn: int, query: str) -> list[Message]:
         """Contributor messages in registration order, then one memory message.
@@ -88,6 +100,97 @@ class ModelTurn(RunState):
         parts = self.parts
         messages = self.machine.snapshot_conversation(transients)
         return ModelRequest(messages, parts.session_config.system_prompt, parts.tools.schemas(), options)
+
+    def ask_model(self, turn: int, request: ModelRequest) -> ModelResponse:
+        """The model call; a failure is reported (fallback, ``on_stream_failure``) and raised."""
+        parts = self.parts
+        rc = self.rc
+        try:
+            return self.call_model(turn, request)
+        except Cancelled:
+            raise
+        except LoopError as exc:
+            if rc.cancel.is_cancelled():  # failed because it was cancelled: not the model's fault
+                raise Cancelled(rc.cancel.reason) from exc
+            if parts.fallback is not None and not isinstance(exc, ContextOverflow):
+                # A "context too long" rejection says nothing about the model's health.
+                tripped = parts.fallback.record_failure(isinstance(exc, RateLimitEscalation))
+                if tripped is not None:
+                    self.events.fallback(*tripped)
+            self.events.stream_failure(turn, parts.route.model or parts.model_name(), str(exc))
+            raise
+
+    def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
+        """Calibrate, detect convergence, ``on_response``, feed the machine, the ``Turn`` record."""
+        parts = self.parts
+        em = self.events
+        m = self.machine
+        usage = response.usage
+        if usage is not None and usage.input_tokens:
+            self.meter.calibration.observe(usage.input_tokens)
+        if parts.fallback is not None:
+            parts.fallback.record_success()
+        wanted = em._wanted
+        if StreamSuccess in wanted:
+            em.stream_success(turn, response.model or parts.model_name(), usage)
+        # The gate first: the conversation and the record hold the admitted calls
+        # (ids unique in the turn, arguments frozen), as the dispatcher and approvals do.
+        message, _ = admit_message(response.message, parts.tools)
+        if message is not response.message:
+            response = attrs.evolve(response, message=message)
+        calls = message.tool_calls  # both are computed properties: read once
+        text = message.text
+        if not calls and parts.convergence is not None:
+            self.check_convergence(text)
+        if Response in wanted:
+            em.response(turn, text, usage)
+        m.model_response(response, figure, self.tool_names)
+        figure_after = self.meter.figure(m)
+        m.set_context_tokens(figure_after)
+        in_tok = usage.input_tokens if usage else 0
+        out_tok = usage.output_tokens if usage else 0
+        self.rc.run.turns.append(
+            Turn(turn, query, text, tuple(calls), in_tok, out_tok, response.stop_reason)
+        )
+        self.llm_phase = (in_tok, out_tok, response.stop_reason)
+        phase.input_tokens, phase.output_tokens = in_tok, out_tok
+        phase.stop_reason, phase.context_tokens = response.stop_reason, figure_after
+
+    def options(self) -> Optional[RequestOptions]:
+        """The request options: the routed model beats a host override; the client is never mutated."""
+        parts = self.parts
+        routed = parts.route.model
+        if routed is not None and routed != parts.model_name():
+            return (self.base_options or parts.request_options).with_model(routed)
+        return self.base_options
+
+    def route_model(self) -> None:
+        """Ask the fallback chain which model serves this turn; announce a change."""
+        parts = self.parts
+        fb = parts.fallback
+        if fb is None:
+            return
+        model = fb.before_request()  # raises FallbackExhausted when every model is down
+        previous = parts.route.model or parts.model_name()
+        parts.route.model = model
+        if model != previous:
+            self.events.model_switched(previous, model)
+
+    def check_convergence(self, text: str) -> None:
+        """Record a final answer; a detected convergence warns, stops or asks the user."""
+        detector = self.parts.convergence
+        if detector is None:
+            return
+        found = detector.record(text)
+        if found is None:
+            return
+        similarity, count = found
+        action = detector.action
+        self.events.convergence_detected(action, similarity, count)
+        if action == "stop":
+            raise LoopDetected("agent stopped: convergence detected")
+        if action == "ask_user":
+            raise UserInputRequired("convergence detected, user input needed")
 
     def call_model(self, turn: int, request: ModelRequest) -> ModelResponse:
         """Make the model call (streaming or not), cancel-aware.

@@ -1,11 +1,11 @@
-"""RunDriver: one run of the hands, its own state, its handlers in timeline order.
+"""RunDriver: one run of the hands, its handlers in timeline order.
 
-A ``RunDriver`` is made for each run and owns everything run-scoped: the
-input and config, the policy, the emitter's binding (``RunEvents``, with the
-open phase), the last LLM phase's figures, the deferred-extras reservation.
-Its collaborators arrive explicitly: the loop's parts, the machine, the
-token meter, the dispatcher, the steering slot, and ``LoopSlot`` (the
-loop's busy lock, cancel signal and release). It never holds the loop.
+The run object is split once: ``RunState`` (run_state.py) is what the run
+holds (its context, the loop's parts and collaborators it was lent, its
+input, config, policy and per-step figures); ``RunDriver`` is what it does.
+The model turn (``ModelTurn``, llm_turn.py) and the compaction pass
+(``Compaction``, compaction.py) are its methods, kept in their own modules.
+It never holds the loop.
 
 Read top to bottom it is the run's timeline: ``body`` (audit entry ->
 ``on_run_start`` -> ``accept_input`` -> loop over ``next_step``; the
@@ -27,12 +27,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Optional
-
-import attrs
+from typing import TYPE_CHECKING, Optional
 
 from loopctl.approvals import RUN_ENDED
-from loopctl.driver.admission import admit_message
 from loopctl.driver.answers import answer_system, answer_tools, shape_options, shape_request
 from loopctl.driver.approval_gate import report_unreported
 from loopctl.driver.checkpoint import ResumePoint, restore
@@ -47,11 +44,8 @@ from loopctl.driver.run_state import Release
 from loopctl.errors import (
     Cancelled,
     ContextOverflow,
-    LoopDetected,
     LoopError,
     MaxTurnsExceeded,
-    RateLimitEscalation,
-    UserInputRequired,
 )
 from loopctl.machine import (
     CallLLM,
@@ -67,13 +61,9 @@ from loopctl.machine import (
 )
 from loopctl.messages import (
     Message,
-    ModelRequest,
-    ModelResponse,
-    RequestOptions,
 )
-from loopctl.observers import Response, StreamSuccess, ToolCallReceived, TurnStart
+from loopctl.observers import ToolCallReceived, TurnStart
 from loopctl.output import OutputCheck
-from loopctl.records import Turn
 
 if TYPE_CHECKING:
     from loopctl.cancel import CancelSignal
@@ -252,10 +242,7 @@ class RunDriver(ModelTurn, Compaction):
         while True:
             arrived = steering.arrived  # before the drain: a push landing after it is seen below
             self.drain_steering(turn)
-            transients = (
-self.gather_transients(turn, query) if gather
-                else []
-            )
+            transients = self.gather_transients(turn, query) if gather else []
             if steering.arrived == arrived:
                 break
         extra = meter.count(transients) if transients else 0
@@ -287,97 +274,6 @@ self.gather_transients(turn, query) if gather
                 step.outcome.error.__cause__ = exc
             return
         self.boundary("model")
-
-    def ask_model(self, turn: int, request: ModelRequest) -> ModelResponse:
-        """The model call; a failure is reported (fallback, ``on_stream_failure``) and raised."""
-        parts = self.parts
-        rc = self.rc
-        try:
-            return self.call_model(turn, request)
-        except Cancelled:
-            raise
-        except LoopError as exc:
-            if rc.cancel.is_cancelled():  # failed because it was cancelled: not the model's fault
-                raise Cancelled(rc.cancel.reason) from exc
-            if parts.fallback is not None and not isinstance(exc, ContextOverflow):
-                # A "context too long" rejection says nothing about the model's health.
-                tripped = parts.fallback.record_failure(isinstance(exc, RateLimitEscalation))
-                if tripped is not None:
-                    self.events.fallback(*tripped)
-            self.events.stream_failure(turn, parts.route.model or parts.model_name(), str(exc))
-            raise
-
-    def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
-        """Calibrate, detect convergence, ``on_response``, feed the machine, the ``Turn`` record."""
-        parts = self.parts
-        em = self.events
-        m = self.machine
-        usage = response.usage
-        if usage is not None and usage.input_tokens:
-            self.meter.calibration.observe(usage.input_tokens)
-        if parts.fallback is not None:
-            parts.fallback.record_success()
-        wanted = em._wanted
-        if StreamSuccess in wanted:
-            em.stream_success(turn, response.model or parts.model_name(), usage)
-        # The gate first: the conversation and the record hold the admitted calls
-        # (ids unique in the turn, arguments frozen), as the dispatcher and approvals do.
-        message, _ = admit_message(response.message, parts.tools)
-        if message is not response.message:
-            response = attrs.evolve(response, message=message)
-        calls = message.tool_calls  # both are computed properties: read once
-        text = message.text
-        if not calls and parts.convergence is not None:
-            self.check_convergence(text)
-        if Response in wanted:
-            em.response(turn, text, usage)
-        m.model_response(response, figure, self.tool_names)
-        figure_after = self.meter.figure(m)
-        m.set_context_tokens(figure_after)
-        in_tok = usage.input_tokens if usage else 0
-        out_tok = usage.output_tokens if usage else 0
-        self.rc.run.turns.append(
-            Turn(turn, query, text, tuple(calls), in_tok, out_tok, response.stop_reason)
-        )
-        self.llm_phase = (in_tok, out_tok, response.stop_reason)
-        phase.input_tokens, phase.output_tokens = in_tok, out_tok
-        phase.stop_reason, phase.context_tokens = response.stop_reason, figure_after
-
-    def options(self) -> Optional[RequestOptions]:
-        """The request options: the routed model beats a host override; the client is never mutated."""
-        parts = self.parts
-        routed = parts.route.model
-        if routed is not None and routed != parts.model_name():
-            return (self.base_options or parts.request_options).with_model(routed)
-        return self.base_options
-
-    def route_model(self) -> None:
-        """Ask the fallback chain which model serves this turn; announce a change."""
-        parts = self.parts
-        fb = parts.fallback
-        if fb is None:
-            return
-        model = fb.before_request()  # raises FallbackExhausted when every model is down
-        previous = parts.route.model or parts.model_name()
-        parts.route.model = model
-        if model != previous:
-            self.events.model_switched(previous, model)
-
-    def check_convergence(self, text: str) -> None:
-        """Record a final answer; a detected convergence warns, stops or asks the user."""
-        detector = self.parts.convergence
-        if detector is None:
-            return
-        found = detector.record(text)
-        if found is None:
-            return
-        similarity, count = found
-        action = detector.action
-        self.events.convergence_detected(action, similarity, count)
-        if action == "stop":
-            raise LoopDetected("agent stopped: convergence detected")
-        if action == "ask_user":
-            raise UserInputRequired("convergence detected, user input needed")
 
     def drain_steering(self, turn: int) -> None:
         """Move pushed guidance into pending (``on_steering`` when any arrived)."""
