@@ -47,12 +47,11 @@ class Compaction(RunState):
         manager = parts.context_manager
         instructions: Optional[str] = None
         extra: Optional[str] = None
-        hooks = parts.hooks
-        has_hooks = hooks is not None and bool(hooks.hooks)
+        hooks = parts.hooks if parts.hooks is not None and parts.hooks.hooks else None
         hook_ctx = CompactHookContext(events.session_id, rc.run.id, reason, tuple(messages), before)
-        if has_hooks:
+        if hooks is not None:
             with rc.unfenced():
-                decision = hooks.pre_compact(hook_ctx)  # type: ignore[union-attr]
+                decision = hooks.pre_compact(hook_ctx)
             if decision.abort:
                 log.info("compaction (%s) vetoed by a pre-compact hook", reason)
                 m.compaction_noop(before, before, window)
@@ -72,16 +71,7 @@ class Compaction(RunState):
         }
         if _takes_scale(manager):
             kwargs["scale"] = meter.calibration.scale
-        with rc.unfenced():
-            try:
-                compacted = manager.compact(messages, **kwargs)
-                failure: Optional[BaseException] = None
-            except LoopError:
-                raise
-            except Exception as exc:  # a custom manager's bug: the pass failed
-                compacted, failure = None, exc
-        if failure is not None:
-            raise ContextExceeded(before, window) from failure
+        compacted = self._call_manager(manager, messages, kwargs, before, window)
         if rc.cancel.is_cancelled():
             raise Cancelled(rc.cancel.reason)
         if compacted is None:
@@ -92,9 +82,23 @@ class Compaction(RunState):
         if m.is_terminal:
             return
         events.compaction(reason, before, after)
-        if has_hooks:
+        if hooks is not None:
             with rc.unfenced():
-                hooks.post_compact(hook_ctx, after)  # type: ignore[union-attr]
+                hooks.post_compact(hook_ctx, after)
+
+    def _call_manager(self, manager: Any, messages: Any, options: dict[str, Any], before: int, window: int) -> Any:
+        """The manager's pass, unfenced; a foreign failure is ``ContextExceeded`` chained to it."""
+        with self.rc.unfenced():
+            try:
+                compacted = manager.compact(messages, **options)
+                failure: Optional[BaseException] = None
+            except LoopError:
+                raise
+            except Exception as exc:  # a custom manager's bug: the pass failed
+                compacted, failure = None, exc
+        if failure is not None:
+            raise ContextExceeded(before, window) from failure
+        return compacted
 
     def summarize(self, request: Any) -> Any:
         """A cancel-aware model call for a summarizing compactor."""
