@@ -61,8 +61,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(delta, end="", flush=True)
 
     with BareLoop(OfflineModel(), demo_tools(args.tool_delay)) as loop:
-        loop.set_text_streamer(show)
-        loop.register_observer(ShowTools())
+        loop.with_text_streamer(show)
+        loop.with_observer(ShowTools())
         handle = loop.start(args.question)  # returns at once; the run has its own thread
         speaking.wait(args.timeout)  # the run is under way once the model speaks
         accepted = loop.steering().push("show each step")  # lands at the next turn boundary

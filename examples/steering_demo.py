@@ -112,7 +112,7 @@ def main() -> int:
         ]
     )
     with BareLoop(client, [EditFile(screen.spoke_early)]) as loop:
-        loop.register_observer(screen)
+        loop.with_observer(screen)
         steering = loop.steering()  # one shared handle; safe from any thread
         result: dict[str, Any] = {}
 

@@ -138,7 +138,7 @@ def _build_loop(
             )
         pending = [message_from_dict(json.loads(s)) for s in claim.steers[steer_base:]]
         feed = SteerFeed(loop.steering(), pending)
-        loop.add_contributor(feed)
+        loop.with_contributor(feed)
         if session is not None:
             loop.with_session(session, revision=revision)  # the run holds its lease; finalize writes it
     except BaseException:

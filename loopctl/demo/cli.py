@@ -119,19 +119,19 @@ class Command:
                if a.subagent else demo_tools(tool_delay))
         loop = BareLoop(client, [*own, *mcp_tools], SessionConfig(system_prompt=a.system))
         if not self.streaming:
-            loop.set_turn_mode("non_streaming")
-        loop.register_observer(self.facts)
-        loop.register_observer(self.approvals)
+            loop.with_turn_mode("non_streaming")
+        loop.with_observer(self.facts)
+        loop.with_observer(self.approvals)
         if a.ask:
             loop.with_approval(ask_policy(a.ask))
         if a.json:
             out = self.console
-            loop.register_observer(CallbackObserver(
+            loop.with_observer(CallbackObserver(
                 lambda e: out.line(json.dumps(e.to_dict(), ensure_ascii=False, allow_nan=False))))
         else:
             if not typed:
-                loop.set_text_streamer(self.console.text)
-            loop.register_observer(self.view)
+                loop.with_text_streamer(self.console.text)
+            loop.with_observer(self.view)
         return loop
 
     def note(self, text: str, *styles: str) -> None:

@@ -3,10 +3,11 @@
 ``LoopSetup`` owns the loop-level state: the configured parts
 (``LoopParts``), the machine and its history, the audit trail, the
 emitter, the token meter, the dispatcher, the signals (cancel, steering)
-and the busy slot. ``BareLoop`` extends it with running. Every setter
-raises ``ConfigError`` once the first run has started (the components are
-wired into the run's hot path); ``register_observer`` may also be called
-between runs, never while one is in flight. ``cancel()``,
+and the busy slot. ``BareLoop`` extends it with running. A loop is
+configured one way, with chained ``with_*`` calls; each raises
+``ConfigError`` once the first run has started (the components are wired
+into the run's hot path), except ``with_observer`` and ``with_approval``,
+allowed between runs, never while one is in flight. ``cancel()``,
 ``is_cancelled()``, ``cancel_signal()`` and ``steering()`` are safe from any
 thread at any time; the other accessors belong to the thread that owns the
 loop.
@@ -18,17 +19,23 @@ import threading
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar, Union
 
+import attrs
+
+from loopctl.approvals import ApprovalContext
 from loopctl.cancel import CancelSignal
 from loopctl.config import RunConfig, SessionConfig
+from loopctl.context.contributors import ContextContributor
 from loopctl.context.manager import ContextManager, TruncatingCompactor
+from loopctl.context.memory import Memory
 from loopctl.context.tokens import HeuristicTokenCounter, TokenCounter
 from loopctl.detection import ConvergenceDetector, LoopDetector
 from loopctl.driver.dispatch import Dispatcher
 from loopctl.driver.emission import Emitter, RunEvents
 from loopctl.driver.handle import RunContext
 from loopctl.driver.meter import TokenMeter
+from loopctl.driver.old_names import old_setter
 from loopctl.driver.parts import LoopParts
 from loopctl.driver.resources import LoopResources
 from loopctl.driver.signals import Steering
@@ -40,9 +47,16 @@ from loopctl.observers import Observer
 from loopctl.providers.stream_handler import StreamHandler
 from loopctl.records import Session
 from loopctl.tools.base import Tool
+from loopctl.tools.recovery import RecoveryStrategy, Reflector
 from loopctl.tools.registry import ToolRegistry
 
+if TYPE_CHECKING:
+    from loopctl.fallback import FallbackManager
+    from loopctl.tools.health import ToolHealthRegistry
+    from loopctl.tools.pipeline import ToolPipelineBuilder
+
 _TURN_MODES = ("streaming", "non_streaming")
+
 _L = TypeVar("_L", bound="LoopSetup")
 
 
@@ -109,7 +123,12 @@ class LoopSetup:
 
     @tool_extras.setter
     def tool_extras(self, extras: dict[str, Any]) -> None:
-        self._parts.tool_extras = extras
+        self._evolve(tool_extras=extras)
+
+    def _evolve(self, **changes: Any) -> None:
+        """Replace the loop's description (frozen) with these parts changed; the dispatcher follows."""
+        self._parts = attrs.evolve(self._parts, **changes)
+        self._dispatcher.parts = self._parts
 
     # -- cancellation and steering (any thread) --------------------------------
 
@@ -206,164 +225,115 @@ class LoopSetup:
         return not self._machine.is_terminal
 
     # -- the builder surface ---------------------------------------------------
+    # One way to configure a loop: chainable ``with_*`` calls, each returning
+    # the loop. The in-place names the docs taught first stay as thin aliases.
+
     def _configurable(self: _L, name: str) -> None:
         if self._started:
             raise ConfigError(f"{name}() must be called before the first run starts")
 
-    def set_turn_mode(self: _L, mode: str) -> None:
+    def with_turn_mode(self: _L, mode: str) -> _L:
         """``"streaming"`` (default) or ``"non_streaming"``."""
-        self._configurable("set_turn_mode")
+        self._configurable("with_turn_mode")
         if mode not in _TURN_MODES:
             raise ConfigError(f"turn mode must be 'streaming' or 'non_streaming', got {mode!r}")
-        self._parts.turn_mode = mode
-
-    def with_turn_mode(self: _L, mode: str) -> _L:
-        """Fluent ``set_turn_mode``."""
-        self.set_turn_mode(mode)
+        self._evolve(turn_mode=mode)
         return self
-
-    def set_request_options(self: _L, options: RequestOptions) -> None:
-        """Options sent with every request (model override, max_tokens, ...)."""
-        self._configurable("set_request_options")
-        if not isinstance(options, RequestOptions):
-            raise ConfigError(f"request options must be RequestOptions, got {options!r:.80}")
-        self._parts.request_options = options
 
     def with_request_options(self: _L, options: RequestOptions) -> _L:
-        """Fluent ``set_request_options``."""
-        self.set_request_options(options)
+        """Options sent with every request (model override, max_tokens, ...)."""
+        self._configurable("with_request_options")
+        if not isinstance(options, RequestOptions):
+            raise ConfigError(f"request options must be RequestOptions, got {options!r:.80}")
+        self._evolve(request_options=options)
         return self
 
-    def set_token_counter(self: _L, counter: TokenCounter) -> None:
+    def with_token_counter(self: _L, counter: TokenCounter) -> _L:
         """The one token counter used everywhere (also by the context manager)."""
-        self._configurable("set_token_counter")
+        self._configurable("with_token_counter")
         if not (hasattr(counter, "count_text") and hasattr(counter, "count_message")):
             raise ConfigError(f"token counter needs count_text and count_message: {counter!r:.80}")
-        self._parts.counter = counter
+        self._evolve(counter=counter)
         self._meter.set_counter(counter)
         if self._parts.context_manager is not None and hasattr(self._parts.context_manager, "counter"):
             self._parts.context_manager.counter = counter
-
-    def with_token_counter(self: _L, counter: TokenCounter) -> _L:
-        """Fluent ``set_token_counter``."""
-        self.set_token_counter(counter)
         return self
 
-    def set_memory(self: _L, memory: Any) -> None:
+    def with_memory(self: _L, memory: Memory) -> _L:
         """A memory store (``store``/``retrieve``/``consolidate``)."""
-        self._configurable("set_memory")
-        self._parts.memory = memory
-
-    def with_memory(self: _L, memory: Any) -> _L:
-        """Fluent ``set_memory``."""
-        self.set_memory(memory)
+        self._configurable("with_memory")
+        self._evolve(memory=memory)
         return self
-
-    def set_context_manager(self: _L, manager: Any) -> None:
-        """Replace the default ``ContextManager`` (None disables compaction)."""
-        self._configurable("set_context_manager")
-        if manager is not None and hasattr(manager, "counter"):
-            manager.counter = self._parts.counter
-        self._parts.context_manager = manager
 
     def with_context_manager(self: _L, manager: Any) -> _L:
-        """Fluent ``set_context_manager``."""
-        self.set_context_manager(manager)
+        """Replace the default ``ContextManager`` (None disables compaction)."""
+        self._configurable("with_context_manager")
+        if manager is not None and hasattr(manager, "counter"):
+            manager.counter = self._parts.counter
+        self._evolve(context_manager=manager)
         return self
 
-    def set_stream_handler(self: _L, handler: Any) -> None:
+    def with_stream_handler(self: _L, handler: StreamHandler) -> _L:
         """How streamed turns are retried and timed out (``StreamHandler``)."""
-        self._configurable("set_stream_handler")
+        self._configurable("with_stream_handler")
         if not hasattr(handler, "stream_turn"):
             raise ConfigError(f"stream handler needs stream_turn(): {handler!r:.80}")
-        self._parts.stream_handler = handler
-
-    def with_stream_handler(self: _L, handler: Any) -> _L:
-        """Fluent ``set_stream_handler``."""
-        self.set_stream_handler(handler)
+        self._evolve(stream_handler=handler)
         return self
-
-    def set_hook_executor(self: _L, hooks: HookExecutor) -> None:
-        """Hooks that may veto tool calls and compactions."""
-        self._configurable("set_hook_executor")
-        if not isinstance(hooks, HookExecutor):
-            raise ConfigError(f"hooks must be a HookExecutor, got {hooks!r:.80}")
-        self._parts.hooks = hooks
-        self._emitter.hooks = hooks
 
     def with_hook_executor(self: _L, hooks: HookExecutor) -> _L:
-        """Fluent ``set_hook_executor``."""
-        self.set_hook_executor(hooks)
+        """Hooks that may veto tool calls and compactions."""
+        self._configurable("with_hook_executor")
+        if not isinstance(hooks, HookExecutor):
+            raise ConfigError(f"hooks must be a HookExecutor, got {hooks!r:.80}")
+        self._evolve(hooks=hooks)
+        self._emitter.hooks = hooks
         return self
 
-    def set_health_registry(self: _L, health: Any) -> None:
+    def with_health_registry(self: _L, health: ToolHealthRegistry) -> _L:
         """Per-tool circuit breakers."""
-        self._configurable("set_health_registry")
-        self._parts.health = health
-
-    def with_health_registry(self: _L, health: Any) -> _L:
-        """Fluent ``set_health_registry``."""
-        self.set_health_registry(health)
+        self._configurable("with_health_registry")
+        self._evolve(health=health)
         return self
 
-    def set_reflector(self: _L, reflector: Any) -> None:
+    def with_reflector(self: _L, reflector: Reflector) -> _L:
         """Analyses failed tool calls for recovery."""
-        self._configurable("set_reflector")
-        self._parts.reflector = reflector
-
-    def with_reflector(self: _L, reflector: Any) -> _L:
-        """Fluent ``set_reflector``."""
-        self.set_reflector(reflector)
+        self._configurable("with_reflector")
+        self._evolve(reflector=reflector)
         return self
 
-    def set_recovery_strategy(self: _L, strategy: Any) -> None:
+    def with_recovery_strategy(self: _L, strategy: RecoveryStrategy) -> _L:
         """Decides retry / skip / ask / fail for a failed tool call."""
-        self._configurable("set_recovery_strategy")
-        self._parts.recovery = strategy
-
-    def with_recovery_strategy(self: _L, strategy: Any) -> _L:
-        """Fluent ``set_recovery_strategy``."""
-        self.set_recovery_strategy(strategy)
+        self._configurable("with_recovery_strategy")
+        self._evolve(recovery=strategy)
         return self
 
-    def set_pipeline(self: _L, builder: Any) -> None:
+    def with_pipeline(self: _L, builder: ToolPipelineBuilder) -> _L:
         """Tool middleware; pass a builder WITHOUT a core (the loop adds its registry)."""
-        self._configurable("set_pipeline")
+        self._configurable("with_pipeline")
         if getattr(builder, "has_core", False):
             raise ConfigError(
-                "set_pipeline() takes a builder without a core: the loop installs its registry"
+                "with_pipeline() takes a builder without a core: the loop installs its registry"
             )
         if not hasattr(builder, "build"):
-            raise ConfigError(f"set_pipeline() takes a ToolPipeline builder, got {builder!r:.80}")
-        self._parts.pipeline = builder.build_with_core(self._parts.tools)
-
-    def with_pipeline(self: _L, builder: Any) -> _L:
-        """Fluent ``set_pipeline``."""
-        self.set_pipeline(builder)
+            raise ConfigError(f"with_pipeline() takes a ToolPipeline builder, got {builder!r:.80}")
+        self._evolve(pipeline=builder.build_with_core(self._parts.tools))
         return self
-
-    def set_text_streamer(self: _L, streamer: Callable[[str], None]) -> None:
-        """Called with each streamed text delta (before observers)."""
-        self._configurable("set_text_streamer")
-        if not callable(streamer):
-            raise ConfigError(f"text streamer must be callable, got {streamer!r:.80}")
-        self._parts.text_streamer = streamer
 
     def with_text_streamer(self: _L, streamer: Callable[[str], None]) -> _L:
-        """Fluent ``set_text_streamer``."""
-        self.set_text_streamer(streamer)
+        """Called with each streamed text delta (before observers)."""
+        self._configurable("with_text_streamer")
+        if not callable(streamer):
+            raise ConfigError(f"text streamer must be callable, got {streamer!r:.80}")
+        self._evolve(text_streamer=streamer)
         return self
 
-    def add_contributor(self: _L, contributor: Any) -> None:
+    def with_contributor(self: _L, contributor: ContextContributor) -> _L:
         """A ``ContextContributor`` consulted every turn (its message is never persisted)."""
-        self._configurable("add_contributor")
+        self._configurable("with_contributor")
         if not hasattr(contributor, "contribute"):
             raise ConfigError(f"a contributor needs contribute(ctx): {contributor!r:.80}")
-        self._parts.contributors.append(contributor)
-
-    def with_contributor(self: _L, contributor: Any) -> _L:
-        """Fluent ``add_contributor``."""
-        self.add_contributor(contributor)
+        self._evolve(contributors=(*self._parts.contributors, contributor))
         return self
 
     def with_temp_dir(self: _L, base: Union[str, Path]) -> _L:
@@ -378,37 +348,25 @@ class LoopSetup:
         self._resources.temp_base = None
         return self
 
-    def set_fallback(self: _L, manager: Any) -> None:
+    def with_fallback(self: _L, manager: FallbackManager) -> _L:
         """A ``FallbackManager``: model breaker and fallback chain (routing per request)."""
-        self._configurable("set_fallback")
-        self._parts.fallback = manager
-
-    def with_fallback(self: _L, manager: Any) -> _L:
-        """Fluent ``set_fallback``."""
-        self.set_fallback(manager)
+        self._configurable("with_fallback")
+        self._evolve(fallback=manager)
         return self
 
-    def set_loop_detector(self: _L, detector: Any) -> None:
+    def with_loop_detector(self: _L, detector: Optional[LoopDetector]) -> _L:
         """Replace the tool-loop detector (None disables it)."""
-        self._configurable("set_loop_detector")
-        self._parts.loop_detector = detector
-
-    def with_loop_detector(self: _L, detector: Any) -> _L:
-        """Fluent ``set_loop_detector``."""
-        self.set_loop_detector(detector)
+        self._configurable("with_loop_detector")
+        self._evolve(loop_detector=detector)
         return self
 
-    def set_convergence_detector(self: _L, detector: Any) -> None:
+    def with_convergence_detector(self: _L, detector: Optional[ConvergenceDetector]) -> _L:
         """Replace the final-answer convergence detector (None disables it)."""
-        self._configurable("set_convergence_detector")
-        self._parts.convergence = detector
-
-    def with_convergence_detector(self: _L, detector: Any) -> _L:
-        """Fluent ``set_convergence_detector``."""
-        self.set_convergence_detector(detector)
+        self._configurable("with_convergence_detector")
+        self._evolve(convergence=detector)
         return self
 
-    def set_approval(self: _L, policy: Optional[Callable[[Any], bool]]) -> None:
+    def with_approval(self: _L, policy: Optional[Callable[[ApprovalContext], bool]]) -> _L:
         """Ask a person before the calls ``policy(ctx)`` picks (allowed between runs).
 
         ``policy`` receives an ``ApprovalContext`` (``ctx.tool``,
@@ -418,26 +376,50 @@ class LoopSetup:
         ``@tool(requires_approval=True)`` always wait. None removes the policy.
         """
         if self._active is not None:
-            raise ConfigError("set_approval() cannot be called while a run is in flight")
+            raise ConfigError("with_approval() cannot be called while a run is in flight")
         if policy is not None and not callable(policy):
             raise ConfigError(f"an approval policy must be callable(ctx) -> bool, got {policy!r:.80}")
-        self._parts.approval_policy = policy
-
-    def with_approval(self: _L, policy: Optional[Callable[[Any], bool]]) -> _L:
-        """Fluent ``set_approval``."""
-        self.set_approval(policy)
+        self._evolve(approval_policy=policy)
         return self
-
-    def register_observer(self: _L, observer: Observer) -> None:
-        """Add an observer (allowed between runs, never during one)."""
-        if self._active is not None:
-            raise ConfigError("register_observer() cannot be called while a run is in flight")
-        self._emitter.add_observer(observer)
 
     def with_observer(self: _L, observer: Observer) -> _L:
-        """Fluent ``register_observer``."""
-        self.register_observer(observer)
+        """Add an observer (allowed between runs, never during one)."""
+        if self._active is not None:
+            raise ConfigError("with_observer() cannot be called while a run is in flight")
+        self._emitter.add_observer(observer)
         return self
+
+    # -- the first names the docs taught: thin aliases of the ``with_*`` calls ----
+
+    def register_observer(self, observer: Observer) -> None:
+        """Alias of ``with_observer`` (returns None)."""
+        self.with_observer(observer)
+
+    def set_turn_mode(self, mode: str) -> None:
+        """Alias of ``with_turn_mode`` (returns None)."""
+        self.with_turn_mode(mode)
+
+    def set_memory(self, memory: Memory) -> None:
+        """Alias of ``with_memory`` (returns None)."""
+        self.with_memory(memory)
+
+    def add_contributor(self, contributor: ContextContributor) -> None:
+        """Alias of ``with_contributor`` (returns None)."""
+        self.with_contributor(contributor)
+
+    def set_stream_handler(self, handler: StreamHandler) -> None:
+        """Alias of ``with_stream_handler`` (returns None)."""
+        self.with_stream_handler(handler)
+
+    def set_text_streamer(self, streamer: Callable[[str], None]) -> None:
+        """Alias of ``with_text_streamer`` (returns None)."""
+        self.with_text_streamer(streamer)
+
+    if not TYPE_CHECKING:  # hidden from type checkers: new code uses the ``with_*`` names
+
+        def __getattr__(self, name: str) -> Any:
+            """The other ``set_*`` names of earlier releases: they warn, then call ``with_*``."""
+            return old_setter(self, name)
 
     def switch_model(self: _L, name: str) -> bool:
         """Switch the client's model between runs; True if the client accepted it.
@@ -450,14 +432,14 @@ class LoopSetup:
         if self._active is not None:
             raise ConfigError("switch_model() cannot be called while a run is in flight")
         setter: Optional[Callable[[str], bool]] = getattr(self._parts.client, "set_model", None)
-        old = self._parts.routed_model or self._parts.model_name()
+        old = self._parts.route.model or self._parts.model_name()
         if setter is None or not setter(name):
             return False
         if old != name:
             self._between_runs().model_switched(old, name)
         if self._parts.fallback is not None and hasattr(self._parts.fallback, "set_primary"):
             self._parts.fallback.set_primary(name)
-        self._parts.routed_model = None
+        self._parts.route.model = None
         return True
 
 

@@ -27,7 +27,7 @@ phases so that events and state stay on the run's thread:
   ``attempt + 1``; more than five retries is ``ToolRecoveryExhausted``.
 
 The dispatcher holds the loop's parts and resources, never the loop; a
-run reaches it through its ``ToolRun``.
+run lends it itself (its ``RunState``).
 
 A wave fires every ``on_tool_pre`` (in request order), runs its calls
 together (each in a copy of the run's contextvars), then fires every ``on_tool_post`` in request order; retries of a
@@ -48,7 +48,7 @@ from loopctl.approvals import ApprovalContext
 from loopctl.driver.admission import Admitted, admit
 from loopctl.driver.approval_gate import ParkedBatch, dispatch_parked, needs_approval, park_batch
 from loopctl.driver.recovery import corrected, decide
-from loopctl.driver.tool_calls import CallState, ToolRun, plan_waves, result_hash
+from loopctl.driver.tool_calls import CallState, plan_waves, result_hash
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.frozen import thaw
 from loopctl.hooks import ToolHookContext
@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from loopctl.driver.handle import RunContext
     from loopctl.driver.parts import LoopParts
     from loopctl.driver.resources import LoopResources
+    from loopctl.driver.run_state import RunState
 
 log = logging.getLogger("loopctl")
 
@@ -96,7 +97,7 @@ class Dispatcher:
 
     # -- batches ---------------------------------------------------------------
 
-    def dispatch(self, run: ToolRun, turn: int, calls: Sequence[ToolCallPart]) -> list[ToolResultPart]:
+    def dispatch(self, run: RunState, turn: int, calls: Sequence[ToolCallPart]) -> list[ToolResultPart]:
         """Admit ``calls`` (the gate), then run them; results in the same order.
 
         Raises:
@@ -110,9 +111,9 @@ class Dispatcher:
             return []
         return self._dispatch_admitted(run, turn, admit(calls, self.parts.tools))
 
-    def _dispatch_admitted(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
+    def _dispatch_admitted(self, run: RunState, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         parallel = run.parallel
-        settled = run.settled
+        settled = run.settle if run.durable is not None else None
         sequential = parallel.mode == "sequential" or parallel.max_concurrency == 1 or len(calls) == 1
         parts = self.parts
         asks = parts.approval_policy is not None or parts.tools.has_approval_tools
@@ -150,7 +151,7 @@ class Dispatcher:
                 settled([results[i] for i in wave])  # type: ignore[misc]
         return results  # type: ignore[return-value]
 
-    def _park(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> Optional[ParkedBatch]:
+    def _park(self, run: RunState, turn: int, calls: Sequence[Admitted]) -> Optional[ParkedBatch]:
         rc = run.rc
         return park_batch(
             rc.approvals, self.parts.approval_policy, calls, events=run.events,
@@ -158,7 +159,7 @@ class Dispatcher:
             default_timeout=rc.run.config.approval_timeout, unfenced=rc.unfenced,
         )
 
-    def _run_group(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
+    def _run_group(self, run: RunState, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         if len(calls) == 1:
             return [self._run_one(run, turn, CallState(calls[0]))]
         return self._run_wave(run, turn, calls)
@@ -174,7 +175,7 @@ class Dispatcher:
                 rc.cancel.cancel("interrupted")
                 raise Cancelled("interrupted")
 
-    def _run_one(self, run: ToolRun, turn: int, st: CallState) -> ToolResultPart:
+    def _run_one(self, run: RunState, turn: int, st: CallState) -> ToolResultPart:
         """The whole per-call pipeline, inline on the run's thread, retries included."""
         rc = run.rc
         while True:
@@ -206,7 +207,7 @@ class Dispatcher:
     def _plan_waves(self, calls: Sequence[Admitted], limit: int) -> list[list[int]]:
         return plan_waves(calls, limit)
 
-    def _run_wave(self, run: ToolRun, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
+    def _run_wave(self, run: RunState, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         rc = run.rc
         states = [CallState(c) for c in calls]
         kinds = [self._begin(run, turn, st) for st in states]
@@ -232,7 +233,7 @@ class Dispatcher:
             slots[k] = self._run_one(run, turn, st)
         return slots  # type: ignore[return-value]
 
-    def _execute_together(self, run: ToolRun, turn: int, states: list[CallState]) -> None:
+    def _execute_together(self, run: RunState, turn: int, states: list[CallState]) -> None:
         rc = run.rc
         resources = self.resources
         pool = resources.executor(run.parallel.max_concurrency)
@@ -276,11 +277,11 @@ class Dispatcher:
 
     # -- one attempt's phases ------------------------------------------------------
 
-    def _hook_ctx(self, run: ToolRun, turn: int, st: CallState) -> ToolHookContext:
+    def _hook_ctx(self, run: RunState, turn: int, st: CallState) -> ToolHookContext:
         c = st.call
         return ToolHookContext(run.session_id, run.rc.run.id, turn, c.id, c.name, c.input, st.attempt)
 
-    def _begin(self, run: ToolRun, turn: int, st: CallState) -> int:
+    def _begin(self, run: RunState, turn: int, st: CallState) -> int:
         """Run thread: cancel check, pre event, the gate, detector pre-check, health gate."""
         rc = run.rc
         cancel = rc.cancel
@@ -315,7 +316,7 @@ class Dispatcher:
             raise Cancelled(cancel.reason)
         return _RUN
 
-    def _gate(self, run: ToolRun, turn: int, st: CallState) -> bool:
+    def _gate(self, run: RunState, turn: int, st: CallState) -> bool:
         """The one point where a call may wait before it runs; True when it is blocked.
 
         Runs unfenced (a hook may wait for a person): a cancel meanwhile takes
@@ -361,7 +362,7 @@ class Dispatcher:
         st.out = out
         st.ms = (time.perf_counter() - t0) * 1000.0
 
-    def _finish(self, run: ToolRun, turn: int, st: CallState, gated: bool) -> Optional[Retry]:
+    def _finish(self, run: RunState, turn: int, st: CallState, gated: bool) -> Optional[Retry]:
         """Run thread: record, post event, hooks, health, memory, recovery.
 
         Returns a ``Retry`` when the call should run again, else None.
@@ -398,19 +399,22 @@ class Dispatcher:
 
     def _remember(self, st: CallState) -> None:
         global _trajectory_entry
+        memory = self.parts.memory
+        if memory is None:
+            return
         try:
             if _trajectory_entry is None:
                 from loopctl.context.memory import trajectory_entry
 
                 _trajectory_entry = trajectory_entry
             # tool={name}; input={JSON, 500 chars}; result={500 chars}, tagged "trajectory"
-            self.parts.memory.store(_trajectory_entry(st.resolved, st.call.input, st.out.text))
+            memory.store(_trajectory_entry(st.resolved, st.call.input, st.out.text))
         except Exception:
             log.exception("memory store of a tool trajectory failed (tool %r)", st.resolved)
 
     # -- recovery ------------------------------------------------------------------
 
-    def _recover(self, run: ToolRun, turn: int, st: CallState) -> Optional[Retry]:
+    def _recover(self, run: RunState, turn: int, st: CallState) -> Optional[Retry]:
         parts = self.parts
         reflector = parts.reflector if parts.reflector is not None else NoopReflector()
         strategy = parts.recovery if parts.recovery is not None else ExponentialBackoffRecovery()
@@ -427,7 +431,7 @@ class Dispatcher:
         st.correction = analysis.correction
         return action
 
-    def _prepare_retry(self, run: ToolRun, turn: int, st: CallState, retry: Retry) -> None:
+    def _prepare_retry(self, run: RunState, turn: int, st: CallState, retry: Retry) -> None:
         """Ceiling check, cancel-aware backoff, correction (admitted again); then ``attempt + 1``.
 
         An approval covers the call as it was approved: a correction that
@@ -456,4 +460,4 @@ class Dispatcher:
         st.attempt += 1
 
 
-__all__ = ["Dispatcher", "ToolRun", "result_hash"]
+__all__ = ["Dispatcher", "result_hash"]

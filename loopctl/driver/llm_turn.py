@@ -1,24 +1,39 @@
-"""One model call: transient extras, request assembly, the call itself.
+"""One model turn: transient extras, request assembly, the call, the reply recorded.
 
 The request is ``[contributors..., memory?, history..., pending...]`` plus the
 system prompt and tool schemas, built with one copy. The user's input
 reaches the model only through pending. Blocking work (the provider call,
 each stream read) and user code (contributors, memory look-ups, the text
 streamer) run unfenced, so a cancel can take the run over; the stream is
-closed from the cancelling thread so a blocked read returns. Everything
-arrives as an argument: the loop's parts, the machine, the run's fence and
-events.
+closed from the cancelling thread so a blocked read returns. ``ModelTurn``
+holds these as methods of the run itself (``RunDriver`` extends it): the
+loop's parts, the machine, the run's fence and events are the run's own.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
+import attrs
+
+from loopctl.context.contributors import ContributorContext
 from loopctl.context.memory import MEMORY_PREFIX, format_memory, memory_query
-from loopctl.errors import Cancelled, LoopError, ModelError
-from loopctl.messages import Message, ModelRequest, ModelResponse, ToolResultPart
+from loopctl.driver.admission import admit_message
+from loopctl.driver.handle import RunContext
+from loopctl.driver.run_state import RunState
+from loopctl.errors import (
+    Cancelled,
+    ContextOverflow,
+    LoopDetected,
+    LoopError,
+    ModelError,
+    RateLimitEscalation,
+    UserInputRequired,
+)
+from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, ToolResultPart
+from loopctl.observers import Response, StreamSuccess
 from loopctl.providers.base import (
     PartDelta,
     PartStart,
@@ -27,12 +42,7 @@ from loopctl.providers.base import (
     StreamAttemptReset,
     StreamRescue,
 )
-
-if TYPE_CHECKING:
-    from loopctl.driver.emission import RunEvents
-    from loopctl.driver.handle import RunContext
-    from loopctl.driver.parts import LoopParts
-    from loopctl.machine import LoopMachine
+from loopctl.records import Turn
 
 log = logging.getLogger("loopctl")
 
@@ -49,135 +59,277 @@ def turn_query(run_input: str, turn: int, conversation: Sequence[Message]) -> st
     return "\n".join(outs)
 
 
-def gather_transients(
-    parts: LoopParts, machine: LoopMachine, rc: RunContext, turn: int, query: str, run_input: str, top_k: int
-) -> list[Message]:
-    """Contributor messages in registration order, then one memory message.
+class ModelTurn(RunState):
+    """The run's model turn: extras, request, the call (failures reported), the reply recorded."""
 
-    Contributors and the memory store are user code that may block (a
-    database, a network index): they run unfenced, on copies of what they
-    read, so a cancel can take the run over meanwhile.
-    """
-    contributors = tuple(parts.contributors)
-    memory = parts.memory
-    ctx = None
-    if contributors:
-        from loopctl.context.contributors import ContributorContext
+    def gather_transients(self, turn: int, query: str) -> list[Message]:
+        """Contributor messages in registration order, then one memory message.
 
-        ctx = ContributorContext(turn, machine.full_history(), run_input)
-    out: list[Message] = []
-    with rc.unfenced():
-        for contributor in contributors:
-            try:
-                msg = contributor.contribute(ctx)
-            except Exception:
-                log.exception("contributor %s raised; skipped", type(contributor).__name__)
-                continue
-            if msg is not None:
-                out.append(msg)
-        if memory is not None and top_k > 0:
-            try:
-                entries = memory.retrieve(memory_query(query), top_k)
-            except Exception:
-                log.exception("memory retrieve failed; turn goes on without memory")
-                entries = []
-            fenced = format_memory(entries)  # one entry per line, inside a fence no entry can close
-            if fenced is not None:
-                out.append(Message.user(fenced))
-    return out
+        Contributors and the memory store are user code that may block (a
+        database, a network index): they run unfenced, on copies of what they
+        read, so a cancel can take the run over meanwhile.
+        """
+        parts = self.parts
+        contributors = parts.contributors
+        memory = parts.memory
+        top_k = self.config.memory_top_k
+        ctx = ContributorContext(turn, self.machine.full_history(), self.run_input) if contributors else None
+        out: list[Message] = []
+        with self.rc.unfenced():
+            if ctx is not None:  # there are contributors
+                for contributor in contributors:
+                    try:
+                        msg = contributor.contribute(ctx)
+                    except Exception:
+                        log.exception("contributor %s raised; skipped", type(contributor).__name__)
+                        continue
+                    if msg is not None:
+                        out.append(msg)
+            if memory is not None and top_k > 0:
+                try:
+                    entries = memory.retrieve(memory_query(query), top_k)
+                except Exception:
+                    log.exception("memory retrieve failed; turn goes on without memory")
+                    entries = []
+                fenced = format_memory(entries)  # one entry per line, inside a fence no entry can close
+                if fenced is not None:
+                    out.append(Message.user(fenced))
+        return out
 
+    def build_request(self, transients: Sequence[Message], options: Any) -> ModelRequest:
+        """The request for this turn (one copy of the conversation)."""
+        parts = self.parts
+        messages = self.machine.snapshot_conversation(transients)
+        return ModelRequest(messages, parts.session_config.system_prompt, parts.tools.schemas(), options)
 
-def build_request(
-    parts: LoopParts, machine: LoopMachine, transients: Sequence[Message], options: Any
-) -> ModelRequest:
-    """The request for this turn (one copy of the conversation)."""
-    messages = machine.snapshot_conversation(transients)
-    schemas = parts.tools.schemas()
-    return ModelRequest(messages, parts.session_config.system_prompt, schemas, options)
+    def ask_model(self, turn: int, request: ModelRequest) -> ModelResponse:
+        """The model call; a failure is reported (fallback, ``on_stream_failure``) and raised."""
+        parts = self.parts
+        rc = self.rc
+        try:
+            return self.call_model(turn, request)
+        except Cancelled:
+            raise
+        except LoopError as exc:
+            if rc.cancel.is_cancelled():  # failed because it was cancelled: not the model's fault
+                raise Cancelled(rc.cancel.reason) from exc
+            if parts.fallback is not None and not isinstance(exc, ContextOverflow):
+                # A "context too long" rejection says nothing about the model's health.
+                tripped = parts.fallback.record_failure(isinstance(exc, RateLimitEscalation))
+                if tripped is not None:
+                    self.events.fallback(*tripped)
+            self.events.stream_failure(
+                turn, parts.route.model or parts.model_name(), str(exc), parts.provider_name()
+            )
+            raise
 
+    def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
+        """Calibrate, detect convergence, ``on_response``, feed the machine, the ``Turn`` record."""
+        parts = self.parts
+        em = self.events
+        m = self.machine
+        usage = response.usage
+        if usage is not None and usage.input_tokens:
+            self.meter.calibration.observe(usage.input_tokens)
+        if parts.fallback is not None:
+            parts.fallback.record_success()
+        wanted = em._wanted
+        if StreamSuccess in wanted:
+            em.stream_success(turn, response.model or parts.model_name(), usage, parts.provider_name())
+        # The gate first: the conversation and the record hold the admitted calls
+        # (ids unique in the turn, arguments frozen), as the dispatcher and approvals do.
+        message, _ = admit_message(response.message, parts.tools)
+        if message is not response.message:
+            response = attrs.evolve(response, message=message)
+        calls = message.tool_calls  # both are computed properties: read once
+        text = message.text
+        if not calls and parts.convergence is not None:
+            self.check_convergence(text)
+        if Response in wanted:
+            em.response(turn, text, usage)
+        m.model_response(response, figure, self.tool_names)
+        figure_after = self.meter.figure(m)
+        m.set_context_tokens(figure_after)
+        in_tok = usage.input_tokens if usage else 0
+        out_tok = usage.output_tokens if usage else 0
+        self.rc.run.turns.append(
+            Turn(turn, query, text, tuple(calls), in_tok, out_tok, response.stop_reason)
+        )
+        self.llm_phase = (in_tok, out_tok, response.stop_reason)
+        phase.input_tokens, phase.output_tokens = in_tok, out_tok
+        phase.stop_reason, phase.context_tokens = response.stop_reason, figure_after
 
-def call_model(
-    parts: LoopParts,
-    rc: RunContext,
-    events: RunEvents,
-    turn: int,
-    request: ModelRequest,
-    answer_tool: Optional[str] = None,
-) -> ModelResponse:
-    """Make the model call (streaming or not), cancel-aware.
+    def options(self) -> Optional[RequestOptions]:
+        """The request options: the routed model beats a host override; the client is never mutated."""
+        parts = self.parts
+        routed = parts.route.model
+        if routed is not None and routed != parts.model_name():
+            return (self.base_options or parts.request_options).with_model(routed)
+        return self.base_options
 
-    ``answer_tool`` names the final-answer tool of a typed run in tool mode:
-    its input's deltas are the answer's text, so observers get them as
-    ``on_text_delta`` too.
+    def route_model(self) -> None:
+        """Ask the fallback chain which model serves this turn; announce a change."""
+        parts = self.parts
+        fb = parts.fallback
+        if fb is None:
+            return
+        model = fb.before_request()  # raises FallbackExhausted when every model is down
+        previous = parts.route.model or parts.model_name()
+        parts.route.model = model
+        if model != previous:
+            self.events.model_switched(previous, model)
 
-    Raises:
-        Cancelled: the signal fired before or during the call.
-        LoopError: the call failed (foreign exceptions become ``ModelError``).
-    """
-    cancel = rc.cancel
-    if cancel.is_cancelled():
-        raise Cancelled(cancel.reason)
-    if parts.turn_mode == "non_streaming":
-        response = _complete_turn(parts, rc, events, turn, request)
-    else:
-        response = _stream_turn(parts, rc, events, turn, request, answer_tool)
-    if cancel.is_cancelled():
-        raise Cancelled(cancel.reason)
-    return response
+    def check_convergence(self, text: str) -> None:
+        """Record a final answer; a detected convergence warns, stops or asks the user."""
+        detector = self.parts.convergence
+        if detector is None:
+            return
+        found = detector.record(text)
+        if found is None:
+            return
+        similarity, count = found
+        action = detector.action
+        self.events.convergence_detected(action, similarity, count)
+        if action == "stop":
+            raise LoopDetected("agent stopped: convergence detected")
+        if action == "ask_user":
+            raise UserInputRequired("convergence detected, user input needed")
 
+    def call_model(self, turn: int, request: ModelRequest) -> ModelResponse:
+        """Make the model call (streaming or not), cancel-aware.
 
-def _next_event(rc: RunContext, it: Iterator[Any]) -> Any:
-    """The call's next event (None at its end), read unfenced; foreign errors become ``ModelError``."""
-    try:
-        with rc.unfenced():
-            return next(it, None)
-    except LoopError:
-        raise
-    except Exception as exc:
-        if rc.cancel.is_cancelled():
-            raise Cancelled(rc.cancel.reason) from exc
-        raise ModelError(f"stream failed: {type(exc).__name__}: {exc}") from exc
+        A typed run in tool mode names its final-answer tool: that tool's
+        input deltas are the answer's text, so observers get them as
+        ``on_text_delta`` too.
 
+        Raises:
+            Cancelled: the signal fired before or during the call.
+            LoopError: the call failed (foreign exceptions become ``ModelError``).
+        """
+        cancel = self.rc.cancel
+        if cancel.is_cancelled():
+            raise Cancelled(cancel.reason)
+        if self.parts.turn_mode == "non_streaming":
+            response = self._complete_turn(turn, request)
+        else:
+            check = self.answer_check
+            response = self._stream_turn(turn, request, check.final_tool if check is not None else None)
+        if cancel.is_cancelled():
+            raise Cancelled(cancel.reason)
+        return response
 
-def _complete_turn(parts: LoopParts, rc: RunContext, em: RunEvents, turn: int, request: ModelRequest) -> ModelResponse:
-    """A non-streaming turn: the same retries, one whole reply.
-
-    The first attempt is made directly (most calls need no retry); a
-    failure goes on through the handler's retry events.
-    """
-    call = parts.stream_handler.complete_turn(parts.client, request, rc.cancel)
-    cancel = rc.cancel
-    rc.model_call = call  # before the call starts: a cancel from now on closes it
-    try:
+    def _next_event(self, it: Iterator[Any]) -> Any:
+        """The call's next event (None at its end), read unfenced; foreign errors become ``ModelError``."""
+        rc = self.rc
         try:
             with rc.unfenced():
-                response: ModelResponse = call.first_reply()
-            if cancel.is_cancelled():
-                raise Cancelled(cancel.reason)
-            return response
-        except LoopError as exc:
-            if isinstance(exc, Cancelled):
-                raise
-            failure = exc
-        it = iter(call.recover(failure))
-        while True:
-            ev = _next_event(rc, it)
-            if ev is None:
-                break
-            if type(ev) is StreamRescue:
+                return next(it, None)
+        except LoopError:
+            raise
+        except Exception as exc:
+            if rc.cancel.is_cancelled():
+                raise Cancelled(rc.cancel.reason) from exc
+            raise ModelError(f"stream failed: {type(exc).__name__}: {exc}") from exc
+
+    def _complete_turn(self, turn: int, request: ModelRequest) -> ModelResponse:
+        """A non-streaming turn: the same retries, one whole reply.
+
+        The first attempt is made directly (most calls need no retry); a
+        failure goes on through the handler's retry events.
+        """
+        parts, rc, em = self.parts, self.rc, self.events
+        call = parts.stream_handler.complete_turn(parts.client, request, rc.cancel)
+        cancel = rc.cancel
+        rc.model_call = call  # before the call starts: a cancel from now on closes it
+        try:
+            try:
+                with rc.unfenced():
+                    response: ModelResponse = call.first_reply()
                 if cancel.is_cancelled():
                     raise Cancelled(cancel.reason)
-                reply: ModelResponse = ev.response  # the reply is the call's last event
-                return reply
-            if type(ev) is RetryWait:
-                em.retry_scheduled(
-                    turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts, parts.provider_name()
-                )
-            elif type(ev) is StreamAttemptReset:
-                em.attempt_reset(turn, ev.attempt)
-    finally:
-        rc.model_call = None
-    raise Cancelled(cancel.reason)  # ended without a reply: only a close (cancel) does that
+                return response
+            except LoopError as exc:
+                if isinstance(exc, Cancelled):
+                    raise
+                failure = exc
+            it = iter(call.recover(failure))
+            while True:
+                ev = self._next_event(it)
+                if ev is None:
+                    break
+                if type(ev) is StreamRescue:
+                    if cancel.is_cancelled():
+                        raise Cancelled(cancel.reason)
+                    reply: ModelResponse = ev.response  # the reply is the call's last event
+                    return reply
+                if type(ev) is RetryWait:
+                    em.retry_scheduled(
+                        turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts,
+                        parts.provider_name(),
+                    )
+                elif type(ev) is StreamAttemptReset:
+                    em.attempt_reset(turn, ev.attempt)
+        finally:
+            rc.model_call = None
+        raise Cancelled(cancel.reason)  # ended without a reply: only a close (cancel) does that
+
+    def _stream_turn(self, turn: int, request: ModelRequest, answer_tool: Optional[str]) -> ModelResponse:
+        """A streaming turn: deltas to observers (and the text streamer) as they come."""
+        parts, rc, em = self.parts, self.rc, self.events
+        streamer = parts.text_streamer
+        events = parts.stream_handler.stream_turn(parts.client, request, rc.cancel)
+        acc = StreamAccumulator()
+        rescued: Optional[ModelResponse] = None
+        tool_slots: dict[int, tuple[str, str]] = {}
+        # The streamer is an outlet too: it gets the reply's pieces as the events
+        # do, through the same mask (a key split across pieces is masked whole).
+        em.text_sink = None if streamer is None else _sink(rc, streamer)
+        it = iter(events)
+        rc.model_call = events  # before the call starts: a cancel from now on closes it
+        try:
+            while True:
+                ev = self._next_event(it)
+                if ev is None:
+                    break
+                if isinstance(ev, PartDelta):
+                    kind = ev.kind
+                    if kind == "text":
+                        em.text_delta(turn, ev.text)
+                    elif kind == "thinking":
+                        em.thinking_delta(turn, ev.text)
+                    elif kind == "tool_input":
+                        cid, name = tool_slots.get(ev.index, ("", ""))
+                        em.tool_input_delta(turn, cid, name, ev.text)
+                        if answer_tool is not None and name == answer_tool:
+                            em.text_delta(turn, ev.text, answer=True)  # the typed answer, as it comes
+                    acc.feed(ev)
+                elif isinstance(ev, PartStart):
+                    if ev.kind == "tool_call":
+                        tool_slots[ev.index] = (ev.call_id or "", ev.name or "")
+                    acc.feed(ev)
+                elif isinstance(ev, StreamAttemptReset):
+                    acc = StreamAccumulator()
+                    tool_slots.clear()
+                    em.attempt_reset(turn, ev.attempt)
+                elif isinstance(ev, StreamRescue):
+                    rescued = ev.response
+                elif isinstance(ev, RetryWait):
+                    em.retry_scheduled(
+                        turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts,
+                        parts.provider_name(),
+                    )
+                else:
+                    acc.feed(ev)
+            if not rc.cancel.is_cancelled():
+                em.flush_deltas()  # on an error the phase's close lets go of them instead
+        finally:
+            rc.model_call = None
+            em.text_sink = None
+        if rc.cancel.is_cancelled():
+            raise Cancelled(rc.cancel.reason)
+        if rescued is not None:
+            return rescued
+        return acc.build()
 
 
 def _sink(rc: RunContext, streamer: Callable[[str], None]) -> Callable[[str], None]:
@@ -193,75 +345,4 @@ def _sink(rc: RunContext, streamer: Callable[[str], None]) -> Callable[[str], No
     return sink
 
 
-def _stream_turn(
-    parts: LoopParts,
-    rc: RunContext,
-    em: RunEvents,
-    turn: int,
-    request: ModelRequest,
-    answer_tool: Optional[str] = None,
-) -> ModelResponse:
-    """A streaming turn: deltas to observers (and the text streamer) as they come."""
-    streamer = parts.text_streamer
-    events = parts.stream_handler.stream_turn(parts.client, request, rc.cancel)
-    acc = StreamAccumulator()
-    rescued: Optional[ModelResponse] = None
-    tool_slots: dict[int, tuple[str, str]] = {}
-    # The streamer is an outlet too: it gets the reply's pieces as the events
-    # do, through the same mask (a key split across pieces is masked whole).
-    em.text_sink = None if streamer is None else _sink(rc, streamer)
-    it = iter(events)
-    rc.model_call = events  # before the call starts: a cancel from now on closes it
-    try:
-        while True:
-            ev = _next_event(rc, it)
-            if ev is None:
-                break
-            if isinstance(ev, PartDelta):
-                kind = ev.kind
-                if kind == "text":
-                    em.text_delta(turn, ev.text)
-                elif kind == "thinking":
-                    em.thinking_delta(turn, ev.text)
-                elif kind == "tool_input":
-                    cid, name = tool_slots.get(ev.index, ("", ""))
-                    em.tool_input_delta(turn, cid, name, ev.text)
-                    if answer_tool is not None and name == answer_tool:
-                        em.text_delta(turn, ev.text, answer=True)  # the typed answer, as it comes
-                acc.feed(ev)
-            elif isinstance(ev, PartStart):
-                if ev.kind == "tool_call":
-                    tool_slots[ev.index] = (ev.call_id or "", ev.name or "")
-                acc.feed(ev)
-            elif isinstance(ev, StreamAttemptReset):
-                acc = StreamAccumulator()
-                tool_slots.clear()
-                em.attempt_reset(turn, ev.attempt)
-            elif isinstance(ev, StreamRescue):
-                rescued = ev.response
-            elif isinstance(ev, RetryWait):
-                em.retry_scheduled(
-                    turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts, parts.provider_name()
-                )
-            else:
-                acc.feed(ev)
-        if not rc.cancel.is_cancelled():
-            em.flush_deltas()  # on an error the phase's close lets go of them instead
-    finally:
-        rc.model_call = None
-        em.text_sink = None
-    if rc.cancel.is_cancelled():
-        raise Cancelled(rc.cancel.reason)
-    if rescued is not None:
-        return rescued
-    return acc.build()
-
-
-__all__ = [
-    "MEMORY_PREFIX",
-    "build_request",
-    "call_model",
-    "gather_transients",
-    "turn_query",
-]
-
+__all__ = ["MEMORY_PREFIX", "ModelTurn", "turn_query"]

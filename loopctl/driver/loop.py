@@ -27,8 +27,9 @@ from loopctl.driver.builder import LoopSetup
 from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import CURRENT_RUN, RunContext, RunHandle
-from loopctl.driver.run import LoopSlot, RunDriver
+from loopctl.driver.run import RunDriver
 from loopctl.driver.session_link import SessionLink
+from loopctl.driver.signals import RunSteering
 from loopctl.driver.subagent import SubagentTool
 from loopctl.errors import (
     Cancelled,
@@ -211,6 +212,7 @@ class BareLoop(LoopSetup):
             self._last_config = config
         rc.lock.acquire()  # the body's fence: released only while it blocks
         events = RunEvents(self._emitter, rid, tap, rc, self._parts.window())
+        steering = RunSteering(self._steering)
         rc.driver = RunDriver(
             rc,
             self._parts,
@@ -218,15 +220,16 @@ class BareLoop(LoopSetup):
             self._meter,
             events,
             self._dispatcher,
-            self._steering,
+            steering,
             self._session,
-            LoopSlot(self._busy, self._cancel, self._release),
+            self._busy,
+            self._cancel,
+            self._release,
             self._resources,
             check,
         )
         if checkpoint is not None:
             rc.driver.durable = DurableRun(checkpoint, self._machine.history_epoch)
-            rc.driver.tool_run.settled = rc.driver.settle
         rc.driver.resume_point = resume
         rc.driver.link = self._link
 
@@ -261,11 +264,11 @@ class BareLoop(LoopSetup):
         # Open the steering slot here, not on the run's thread: guidance
         # offered the moment start() has returned is then this run's (it
         # lands at the first boundary), never refused while the thread spins up.
-        self._steering._open_slot()
+        steering.open()
         try:
             thread.start()
         except RuntimeError:  # "can't start new thread": nothing is running
-            self._steering._close_and_seal()
+            steering.close()
             self._cancel.remove_listener(on_cancel)
             rc.lock.release()
             with self._busy:

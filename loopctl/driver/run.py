@@ -1,11 +1,11 @@
-"""RunDriver: one run of the hands, its own state, its handlers in timeline order.
+"""RunDriver: one run of the hands, its handlers in timeline order.
 
-A ``RunDriver`` is made for each run and owns everything run-scoped: the
-input and config, the policy, the emitter's binding (``RunEvents``, with the
-open phase), the last LLM phase's figures, the deferred-extras reservation.
-Its collaborators arrive explicitly: the loop's parts, the machine, the
-token meter, the dispatcher, the steering slot, and ``LoopSlot`` (the
-loop's busy lock, cancel signal and release). It never holds the loop.
+The run object is split once: ``RunState`` (run_state.py) is what the run
+holds (its context, the loop's parts and collaborators it was lent, its
+input, config, policy and per-step figures); ``RunDriver`` is what it does.
+The model turn (``ModelTurn``, llm_turn.py) and the compaction pass
+(``Compaction``, compaction.py) are its methods, kept in their own modules.
+It never holds the loop.
 
 Read top to bottom it is the run's timeline: ``body`` (audit entry ->
 ``on_run_start`` -> ``accept_input`` -> loop over ``next_step``; the
@@ -27,37 +27,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional
-
-import attrs
+from typing import TYPE_CHECKING, Optional
 
 from loopctl.approvals import RUN_ENDED
-from loopctl.config import RunConfig
-from loopctl.driver.admission import admit_message
 from loopctl.driver.answers import answer_system, answer_tools, shape_options, shape_request
 from loopctl.driver.approval_gate import report_unreported
-from loopctl.driver.checkpoint import DurableRun, ResumePoint, restore
-from loopctl.driver.compaction import run_compaction
-from loopctl.driver.dispatch import Dispatcher, ToolRun
+from loopctl.driver.checkpoint import ResumePoint, restore
+from loopctl.driver.compaction import Compaction
+from loopctl.driver.dispatch import Dispatcher
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import Abandoned, RunContext
-from loopctl.driver.llm_turn import (
-    build_request,
-    call_model,
-    gather_transients,
-    turn_query,
-)
+from loopctl.driver.llm_turn import ModelTurn, turn_query
 from loopctl.driver.meter import TokenMeter
 from loopctl.driver.parts import LoopParts
+from loopctl.driver.run_state import Release
 from loopctl.errors import (
     Cancelled,
     ContextOverflow,
-    LoopDetected,
     LoopError,
     MaxTurnsExceeded,
-    RateLimitEscalation,
-    UserInputRequired,
     scrub_error,
 )
 from loopctl.machine import (
@@ -69,47 +57,26 @@ from loopctl.machine import (
     Done,
     Failed,
     LoopMachine,
-    MachinePolicy,
     MaxTurnsReached,
     Outcome,
 )
 from loopctl.messages import (
     Message,
-    ModelRequest,
-    ModelResponse,
-    RequestOptions,
-    StopReason,
-    ToolResultPart,
 )
-from loopctl.observers import Response, StreamSuccess, ToolCallReceived, TurnStart
+from loopctl.observers import ToolCallReceived, TurnStart
 from loopctl.output import OutputCheck
-from loopctl.providers.stream_handler import cancellable_complete
-from loopctl.records import Turn
 
 if TYPE_CHECKING:
     from loopctl.cancel import CancelSignal
-    from loopctl.driver.session_link import SessionLink
-    from loopctl.driver.signals import Steering
+    from loopctl.driver.resources import LoopResources
+    from loopctl.driver.signals import RunSteering
     from loopctl.records import Session
 
 log = logging.getLogger("loopctl")
 
 
-class LoopSlot:
-    """The loop's side of a run: its busy lock, its cancel signal, and how a run frees it."""
-
-    __slots__ = ("busy", "cancel", "release")
-
-    def __init__(
-        self, busy: threading.Lock, cancel: CancelSignal, release: Callable[[RunContext, Optional[LoopError]], None]
-    ) -> None:
-        self.busy = busy
-        self.cancel = cancel
-        self.release = release
-
-
-class RunDriver:
-    """One run: its state and the three handlers, then ``finalize``."""
+class RunDriver(ModelTurn, Compaction):
+    """One run: what it does, in timeline order (its state is ``RunState``)."""
 
     def __init__(
         self,
@@ -119,37 +86,18 @@ class RunDriver:
         meter: TokenMeter,
         events: RunEvents,
         dispatcher: Dispatcher,
-        steering: Steering,
+        steering: RunSteering,
         session: Session,
-        slot: LoopSlot,
-        resources: Any,
+        busy: threading.Lock,
+        loop_cancel: CancelSignal,
+        release: Release,
+        resources: LoopResources,
         answer_check: Optional[OutputCheck] = None,
     ) -> None:
-        self.rc = rc
-        self.parts = parts
-        self.machine = machine
-        self.meter = meter
-        self.events = events
+        super().__init__(
+            rc, parts, machine, meter, events, steering, session, busy, loop_cancel, release, resources, answer_check
+        )
         self.dispatcher = dispatcher
-        self.steering = steering
-        self.session = session
-        self.slot = slot
-        self.resources = resources
-        run = rc.run
-        self.run_input = run.input
-        self.config: RunConfig = run.config
-        sc = parts.session_config
-        self.policy = MachinePolicy(self.config.max_turns, sc.context_window, sc.compact_threshold, sc.auto_compact)
-        self.tool_run = ToolRun(rc, events, run.input, self.config.parallel, events.session_id)
-        self.durable: Optional[DurableRun] = None  # set by a host's checkpoint sink (checkpoint.py)
-        self.resume_point: Optional[ResumePoint] = None
-        self.tool_names: frozenset[str] = frozenset()
-        self.base_options: Optional[RequestOptions] = None
-        self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
-        self.deferred_tokens = 0  # the extras' cost a deferred turn reserves for the compaction
-        self.gathers = False  # contributors or memory: transient extras to gather each turn
-        self.answer_check = answer_check  # a typed answer: its type and mode (answers.py)
-        self.link: Optional[SessionLink] = None  # the stored session (BareLoop.with_session)
 
     # -- the body: one run, start to finish ---------------------------------------------
 
@@ -181,8 +129,8 @@ class RunDriver:
             if held and not rc.finished:
                 # Something escaped finalize itself: still close the slot and
                 # free the loop, so a stray handle cannot push into a dead run.
-                self.steering._close_and_seal()
-                self.slot.release(rc, rc.error)
+                self.steering.close()
+                self.release(rc, rc.error)
             if held:
                 rc.lock.release()
             rc.done.set()
@@ -200,7 +148,7 @@ class RunDriver:
             rc.abandoned = True
             self.resources.abandon(rc)
             self.events.take_over()  # observers may be blocked: never deliver on this thread
-            err = Cancelled(self.slot.cancel.reason)
+            err = Cancelled(self.loop_cancel.reason)
             self.set_error_state(err)
             self._finalize(err)
         rc.done.set()
@@ -235,7 +183,7 @@ class RunDriver:
             elif t is Compact:
                 self.compact(step.reason)  # type: ignore[union-attr]
             else:
-                with self.slot.busy:
+                with self.busy:
                     rc.ending = True  # from here a cancel no longer reaches this run
                 outcome = m.conclude(policy)
                 if type(outcome) is Completed:
@@ -263,20 +211,6 @@ class RunDriver:
         self.meter.begin_run(
             answer_system(check, parts.session_config.system_prompt), answer_tools(check, parts.tools.schemas())
         )
-
-    def boundary(self, after: str) -> None:
-        """The run's one checkpoint seam: after each model turn, settled call and tool phase.
-
-        ``after`` is ``"model"``, ``"call"`` or ``"tools"``. A durable run
-        hands its resumable state to the host here (see checkpoint.py).
-        """
-        if self.durable is not None:
-            self.durable.boundary(self.machine, self.rc.run.turns, after)
-
-    def settle(self, results: Sequence[ToolResultPart]) -> None:
-        """Settled results of the awaited wave (the dispatcher of a durable run)."""
-        if self.durable is not None:
-            self.durable.settle(self.machine, self.rc.run.turns, results)
 
     def resume(self, point: ResumePoint) -> None:
         """``on_run_resumed``, then the machine where the checkpoint left the run."""
@@ -307,14 +241,10 @@ class RunDriver:
         steering = self.steering
         gather = self.gathers
         while True:
-            arrived = steering._arrived  # before the drain: a push landing after it is seen below
+            arrived = steering.arrived  # before the drain: a push landing after it is seen below
             self.drain_steering(turn)
-            transients = (
-                gather_transients(parts, m, self.rc, turn, query, self.run_input, self.config.memory_top_k)
-                if gather
-                else []
-            )
-            if steering._arrived == arrived:
+            transients = self.gather_transients(turn, query) if gather else []
+            if steering.arrived == arrived:
                 break
         extra = meter.count(transients) if transients else 0
         raw = meter.raw(m) + extra
@@ -328,7 +258,7 @@ class RunDriver:
             self.route_model()
         if TurnStart in em._wanted:
             em.turn_start(turn, query, parts.provider_name())
-        request = build_request(parts, m, transients, self.options())
+        request = self.build_request(transients, self.options())
         if self.answer_check is not None:
             request = shape_request(self.answer_check, request)
         try:
@@ -346,111 +276,14 @@ class RunDriver:
             return
         self.boundary("model")
 
-    def ask_model(self, turn: int, request: ModelRequest) -> ModelResponse:
-        """The model call; a failure is reported (fallback, ``on_stream_failure``) and raised."""
-        parts = self.parts
-        rc = self.rc
-        try:
-            check = self.answer_check
-            answer_tool = check.final_tool if check is not None else None
-            return call_model(parts, rc, self.events, turn, request, answer_tool)
-        except Cancelled:
-            raise
-        except LoopError as exc:
-            if rc.cancel.is_cancelled():  # failed because it was cancelled: not the model's fault
-                raise Cancelled(rc.cancel.reason) from exc
-            if parts.fallback is not None and not isinstance(exc, ContextOverflow):
-                # A "context too long" rejection says nothing about the model's health.
-                tripped = parts.fallback.record_failure(isinstance(exc, RateLimitEscalation))
-                if tripped is not None:
-                    self.events.fallback(*tripped)
-            self.events.stream_failure(
-                turn, parts.routed_model or parts.model_name(), str(exc), parts.provider_name()
-            )
-            raise
-
-    def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
-        """Calibrate, detect convergence, ``on_response``, feed the machine, the ``Turn`` record."""
-        parts = self.parts
-        em = self.events
-        m = self.machine
-        usage = response.usage
-        if usage is not None and usage.input_tokens:
-            self.meter.calibration.observe(usage.input_tokens)
-        if parts.fallback is not None:
-            parts.fallback.record_success()
-        wanted = em._wanted
-        if StreamSuccess in wanted:
-            em.stream_success(turn, response.model or parts.model_name(), usage, parts.provider_name())
-        # The gate first: the conversation and the record hold the admitted calls
-        # (ids unique in the turn, arguments frozen), as the dispatcher and approvals do.
-        message, _ = admit_message(response.message, parts.tools)
-        if message is not response.message:
-            response = attrs.evolve(response, message=message)
-        calls = message.tool_calls  # both are computed properties: read once
-        text = message.text
-        if not calls and parts.convergence is not None:
-            self.check_convergence(text)
-        if Response in wanted:
-            em.response(turn, text, usage)
-        m.model_response(response, figure, self.tool_names)
-        figure_after = self.meter.figure(m)
-        m.set_context_tokens(figure_after)
-        in_tok = usage.input_tokens if usage else 0
-        out_tok = usage.output_tokens if usage else 0
-        self.rc.run.turns.append(
-            Turn(turn, query, text, tuple(calls), in_tok, out_tok, response.stop_reason)
-        )
-        self.llm_phase = (in_tok, out_tok, response.stop_reason)
-        phase.input_tokens, phase.output_tokens = in_tok, out_tok
-        phase.stop_reason, phase.context_tokens = response.stop_reason, figure_after
-
-    def options(self) -> Optional[RequestOptions]:
-        """The request options: the routed model beats a host override; the client is never mutated."""
-        parts = self.parts
-        routed = parts.routed_model
-        if routed is not None and routed != parts.model_name():
-            return (self.base_options or parts.request_options).with_model(routed)
-        return self.base_options
-
-    def route_model(self) -> None:
-        """Ask the fallback chain which model serves this turn; announce a change."""
-        parts = self.parts
-        fb = parts.fallback
-        if fb is None:
-            return
-        model = fb.before_request()  # raises FallbackExhausted when every model is down
-        previous = parts.routed_model or parts.model_name()
-        parts.routed_model = model
-        if model != previous:
-            self.events.model_switched(previous, model)
-
-    def check_convergence(self, text: str) -> None:
-        """Record a final answer; a detected convergence warns, stops or asks the user."""
-        detector = self.parts.convergence
-        found = detector.record(text)
-        if found is None:
-            return
-        similarity, count = found
-        action = detector.action
-        self.events.convergence_detected(action, similarity, count)
-        if action == "stop":
-            raise LoopDetected("agent stopped: convergence detected")
-        if action == "ask_user":
-            raise UserInputRequired("convergence detected, user input needed")
-
     def drain_steering(self, turn: int) -> None:
         """Move pushed guidance into pending (``on_steering`` when any arrived)."""
-        msgs = self.steering._drain()
+        msgs = self.steering.drain()
         if not msgs:
             return
         for msg in msgs:
             self.machine.inject(msg)
         self.events.steering(turn, msgs)
-
-    def summarize(self, request: Any) -> Any:
-        """A cancel-aware model call for a summarizing compactor."""
-        return cancellable_complete(self.parts.client, request, self.rc.cancel)
 
     # -- handler 2: the tools the reply asked for ---------------------------------------
 
@@ -466,7 +299,7 @@ class RunDriver:
         todo = [i for i, p in enumerate(step.calls) if p.preresolved is None]
         with em.phase(turn, "tools", m.context_tokens) as phase:
             phase.input_tokens, phase.output_tokens, phase.stop_reason = self.llm_phase
-            outs = self.dispatcher.dispatch(self.tool_run, turn, [step.calls[i].call for i in todo])
+            outs = self.dispatcher.dispatch(self, turn, [step.calls[i].call for i in todo])
             for i, r in zip(todo, outs):
                 results[i] = r
             m.tool_results([Message.from_tool_results(results)])  # type: ignore[arg-type]
@@ -480,9 +313,7 @@ class RunDriver:
     def compact(self, reason: str) -> None:
         """One compaction pass; the deferred extras' reservation is used once."""
         deferred, self.deferred_tokens = self.deferred_tokens, 0
-        run_compaction(
-            self.parts, self.machine, self.meter, self.rc, self.events, reason, deferred, self.summarize
-        )
+        self.run_compaction(reason, deferred)
 
     # -- the end -----------------------------------------------------------------------------
 
@@ -519,7 +350,7 @@ class RunDriver:
         before the run's last events).
         """
         rc = self.rc
-        with self.slot.busy:
+        with self.busy:
             rc.ending = True
         if rc.subagents is not None:  # a cancel cut a delegation short: let its runs end first
             rc.subagents.settle()
@@ -528,7 +359,7 @@ class RunDriver:
             # the takeover could: the tools it gave up on are abandoned all the same.
             self.resources.abandon(rc)
         try:
-            self.steering._close_and_seal()
+            self.steering.close()
             rc.approvals.close(RUN_ENDED)
             if error is None and self.link is not None:
                 error = self.link.save(self.machine)  # a failed write fails the run
@@ -564,7 +395,7 @@ class RunDriver:
                 _class_name(error),
             )
         finally:
-            self.slot.release(rc, error)
+            self.release(rc, error)
 
 
 def _class_name(error: Optional[BaseException]) -> Optional[str]:
@@ -572,4 +403,4 @@ def _class_name(error: Optional[BaseException]) -> Optional[str]:
     return None if error is None else type(error).__name__
 
 
-__all__ = ["LoopSlot", "RunDriver"]
+__all__ = ["RunDriver"]

@@ -241,4 +241,40 @@ class Steering:
             )
 
 
-__all__ = ["MAX_PENDING_BYTES", "MAX_PENDING_MESSAGES", "Steering"]
+class RunSteering:
+    """The run's side of a ``Steering`` (package-internal).
+
+    The loop opens the slot when it launches a run; the run drains it at each
+    turn boundary and closes it as it ends; a sub-agent's leftovers are handed
+    back to the caller's slot. ``Steering``'s public surface stays the
+    caller's side only (push, leftovers, caps).
+    """
+
+    __slots__ = ("steering",)
+
+    def __init__(self, steering: Steering) -> None:
+        self.steering = steering
+
+    def open(self) -> None:
+        """Accept guidance for the run being launched; earlier live guidance is sealed."""
+        self.steering._open_slot()
+
+    def drain(self) -> list[Message]:
+        """Take the live guidance, in push order (the run's thread, at a boundary)."""
+        return self.steering._drain()
+
+    @property
+    def arrived(self) -> int:
+        """How many pushes were ever accepted: a change means guidance came in meanwhile."""
+        return self.steering._arrived
+
+    def close(self) -> None:
+        """Refuse further pushes and seal what was never drained (idempotent)."""
+        self.steering._close_and_seal()
+
+    def hand_back(self, messages: list[Message]) -> None:
+        """Seal guidance a sub-agent's run never reached: it comes back as leftovers."""
+        self.steering._hand_back(messages)
+
+
+__all__ = ["MAX_PENDING_BYTES", "MAX_PENDING_MESSAGES", "RunSteering", "Steering"]

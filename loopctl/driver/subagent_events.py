@@ -112,7 +112,7 @@ def forwarder_for(loop: Any) -> Forwarder:
         if fw is not None:
             return fw
         fw = Forwarder()
-        loop.register_observer(fw)
+        loop.with_observer(fw)
         _FORWARDERS[loop] = fw
         return fw
 

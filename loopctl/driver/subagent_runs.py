@@ -38,7 +38,7 @@ class SubagentRun:
         self.handle: Any = None  # set once ``start`` has returned
         self.done = threading.Event()  # set once the call is over (the tool returns)
         self.record = record  # the calling run's Run: its sub-agent usage grows here
-        self.steering = steering  # the calling run's Steering: leftovers come back to it
+        self.steering = steering  # the calling run's RunSteering: leftovers come back to it
         self.settled = False
         self.owner: Optional[SubagentRuns] = None  # the calling run's SubagentRuns, once noted there
 
@@ -60,7 +60,7 @@ class SubagentRun:
             self.settled = True
         leftovers = self.loop.steering().take_leftovers()
         if self.steering is not None:
-            self.steering._hand_back(leftovers)
+            self.steering.hand_back(leftovers)
         if self.record is not None:
             _add_usage(self.record, handle.record.usage)
 

@@ -1,8 +1,7 @@
 """What the dispatcher keeps per call and per run, and how a batch is cut into waves.
 
 ``CallState`` is one admitted call across its attempts (its current call and
-tool, the attempt's context, output and timing); ``ToolRun`` is what a run
-lends the dispatcher; ``plan_waves`` groups a batch for parallel dispatch
+tool, the attempt's context, output and timing); ``plan_waves`` groups a batch for parallel dispatch
 keeping request order. No IO here: the dispatcher does the running.
 """
 
@@ -10,16 +9,11 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Optional
 
 from loopctl.driver.admission import Admitted
 from loopctl.messages import ToolResultPart
 from loopctl.tools.base import ToolContext, ToolOutput
-
-if TYPE_CHECKING:
-    from loopctl.config import ParallelDispatch
-    from loopctl.driver.emission import RunEvents
-    from loopctl.driver.handle import RunContext
 
 
 def result_hash(text: str) -> str:
@@ -57,23 +51,6 @@ class CallState:
         return ToolResultPart(o.id, o.name, self.out.text, self.out.is_error)
 
 
-class ToolRun:
-    """What one run lends the dispatcher: its fence, events, input and dispatch mode."""
-
-    __slots__ = ("rc", "events", "run_input", "parallel", "session_id", "settled")
-
-    def __init__(
-        self, rc: RunContext, events: RunEvents, run_input: str, parallel: ParallelDispatch, session_id: str
-    ) -> None:
-        self.rc = rc
-        self.events = events
-        self.run_input = run_input
-        self.parallel = parallel
-        self.session_id = session_id
-        # A durable run's checkpoint after each settled call or wave (run thread, fenced).
-        self.settled: Optional[Callable[[Sequence[ToolResultPart]], None]] = None
-
-
 def plan_waves(calls: Sequence[Admitted], limit: int) -> list[list[int]]:
     """Group call indices into waves, keeping request order across waves.
 
@@ -105,4 +82,4 @@ def plan_waves(calls: Sequence[Admitted], limit: int) -> list[list[int]]:
 
 
 
-__all__ = ["CallState", "ToolRun", "plan_waves", "result_hash"]
+__all__ = ["CallState", "plan_waves", "result_hash"]

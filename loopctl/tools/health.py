@@ -1,4 +1,4 @@
-"""Per-tool circuit breakers (``loop.set_health_registry``).
+"""Per-tool circuit breakers (``loop.with_health_registry``).
 
 A breaker is closed until ``failure_threshold`` consecutive failures of one
 tool trip it open. While open, calls to that tool get a soft "temporarily

@@ -11,7 +11,7 @@ time, so per call it costs one function call per layer.
 
 Layers run on whatever thread runs the call (the run's thread, or a worker
 of the loop's pool when calls overlap): a layer with state must lock it.
-Install with ``loop.set_pipeline(ToolPipeline.builder().with_middleware(m))``
+Install with ``loop.with_pipeline(ToolPipeline.builder().with_middleware(m))``
 (the loop adds its registry as the core); standalone, use
 ``ToolPipeline.builder().with_core(registry).build()``.
 """
@@ -193,7 +193,7 @@ class ToolPipelineBuilder:
         return self
 
     def with_core(self, registry: ToolRegistry) -> ToolPipelineBuilder:
-        """Set the registry core (standalone use; ``set_pipeline`` refuses a builder with one)."""
+        """Set the registry core (standalone use; ``with_pipeline`` refuses a builder with one)."""
         if not isinstance(registry, ToolRegistry):
             raise ConfigError(f"a pipeline core must be a ToolRegistry, got {registry!r:.80}")
         self._core = registry
@@ -216,11 +216,11 @@ class ToolPipelineBuilder:
             ConfigError: no core was set.
         """
         if self._core is None:
-            raise ConfigError("build() needs a core: call with_core(registry) first (or pass the builder to set_pipeline)")
+            raise ConfigError("build() needs a core: call with_core(registry) first (or pass the builder to with_pipeline)")
         return ToolPipeline(self._core, tuple(self._middleware))
 
     def build_with_core(self, registry: ToolRegistry) -> ToolPipeline:
-        """The pipeline over ``registry`` (what ``set_pipeline`` calls)."""
+        """The pipeline over ``registry`` (what ``with_pipeline`` calls)."""
         return ToolPipeline(registry, tuple(self._middleware))
 
 

@@ -80,7 +80,7 @@ def _scope_version() -> str:
 class OTelObserver(RunSpanEvents):
     """Turns a loop's events into OpenTelemetry GenAI spans and metrics.
 
-    Register it like any observer (``loop.register_observer(OTelObserver())``),
+    Register it like any observer (``loop.with_observer(OTelObserver())``),
     or with ``instrument(loop)``, which also watches the loop's cancel signal
     (the cancel's own time on the span, and the cancel latency metric) and
     names the loop's provider. Spans: ``invoke_agent`` per run (a child of
@@ -152,7 +152,7 @@ class OTelObserver(RunSpanEvents):
                 return loop  # once per loop: a second registration would double every span
             self._loops[session_id] = loop
         loop.cancel_signal().add_listener(lambda: self._cancel_requested(session_id))
-        loop.register_observer(self)
+        loop.with_observer(self)
         return loop
 
     def _provider_of(self, session_id: str) -> Optional[str]:

@@ -1,0 +1,111 @@
+"""RunState: what one run holds, in one place.
+
+A run is split once: ``RunState`` is what it holds (its fence and record,
+the loop's collaborators it was lent, its input, config and policy, the
+figures it carries from one step to the next); ``RunDriver`` (run.py) is
+what it does, in timeline order, with the model turn (llm_turn.py) and the
+compaction pass (compaction.py) as its methods. The dispatcher and the
+durable checkpoint sink are lent the same object.
+
+The state shared with the run's waiter and handle (the fence, the done and
+wake events, the approval slot) is ``RunContext`` (handle.py): it outlives
+the run's work, so the handle keeps only it and everything below is freed
+when the run ends.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Callable, Optional
+
+from loopctl.config import ParallelDispatch, RunConfig
+from loopctl.driver.checkpoint import DurableRun, ResumePoint
+from loopctl.driver.emission import RunEvents
+from loopctl.driver.handle import RunContext
+from loopctl.driver.meter import TokenMeter
+from loopctl.driver.parts import LoopParts
+from loopctl.driver.signals import RunSteering
+from loopctl.errors import LoopError
+from loopctl.machine import LoopMachine, MachinePolicy
+from loopctl.messages import RequestOptions, StopReason, ToolResultPart
+from loopctl.output import OutputCheck
+
+if TYPE_CHECKING:
+    from loopctl.cancel import CancelSignal
+    from loopctl.driver.resources import LoopResources
+    from loopctl.driver.session_link import SessionLink
+    from loopctl.records import Session
+
+#: How a run frees its loop, last thing in ``finalize`` (the loop's ``_release``).
+Release = Callable[[RunContext, Optional[LoopError]], None]
+
+
+class RunState:
+    """One run's state: its context, the parts it works with, and its per-run figures.
+
+    Set after construction, before the run's thread starts: ``durable`` (a
+    host's checkpoint sink), ``resume_point`` and ``link`` (a stored session).
+    """
+
+    def __init__(
+        self,
+        rc: RunContext,
+        parts: LoopParts,
+        machine: LoopMachine,
+        meter: TokenMeter,
+        events: RunEvents,
+        steering: RunSteering,
+        session: Session,
+        busy: threading.Lock,
+        loop_cancel: CancelSignal,
+        release: Release,
+        resources: LoopResources,
+        answer_check: Optional[OutputCheck] = None,
+    ) -> None:
+        self.rc = rc
+        self.parts = parts
+        self.machine = machine
+        self.meter = meter
+        self.events = events
+        self.steering = steering
+        self.session = session
+        # The loop's side, lent for the run's end: its busy lock, its cancel
+        # signal (re-armed as the run frees the loop), and how to free it.
+        self.busy = busy
+        self.loop_cancel = loop_cancel
+        self.release = release
+        self.resources = resources
+        self.answer_check = answer_check  # a typed answer: its type and mode (answers.py)
+        run = rc.run
+        self.run_input = run.input
+        self.config: RunConfig = run.config
+        self.session_id = events.session_id
+        self.parallel: ParallelDispatch = self.config.parallel  # the dispatcher reads it per batch
+        sc = parts.session_config
+        self.policy = MachinePolicy(self.config.max_turns, sc.context_window, sc.compact_threshold, sc.auto_compact)
+        self.durable: Optional[DurableRun] = None  # set by a host's checkpoint sink (checkpoint.py)
+        self.resume_point: Optional[ResumePoint] = None
+        self.link: Optional[SessionLink] = None  # the stored session (BareLoop.with_session)
+        self.tool_names: frozenset[str] = frozenset()
+        self.base_options: Optional[RequestOptions] = None
+        self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
+        self.deferred_tokens = 0  # the extras' cost a deferred turn reserves for the compaction
+        self.gathers = False  # contributors or memory: transient extras to gather each turn
+
+    def boundary(self, after: str) -> None:
+        """The run's one checkpoint seam: after each model turn, settled call and tool phase.
+
+        ``after`` is ``"model"``, ``"call"`` or ``"tools"``. A durable run
+        hands its resumable state to the host here (see checkpoint.py).
+        """
+        if self.durable is not None:
+            self.durable.boundary(self.machine, self.rc.run.turns, after)
+
+    def settle(self, results: Sequence[ToolResultPart]) -> None:
+        """Settled results of the awaited wave (a durable run's checkpoint)."""
+        if self.durable is not None:
+            self.durable.settle(self.machine, self.rc.run.turns, results)
+
+
+__all__ = ["Release", "RunState"]
