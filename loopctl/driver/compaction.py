@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from loopctl.errors import Cancelled, ContextExceeded, LoopError
 from loopctl.hooks import CompactHookContext
+from loopctl.observers import Compaction
 
 if TYPE_CHECKING:
     from loopctl.driver.emission import RunEvents
@@ -101,7 +102,7 @@ def run_compaction(
     m.compaction_result(compacted, before, after, window)
     if m.is_terminal:
         return
-    events.compaction(reason, before, after)
+    events.emit(Compaction(events.session_id, events.run_id, reason, before, after))
     if has_hooks:
         with rc.unfenced():
             hooks.post_compact(hook_ctx, after)  # type: ignore[union-attr]

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from loopctl.context.memory import MEMORY_PREFIX, format_memory, memory_query
 from loopctl.errors import Cancelled, LoopError, ModelError
 from loopctl.messages import Message, ModelRequest, ModelResponse, ToolResultPart
+from loopctl.observers import RetryScheduled
 from loopctl.providers.base import (
     PartDelta,
     PartStart,
@@ -170,14 +171,20 @@ def _complete_turn(parts: LoopParts, rc: RunContext, em: RunEvents, turn: int, r
                 reply: ModelResponse = ev.response  # the reply is the call's last event
                 return reply
             if type(ev) is RetryWait:
-                em.retry_scheduled(
-                    turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts, parts.provider_name()
-                )
+                em.emit(_retry_event(em, parts, turn, ev))
             elif type(ev) is StreamAttemptReset:
                 em.attempt_reset(turn, ev.attempt)
     finally:
         rc.model_call = None
     raise Cancelled(cancel.reason)  # ended without a reply: only a close (cancel) does that
+
+
+def _retry_event(em: RunEvents, parts: LoopParts, turn: int, ev: RetryWait) -> RetryScheduled:
+    """The ``RetryScheduled`` event for a wait before the model call's next try."""
+    return RetryScheduled(
+        em.session_id, em.run_id, turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts,
+        parts.provider_name(),
+    )
 
 
 def _sink(rc: RunContext, streamer: Callable[[str], None]) -> Callable[[str], None]:
@@ -240,9 +247,7 @@ def _stream_turn(
             elif isinstance(ev, StreamRescue):
                 rescued = ev.response
             elif isinstance(ev, RetryWait):
-                em.retry_scheduled(
-                    turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts, parts.provider_name()
-                )
+                em.emit(_retry_event(em, parts, turn, ev))
             else:
                 acc.feed(ev)
         if not rc.cancel.is_cancelled():

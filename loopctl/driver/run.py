@@ -81,7 +81,18 @@ from loopctl.messages import (
     StopReason,
     ToolResultPart,
 )
-from loopctl.observers import Response, StreamSuccess, ToolCallReceived, TurnStart
+from loopctl.observers import (
+    ConvergenceDetected,
+    Fallback,
+    ModelSwitched,
+    OutputValidationFailed,
+    Response,
+    SteeringDelivered,
+    StreamFailure,
+    StreamSuccess,
+    ToolCallReceived,
+    TurnStart,
+)
 from loopctl.output import OutputCheck
 from loopctl.providers.stream_handler import cancellable_complete
 from loopctl.records import Turn
@@ -326,8 +337,8 @@ class RunDriver:
         meter.calibration.note_prediction(raw)
         if parts.fallback is not None:
             self.route_model()
-        if TurnStart in em._wanted:
-            em.turn_start(turn, query, parts.provider_name())
+        if em.wants(TurnStart):
+            em.emit(TurnStart(em.session_id, em.run_id, turn, query, parts.provider_name()))
         request = build_request(parts, m, transients, self.options())
         if self.answer_check is not None:
             request = shape_request(self.answer_check, request)
@@ -337,7 +348,12 @@ class RunDriver:
                 self.record_reply(turn, query, figure, response, phase)
             rejected = m.answer_rejected
             if rejected is not None:
-                em.output_validation_failed(rejected.turn, rejected.errors, rejected.attempt, rejected.max_attempts)
+                em.emit(
+                    OutputValidationFailed(
+                        em.session_id, em.run_id, rejected.turn, tuple(rejected.errors),
+                        rejected.attempt, rejected.max_attempts,
+                    )
+                )
         except ContextOverflow as exc:
             # The brain decides: one compact-and-retry per turn, else the run fails.
             step = m.context_overflow(exc, figure, self.policy)
@@ -350,6 +366,7 @@ class RunDriver:
         """The model call; a failure is reported (fallback, ``on_stream_failure``) and raised."""
         parts = self.parts
         rc = self.rc
+        em = self.events
         try:
             check = self.answer_check
             answer_tool = check.final_tool if check is not None else None
@@ -363,10 +380,9 @@ class RunDriver:
                 # A "context too long" rejection says nothing about the model's health.
                 tripped = parts.fallback.record_failure(isinstance(exc, RateLimitEscalation))
                 if tripped is not None:
-                    self.events.fallback(*tripped)
-            self.events.stream_failure(
-                turn, parts.routed_model or parts.model_name(), str(exc), parts.provider_name()
-            )
+                    em.emit(Fallback(em.session_id, em.run_id, *tripped))
+            model = parts.routed_model or parts.model_name()
+            em.emit(StreamFailure(em.session_id, em.run_id, turn, model, str(exc), parts.provider_name()))
             raise
 
     def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
@@ -379,9 +395,9 @@ class RunDriver:
             self.meter.calibration.observe(usage.input_tokens)
         if parts.fallback is not None:
             parts.fallback.record_success()
-        wanted = em._wanted
-        if StreamSuccess in wanted:
-            em.stream_success(turn, response.model or parts.model_name(), usage, parts.provider_name())
+        if em.wants(StreamSuccess):
+            model = response.model or parts.model_name()
+            em.emit(StreamSuccess(em.session_id, em.run_id, turn, model, usage, parts.provider_name()))
         # The gate first: the conversation and the record hold the admitted calls
         # (ids unique in the turn, arguments frozen), as the dispatcher and approvals do.
         message, _ = admit_message(response.message, parts.tools)
@@ -391,8 +407,8 @@ class RunDriver:
         text = message.text
         if not calls and parts.convergence is not None:
             self.check_convergence(text)
-        if Response in wanted:
-            em.response(turn, text, usage)
+        if em.wants(Response):
+            em.emit(Response(em.session_id, em.run_id, turn, text, usage))
         m.model_response(response, figure, self.tool_names)
         figure_after = self.meter.figure(m)
         m.set_context_tokens(figure_after)
@@ -423,7 +439,8 @@ class RunDriver:
         previous = parts.routed_model or parts.model_name()
         parts.routed_model = model
         if model != previous:
-            self.events.model_switched(previous, model)
+            em = self.events
+            em.emit(ModelSwitched(em.session_id, em.run_id, previous, model))
 
     def check_convergence(self, text: str) -> None:
         """Record a final answer; a detected convergence warns, stops or asks the user."""
@@ -433,7 +450,8 @@ class RunDriver:
             return
         similarity, count = found
         action = detector.action
-        self.events.convergence_detected(action, similarity, count)
+        em = self.events
+        em.emit(ConvergenceDetected(em.session_id, em.run_id, action, similarity, count))
         if action == "stop":
             raise LoopDetected("agent stopped: convergence detected")
         if action == "ask_user":
@@ -446,7 +464,8 @@ class RunDriver:
             return
         for msg in msgs:
             self.machine.inject(msg)
-        self.events.steering(turn, msgs)
+        em = self.events
+        em.emit(SteeringDelivered(em.session_id, em.run_id, turn, tuple(msgs)))
 
     def summarize(self, request: Any) -> Any:
         """A cancel-aware model call for a summarizing compactor."""
@@ -459,9 +478,9 @@ class RunDriver:
         turn = step.turn
         em = self.events
         m = self.machine
-        if ToolCallReceived in em._wanted:
+        if em.wants(ToolCallReceived):
             for p in step.calls:
-                em.tool_call_received(turn, p.call.id, p.call.name, p.call.input)
+                em.emit(ToolCallReceived(em.session_id, em.run_id, turn, p.call.id, p.call.name, p.call.input))
         results = [p.preresolved for p in step.calls]
         todo = [i for i, p in enumerate(step.calls) if p.preresolved is None]
         with em.phase(turn, "tools", m.context_tokens) as phase:
