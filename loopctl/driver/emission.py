@@ -66,6 +66,7 @@ _Item = tuple[Callable[[Any], None], Any, Optional[contextvars.Context]]
 #: never called). Computed once per class: registering another instance of it
 #: reads the answer back.
 _OVERRIDES: dict[type, tuple[tuple[type[Event], str], ...]] = {}
+_METHOD_NAMES = frozenset(EVENT_METHODS.values())
 
 
 def overridden(klass: type) -> tuple[tuple[type[Event], str], ...]:
@@ -79,6 +80,28 @@ def overridden(klass: type) -> tuple[tuple[type[Event], str], ...]:
         )
         _OVERRIDES[klass] = found
     return found
+
+
+def handled(observer: Any) -> tuple[tuple[type[Event], str], ...]:
+    """The events ``observer`` handles: its class's overrides, then its own attributes.
+
+    An ``on_*`` callable set on the instance counts (``CallbackObserver``);
+    one set to None or to the bound no-op default turns the event off.
+    """
+    pairs = overridden(type(observer))
+    own = getattr(observer, "__dict__", None)
+    if not own or own.keys().isdisjoint(_METHOD_NAMES):
+        return pairs
+    out = []
+    for cls, name in EVENT_METHODS.items():
+        if name not in own:
+            if (cls, name) in pairs:
+                out.append((cls, name))
+            continue
+        value = own[name]
+        if value is not None and getattr(value, "__func__", None) is not getattr(Observer, name):
+            out.append((cls, name))
+    return tuple(out)
 
 
 def _label(observer: Observer, fn: Listener) -> str:
@@ -103,20 +126,10 @@ class Emitter:
         self._delivering = False
 
     def add_observer(self, observer: Observer) -> None:
-        """Register ``observer`` (duplicates are called twice).
-
-        What it handles is its class's overrides (one cached lookup per
-        class), plus any ``on_*`` callable set on the instance itself.
-        """
+        """Register ``observer`` (duplicates are called twice)."""
         self.observers.append(observer)
-        pairs = overridden(type(observer))
-        own = getattr(observer, "__dict__", None)
-        if own:
-            pairs = tuple((cls, name) for cls, name in EVENT_METHODS.items() if name in own or (cls, name) in pairs)
-        for cls, name in pairs:
-            fn = getattr(observer, name, None)
-            if fn is None:
-                continue
+        for cls, name in handled(observer):
+            fn = getattr(observer, name)
             self._table[cls] = self._table[cls] + (fn,)
             self._labels[id(fn)] = _label(observer, fn)
 
