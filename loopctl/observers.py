@@ -6,9 +6,10 @@ first, then its own fields. ``to_dict()`` gives a JSON-safe dict (no
 ``type`` field (``"turn_start"``, ``"text_delta"``, ...). ``redacted()`` is
 what the emitter delivers: the event with every text masked and its quotes
 of untrusted text (``error``, ``cause``, ``errors``, ...) cut to an excerpt.
-``Observer``
-has a documented no-op ``on_*`` method per event; override the ones you
-want. Observers are called only from ``loopctl.driver.emission``: one that
+
+``EVENTS`` lists every event class once; an event's observer method is
+``on_`` + its ``TYPE`` (``observer_method()``). ``Observer`` has a
+documented no-op ``on_*`` method per event; override the ones you want. Observers are called only from ``loopctl.driver.emission``: one that
 raises is logged and skipped, and never changes the run.
 """
 

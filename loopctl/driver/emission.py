@@ -21,9 +21,13 @@ is masked whole; ``flush_deltas`` (at a stream's end, an attempt's reset and
 a phase's close) lets go of what a mask still holds. ``phase()`` opens an
 LLM or tool phase (``phases.py``) whose ``on_turn_end`` is always sent
 exactly once: ok on a clean exit, failed on an error, failed by
-``finalize`` when a cancel cut it short. An event object is built only when
-someone listens. Run-start goes to observers then hooks; run-end to hooks
-then observers.
+``finalize`` when a cancel cut it short. Run-start goes to observers then
+hooks; run-end to hooks then observers.
+
+Call sites build the event object and ``emit`` it; ``wants(cls)`` is the
+one question to ask first when building it costs something (a hash, a
+tuple of every call). Which ``on_*`` methods an observer handles comes from
+the event table (``observers.EVENTS``), looked up once per observer class.
 """
 
 from __future__ import annotations
