@@ -36,6 +36,7 @@ import contextvars
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
@@ -68,8 +69,8 @@ _Item = tuple[Callable[[Any], None], Any, Optional[contextvars.Context]]
 
 #: Observer class -> the ``on_*`` methods it overrides (the no-op defaults are
 #: never called). Computed once per class: registering another instance of it
-#: reads the answer back.
-_OVERRIDES: dict[type, tuple[tuple[type[Event], str], ...]] = {}
+#: reads the answer back. Weak keys: a class made at run time is not kept alive.
+_OVERRIDES: weakref.WeakKeyDictionary[type, tuple[tuple[type[Event], str], ...]] = weakref.WeakKeyDictionary()
 _METHOD_NAMES = frozenset(EVENT_METHODS.values())
 
 
