@@ -6,9 +6,10 @@ first, then its own fields. ``to_dict()`` gives a JSON-safe dict (no
 ``type`` field (``"turn_start"``, ``"text_delta"``, ...). ``redacted()`` is
 what the emitter delivers: the event with every text masked and its quotes
 of untrusted text (``error``, ``cause``, ``errors``, ...) cut to an excerpt.
-``Observer``
-has a documented no-op ``on_*`` method per event; override the ones you
-want. Observers are called only from ``loopctl.driver.emission``: one that
+
+``EVENTS`` lists every event class once; an event's observer method is
+``on_`` + its ``TYPE`` (``observer_method()``). ``Observer`` has a
+documented no-op ``on_*`` method per event; override the ones you want. Observers are called only from ``loopctl.driver.emission``: one that
 raises is logged and skipped, and never changes the run.
 """
 
@@ -59,6 +60,11 @@ class Event:
     session_id: str
     run_id: str
     subagent: str = attrs.field(default="", kw_only=True)
+
+    @classmethod
+    def observer_method(cls) -> str:
+        """The ``Observer`` method that receives this event: ``on_`` + its ``TYPE``."""
+        return f"on_{cls.TYPE}"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict with a ``type`` field naming the event (texts masked, floats finite)."""
@@ -384,36 +390,40 @@ class ApprovalResolved(Event):
     edited: bool
 
 
-#: Observer method name for each event class.
-EVENT_METHODS: dict[type[Event], str] = {
-    RunStart: "on_run_start",
-    RunEnd: "on_run_end",
-    TurnStart: "on_turn_start",
-    TextDelta: "on_text_delta",
-    ThinkingDelta: "on_thinking_delta",
-    ToolInputDelta: "on_tool_input_delta",
-    AttemptReset: "on_attempt_reset",
-    RetryScheduled: "on_retry_scheduled",
-    Response: "on_response",
-    StreamSuccess: "on_stream_success",
-    StreamFailure: "on_stream_failure",
-    TurnEnd: "on_turn_end",
-    ToolCallReceived: "on_tool_call_received",
-    ToolPre: "on_tool_pre",
-    ToolPost: "on_tool_post",
-    Compaction: "on_compaction",
-    Fallback: "on_fallback",
-    ModelSwitched: "on_model_switched",
-    LoopDetectedEvent: "on_loop_detected",
-    ConvergenceDetected: "on_convergence_detected",
-    SteeringDelivered: "on_steering",
-    RunResumed: "on_run_resumed",
-    OutputValidationFailed: "on_output_validation_failed",
-    ApprovalRequested: "on_approval_requested",
-    ApprovalResolved: "on_approval_resolved",
-}
+#: Every event class, once: the table observers, JSON loading and the
+#: integrations are checked against. A new event is added here and nowhere else.
+EVENTS: tuple[type[Event], ...] = (
+    RunStart,
+    RunEnd,
+    TurnStart,
+    TextDelta,
+    ThinkingDelta,
+    ToolInputDelta,
+    AttemptReset,
+    RetryScheduled,
+    Response,
+    StreamSuccess,
+    StreamFailure,
+    TurnEnd,
+    ToolCallReceived,
+    ToolPre,
+    ToolPost,
+    Compaction,
+    Fallback,
+    ModelSwitched,
+    LoopDetectedEvent,
+    ConvergenceDetected,
+    SteeringDelivered,
+    RunResumed,
+    OutputValidationFailed,
+    ApprovalRequested,
+    ApprovalResolved,
+)
 
-EVENT_TYPES: dict[str, type[Event]] = {cls.TYPE: cls for cls in EVENT_METHODS}
+#: Observer method name for each event class (``on_`` + its ``TYPE``).
+EVENT_METHODS: dict[type[Event], str] = {cls: cls.observer_method() for cls in EVENTS}
+
+EVENT_TYPES: dict[str, type[Event]] = {cls.TYPE: cls for cls in EVENTS}
 
 
 class Observer:
@@ -488,6 +498,7 @@ class Observer:
 
     def on_run_resumed(self, event: RunResumed) -> None:
         """A durable run continues on this worker from its last checkpoint."""
+
     def on_output_validation_failed(self, event: OutputValidationFailed) -> None:
         """A typed answer did not fit; the model is asked again unless attempts are used up."""
 
@@ -509,6 +520,7 @@ class CallbackObserver(Observer):
 
 __all__ = [
     "EVENT_METHODS",
+    "EVENTS",
     "EVENT_TYPES",
     "ApprovalRequested",
     "ApprovalResolved",

@@ -43,7 +43,7 @@ from loopctl.errors import ConfigError
 from loopctl.hooks import HookExecutor
 from loopctl.machine import LoopMachine, MachineState
 from loopctl.messages import Message, RequestOptions
-from loopctl.observers import Observer
+from loopctl.observers import ModelSwitched, Observer
 from loopctl.providers.stream_handler import StreamHandler
 from loopctl.records import Session
 from loopctl.tools.base import Tool
@@ -436,7 +436,8 @@ class LoopSetup:
         if setter is None or not setter(name):
             return False
         if old != name:
-            self._between_runs().model_switched(old, name)
+            between = self._between_runs()
+            between.emit(ModelSwitched(between.session_id, between.run_id, old, name))
         if self._parts.fallback is not None and hasattr(self._parts.fallback, "set_primary"):
             self._parts.fallback.set_primary(name)
         self._parts.route.model = None

@@ -29,6 +29,7 @@ from typing import Any, Optional
 from loopctl.driver.run_state import RunState
 from loopctl.errors import Cancelled, ContextExceeded, LoopError
 from loopctl.hooks import CompactHookContext
+from loopctl.observers import Compaction as CompactionEvent
 from loopctl.providers.stream_handler import cancellable_complete
 
 log = logging.getLogger("loopctl")
@@ -81,7 +82,7 @@ class Compaction(RunState):
         m.compaction_result(compacted, before, after, window)
         if m.is_terminal:
             return
-        events.compaction(reason, before, after)
+        events.emit(CompactionEvent(events.session_id, events.run_id, reason, before, after))
         if hooks is not None:
             with rc.unfenced():
                 hooks.post_compact(hook_ctx, after)

@@ -53,7 +53,7 @@ from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.frozen import thaw
 from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
-from loopctl.observers import ToolPost, ToolPre
+from loopctl.observers import LoopDetectedEvent, ToolPost, ToolPre
 from loopctl.timeouts import bounded
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.pipeline import DispatchContext, invoke_tool, not_found_text
@@ -290,8 +290,8 @@ class Dispatcher:
         parts = self.parts
         call = st.call
         em = run.events
-        if ToolPre in em._wanted:
-            em.tool_pre(turn, call.id, call.name, st.attempt)
+        if em.wants(ToolPre):
+            em.emit(ToolPre(em.session_id, em.run_id, turn, call.id, call.name, st.attempt))
         hooks = parts.hooks
         if hooks is not None and hooks.hooks and self._gate(run, turn, st):
             return _BLOCKED
@@ -375,9 +375,14 @@ class Dispatcher:
         if detector is not None and not gated:
             found = detector.record(call.name, call.input, out.text, out.is_error)
             if found is not None:
-                em.loop_detected(found[0], found[1])
-        if ToolPost in em._wanted:  # hashing costs more than the check
-            em.tool_post(turn, call.id, call.name, st.attempt, out.is_error, st.ms, out.text, result_hash(out.text))
+                em.emit(LoopDetectedEvent(em.session_id, em.run_id, found[0], found[1]))
+        if em.wants(ToolPost):  # hashing costs more than the check
+            em.emit(
+                ToolPost(
+                    em.session_id, em.run_id, turn, call.id, call.name, st.attempt,
+                    out.is_error, st.ms, out.text, result_hash(out.text),
+                )
+            )
         hooks = parts.hooks
         if hooks is not None and hooks.hooks:
             ctx = self._hook_ctx(run, turn, st)

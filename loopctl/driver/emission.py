@@ -21,9 +21,13 @@ is masked whole; ``flush_deltas`` (at a stream's end, an attempt's reset and
 a phase's close) lets go of what a mask still holds. ``phase()`` opens an
 LLM or tool phase (``phases.py``) whose ``on_turn_end`` is always sent
 exactly once: ok on a clean exit, failed on an error, failed by
-``finalize`` when a cancel cut it short. An event object is built only when
-someone listens. Run-start goes to observers then hooks; run-end to hooks
-then observers.
+``finalize`` when a cancel cut it short. Run-start goes to observers then
+hooks; run-end to hooks then observers.
+
+Call sites build the event object and ``emit`` it; ``wants(cls)`` is the
+one question to ask first when building it costs something (a hash, a
+tuple of every call). Which ``on_*`` methods an observer handles comes from
+the event table (``observers.EVENTS``), looked up once per observer class.
 """
 
 from __future__ import annotations
@@ -32,40 +36,25 @@ import contextvars
 import logging
 import threading
 import time
+import weakref
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
 from loopctl.driver.phases import NullScope, Phase, PhaseScope
 from loopctl.hooks import HookExecutor, RunHookContext
-from loopctl.messages import Message, StopReason, Usage
 from loopctl.observers import (
     EVENT_METHODS,
     AttemptReset,
-    Compaction,
-    ConvergenceDetected,
     Event,
-    Fallback,
-    LoopDetectedEvent,
-    ModelSwitched,
     Observer,
-    OutputValidationFailed,
-    Response,
-    RetryScheduled,
     RunEnd,
     RunResumed,
     RunStart,
-    SteeringDelivered,
-    StreamFailure,
-    StreamSuccess,
     TextDelta,
     ThinkingDelta,
-    ToolCallReceived,
     ToolInputDelta,
-    ToolPost,
-    ToolPre,
     TurnEnd,
-    TurnStart,
 )
 from loopctl.text import StreamMask
 
@@ -76,6 +65,48 @@ log = logging.getLogger("loopctl")
 
 Listener = Callable[[Any], None]
 _Item = tuple[Callable[[Any], None], Any, Optional[contextvars.Context]]
+
+
+#: Observer class -> the ``on_*`` methods it overrides (the no-op defaults are
+#: never called). Computed once per class: registering another instance of it
+#: reads the answer back. Weak keys: a class made at run time is not kept alive.
+_OVERRIDES: weakref.WeakKeyDictionary[type, tuple[tuple[type[Event], str], ...]] = weakref.WeakKeyDictionary()
+_METHOD_NAMES = frozenset(EVENT_METHODS.values())
+
+
+def overridden(klass: type) -> tuple[tuple[type[Event], str], ...]:
+    """The (event class, method name) pairs ``klass`` handles itself, from the event table."""
+    found = _OVERRIDES.get(klass)
+    if found is None:
+        found = tuple(
+            (cls, name)
+            for cls, name in EVENT_METHODS.items()
+            if getattr(klass, name, None) not in (None, getattr(Observer, name))
+        )
+        _OVERRIDES[klass] = found
+    return found
+
+
+def handled(observer: Any) -> tuple[tuple[type[Event], str], ...]:
+    """The events ``observer`` handles: its class's overrides, then its own attributes.
+
+    An ``on_*`` callable set on the instance counts (``CallbackObserver``);
+    one set to None or to the bound no-op default turns the event off.
+    """
+    pairs = overridden(type(observer))
+    own = getattr(observer, "__dict__", None)
+    if not own or own.keys().isdisjoint(_METHOD_NAMES):
+        return pairs
+    out = []
+    for cls, name in EVENT_METHODS.items():
+        if name not in own:
+            if (cls, name) in pairs:
+                out.append((cls, name))
+            continue
+        value = own[name]
+        if value is not None and getattr(value, "__func__", None) is not getattr(Observer, name):
+            out.append((cls, name))
+    return tuple(out)
 
 
 def _label(observer: Observer, fn: Listener) -> str:
@@ -102,19 +133,18 @@ class Emitter:
     def add_observer(self, observer: Observer) -> None:
         """Register ``observer`` (duplicates are called twice)."""
         self.observers.append(observer)
-        for cls, name in EVENT_METHODS.items():
-            fn = getattr(observer, name, None)
-            if fn is None:
-                continue
-            base = getattr(Observer, name)
-            if getattr(fn, "__func__", None) is base:
-                continue  # the no-op default: skip it entirely
+        for cls, name in handled(observer):
+            fn = getattr(observer, name)
             self._table[cls] = self._table[cls] + (fn,)
             self._labels[id(fn)] = _label(observer, fn)
 
     def observes(self, cls: type[Event]) -> bool:
         """True when an observer listens to events of ``cls``."""
         return bool(self._table[cls])
+
+    def listened(self) -> frozenset[type[Event]]:
+        """The event classes some observer listens to (fixed while a run is in flight)."""
+        return frozenset(cls for cls, fns in self._table.items() if fns)
 
     @property
     def is_delivering(self) -> bool:
@@ -203,11 +233,10 @@ class RunEvents:
         self.open_phase: Optional[Phase] = None
         self._masks: dict[tuple[type[Event], int, str, str], StreamMask] = {}  # one per delta stream
         self.text_sink: Optional[Callable[[str], None]] = None  # the text streamer, during a stream
-        self._table = emitter._table
         # Observers are fixed while a run is in flight, and so is the tap:
         # the event types anyone listens to, decided once per run.
-        table = self._table
-        self._wanted = frozenset(cls for cls in table if table[cls] or tap is not None)
+        self._observed = emitter.listened()
+        self._wanted = frozenset(EVENT_METHODS) if tap is not None else self._observed
         self._null_scope: Optional[NullScope] = None if self.wants(TurnEnd) else NullScope()
 
     def wants(self, cls: type[Event]) -> bool:
@@ -215,7 +244,14 @@ class RunEvents:
         return cls in self._wanted
 
     def emit(self, event: Event) -> None:
-        """Redact, then tap first (inline), then observers (queued, one at a time)."""
+        """Redact, then tap first (inline), then observers (queued, one at a time).
+
+        The one door every event of the run passes; one nobody listens to is
+        dropped before any work. Build an event that costs something only
+        after ``wants`` says yes.
+        """
+        if type(event) not in self._wanted:
+            return
         event = event.redacted()
         tap = self.tap
         if tap is not None:
@@ -223,7 +259,7 @@ class RunEvents:
                 tap(event)
             except Exception:
                 log.exception("event tap raised on %s", type(event).__name__)
-        if self._table[type(event)]:
+        if type(event) in self._observed:
             self.emitter.deliver(self.emitter.fan_out, event, self.fence, self.handoff)
 
     def take_over(self) -> None:
@@ -252,33 +288,37 @@ class RunEvents:
         self.flush_deltas()
         if self.open_phase is phase:
             self.open_phase = None
-        self.turn_end(
-            phase.turn,
-            phase.name,
-            error is None,
-            error,
-            (time.perf_counter() - phase.t0) * 1000.0,
-            phase.input_tokens,
-            phase.output_tokens,
-            phase.stop_reason,
-            phase.context_tokens,
-            self.window,
-            error_type,
+        self.emit(
+            TurnEnd(
+                self.session_id,
+                self.run_id,
+                phase.turn,
+                phase.name,
+                error is None,
+                error,
+                (time.perf_counter() - phase.t0) * 1000.0,
+                phase.input_tokens,
+                phase.output_tokens,
+                phase.stop_reason,
+                phase.context_tokens,
+                self.window,
+                error_type,
+            )
         )
 
-    # -- one method per event (build only when someone listens) ---------------
+    # -- the run's bracket (hooks too) and the delta streams (masked per stream) --
 
     def run_start(self, input: str) -> None:
-        if RunStart in self._wanted:
-            self.emit(RunStart(self.session_id, self.run_id, input))
+        """The run's first event: ``RunStart`` to observers, then the run-start hooks."""
+        self.emit(RunStart(self.session_id, self.run_id, input))
         hooks = self.emitter.hooks
         if hooks is not None and hooks.hooks:
             ctx = RunHookContext(self.session_id, self.run_id, input)
             self.emitter.deliver(hooks.run_start, ctx, self.fence, self.handoff)
 
     def run_resumed(self, input: str, attempt: int, cause: str, turn: int) -> None:
-        if RunResumed in self._wanted:
-            self.emit(RunResumed(self.session_id, self.run_id, attempt, cause, turn))
+        """In place of ``run_start`` for a resumed run: ``RunResumed``, then the run-start hooks."""
+        self.emit(RunResumed(self.session_id, self.run_id, attempt, cause, turn))
         hooks = self.emitter.hooks
         if hooks is not None and hooks.hooks:  # this process never ran the run's start hooks
             ctx = RunHookContext(self.session_id, self.run_id, input)
@@ -293,16 +333,12 @@ class RunEvents:
         duration_ms: float,
         error_type: Optional[str] = None,
     ) -> None:
+        """The run's last event: the run-end hooks, then ``RunEnd`` to observers."""
         hooks = self.emitter.hooks
         if hooks is not None and hooks.hooks:
             ctx = RunHookContext(self.session_id, self.run_id, input)
             self.emitter.deliver(lambda c: hooks.run_end(c, success, error), ctx, self.fence, self.handoff)
-        if RunEnd in self._wanted:
-            self.emit(RunEnd(self.session_id, self.run_id, success, error, total_turns, duration_ms, error_type))
-
-    def turn_start(self, turn: int, query: str, provider: Optional[str] = None) -> None:
-        if TurnStart in self._wanted:
-            self.emit(TurnStart(self.session_id, self.run_id, turn, query, provider))
+        self.emit(RunEnd(self.session_id, self.run_id, success, error, total_turns, duration_ms, error_type))
 
     def _delta(self, cls: type[Event], turn: int, delta: str, call_id: str = "", tool: str = "") -> None:
         key = (cls, turn, call_id, tool)
@@ -349,140 +385,19 @@ class RunEvents:
             self._delta(TextDelta, turn, delta, "answer" if answer else "")
 
     def thinking_delta(self, turn: int, delta: str) -> None:
+        """A piece of streamed reasoning."""
         if ThinkingDelta in self._wanted:
             self._delta(ThinkingDelta, turn, delta)
 
     def tool_input_delta(self, turn: int, call_id: str, tool: str, delta: str) -> None:
+        """A piece of a tool call's streamed arguments."""
         if ToolInputDelta in self._wanted:
             self._delta(ToolInputDelta, turn, delta, call_id, tool)
 
     def attempt_reset(self, turn: int, attempt: int) -> None:
+        """A stream attempt failed: what the masks hold goes first, then ``AttemptReset``."""
         self.flush_deltas()
-        if AttemptReset in self._wanted:
-            self.emit(AttemptReset(self.session_id, self.run_id, turn, attempt))
-
-    def retry_scheduled(
-        self, turn: int, model: str, cause: str, wait_s: float, attempt: int, max_attempts: int,
-        provider: Optional[str] = None,
-    ) -> None:
-        if RetryScheduled in self._wanted:
-            self.emit(
-                RetryScheduled(
-                    self.session_id, self.run_id, turn, model, cause, wait_s, attempt, max_attempts, provider
-                )
-            )
-
-    def response(self, turn: int, text: str, usage: Optional[Usage]) -> None:
-        if Response in self._wanted:
-            self.emit(Response(self.session_id, self.run_id, turn, text, usage))
-
-    def stream_success(self, turn: int, model: str, usage: Optional[Usage], provider: Optional[str] = None) -> None:
-        if StreamSuccess in self._wanted:
-            self.emit(StreamSuccess(self.session_id, self.run_id, turn, model, usage, provider))
-
-    def stream_failure(self, turn: int, model: str, error: str, provider: Optional[str] = None) -> None:
-        if StreamFailure in self._wanted:
-            self.emit(StreamFailure(self.session_id, self.run_id, turn, model, error, provider))
-
-    def turn_end(
-        self,
-        turn: int,
-        phase: str,
-        success: bool,
-        error: Optional[str],
-        duration_ms: float,
-        input_tokens: int,
-        output_tokens: int,
-        stop_reason: Optional[StopReason],
-        context_tokens: int,
-        context_window: Optional[int],
-        error_type: Optional[str] = None,
-    ) -> None:
-        if TurnEnd in self._wanted:
-            self.emit(
-                TurnEnd(
-                    self.session_id,
-                    self.run_id,
-                    turn,
-                    phase,
-                    success,
-                    error,
-                    duration_ms,
-                    input_tokens,
-                    output_tokens,
-                    stop_reason,
-                    context_tokens,
-                    context_window,
-                    error_type,
-                )
-            )
-
-    def tool_call_received(
-        self, turn: int, call_id: str, tool: str, input: Mapping[str, Any]
-    ) -> None:
-        if ToolCallReceived in self._wanted:
-            self.emit(ToolCallReceived(self.session_id, self.run_id, turn, call_id, tool, input))
-
-    def tool_pre(self, turn: int, call_id: str, tool: str, attempt: int) -> None:
-        if ToolPre in self._wanted:
-            self.emit(ToolPre(self.session_id, self.run_id, turn, call_id, tool, attempt))
-
-    def tool_post(
-        self,
-        turn: int,
-        call_id: str,
-        tool: str,
-        attempt: int,
-        is_error: bool,
-        duration_ms: float,
-        output: str,
-        result_hash: str,
-    ) -> None:
-        if ToolPost in self._wanted:
-            self.emit(
-                ToolPost(
-                    self.session_id,
-                    self.run_id,
-                    turn,
-                    call_id,
-                    tool,
-                    attempt,
-                    is_error,
-                    duration_ms,
-                    output,
-                    result_hash,
-                )
-            )
-
-    def compaction(self, reason: str, tokens_before: int, tokens_after: int) -> None:
-        if Compaction in self._wanted:
-            self.emit(Compaction(self.session_id, self.run_id, reason, tokens_before, tokens_after))
-
-    def fallback(self, from_model: str, to_model: str) -> None:
-        if Fallback in self._wanted:
-            self.emit(Fallback(self.session_id, self.run_id, from_model, to_model))
-
-    def model_switched(self, from_model: str, to_model: str) -> None:
-        if ModelSwitched in self._wanted:
-            self.emit(ModelSwitched(self.session_id, self.run_id, from_model, to_model))
-
-    def loop_detected(self, pattern: str, repetitions: int) -> None:
-        if LoopDetectedEvent in self._wanted:
-            self.emit(LoopDetectedEvent(self.session_id, self.run_id, pattern, repetitions))
-
-    def convergence_detected(self, action: str, similarity: float, count: int) -> None:
-        if ConvergenceDetected in self._wanted:
-            self.emit(ConvergenceDetected(self.session_id, self.run_id, action, similarity, count))
-
-    def output_validation_failed(
-        self, turn: int, errors: Sequence[str], attempt: int, max_attempts: int
-    ) -> None:
-        if OutputValidationFailed in self._wanted:
-            self.emit(OutputValidationFailed(self.session_id, self.run_id, turn, tuple(errors), attempt, max_attempts))
-
-    def steering(self, turn: int, messages: Sequence[Message]) -> None:
-        if SteeringDelivered in self._wanted:
-            self.emit(SteeringDelivered(self.session_id, self.run_id, turn, tuple(messages)))
+        self.emit(AttemptReset(self.session_id, self.run_id, turn, attempt))
 
 
 __all__ = ["Emitter", "Phase", "RunEvents"]

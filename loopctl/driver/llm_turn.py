@@ -33,7 +33,15 @@ from loopctl.errors import (
     UserInputRequired,
 )
 from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, ToolResultPart
-from loopctl.observers import Response, StreamSuccess
+from loopctl.observers import (
+    ConvergenceDetected,
+    Fallback,
+    ModelSwitched,
+    Response,
+    RetryScheduled,
+    StreamFailure,
+    StreamSuccess,
+)
 from loopctl.providers.base import (
     PartDelta,
     PartStart,
@@ -106,6 +114,7 @@ class ModelTurn(RunState):
         """The model call; a failure is reported (fallback, ``on_stream_failure``) and raised."""
         parts = self.parts
         rc = self.rc
+        em = self.events
         try:
             return self.call_model(turn, request)
         except Cancelled:
@@ -117,11 +126,18 @@ class ModelTurn(RunState):
                 # A "context too long" rejection says nothing about the model's health.
                 tripped = parts.fallback.record_failure(isinstance(exc, RateLimitEscalation))
                 if tripped is not None:
-                    self.events.fallback(*tripped)
-            self.events.stream_failure(
-                turn, parts.route.model or parts.model_name(), str(exc), parts.provider_name()
-            )
+                    em.emit(Fallback(em.session_id, em.run_id, *tripped))
+            model = parts.route.model or parts.model_name()
+            em.emit(StreamFailure(em.session_id, em.run_id, turn, model, str(exc), parts.provider_name()))
             raise
+
+    def _retry_event(self, turn: int, ev: RetryWait) -> RetryScheduled:
+        """The ``RetryScheduled`` event for a wait before the model call's next try."""
+        em, parts = self.events, self.parts
+        return RetryScheduled(
+            em.session_id, em.run_id, turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts,
+            parts.provider_name(),
+        )
 
     def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
         """Calibrate, detect convergence, ``on_response``, feed the machine, the ``Turn`` record."""
@@ -133,9 +149,9 @@ class ModelTurn(RunState):
             self.meter.calibration.observe(usage.input_tokens)
         if parts.fallback is not None:
             parts.fallback.record_success()
-        wanted = em._wanted
-        if StreamSuccess in wanted:
-            em.stream_success(turn, response.model or parts.model_name(), usage, parts.provider_name())
+        if em.wants(StreamSuccess):
+            model = response.model or parts.model_name()
+            em.emit(StreamSuccess(em.session_id, em.run_id, turn, model, usage, parts.provider_name()))
         # The gate first: the conversation and the record hold the admitted calls
         # (ids unique in the turn, arguments frozen), as the dispatcher and approvals do.
         message, _ = admit_message(response.message, parts.tools)
@@ -145,8 +161,8 @@ class ModelTurn(RunState):
         text = message.text
         if not calls and parts.convergence is not None:
             self.check_convergence(text)
-        if Response in wanted:
-            em.response(turn, text, usage)
+        if em.wants(Response):
+            em.emit(Response(em.session_id, em.run_id, turn, text, usage))
         m.model_response(response, figure, self.tool_names)
         figure_after = self.meter.figure(m)
         m.set_context_tokens(figure_after)
@@ -177,7 +193,8 @@ class ModelTurn(RunState):
         previous = parts.route.model or parts.model_name()
         parts.route.model = model
         if model != previous:
-            self.events.model_switched(previous, model)
+            em = self.events
+            em.emit(ModelSwitched(em.session_id, em.run_id, previous, model))
 
     def check_convergence(self, text: str) -> None:
         """Record a final answer; a detected convergence warns, stops or asks the user."""
@@ -189,7 +206,8 @@ class ModelTurn(RunState):
             return
         similarity, count = found
         action = detector.action
-        self.events.convergence_detected(action, similarity, count)
+        em = self.events
+        em.emit(ConvergenceDetected(em.session_id, em.run_id, action, similarity, count))
         if action == "stop":
             raise LoopDetected("agent stopped: convergence detected")
         if action == "ask_user":
@@ -263,10 +281,7 @@ class ModelTurn(RunState):
                     reply: ModelResponse = ev.response  # the reply is the call's last event
                     return reply
                 if type(ev) is RetryWait:
-                    em.retry_scheduled(
-                        turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts,
-                        parts.provider_name(),
-                    )
+                    em.emit(self._retry_event(turn, ev))
                 elif type(ev) is StreamAttemptReset:
                     em.attempt_reset(turn, ev.attempt)
         finally:
@@ -314,10 +329,7 @@ class ModelTurn(RunState):
                 elif isinstance(ev, StreamRescue):
                     rescued = ev.response
                 elif isinstance(ev, RetryWait):
-                    em.retry_scheduled(
-                        turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts,
-                        parts.provider_name(),
-                    )
+                    em.emit(self._retry_event(turn, ev))
                 else:
                     acc.feed(ev)
             if not rc.cancel.is_cancelled():

@@ -63,7 +63,7 @@ from loopctl.machine import (
 from loopctl.messages import (
     Message,
 )
-from loopctl.observers import ToolCallReceived, TurnStart
+from loopctl.observers import OutputValidationFailed, SteeringDelivered, ToolCallReceived, TurnStart
 from loopctl.output import OutputCheck
 
 if TYPE_CHECKING:
@@ -256,8 +256,8 @@ class RunDriver(ModelTurn, Compaction):
         meter.calibration.note_prediction(raw)
         if parts.fallback is not None:
             self.route_model()
-        if TurnStart in em._wanted:
-            em.turn_start(turn, query, parts.provider_name())
+        if em.wants(TurnStart):
+            em.emit(TurnStart(em.session_id, em.run_id, turn, query, parts.provider_name()))
         request = self.build_request(transients, self.options())
         if self.answer_check is not None:
             request = shape_request(self.answer_check, request)
@@ -267,7 +267,12 @@ class RunDriver(ModelTurn, Compaction):
                 self.record_reply(turn, query, figure, response, phase)
             rejected = m.answer_rejected
             if rejected is not None:
-                em.output_validation_failed(rejected.turn, rejected.errors, rejected.attempt, rejected.max_attempts)
+                em.emit(
+                    OutputValidationFailed(
+                        em.session_id, em.run_id, rejected.turn, tuple(rejected.errors),
+                        rejected.attempt, rejected.max_attempts,
+                    )
+                )
         except ContextOverflow as exc:
             # The brain decides: one compact-and-retry per turn, else the run fails.
             step = m.context_overflow(exc, figure, self.policy)
@@ -283,7 +288,8 @@ class RunDriver(ModelTurn, Compaction):
             return
         for msg in msgs:
             self.machine.inject(msg)
-        self.events.steering(turn, msgs)
+        em = self.events
+        em.emit(SteeringDelivered(em.session_id, em.run_id, turn, tuple(msgs)))
 
     # -- handler 2: the tools the reply asked for ---------------------------------------
 
@@ -292,9 +298,9 @@ class RunDriver(ModelTurn, Compaction):
         turn = step.turn
         em = self.events
         m = self.machine
-        if ToolCallReceived in em._wanted:
+        if em.wants(ToolCallReceived):
             for p in step.calls:
-                em.tool_call_received(turn, p.call.id, p.call.name, p.call.input)
+                em.emit(ToolCallReceived(em.session_id, em.run_id, turn, p.call.id, p.call.name, p.call.input))
         results = [p.preresolved for p in step.calls]
         todo = [i for i, p in enumerate(step.calls) if p.preresolved is None]
         with em.phase(turn, "tools", m.context_tokens) as phase:

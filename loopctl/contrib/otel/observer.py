@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
@@ -33,7 +33,9 @@ from opentelemetry.trace import SpanKind
 from loopctl.cancel import HANDED_BACK
 from loopctl.observers import (
     AttemptReset,
+    Event,
     Observer,
+    OutputValidationFailed,
     Response,
     RetryScheduled,
     RunEnd,
@@ -41,7 +43,10 @@ from loopctl.observers import (
     RunStart,
     StreamFailure,
     StreamSuccess,
+    TextDelta,
+    ThinkingDelta,
     ToolCallReceived,
+    ToolInputDelta,
     ToolPost,
     ToolPre,
     TurnEnd,
@@ -103,6 +108,17 @@ class OTelObserver(RunSpanEvents):
             each turn's reply, tool arguments and results, steering text).
             Off by default: content may hold personal data.
     """
+
+    #: The events this observer leaves out of its telemetry, on purpose; every
+    #: other event has a handler. Streamed pieces: the chat span records the
+    #: assembled reply and its usage, not each fragment. A rejected typed
+    #: answer: the model call that follows is its own span.
+    IGNORED_EVENTS: ClassVar[tuple[type[Event], ...]] = (
+        TextDelta,
+        ThinkingDelta,
+        ToolInputDelta,
+        OutputValidationFailed,
+    )
 
     def __init__(
         self,
