@@ -74,10 +74,11 @@ RULES: tuple[Rule, ...] = (
         allowed=("loopctl.frozen", "loopctl.text"),
     ),
     Rule(
-        "typed output is pure: the leaves, the tools' schema machinery and itself",
+        "typed output is pure: the leaves, configs, the tools' schema machinery and itself",
         files=("loopctl/output/*",),
         allowed=(
             "loopctl.errors", "loopctl.messages", "loopctl.output", "loopctl.machine.steps", "loopctl.text",
+            "loopctl.config",
             "loopctl.tools.schema", "loopctl.tools.validation", "loopctl.tools.docstrings",
         ),
         forbidden=("threading", "time", "requests", "logging", "socket", "os", "asyncio"),

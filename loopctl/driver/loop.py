@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import attrs
 
 from loopctl.config import RunConfig, SessionConfig
-from loopctl.driver.answers import answer_check
+from loopctl.output.answers import answer_check
 from loopctl.driver.builder import LoopSetup
 from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents

@@ -35,7 +35,7 @@ import attrs
 from loopctl.approvals import RUN_ENDED
 from loopctl.config import RunConfig
 from loopctl.driver.admission import admit_message
-from loopctl.driver.answers import answer_system, answer_tools, shape_options, shape_request
+from loopctl.output.answers import answer_system, answer_tools, shape_options, shape_request
 from loopctl.driver.approval_gate import report_unreported
 from loopctl.driver.checkpoint import DurableRun, ResumePoint, restore
 from loopctl.driver.compaction import run_compaction

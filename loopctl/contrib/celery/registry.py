@@ -89,15 +89,15 @@ from loopctl.hosting.registry import RunStatus
 from loopctl.messages import Message
 from loopctl.records import Run
 
-from .celery_approvals import ApprovalsMixin
-from .celery_options import (
+from .approvals import ApprovalsMixin
+from .options import (
     check_portable_output,
     factory_spec,
     max_resumes_of,
     number,
     resume_mode_of,
 )
-from .celery_reads import (
+from .reads import (
     check_owner,
     fields_of,
     follow_events,
@@ -107,10 +107,10 @@ from .celery_reads import (
     status_of,
     wait_result,
 )
-from .celery_redis import RedisBackend, RegistryUnavailable, WorkerLost, dumps
-from .celery_sweeper import Sweeper
-from .celery_task import REGISTRIES, TASK_NAME, propagation, task_for
-from .celery_worker import WorkerHost, WorkerSettings, execute_run
+from .redis import RedisBackend, RegistryUnavailable, WorkerLost, dumps
+from .sweeper import Sweeper
+from .task import REGISTRIES, TASK_NAME, propagation, task_for
+from .worker import WorkerHost, WorkerSettings, execute_run
 
 
 class CeleryRunRegistry(ApprovalsMixin):

@@ -27,8 +27,8 @@ from loopctl.errors import LoopError
 from loopctl.hosting.serialization import message_from_dict
 from loopctl.messages import Message
 
-from .celery_approvals import answer_here
-from .celery_redis import RedisBackend, RegistryUnavailable
+from .approvals import answer_here
+from .redis import RedisBackend, RegistryUnavailable
 
 try:
     from redis.exceptions import RedisError

@@ -71,9 +71,9 @@ from loopctl.messages import Message
 from loopctl.observers import RunEnd
 from loopctl.records import Run
 
-from . import celery_approvals as approvals
-from .celery_bridge import Bridge, SteerFeed
-from .celery_durable import (
+from . import approvals as approvals
+from .bridge import Bridge, SteerFeed
+from .durable import (
     HANDED_BACK,
     WorkerHost,
     checkpoint_from_json,
@@ -82,9 +82,9 @@ from .celery_durable import (
     hand_back,
     wait_or_drain,
 )
-from .celery_events import EventWriter, WorkerSettings
-from .celery_redis import Claim, RedisBackend, RegistryUnavailable, dumps
-from .celery_task import propagation
+from .events import EventWriter, WorkerSettings
+from .redis import Claim, RedisBackend, RegistryUnavailable, dumps
+from .task import propagation
 
 log = logging.getLogger("loopctl")
 

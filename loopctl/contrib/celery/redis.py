@@ -55,7 +55,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from loopctl.errors import LoopError
 from loopctl.text import json_safe
 
-from . import celery_scripts as lua
+from . import scripts as lua
 
 TERMINAL = ("completed", "cancelled", "failed")
 #: Seconds before a queued run's task message is sent again, unless a live

@@ -21,7 +21,7 @@ import logging
 import threading
 from typing import Callable, Optional
 
-from .celery_redis import RESEND_LEASE_S, RedisBackend
+from .redis import RESEND_LEASE_S, RedisBackend
 
 log = logging.getLogger("loopctl")
 
