@@ -35,7 +35,6 @@ import attrs
 from loopctl.approvals import RUN_ENDED
 from loopctl.config import RunConfig
 from loopctl.driver.admission import admit_message
-from loopctl.output.answers import answer_system, answer_tools, shape_options, shape_request
 from loopctl.driver.approval_gate import report_unreported
 from loopctl.driver.checkpoint import DurableRun, ResumePoint, restore
 from loopctl.driver.compaction import run_compaction
@@ -83,6 +82,7 @@ from loopctl.messages import (
 )
 from loopctl.observers import Response, StreamSuccess, ToolCallReceived, TurnStart
 from loopctl.output import OutputCheck
+from loopctl.output.answers import answer_system, answer_tools, shape_options, shape_request
 from loopctl.providers.stream_handler import cancellable_complete
 from loopctl.records import Turn
 
