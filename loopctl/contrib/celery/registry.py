@@ -32,15 +32,15 @@ The guarantees are the in-process registry's:
   ``worker_prefetch_multiplier=1`` so a dying worker holds no extra tasks.
 - Approvals: ``pending_approvals``, ``approve`` and ``deny`` by run id from
   any process; the answer travels to the run's worker, whose slot decides
-  (see ``celery_approvals``).
+  (see ``approvals``).
 - Durable runs (``resume="on_worker_loss"``, per registry or per run):
   checkpointed at each turn boundary with their events; a lost worker's run
   goes back on the queue and another worker continues it from the last
   checkpoint (``run_resumed`` event, ``RunStatus.resumes``), up to
   ``max_resumes`` losses; a warm shutdown hands runs back at a boundary.
   Tool calls in flight at a crash run again only for ``idempotent`` tools
-  (see ``celery_durable`` and docs/distributed.md). Every worker process
-  runs a sweeper (``celery_sweeper``) that reaps lapsed runs and sends again
+  (see ``durable`` and docs/distributed.md). Every worker process
+  runs a sweeper (``sweeper``) that reaps lapsed runs and sends again
   task messages a dead worker held.
 - Redis unreachable: every call raises ``RegistryUnavailable`` (a
   ``LoopError``) within ``socket_timeout``, never hangs.
@@ -458,7 +458,7 @@ class CeleryRunRegistry(ApprovalsMixin):
 
     def start_sweeper(self) -> None:
         """Start this process's sweeper (a Celery worker does it when it is ready; see
-        ``celery_sweeper``)."""
+        ``sweeper``)."""
         self._sweeper.start()
 
     def stop_sweeper(self) -> None:

@@ -32,7 +32,7 @@ TTL), any reader declares the run failed ("worker lost") and this worker's
 later writes are refused; it then cancels its local run.
 
 A durable run (``resume="on_worker_loss"``) differs in three places (the
-parts live in ``celery_durable``). The loop hands its state to the
+parts live in ``durable``). The loop hands its state to the
 ``checkpointer`` sink at each turn boundary, and the events thread writes
 that checkpoint in the same script as the events before it. A lapsed heartbeat puts the run back on the queue instead of
 failing it (the sweepers send its task message again), and the claim that
@@ -273,7 +273,7 @@ def _end_fields(
     history: Optional[List[Message]],
     started: bool,
 ) -> List[Any]:
-    """The FINISH script's fields (see ``celery_scripts.FINISH``), state first."""
+    """The FINISH script's fields (see ``scripts.FINISH``), state first."""
     err = run.stop_reason
     if err is None:
         state = "completed"
