@@ -118,6 +118,23 @@ RULES: tuple[Rule, ...] = (
         allowed=("loopctl.errors", "loopctl.messages", "loopctl.sessions"),
     ),
     Rule(
+        "the Celery package drives runs through their handles: never the machine, the demo or MCP",
+        files=("loopctl/contrib/celery/*",),
+        forbidden=("loopctl.machine", "loopctl.demo", "loopctl.testing", "loopctl.contrib.mcp"),
+    ),
+    Rule(
+        "the Celery package imports submodules, never the facade (it would load every integration's peers)",
+        files=("loopctl/contrib/celery/*",),
+        allowed=("loopctl.",),
+    ),
+    Rule(
+        "the library never imports an integration (users do); only the demo's MCP servers use one",
+        files=("loopctl/*",),
+        forbidden=("loopctl.contrib",),
+        exempt=("loopctl/demo/mcp_servers.py",),
+        exempt_globs=("loopctl/contrib/*",),
+    ),
+    Rule(
         "library code never imports loopctl.testing",
         files=("loopctl/*",),
         forbidden=("loopctl.testing",),
