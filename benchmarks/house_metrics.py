@@ -20,7 +20,7 @@ Heuristics, stated so the figures can be judged:
   with ``str`` keys, or ``list[Any]``/``List[Any]``/``Sequence[Any]``, is a
   JSON value and does not count, nor does ``Any`` in an import;
 - a private reach-in is ``x._name`` (not a dunder) where ``x`` is not
-  ``self``, ``cls`` or ``super()``.
+  ``self``, ``cls``, ``super()`` or a module brought in by ``import``.
 """
 
 from __future__ import annotations
@@ -136,6 +136,9 @@ def any_uses(tree: ast.AST) -> int:
 
 
 def reach_ins(tree: ast.AST) -> Iterator[ast.Attribute]:
+    # ``os._exit``, ``sys._getframe``: a module's documented underscore names are its API.
+    modules_here = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                    for a in n.names}
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
             continue
@@ -143,7 +146,7 @@ def reach_ins(tree: ast.AST) -> Iterator[ast.Attribute]:
         if not name.startswith("_") or (name.startswith("__") and name.endswith("__")):
             continue
         owner = node.value
-        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+        if isinstance(owner, ast.Name) and (owner.id in ("self", "cls") or owner.id in modules_here):
             continue
         if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
             continue
