@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 
 import attrs
 
-from loopctl import errors as _errors
+import loopctl.errors as _errors
 from loopctl.approvals import ApprovalDecision
 from loopctl.config import RunConfig
 from loopctl.errors import LoopError

@@ -43,7 +43,7 @@ if REASON is None:
 
     from loopctl import Cancelled, LoopBusy, Message
     from loopctl.contrib.celery import CeleryRunRegistry, WorkerLost
-    from loopctl.contrib.celery_worker import HANDED_BACK
+    from loopctl.contrib.celery.worker import HANDED_BACK
     from loopctl.driver.checkpoint import INTERRUPTED
     from loopctl.errors import ConfigError
     from tests import celery_app

@@ -74,10 +74,11 @@ RULES: tuple[Rule, ...] = (
         allowed=("loopctl.frozen", "loopctl.text"),
     ),
     Rule(
-        "typed output is pure: the leaves, the tools' schema machinery and itself",
+        "typed output is pure: the leaves, configs, the tools' schema machinery and itself",
         files=("loopctl/output/*",),
         allowed=(
             "loopctl.errors", "loopctl.messages", "loopctl.output", "loopctl.machine.steps", "loopctl.text",
+            "loopctl.config",
             "loopctl.tools.schema", "loopctl.tools.validation", "loopctl.tools.docstrings",
         ),
         forbidden=("threading", "time", "requests", "logging", "socket", "os", "asyncio"),
@@ -115,6 +116,23 @@ RULES: tuple[Rule, ...] = (
         "session stores import only the leaves and themselves (the driver ties them to a loop)",
         files=("loopctl/sessions/*",),
         allowed=("loopctl.errors", "loopctl.messages", "loopctl.sessions"),
+    ),
+    Rule(
+        "the Celery package drives runs through their handles: never the machine, the demo or MCP",
+        files=("loopctl/contrib/celery/*",),
+        forbidden=("loopctl.machine", "loopctl.demo", "loopctl.testing", "loopctl.contrib.mcp"),
+    ),
+    Rule(
+        "the Celery package imports submodules, never the facade (it would load every integration's peers)",
+        files=("loopctl/contrib/celery/*",),
+        allowed=("loopctl.",),
+    ),
+    Rule(
+        "the library never imports an integration (users do); only the demo's MCP servers use one",
+        files=("loopctl/*",),
+        forbidden=("loopctl.contrib",),
+        exempt=("loopctl/demo/mcp_servers.py",),
+        exempt_globs=("loopctl/contrib/*",),
     ),
     Rule(
         "library code never imports loopctl.testing",

@@ -105,6 +105,26 @@ def fts5_available() -> bool:
     return True
 
 
+class _WriteTx:
+    """One write transaction: ``BEGIN IMMEDIATE`` on entry, commit or roll back on exit."""
+
+    def __init__(self, con: sqlite3.Connection) -> None:
+        self.con = con
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.con.execute("BEGIN IMMEDIATE")
+        return self.con
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        if et is None:
+            self.con.execute("COMMIT")
+        else:
+            try:
+                self.con.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+
+
 class SqliteMemoryStore:
     """Memory in a SQLite file; safe from any thread, durable across restarts.
 
@@ -240,25 +260,8 @@ class SqliteMemoryStore:
             return False
         return True
 
-    class _Tx:
-        def __init__(self, con: sqlite3.Connection) -> None:
-            self.con = con
-
-        def __enter__(self) -> sqlite3.Connection:
-            self.con.execute("BEGIN IMMEDIATE")
-            return self.con
-
-        def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-            if et is None:
-                self.con.execute("COMMIT")
-            else:
-                try:
-                    self.con.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-
-    def _write(self, con: sqlite3.Connection) -> SqliteMemoryStore._Tx:
-        return SqliteMemoryStore._Tx(con)
+    def _write(self, con: sqlite3.Connection) -> _WriteTx:
+        return _WriteTx(con)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:

@@ -22,7 +22,6 @@ from typing import Any, Callable, Optional
 import attrs
 
 from loopctl.config import RunConfig, SessionConfig
-from loopctl.driver.answers import answer_check
 from loopctl.driver.builder import LoopSetup
 from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
@@ -40,6 +39,7 @@ from loopctl.errors import (
     release_frames,
 )
 from loopctl.machine import Completed, Failed, MaxTurnsReached
+from loopctl.output.answers import answer_check
 from loopctl.records import Run
 
 

@@ -30,7 +30,6 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from loopctl.approvals import RUN_ENDED
-from loopctl.driver.answers import answer_system, answer_tools, shape_options, shape_request
 from loopctl.driver.approval_gate import report_unreported
 from loopctl.driver.checkpoint import ResumePoint, restore
 from loopctl.driver.compaction import Compaction
@@ -65,6 +64,7 @@ from loopctl.messages import (
 )
 from loopctl.observers import OutputValidationFailed, SteeringDelivered, ToolCallReceived, TurnStart
 from loopctl.output import OutputCheck
+from loopctl.output.answers import answer_system, answer_tools, shape_options, shape_request
 
 if TYPE_CHECKING:
     from loopctl.cancel import CancelSignal

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional, Protocol
 
 from loopctl.errors import LoopError
 
-from .celery_signals import connect_signals
+from .signals import connect_signals
 
 TASK_NAME = "loopctl.contrib.celery.execute_run"
 

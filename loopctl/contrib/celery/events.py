@@ -20,8 +20,8 @@ import attrs
 from loopctl.driver.handle import RunHandle
 from loopctl.observers import Event, RunEnd, SteeringDelivered
 
-from . import celery_approvals as approvals
-from .celery_redis import RedisBackend, RegistryUnavailable, dumps
+from . import approvals as approvals
+from .redis import RedisBackend, RegistryUnavailable, dumps
 
 log = logging.getLogger("loopctl")
 

@@ -32,7 +32,7 @@ TTL), any reader declares the run failed ("worker lost") and this worker's
 later writes are refused; it then cancels its local run.
 
 A durable run (``resume="on_worker_loss"``) differs in three places (the
-parts live in ``celery_durable``). The loop hands its state to the
+parts live in ``durable``). The loop hands its state to the
 ``checkpointer`` sink at each turn boundary, and the events thread writes
 that checkpoint in the same script as the events before it. A lapsed heartbeat puts the run back on the queue instead of
 failing it (the sweepers send its task message again), and the claim that
@@ -71,9 +71,9 @@ from loopctl.messages import Message
 from loopctl.observers import RunEnd
 from loopctl.records import Run
 
-from . import celery_approvals as approvals
-from .celery_bridge import Bridge, SteerFeed
-from .celery_durable import (
+from . import approvals as approvals
+from .bridge import Bridge, SteerFeed
+from .durable import (
     HANDED_BACK,
     WorkerHost,
     checkpoint_from_json,
@@ -82,9 +82,9 @@ from .celery_durable import (
     hand_back,
     wait_or_drain,
 )
-from .celery_events import EventWriter, WorkerSettings
-from .celery_redis import Claim, RedisBackend, RegistryUnavailable, dumps
-from .celery_task import propagation
+from .events import EventWriter, WorkerSettings
+from .redis import Claim, RedisBackend, RegistryUnavailable, dumps
+from .task import propagation
 
 log = logging.getLogger("loopctl")
 
@@ -273,7 +273,7 @@ def _end_fields(
     history: Optional[List[Message]],
     started: bool,
 ) -> List[Any]:
-    """The FINISH script's fields (see ``celery_scripts.FINISH``), state first."""
+    """The FINISH script's fields (see ``scripts.FINISH``), state first."""
     err = run.stop_reason
     if err is None:
         state = "completed"

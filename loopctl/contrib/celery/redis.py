@@ -1,6 +1,6 @@
 """The Redis side of ``CeleryRunRegistry``: key layout, connections, timeouts, errors.
 
-Every state change of a run is ONE Lua script (``celery_scripts``), so each is atomic against
+Every state change of a run is ONE Lua script (``scripts``), so each is atomic against
 every other: starting (conversation lock + run hash), claiming (queued ->
 running, with the cancel flag, stored steers and history read in the same
 step), appending events, heartbeating, finishing (run_end event, terminal
@@ -55,7 +55,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from loopctl.errors import LoopError
 from loopctl.text import json_safe
 
-from . import celery_scripts as lua
+from . import scripts as lua
 
 TERMINAL = ("completed", "cancelled", "failed")
 #: Seconds before a queued run's task message is sent again, unless a live
@@ -403,7 +403,7 @@ class RedisBackend:
         return cancelled, (raw[2] or None) if cancelled else None, int(raw[3])
 
     def finish(self, run_id: str, token: str, fields: Sequence[Any], leftovers: Sequence[str]) -> int:
-        """The terminal step (see ``celery_scripts.FINISH``); the run_end's seq, or 0 when fenced out."""
+        """The terminal step (see ``scripts.FINISH``); the run_end's seq, or 0 when fenced out."""
         return int(self._run("finish", run_id, token, *self._common(), *fields, *leftovers))
 
     def steers_from(self, run_id: str, start: int, end: int = -1) -> List[str]:

@@ -24,9 +24,9 @@ from loopctl.hosting.serialization import history_from_dict, message_from_dict
 from loopctl.messages import Message
 from loopctl.records import Run
 
-from .celery_approvals import decisions_of, read_pending
-from .celery_fields import run_from_fields, status_from_fields
-from .celery_redis import TERMINAL, RedisBackend
+from .approvals import decisions_of, read_pending
+from .fields import run_from_fields, status_from_fields
+from .redis import TERMINAL, RedisBackend
 
 
 def check_owner(owner: Any) -> Optional[str]:

@@ -5,7 +5,7 @@ reaps a run whose heartbeat lapsed). A durable run must move on by itself,
 so every Celery worker process runs one sweeper thread per registry
 (``loopctl-celery-sweeper-<prefix>``, started when the worker is ready,
 stopped when it shuts down). Each ``heartbeat_interval`` one Lua step
-(``celery_scripts.SWEEP``) marks this process alive, reaps every live run
+(``scripts.SWEEP``) marks this process alive, reaps every live run
 (a lapsed durable run goes back on the queue and into the outbox), puts in
 the outbox any queued run whose task message a now-dead worker process had
 reserved, and leases the outbox's due entries to this caller, which sends
@@ -21,7 +21,7 @@ import logging
 import threading
 from typing import Callable, Optional
 
-from .celery_redis import RESEND_LEASE_S, RedisBackend
+from .redis import RESEND_LEASE_S, RedisBackend
 
 log = logging.getLogger("loopctl")
 

@@ -36,7 +36,7 @@ from loopctl.approvals import ApprovalDecision, PendingApproval
 from loopctl.errors import LoopError
 from loopctl.observers import ApprovalRequested, ApprovalResolved, Event
 
-from .celery_redis import RedisBackend, RegistryUnavailable, dumps
+from .redis import RedisBackend, RegistryUnavailable, dumps
 
 log = logging.getLogger("loopctl")
 

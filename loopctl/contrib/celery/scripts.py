@@ -1,6 +1,6 @@
 """The Lua steps of ``CeleryRunRegistry``: each state change of a run is one script.
 
-Pure text, loaded by ``celery_redis.RedisBackend``. Every script starts with
+Pure text, loaded by ``redis.RedisBackend``. Every script starts with
 ``PRELUDE`` (key helpers, ``xadd``, ``close_failed``, ``reap``, ``fenced``).
 ARGV[1] is always the key prefix and ARGV[2] the run id; KEYS[1] is the run
 hash. Scripts derive the other keys from the prefix (standalone Redis only).

@@ -5,7 +5,7 @@
 started, its thread ``loopctl-celery-bridge-<id>`` turns ``c`` (cancel)
 into the ``RunHandle``'s cancel, ``s<index> <json>`` (steer) into a
 delivery and ``a<json>`` (an approval answer) into the handle's
-``approve``/``deny``, replying with the verdict (see ``celery_approvals``). Steers are addressed by their index in the run's Redis steer
+``approve``/``deny``, replying with the verdict (see ``approvals``). Steers are addressed by their index in the run's Redis steer
 list: ``cursor`` is the next index this worker has not taken, so a steer is
 taken once whether it came with the claim, on the channel, or by a
 catch-up read after a broken subscription; the finish step returns every
@@ -27,8 +27,8 @@ from loopctl.errors import LoopError
 from loopctl.hosting.serialization import message_from_dict
 from loopctl.messages import Message
 
-from .celery_approvals import answer_here
-from .celery_redis import RedisBackend, RegistryUnavailable
+from .approvals import answer_here
+from .redis import RedisBackend, RegistryUnavailable
 
 try:
     from redis.exceptions import RedisError

@@ -12,7 +12,7 @@ from loopctl.hosting.registry import RunStatus
 from loopctl.output import rebuild_value
 from loopctl.records import Run
 
-from .celery_redis import TERMINAL, WorkerLost
+from .redis import TERMINAL, WorkerLost
 
 
 def _int(fields: Dict[str, str], name: str) -> int:

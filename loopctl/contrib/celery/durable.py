@@ -36,9 +36,9 @@ from loopctl.hosting.serialization import (
 from loopctl.messages import Message
 from loopctl.records import Turn
 
-from .celery_events import EventWriter
-from .celery_redis import RedisBackend, RegistryUnavailable, dumps
-from .celery_task import propagation
+from .events import EventWriter
+from .redis import RedisBackend, RegistryUnavailable, dumps
+from .task import propagation
 
 log = logging.getLogger("loopctl")
 
