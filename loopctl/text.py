@@ -90,17 +90,12 @@ MIN_SECRET_CHARS = 8
 _secrets_lock = threading.Lock()
 _secrets_by_owner: dict[int, tuple[str, ...]] = {}
 _secret_forms: tuple[str, ...] = ()  # longest first: a secret containing another is masked whole
-# The forms with a character a key never has (a space, a quote): a stream's
-# held-back tail of key characters cannot cover the start of those.
-_spaced_forms: tuple[str, ...] = ()
-_TOKEN_CHARS = re.compile(r"[A-Za-z0-9._~+/=*\-]+\Z")
 
 
 def _rebuild_forms() -> None:
-    global _secret_forms, _spaced_forms
+    global _secret_forms
     forms = {f for group in _secrets_by_owner.values() for f in group}
     _secret_forms = tuple(sorted(forms, key=len, reverse=True))
-    _spaced_forms = tuple(f for f in _secret_forms if not _TOKEN_CHARS.match(f))
 
 
 def _forget(key: int) -> None:
@@ -170,7 +165,9 @@ def quote(text: str, limit: int = EXCERPT_LIMIT) -> str:
 
 # The end of a text that a key may still be growing from: the trailing run of
 # key/token characters, with a "Bearer " before it.
-_OPEN_TAIL = re.compile(r"(?:\b[Bb]earer\s+)?[A-Za-z0-9._~+/=*\-]*\Z")
+_OPEN_TAIL = re.compile(r"(?:\b[Bb]earer\s+)?[A-Za-z0-9_.~+/=*\-]*\Z")
+#: How key shapes begin (lower case): a tail that is, or starts with, one of these is held.
+_KEY_LEADS = ("sk-", "pk-", "rk-", "key-", "bearer")
 #: The most a ``StreamMask`` holds back (no key is longer).
 MAX_HELD_CHARS = 256
 
@@ -204,25 +201,47 @@ class StreamMask:
 
 
 def _open_tail_start(text: str) -> int:
-    """Where the part of ``text`` that could still be the start of a secret begins."""
+    """Where the part of ``text`` that could still be the start of a secret begins.
+
+    Only a tail that could still grow into a key shape (``sk-``, ``key-``,
+    ``Bearer ...``) or into a registered credential is held: ordinary words
+    go out at once, so a reply paused mid-sentence shows its last word.
+    """
+    cut = len(text)
     match = _OPEN_TAIL.search(text, max(0, len(text) - MAX_HELD_CHARS))
-    cut = match.start() if match is not None else len(text)
+    if match is not None and match.start() < len(text):
+        cut = _key_lead_start(text, match.start())
     last = text[-1:]
-    for form in _spaced_forms:  # a registered secret's beginning, where it holds other characters
+    for form in _secret_forms:  # a registered secret's beginning at the text's end
         # Only where the form holds the text's last character can the text end inside it.
         at = form.find(last, 0, len(form) - 1)
         while at >= 0:
             if at + 1 <= len(text) and text.endswith(form[: at + 1]):
                 cut = min(cut, len(text) - at - 1)
             at = form.find(last, at + 1, len(form) - 1)
-    moved = bool(_spaced_forms)
+    moved = bool(_secret_forms)
     while moved:  # a whole one the cut would split (its end held, its start released): hold it all
         moved = False
-        for form in _spaced_forms:
+        for form in _secret_forms:
             at = text.find(form, max(0, cut - len(form) + 1))
             if 0 <= at < cut < at + len(form):
                 cut, moved = at, True
     return max(cut, len(text) - MAX_HELD_CHARS)
+
+
+def _key_lead_start(text: str, start: int) -> int:
+    """The first word start at or after ``start`` from which a key shape may still grow (else the end)."""
+    seg = text[start:]
+    if seg[:6].lower() == "bearer" and len(seg) > 6 and seg[6].isspace():
+        return start  # "Bearer " and maybe the token's first characters
+    for i in range(len(seg)):
+        if i and (seg[i - 1].isalnum() or seg[i - 1] == "_"):
+            continue  # a key shape starts a word
+        tail = seg[i:].lower()
+        for lead in _KEY_LEADS:
+            if lead.startswith(tail) or tail.startswith(lead):
+                return start + i
+    return len(text)
 
 
 def redact_value(value: Any) -> Any:

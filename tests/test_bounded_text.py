@@ -20,6 +20,7 @@ from loopctl.hosting.registry import RunRegistry
 from loopctl.hosting.serialization import error_to_dict
 from loopctl.observers import OutputValidationFailed, RunEnd, ToolCallReceived
 from loopctl.testing import ScriptedClient, calls, reply
+from loopctl.text import StreamMask
 
 EXCERPT_LIMIT = 2048  # loopctl.text.EXCERPT_LIMIT, the bound the issue asks for
 MESSAGE_LIMIT = 2 * EXCERPT_LIMIT
@@ -153,3 +154,15 @@ def test_a_registered_secret_with_spaces_split_across_pieces_is_masked_whole(see
     out.append(mask.flush())
     assert "".join(out) == redact(text) and "sesame" not in "".join(out)
     assert secret  # alive while masking: its forms stay registered
+
+
+def test_a_stream_holds_back_only_what_could_still_become_a_key() -> None:
+    # An ordinary word at the end of a piece goes out at once: a reply paused
+    # mid-sentence shows its last word; a possible key start waits for more.
+    mask = StreamMask()
+    assert mask.feed("this first line is still being") == "this first line is still being"
+    assert mask.feed(" written. The key is sk") == " written. The key is "
+    assert mask.feed("-SECRETSECRET123 ok") == "<redacted> ok"
+    assert mask.feed(" Bearer") == " "
+    assert mask.feed(" abcdefghijkl") == ""
+    assert mask.flush() == "<redacted>"
