@@ -28,9 +28,14 @@ class FrozenDict(dict):  # type: ignore[type-arg]
 
     __slots__ = ()
 
-    def __init__(self, value: Any = (), /) -> None:
+    def __new__(cls, value: Any = (), /) -> FrozenDict:
+        self = dict.__new__(cls)
         items = value.items() if isinstance(value, Mapping) else value
         dict.__init__(self, ((k, freeze(v)) for k, v in items))
+        return self
+
+    def __init__(self, value: Any = (), /) -> None:
+        """Filled once, by ``__new__``: calling ``__init__`` again changes nothing."""
 
     __setitem__ = __delitem__ = _refuse
     clear = pop = popitem = setdefault = update = _refuse
@@ -54,8 +59,13 @@ class FrozenList(list):  # type: ignore[type-arg]
 
     __slots__ = ()
 
-    def __init__(self, value: Iterable[Any] = (), /) -> None:
+    def __new__(cls, value: Iterable[Any] = (), /) -> FrozenList:
+        self = list.__new__(cls)
         list.__init__(self, (freeze(v) for v in value))
+        return self
+
+    def __init__(self, value: Iterable[Any] = (), /) -> None:
+        """Filled once, by ``__new__``: calling ``__init__`` again changes nothing."""
 
     __setitem__ = __delitem__ = _refuse
     append = extend = insert = pop = remove = clear = sort = reverse = _refuse

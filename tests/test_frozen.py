@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from loopctl.driver.admission import admit, unique_ids
-from loopctl.frozen import FrozenDict, FrozenList, freeze_arguments, thaw
+from loopctl.frozen import FrozenDict, FrozenList, freeze, freeze_arguments, thaw
 from loopctl.messages import ToolCallPart
 from loopctl.tools import ToolRegistry, tool
 
@@ -72,3 +72,14 @@ def test_arguments_nested_too_deeply_become_an_invalid_call_not_a_crash() -> Non
         deep = {"a": deep}
     [admitted] = admit([ToolCallPart("c", "t", deep)], ToolRegistry())
     assert admitted.call.input == {} and "nested too deeply" in (admitted.call.invalid or "")
+
+
+def test_calling_init_again_changes_nothing() -> None:
+    # An observer handed the shared value cannot refill it through __init__.
+    args = freeze({"to": "alice", "items": [1, 2]})
+    args.__init__({"to": "mallory"})  # type: ignore[misc]
+    args["items"].__init__([9])  # type: ignore[misc]
+    assert args == {"to": "alice", "items": [1, 2]}
+    empty = FrozenDict()
+    empty.__init__({"to": "mallory"})  # type: ignore[misc]
+    assert empty == {}
