@@ -168,8 +168,9 @@ def quote(text: str, limit: int = EXCERPT_LIMIT) -> str:
 _OPEN_TAIL = re.compile(r"(?:\b[Bb]earer\s+)?[A-Za-z0-9_.~+/=*\-]*\Z")
 #: How key shapes begin (lower case): a tail that is, or starts with, one of these is held.
 _KEY_LEADS = ("sk-", "pk-", "rk-", "key-", "bearer")
-#: The most a ``StreamMask`` holds back (no key is longer).
+#: The most a ``StreamMask`` holds back; a longer held token is masked whole.
 MAX_HELD_CHARS = 256
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9_.~+/=*\-]*")
 
 
 class StreamMask:
@@ -177,26 +178,44 @@ class StreamMask:
 
     A key split across pieces (``"sk-SE"``, ``"CRET-123"``) is masked whole:
     each ``feed`` releases the masked text up to the last place a key could
-    still begin, and holds back the rest (at most ``MAX_HELD_CHARS``) until
-    the next piece or ``flush``. The pieces released, joined, are the whole
-    text masked. Not thread-safe: one stream, one reader.
+    still begin, and holds back the rest until the next piece or ``flush``.
+    A held token that grows past ``MAX_HELD_CHARS`` (a long bearer token or
+    credential) is masked as a whole and so is the rest of that token, up to
+    the first character no token has. The pieces released, joined, are the
+    whole text masked. Not thread-safe: one stream, one reader.
     """
 
-    __slots__ = ("_held",)
+    __slots__ = ("_held", "_inside")
 
     def __init__(self) -> None:
         self._held = ""
+        self._inside = False  # within a too-long token already masked: swallow its rest
 
     def feed(self, piece: str) -> str:
         """The masked text this piece lets go of (maybe empty)."""
+        if self._inside:
+            run = _TOKEN_RUN.match(piece)
+            end = run.end() if run is not None else 0
+            if end == len(piece):
+                return ""
+            self._inside = False
+            piece = piece[end:]
         text = self._held + piece if self._held else piece
         cut = _open_tail_start(text)
+        if len(text) - cut > MAX_HELD_CHARS:  # no key is this long unless it is one: mask it all
+            self._held, self._inside = "", True
+            return redact(text[:cut]) + REDACTED
         self._held = text[cut:]
-        return redact(text[:cut]) if cut else ""
+        if not cut:
+            return ""
+        out = redact(text[:cut])
+        if not self._held and out.endswith(REDACTED) and _TOKEN_RUN.fullmatch(text[-1]):
+            self._inside = True  # a masked token reaches the piece's end: what continues it is masked too
+        return out
 
     def flush(self) -> str:
         """What is still held, masked; the mask is empty again."""
-        held, self._held = self._held, ""
+        held, self._held, self._inside = self._held, "", False
         return redact(held) if held else ""
 
 
@@ -226,7 +245,7 @@ def _open_tail_start(text: str) -> int:
             at = text.find(form, max(0, cut - len(form) + 1))
             if 0 <= at < cut < at + len(form):
                 cut, moved = at, True
-    return max(cut, len(text) - MAX_HELD_CHARS)
+    return cut
 
 
 def _key_lead_start(text: str, start: int) -> int:

@@ -166,3 +166,12 @@ def test_a_stream_holds_back_only_what_could_still_become_a_key() -> None:
     assert mask.feed(" Bearer") == " "
     assert mask.feed(" abcdefghijkl") == ""
     assert mask.flush() == "<redacted>"
+
+
+@pytest.mark.parametrize("piece", [1, 7, 50, 300, 1000])
+def test_a_token_longer_than_the_held_limit_is_masked_to_its_end(piece: int) -> None:
+    # A bearer token (a JWT) longer than what the mask holds back: no tail of it leaks.
+    text = "Authorization: Bearer eyJ" + "A" * 600 + ".sig-" + "B" * 300 + " done"
+    mask = StreamMask()
+    out = "".join(mask.feed(text[i : i + piece]) for i in range(0, len(text), piece)) + mask.flush()
+    assert out == "Authorization: <redacted> done"
