@@ -48,7 +48,7 @@ from loopctl.messages import (
     ToolResultPart,
     Usage,
 )
-from loopctl.observers import Observer
+from loopctl.events import Observer
 from loopctl.records import Run, Session, Turn
 from loopctl.tools import Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, tool
 

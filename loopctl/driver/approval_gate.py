@@ -35,9 +35,9 @@ import attrs
 
 from loopctl.approvals import ApprovalContext, ApprovalDecision, denial_text
 from loopctl.driver.admission import Admitted
-from loopctl.driver.approvals import ApprovalSlot
+from loopctl.approvals.slot import ApprovalSlot
 from loopctl.messages import ToolResultPart
-from loopctl.observers import ApprovalRequested, ApprovalResolved
+from loopctl.events import ApprovalRequested, ApprovalResolved
 
 log = logging.getLogger("loopctl")
 

@@ -42,8 +42,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
 from loopctl.driver.phases import NullScope, Phase, PhaseScope
-from loopctl.hooks import HookExecutor, RunHookContext
-from loopctl.observers import (
+from loopctl.events.hooks import HookExecutor, RunHookContext
+from loopctl.events import (
     EVENT_METHODS,
     AttemptReset,
     Event,

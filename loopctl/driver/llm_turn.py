@@ -33,7 +33,7 @@ from loopctl.errors import (
     UserInputRequired,
 )
 from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, ToolResultPart
-from loopctl.observers import (
+from loopctl.events import (
     ConvergenceDetected,
     Fallback,
     ModelSwitched,

@@ -62,7 +62,7 @@ from loopctl.machine import (
 from loopctl.messages import (
     Message,
 )
-from loopctl.observers import OutputValidationFailed, SteeringDelivered, ToolCallReceived, TurnStart
+from loopctl.events import OutputValidationFailed, SteeringDelivered, ToolCallReceived, TurnStart
 from loopctl.output import OutputCheck
 from loopctl.output.answers import answer_system, answer_tools, shape_options, shape_request
 

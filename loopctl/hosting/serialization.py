@@ -34,7 +34,7 @@ from loopctl.messages import (
     part_from_dict,
     part_to_dict,
 )
-from loopctl.observers import EVENT_TYPES, Event
+from loopctl.events import EVENT_TYPES, Event
 from loopctl.records import Run, Turn, _error_from_dict, _error_to_dict
 from loopctl.text import json_safe
 

@@ -68,7 +68,7 @@ from loopctl.hosting.serialization import (
     message_from_dict,
 )
 from loopctl.messages import Message
-from loopctl.observers import RunEnd
+from loopctl.events import RunEnd
 from loopctl.records import Run
 
 from . import approvals as approvals
