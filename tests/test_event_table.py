@@ -21,7 +21,7 @@ import attrs
 import pytest
 
 from loopctl import BareLoop
-from loopctl.contrib.celery_redis import dumps
+from loopctl.contrib.celery.redis import dumps
 from loopctl.contrib.otel.observer import OTelObserver
 from loopctl.driver.emission import Emitter, RunEvents, handled, overridden
 from loopctl.driver.subagent_events import Forwarder

@@ -70,8 +70,16 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "approval values import only the frozen-value and text leaves",
-        files=("loopctl/approvals.py",),
+        files=("loopctl/approvals/values.py",),
         allowed=("loopctl.frozen", "loopctl.text"),
+    ),
+    Rule(
+        "approvals import only the leaves, the records, tools and events: never the driver",
+        files=("loopctl/approvals/*",),
+        allowed=(
+            "loopctl.approvals", "loopctl.errors", "loopctl.messages", "loopctl.frozen", "loopctl.text",
+            "loopctl.timeouts", "loopctl.records", "loopctl.tools", "loopctl.events",
+        ),
     ),
     Rule(
         "typed output is pure: the leaves, configs, the tools' schema machinery and itself",
@@ -92,14 +100,19 @@ RULES: tuple[Rule, ...] = (
         "records import only the leaves and configs",
         files=("loopctl/records.py",),
         allowed=(
-            "loopctl.errors", "loopctl.messages", "loopctl.config", "loopctl.approvals", "loopctl.frozen",
+            "loopctl.errors", "loopctl.messages", "loopctl.config", "loopctl.approvals.values", "loopctl.frozen",
             "loopctl.text",
         ),
     ),
     Rule(
-        "observer events and hooks import only the leaves",
-        files=("loopctl/observers.py", "loopctl/hooks.py"),
-        allowed=("loopctl.errors", "loopctl.messages", "loopctl.text"),
+        "the events package (events, observers, hooks) imports only the leaves and itself",
+        files=("loopctl/events/*",),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.text", "loopctl.events"),
+    ),
+    Rule(
+        "the old observer and hook paths only re-export the events package",
+        files=("loopctl/observers/*", "loopctl/hooks/*"),
+        allowed=("loopctl.events",),
     ),
     Rule(
         "providers, tools and context never import the driver or the machine",
