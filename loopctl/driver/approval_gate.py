@@ -34,10 +34,10 @@ from typing import Any, Callable, Optional
 import attrs
 
 from loopctl.approvals import ApprovalContext, ApprovalDecision, denial_text
-from loopctl.driver.admission import Admitted
 from loopctl.approvals.slot import ApprovalSlot
-from loopctl.messages import ToolResultPart
+from loopctl.driver.admission import Admitted
 from loopctl.events import ApprovalRequested, ApprovalResolved
+from loopctl.messages import ToolResultPart
 
 log = logging.getLogger("loopctl")
 

@@ -50,10 +50,10 @@ from loopctl.driver.approval_gate import ParkedBatch, dispatch_parked, needs_app
 from loopctl.driver.recovery import corrected, decide
 from loopctl.driver.tool_calls import CallState, plan_waves, result_hash
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
-from loopctl.frozen import thaw
-from loopctl.events.hooks import ToolHookContext
-from loopctl.messages import ToolCallPart, ToolResultPart
 from loopctl.events import LoopDetectedEvent, ToolPost, ToolPre
+from loopctl.events.hooks import ToolHookContext
+from loopctl.frozen import thaw
+from loopctl.messages import ToolCallPart, ToolResultPart
 from loopctl.timeouts import bounded
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.pipeline import DispatchContext, invoke_tool, not_found_text

@@ -42,7 +42,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
 from loopctl.driver.phases import NullScope, Phase, PhaseScope
-from loopctl.events.hooks import HookExecutor, RunHookContext
 from loopctl.events import (
     EVENT_METHODS,
     AttemptReset,
@@ -56,6 +55,7 @@ from loopctl.events import (
     ToolInputDelta,
     TurnEnd,
 )
+from loopctl.events.hooks import HookExecutor, RunHookContext
 from loopctl.text import StreamMask
 
 if TYPE_CHECKING:

@@ -32,7 +32,6 @@ from loopctl.errors import (
     RateLimitEscalation,
     UserInputRequired,
 )
-from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, ToolResultPart
 from loopctl.events import (
     ConvergenceDetected,
     Fallback,
@@ -42,6 +41,7 @@ from loopctl.events import (
     StreamFailure,
     StreamSuccess,
 )
+from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, ToolResultPart
 from loopctl.providers.base import (
     PartDelta,
     PartStart,

@@ -47,6 +47,7 @@ from loopctl.errors import (
     MaxTurnsExceeded,
     scrub_error,
 )
+from loopctl.events import OutputValidationFailed, SteeringDelivered, ToolCallReceived, TurnStart
 from loopctl.machine import (
     CallLLM,
     CallTools,
@@ -62,7 +63,6 @@ from loopctl.machine import (
 from loopctl.messages import (
     Message,
 )
-from loopctl.events import OutputValidationFailed, SteeringDelivered, ToolCallReceived, TurnStart
 from loopctl.output import OutputCheck
 from loopctl.output.answers import answer_system, answer_tools, shape_options, shape_request
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from loopctl.events import (
     EVENT_METHODS,
-    EVENTS,
     EVENT_TYPES,
+    EVENTS,
     ApprovalRequested,
     ApprovalResolved,
     AttemptReset,
