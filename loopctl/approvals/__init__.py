@@ -3,7 +3,11 @@
 ``loopctl.approvals`` re-exports the values (``PendingApproval``,
 ``ApprovalContext``, ``ApprovalDecision`` ...) from
 ``loopctl.approvals.values``; ``loopctl.approvals.slot`` holds one run's
-``ApprovalSlot``. The package imports only the leaves and the events.
+``ApprovalSlot`` (parked calls, answers from any thread, the audit record);
+``loopctl.approvals.gate`` asks the loop's policy and waits for a parked
+batch's answers. The package imports only the leaves, the records and the
+events, never the driver: which admitted calls are parked, and the dispatch
+around them, is the driver's glue (``loopctl.driver.approval_gate``).
 """
 
 from __future__ import annotations

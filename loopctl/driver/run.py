@@ -30,7 +30,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from loopctl.approvals import RUN_ENDED
-from loopctl.driver.approval_gate import report_unreported
+from loopctl.approvals.gate import report_unreported
 from loopctl.driver.checkpoint import ResumePoint, restore
 from loopctl.driver.compaction import Compaction
 from loopctl.driver.dispatch import Dispatcher
