@@ -290,6 +290,18 @@ def test_checker_reports_file_line_and_import_text() -> None:
     assert "steps" not in text and "errors" not in text  # allowed imports pass
 
 
+def test_the_package_rules_refuse_the_driver() -> None:
+    sneaky = "from loopctl.driver.admission import Admitted\nfrom loopctl.events import RunEnd\n"
+    for package, rel in (("loopctl.approvals.gate", "loopctl/approvals/gate.py"),
+                         ("loopctl.events.types", "loopctl/events/types.py")):
+        imports = list(imports_of(sneaky, package, False))
+        rules = [r for r in RULES if any(fnmatch.fnmatch(rel, g) for g in r.files)]
+        assert rules, rel
+        problems = [p for rule in rules for p in violations(rule, rel, imports)]
+        assert any("loopctl.driver.admission" in p for p in problems), rel
+        assert not any("loopctl.events)" in p for p in problems), rel  # both may import events
+
+
 # -- no import cycle between any two modules -------------------------------------------------
 
 
