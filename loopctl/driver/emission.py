@@ -27,7 +27,7 @@ hooks; run-end to hooks then observers.
 Call sites build the event object and ``emit`` it; ``wants(cls)`` is the
 one question to ask first when building it costs something (a hash, a
 tuple of every call). Which ``on_*`` methods an observer handles comes from
-the event table (``observers.EVENTS``), looked up once per observer class.
+the event table (``loopctl.events.EVENTS``), looked up once per observer class.
 """
 
 from __future__ import annotations
