@@ -33,6 +33,7 @@ from loopctl.errors import (
     ToolRecoveryExhausted,
     UserInputRequired,
 )
+from loopctl.events import Observer
 from loopctl.hosting.registry import RunRegistry, RunStatus
 from loopctl.machine import MachineState
 from loopctl.messages import (
@@ -48,7 +49,6 @@ from loopctl.messages import (
     ToolResultPart,
     Usage,
 )
-from loopctl.observers import Observer
 from loopctl.records import Run, Session, Turn
 from loopctl.tools import Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, tool
 

@@ -19,7 +19,7 @@ from typing import Any, Optional, Union
 import attrs
 
 import loopctl.errors as _errors
-from loopctl.approvals import ApprovalDecision
+from loopctl.approvals.values import ApprovalDecision
 from loopctl.config import RunConfig
 from loopctl.errors import LoopError
 from loopctl.messages import StopReason, ToolCallPart, Usage, part_from_dict, part_to_dict

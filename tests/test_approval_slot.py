@@ -9,8 +9,8 @@ import pytest
 from support import run_in_thread, run_in_threads
 
 from loopctl.approvals import ApprovalDecision, PendingApproval
+from loopctl.approvals.slot import ApprovalSlot
 from loopctl.cancel import CancelSignal
-from loopctl.driver.approvals import ApprovalSlot
 from loopctl.errors import Cancelled
 from loopctl.records import Run
 from loopctl.tools import tool

@@ -21,7 +21,7 @@ import attrs
 import pytest
 
 from loopctl import BareLoop
-from loopctl.contrib.celery_redis import dumps
+from loopctl.contrib.celery.redis import dumps
 from loopctl.contrib.otel.observer import OTelObserver
 from loopctl.driver.emission import Emitter, RunEvents, handled, overridden
 from loopctl.driver.subagent_events import Forwarder
@@ -193,7 +193,7 @@ def test_the_table_is_one_entry_per_event() -> None:
     assert EVENT_TYPES == {cls.TYPE: cls for cls in EVENTS}
     assert EVENT_METHODS == {cls: f"on_{cls.TYPE}" for cls in EVENTS}
     # Every event class defined in the module is in the table.
-    import loopctl.observers as module
+    import loopctl.events.types as module
 
     defined = {
         v for v in vars(module).values() if isinstance(v, type) and issubclass(v, Event) and v is not Event

@@ -70,8 +70,16 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule(
         "approval values import only the frozen-value and text leaves",
-        files=("loopctl/approvals.py",),
+        files=("loopctl/approvals/values.py",),
         allowed=("loopctl.frozen", "loopctl.text"),
+    ),
+    Rule(
+        "approvals import only the leaves, the records, tools and events: never the driver",
+        files=("loopctl/approvals/*",),
+        allowed=(
+            "loopctl.approvals", "loopctl.errors", "loopctl.messages", "loopctl.frozen", "loopctl.text",
+            "loopctl.timeouts", "loopctl.records", "loopctl.tools", "loopctl.events",
+        ),
     ),
     Rule(
         "typed output is pure: the leaves, configs, the tools' schema machinery and itself",
@@ -92,14 +100,19 @@ RULES: tuple[Rule, ...] = (
         "records import only the leaves and configs",
         files=("loopctl/records.py",),
         allowed=(
-            "loopctl.errors", "loopctl.messages", "loopctl.config", "loopctl.approvals", "loopctl.frozen",
+            "loopctl.errors", "loopctl.messages", "loopctl.config", "loopctl.approvals.values", "loopctl.frozen",
             "loopctl.text",
         ),
     ),
     Rule(
-        "observer events and hooks import only the leaves",
-        files=("loopctl/observers.py", "loopctl/hooks.py"),
-        allowed=("loopctl.errors", "loopctl.messages", "loopctl.text"),
+        "the events package (events, observers, hooks) imports only the leaves and itself",
+        files=("loopctl/events/*",),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.text", "loopctl.events"),
+    ),
+    Rule(
+        "the old observer and hook paths only re-export the events package",
+        files=("loopctl/observers/*", "loopctl/hooks/*"),
+        allowed=("loopctl.events",),
     ),
     Rule(
         "providers, tools and context never import the driver or the machine",
@@ -275,6 +288,18 @@ def test_checker_reports_file_line_and_import_text() -> None:
     assert "`from loopctl.providers import base`" in text
     assert "`from loopctl import BareLoop` (loopctl)" in text
     assert "steps" not in text and "errors" not in text  # allowed imports pass
+
+
+def test_the_package_rules_refuse_the_driver() -> None:
+    sneaky = "from loopctl.driver.admission import Admitted\nfrom loopctl.events import RunEnd\n"
+    for package, rel in (("loopctl.approvals.gate", "loopctl/approvals/gate.py"),
+                         ("loopctl.events.types", "loopctl/events/types.py")):
+        imports = list(imports_of(sneaky, package, False))
+        rules = [r for r in RULES if any(fnmatch.fnmatch(rel, g) for g in r.files)]
+        assert rules, rel
+        problems = [p for rule in rules for p in violations(rule, rel, imports)]
+        assert any("loopctl.driver.admission" in p for p in problems), rel
+        assert not any("loopctl.events)" in p for p in problems), rel  # both may import events
 
 
 # -- no import cycle between any two modules -------------------------------------------------

@@ -157,3 +157,19 @@ def test_foundation_methods_and_properties_have_docstrings(module: str) -> None:
     assert members or module == "loopctl.errors"
     missing = [name for name, func in members if not own_doc(func)]
     assert not missing, f"{module}: undocumented public members {missing}"
+
+
+# The documented import paths of moved modules keep naming the same objects.
+ALIASES = [
+    ("loopctl.observers", "loopctl.events"),
+    ("loopctl.hooks", "loopctl.events.hooks"),
+    ("loopctl.approvals", "loopctl.approvals.values"),
+]
+
+
+@pytest.mark.parametrize(("old", "home"), ALIASES, ids=[a for a, _ in ALIASES])
+def test_an_old_import_path_names_the_same_objects_as_their_home(old: str, home: str) -> None:
+    old_mod, home_mod = importlib.import_module(old), importlib.import_module(home)
+    assert sorted(old_mod.__all__) == sorted(home_mod.__all__)
+    moved = [name for name in home_mod.__all__ if getattr(old_mod, name) is not getattr(home_mod, name)]
+    assert not moved, f"{old} names other objects than {home}: {moved}"

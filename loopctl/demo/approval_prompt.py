@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from loopctl.demo.console import printable
-from loopctl.observers import ApprovalRequested, ApprovalResolved, Observer
+from loopctl.events import ApprovalRequested, ApprovalResolved, Observer
 
 #: Who the record says answered, for each way of answering.
 BY_TERMINAL = "terminal"

@@ -50,7 +50,7 @@ from loopctl.demo.view import Console, LiveView, RunFacts
 from loopctl.demo.wording import check_key, error_lines
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
-from loopctl.observers import CallbackObserver
+from loopctl.events import CallbackObserver
 from loopctl.records import json_form
 from loopctl.text import json_safe, redact_value
 

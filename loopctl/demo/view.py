@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from loopctl.demo.console import Console, cells, fit, printable, seconds
 from loopctl.demo.terminal import StdinLines
-from loopctl.observers import (
+from loopctl.events import (
     AttemptReset,
     LoopDetectedEvent,
     Observer,

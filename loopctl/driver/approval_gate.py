@@ -1,5 +1,10 @@
 """The approval gate: which calls of a batch wait for a person, and dispatch around them.
 
+This is the driver's glue around ``loopctl.approvals``: it reads the
+driver's admitted calls (``admission.Admitted``), which the approvals
+package may not import; the policy question, the parked batch and the
+answers' reporting live in ``loopctl.approvals.gate``.
+
 Before a batch runs, ``park_batch`` asks of each admitted call (see
 ``admission``: its id is unique in the turn, its arguments frozen and
 validated): does its tool say ``requires_approval``, or does the loop's
@@ -27,69 +32,17 @@ a retry whose correction changes the call and needs approval is not run
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any, Callable, Optional
 
 import attrs
 
-from loopctl.approvals import ApprovalContext, ApprovalDecision, denial_text
+from loopctl.approvals import ApprovalContext, denial_text
+from loopctl.approvals.gate import ApprovalPolicy, ParkedBatch, ask_policy
+from loopctl.approvals.slot import ApprovalSlot
 from loopctl.driver.admission import Admitted
-from loopctl.driver.approvals import ApprovalSlot
+from loopctl.events import ApprovalRequested
 from loopctl.messages import ToolResultPart
-from loopctl.observers import ApprovalRequested, ApprovalResolved
-
-log = logging.getLogger("loopctl")
-
-#: ``policy(ctx) -> bool``: True when the call needs a person's approval.
-ApprovalPolicy = Callable[[ApprovalContext], bool]
-
-
-class ParkedBatch:
-    """The parked calls of one batch and the answers reported so far."""
-
-    __slots__ = ("slot", "events", "session_id", "ids", "decisions")
-
-    def __init__(self, slot: ApprovalSlot, events: Any, session_id: str, ids: dict[int, str]) -> None:
-        self.slot = slot
-        self.events = events
-        self.session_id = session_id
-        self.ids = ids  # call index -> parked call id
-        self.decisions: dict[str, ApprovalDecision] = {}
-
-    def is_parked(self, index: int) -> bool:
-        """True when call ``index`` waits for a person."""
-        return index in self.ids
-
-    def wait_for(self, indices: Sequence[int], unfenced: Callable[[], Any]) -> None:
-        """Block (unfenced) until every call in ``indices`` is answered; report answers as they come.
-
-        Raises:
-            Cancelled: the run was cancelled while waiting.
-        """
-        while any(self.ids[i] not in self.decisions for i in indices):
-            open_ids = [cid for cid in dict.fromkeys(self.ids.values()) if cid not in self.decisions]
-            with unfenced():
-                got = self.slot.wait_any(open_ids)
-            for d in got:
-                self.decisions[d.call_id] = d
-                report(self.events, self.session_id, self.slot.run_id, d)
-
-    def decision(self, index: int) -> ApprovalDecision:
-        """The answer for call ``index`` (after ``wait_for``)."""
-        return self.decisions[self.ids[index]]
-
-
-def report(events: Any, session_id: str, run_id: str, d: ApprovalDecision) -> None:
-    """Fire ``on_approval_resolved`` for ``d``."""
-    if events.wants(ApprovalResolved):
-        events.emit(ApprovalResolved(session_id, run_id, d.call_id, d.tool, d.approved, d.by, d.reason, d.edited))
-
-
-def report_unreported(slot: ApprovalSlot, events: Any, session_id: str) -> None:
-    """Fire ``on_approval_resolved`` for every answer not reported yet (finalize)."""
-    for d in slot.take_unreported():
-        report(events, session_id, slot.run_id, d)
 
 
 def needs_approval(
@@ -101,7 +54,7 @@ def needs_approval(
         return False  # it never runs: nothing to approve
     if getattr(tool, "requires_approval", False):
         return True
-    return policy is not None and _ask_policy(policy, ctx, unfenced)
+    return policy is not None and ask_policy(policy, ctx, unfenced)
 
 
 def park_batch(
@@ -139,15 +92,6 @@ def park_batch(
                 ApprovalRequested(session_id, slot.run_id, turn, call.id, call.name, pending.arguments, timeout)
             )
     return ParkedBatch(slot, events, session_id, ids) if ids else None
-
-
-def _ask_policy(policy: Any, ctx: ApprovalContext, unfenced: Callable[[], Any]) -> bool:
-    with unfenced():  # user code may block: never hold a cancel
-        try:
-            return bool(policy(ctx))
-        except Exception:
-            log.exception("approval policy raised on tool %r; the call waits for approval", ctx.tool)
-            return True
 
 
 def dispatch_parked(
@@ -195,6 +139,4 @@ def dispatch_parked(
     return results  # type: ignore[return-value]
 
 
-__all__ = [
-    "ApprovalPolicy", "ParkedBatch", "dispatch_parked", "needs_approval", "park_batch", "report", "report_unreported",
-]
+__all__ = ["dispatch_parked", "needs_approval", "park_batch"]

@@ -40,10 +40,10 @@ from loopctl.driver.parts import LoopParts
 from loopctl.driver.resources import LoopResources
 from loopctl.driver.signals import Steering
 from loopctl.errors import ConfigError
-from loopctl.hooks import HookExecutor
+from loopctl.events import ModelSwitched, Observer
+from loopctl.events.hooks import HookExecutor
 from loopctl.machine import LoopMachine, MachineState
 from loopctl.messages import Message, RequestOptions
-from loopctl.observers import ModelSwitched, Observer
 from loopctl.providers.stream_handler import StreamHandler
 from loopctl.records import Session
 from loopctl.tools.base import Tool

@@ -28,8 +28,8 @@ from typing import Any, Optional
 
 from loopctl.driver.run_state import RunState
 from loopctl.errors import Cancelled, ContextExceeded, LoopError
-from loopctl.hooks import CompactHookContext
-from loopctl.observers import Compaction as CompactionEvent
+from loopctl.events import Compaction as CompactionEvent
+from loopctl.events.hooks import CompactHookContext
 from loopctl.providers.stream_handler import cancellable_complete
 
 log = logging.getLogger("loopctl")

@@ -45,15 +45,16 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from loopctl.approvals import ApprovalContext
+from loopctl.approvals.gate import ParkedBatch
 from loopctl.driver.admission import Admitted, admit
-from loopctl.driver.approval_gate import ParkedBatch, dispatch_parked, needs_approval, park_batch
+from loopctl.driver.approval_gate import dispatch_parked, needs_approval, park_batch
 from loopctl.driver.recovery import corrected, decide
 from loopctl.driver.tool_calls import CallState, plan_waves, result_hash
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
+from loopctl.events import LoopDetectedEvent, ToolPost, ToolPre
+from loopctl.events.hooks import ToolHookContext
 from loopctl.frozen import thaw
-from loopctl.hooks import ToolHookContext
 from loopctl.messages import ToolCallPart, ToolResultPart
-from loopctl.observers import LoopDetectedEvent, ToolPost, ToolPre
 from loopctl.timeouts import bounded
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.pipeline import DispatchContext, invoke_tool, not_found_text

@@ -27,7 +27,7 @@ hooks; run-end to hooks then observers.
 Call sites build the event object and ``emit`` it; ``wants(cls)`` is the
 one question to ask first when building it costs something (a hash, a
 tuple of every call). Which ``on_*`` methods an observer handles comes from
-the event table (``observers.EVENTS``), looked up once per observer class.
+the event table (``loopctl.events.EVENTS``), looked up once per observer class.
 """
 
 from __future__ import annotations
@@ -42,8 +42,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional
 
 from loopctl.driver.phases import NullScope, Phase, PhaseScope
-from loopctl.hooks import HookExecutor, RunHookContext
-from loopctl.observers import (
+from loopctl.events import (
     EVENT_METHODS,
     AttemptReset,
     Event,
@@ -56,6 +55,7 @@ from loopctl.observers import (
     ToolInputDelta,
     TurnEnd,
 )
+from loopctl.events.hooks import HookExecutor, RunHookContext
 from loopctl.text import StreamMask
 
 if TYPE_CHECKING:

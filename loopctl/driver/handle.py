@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Literal, Optional
 
 from loopctl.approvals import PendingApproval
-from loopctl.driver.approvals import ApprovalSlot
+from loopctl.approvals.slot import ApprovalSlot
 from loopctl.errors import LoopError
 from loopctl.records import Run
 from loopctl.timeouts import bounded

@@ -32,8 +32,7 @@ from loopctl.errors import (
     RateLimitEscalation,
     UserInputRequired,
 )
-from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, ToolResultPart
-from loopctl.observers import (
+from loopctl.events import (
     ConvergenceDetected,
     Fallback,
     ModelSwitched,
@@ -42,6 +41,7 @@ from loopctl.observers import (
     StreamFailure,
     StreamSuccess,
 )
+from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, ToolResultPart
 from loopctl.providers.base import (
     PartDelta,
     PartStart,

@@ -20,7 +20,7 @@ from loopctl.config import SessionConfig
 from loopctl.context.contributors import ContextContributor
 from loopctl.context.memory import Memory
 from loopctl.context.tokens import TokenCounter
-from loopctl.hooks import HookExecutor
+from loopctl.events.hooks import HookExecutor
 from loopctl.messages import RequestOptions
 from loopctl.providers.base import ModelClient
 from loopctl.providers.stream_handler import StreamHandler

@@ -30,7 +30,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from loopctl.approvals import RUN_ENDED
-from loopctl.driver.approval_gate import report_unreported
+from loopctl.approvals.gate import report_unreported
 from loopctl.driver.checkpoint import ResumePoint, restore
 from loopctl.driver.compaction import Compaction
 from loopctl.driver.dispatch import Dispatcher
@@ -47,6 +47,7 @@ from loopctl.errors import (
     MaxTurnsExceeded,
     scrub_error,
 )
+from loopctl.events import OutputValidationFailed, SteeringDelivered, ToolCallReceived, TurnStart
 from loopctl.machine import (
     CallLLM,
     CallTools,
@@ -62,7 +63,6 @@ from loopctl.machine import (
 from loopctl.messages import (
     Message,
 )
-from loopctl.observers import OutputValidationFailed, SteeringDelivered, ToolCallReceived, TurnStart
 from loopctl.output import OutputCheck
 from loopctl.output.answers import answer_system, answer_tools, shape_options, shape_request
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import attrs
 
-from loopctl.observers import EVENT_METHODS, Event, Observer, RunEnd
+from loopctl.events import EVENT_METHODS, Event, Observer, RunEnd
 
 log = logging.getLogger("loopctl")
 _lock = threading.Lock()  # guards the forwarder table and each forwarder's links

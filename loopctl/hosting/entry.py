@@ -20,8 +20,8 @@ import attrs
 
 from loopctl.approvals import ApprovalDecision, PendingApproval
 from loopctl.errors import Cancelled, LoopError, release_frames
+from loopctl.events import Event, RunEnd
 from loopctl.messages import Message
-from loopctl.observers import Event, RunEnd
 from loopctl.records import Run, json_form
 from loopctl.text import json_safe, redact, redact_value
 

@@ -22,6 +22,7 @@ import attrs
 from loopctl.approvals import ApprovalDecision, PendingApproval
 from loopctl.config import ParallelDispatch, RunConfig, SessionConfig
 from loopctl.errors import LoopError
+from loopctl.events import EVENT_TYPES, Event
 from loopctl.messages import (
     SCHEMA_VERSION,
     Message,
@@ -34,7 +35,6 @@ from loopctl.messages import (
     part_from_dict,
     part_to_dict,
 )
-from loopctl.observers import EVENT_TYPES, Event
 from loopctl.records import Run, Turn, _error_from_dict, _error_to_dict
 from loopctl.text import json_safe
 

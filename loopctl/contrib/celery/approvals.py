@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from loopctl.approvals import ApprovalDecision, PendingApproval
 from loopctl.errors import LoopError
-from loopctl.observers import ApprovalRequested, ApprovalResolved, Event
+from loopctl.events import ApprovalRequested, ApprovalResolved, Event
 
 from .redis import RedisBackend, RegistryUnavailable, dumps
 

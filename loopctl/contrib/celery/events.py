@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import attrs
 
 from loopctl.driver.handle import RunHandle
-from loopctl.observers import Event, RunEnd, SteeringDelivered
+from loopctl.events import Event, RunEnd, SteeringDelivered
 
 from . import approvals as approvals
 from .redis import RedisBackend, RegistryUnavailable, dumps

@@ -62,13 +62,13 @@ from loopctl.driver.checkpoint import Checkpoint, ResumePoint
 from loopctl.driver.handle import RunHandle
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
+from loopctl.events import RunEnd
 from loopctl.hosting.serialization import (
     history_from_dict,
     history_to_dict,
     message_from_dict,
 )
 from loopctl.messages import Message
-from loopctl.observers import RunEnd
 from loopctl.records import Run
 
 from . import approvals as approvals

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from loopctl.observers import (
+from loopctl.events import (
     Compaction,
     ConvergenceDetected,
     Fallback,

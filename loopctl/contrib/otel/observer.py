@@ -31,7 +31,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.trace import SpanKind
 
 from loopctl.cancel import HANDED_BACK
-from loopctl.observers import (
+from loopctl.events import (
     AttemptReset,
     Event,
     Observer,

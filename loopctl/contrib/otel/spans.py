@@ -17,7 +17,7 @@ from typing import Any, Optional
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from loopctl.observers import TurnEnd
+from loopctl.events import TurnEnd
 from loopctl.text import json_safe
 
 from . import conventions as cv

@@ -4,7 +4,7 @@ A leaf: plain frozen attrs classes with JSON forms, no threads; it imports
 only ``loopctl.frozen``. Arguments are deeply immutable (``FrozenDict``):
 the policy, the person, the events and the record read one value that
 none of them can change (``thaw`` gives a mutable copy). The slot that parks calls and takes answers from other
-threads is ``loopctl.driver.approvals``; the audit record keeps every
+threads is ``loopctl.approvals.slot``; the audit record keeps every
 ``ApprovalDecision`` in ``Run.approvals``.
 """
 

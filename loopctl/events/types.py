@@ -1,4 +1,6 @@
-"""Observer events and the ``Observer`` base class.
+"""The observer events, each declared once, and the ``EVENTS`` table.
+
+Every event subclasses ``loopctl.events.base.Event``.
 
 Every event is a frozen attrs class carrying ``session_id`` and ``run_id``
 first, then its own fields. ``to_dict()`` gives a JSON-safe dict (no
@@ -8,9 +10,8 @@ what the emitter delivers: the event with every text masked and its quotes
 of untrusted text (``error``, ``cause``, ``errors``, ...) cut to an excerpt.
 
 ``EVENTS`` lists every event class once; an event's observer method is
-``on_`` + its ``TYPE`` (``observer_method()``). ``Observer`` has a
-documented no-op ``on_*`` method per event; override the ones you want. Observers are called only from ``loopctl.driver.emission``: one that
-raises is logged and skipped, and never changes the run.
+``on_`` + its ``TYPE`` (``observer_method()``); ``loopctl.events.observer``
+holds the ``Observer`` base class with a no-op method per event.
 """
 
 from __future__ import annotations
@@ -20,62 +21,8 @@ from typing import Any, ClassVar, Optional
 
 import attrs
 
+from loopctl.events.base import Event
 from loopctl.messages import Message, StopReason, Usage
-from loopctl.text import json_safe, redact, redact_fields
-
-#: Fields that quote untrusted text (an error, a cause, a pattern of tool input):
-#: masked and cut to an excerpt. Every other text field is masked, never cut.
-QUOTED_FIELDS = frozenset(("error", "cause", "errors", "pattern", "reason"))
-_IDS = frozenset(("session_id", "run_id"))
-
-
-def _json_safe(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int)):
-        return value
-    if isinstance(value, float):
-        return json_safe(value)
-    if isinstance(value, str):
-        return redact(str(value))
-    if isinstance(value, (Usage, Message)):
-        return _json_safe(value.to_dict())
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    return str(value)
-
-
-@attrs.frozen
-class Event:
-    """Base of every observer event.
-
-    ``subagent`` is ``""`` for the run's own events; an event a sub-agent's
-    run emitted, carried to its parent's observers, holds the sub-agent's
-    path (``"research"``, or ``"research/search"`` one level deeper) and the
-    parent's ``run_id``.
-    """
-
-    TYPE: ClassVar[str] = "event"
-
-    session_id: str
-    run_id: str
-    subagent: str = attrs.field(default="", kw_only=True)
-
-    @classmethod
-    def observer_method(cls) -> str:
-        """The ``Observer`` method that receives this event: ``on_`` + its ``TYPE``."""
-        return f"on_{cls.TYPE}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict with a ``type`` field naming the event (texts masked, floats finite)."""
-        out: dict[str, Any] = {"type": self.TYPE}
-        for f in attrs.fields(type(self)):
-            out[f.name] = _json_safe(getattr(self, f.name))
-        return out
-
-    def redacted(self) -> Event:
-        """This event with every text masked and its quotes cut to an excerpt (itself if none changed)."""
-        return redact_fields(self, QUOTED_FIELDS, _IDS)
 
 
 @attrs.frozen
@@ -426,98 +373,6 @@ EVENT_METHODS: dict[type[Event], str] = {cls: cls.observer_method() for cls in E
 EVENT_TYPES: dict[str, type[Event]] = {cls.TYPE: cls for cls in EVENTS}
 
 
-class Observer:
-    """Watches a loop. Every method is a no-op; override what you need.
-
-    Methods run on the run's thread, in registration order. One that raises
-    is logged with its name and skipped; it never changes the run.
-    """
-
-    def on_run_start(self, event: RunStart) -> None:
-        """A run began (before its first turn)."""
-
-    def on_run_end(self, event: RunEnd) -> None:
-        """A run ended, success or failure (its last event)."""
-
-    def on_turn_start(self, event: TurnStart) -> None:
-        """A model call is about to be made."""
-
-    def on_text_delta(self, event: TextDelta) -> None:
-        """A fragment of streamed reply text arrived."""
-
-    def on_thinking_delta(self, event: ThinkingDelta) -> None:
-        """A fragment of streamed reasoning arrived."""
-
-    def on_tool_input_delta(self, event: ToolInputDelta) -> None:
-        """A fragment of a tool call's arguments arrived."""
-
-    def on_attempt_reset(self, event: AttemptReset) -> None:
-        """A stream attempt failed and a new one starts: drop its buffered text."""
-
-    def on_retry_scheduled(self, event: RetryScheduled) -> None:
-        """A failed model call will be retried after ``event.wait_s`` seconds."""
-
-    def on_response(self, event: Response) -> None:
-        """A served turn's reply was assembled."""
-
-    def on_stream_success(self, event: StreamSuccess) -> None:
-        """A model call succeeded."""
-
-    def on_stream_failure(self, event: StreamFailure) -> None:
-        """A model call failed (not on cancel)."""
-
-    def on_turn_end(self, event: TurnEnd) -> None:
-        """A turn phase ended (``phase`` "llm" or "tools")."""
-
-    def on_tool_call_received(self, event: ToolCallReceived) -> None:
-        """The model asked for a tool call."""
-
-    def on_tool_pre(self, event: ToolPre) -> None:
-        """A tool call attempt is about to run."""
-
-    def on_tool_post(self, event: ToolPost) -> None:
-        """A tool call attempt finished."""
-
-    def on_compaction(self, event: Compaction) -> None:
-        """The conversation was compacted."""
-
-    def on_fallback(self, event: Fallback) -> None:
-        """Requests moved to a fallback model."""
-
-    def on_model_switched(self, event: ModelSwitched) -> None:
-        """The serving model changed."""
-
-    def on_loop_detected(self, event: LoopDetectedEvent) -> None:
-        """A repeating tool pattern was detected."""
-
-    def on_convergence_detected(self, event: ConvergenceDetected) -> None:
-        """The final answers converged."""
-
-    def on_steering(self, event: SteeringDelivered) -> None:
-        """Pushed guidance landed in the conversation."""
-
-    def on_run_resumed(self, event: RunResumed) -> None:
-        """A durable run continues on this worker from its last checkpoint."""
-
-    def on_output_validation_failed(self, event: OutputValidationFailed) -> None:
-        """A typed answer did not fit; the model is asked again unless attempts are used up."""
-
-    def on_approval_requested(self, event: ApprovalRequested) -> None:
-        """A tool call waits for a person's approval (answer it from any thread)."""
-
-    def on_approval_resolved(self, event: ApprovalResolved) -> None:
-        """A waiting tool call was approved or denied."""
-
-
-class CallbackObserver(Observer):
-    """An observer that hands every event to one callable (``fn(event)``)."""
-
-    def __init__(self, fn: Any) -> None:
-        self._fn = fn
-        for method in EVENT_METHODS.values():
-            setattr(self, method, fn)
-
-
 __all__ = [
     "EVENT_METHODS",
     "EVENTS",
@@ -525,14 +380,11 @@ __all__ = [
     "ApprovalRequested",
     "ApprovalResolved",
     "AttemptReset",
-    "CallbackObserver",
     "Compaction",
     "ConvergenceDetected",
-    "Event",
     "Fallback",
     "LoopDetectedEvent",
     "ModelSwitched",
-    "Observer",
     "OutputValidationFailed",
     "Response",
     "RetryScheduled",

@@ -1,0 +1,76 @@
+"""The observer events and ``Observer``, at the import path the docs teach.
+
+A stable alias of ``loopctl.events`` (where each event is declared once):
+``from loopctl.observers import Observer, RunEnd`` and
+``from loopctl.events import Observer, RunEnd`` name the same classes.
+"""
+
+from __future__ import annotations
+
+from loopctl.events import (
+    EVENT_METHODS,
+    EVENT_TYPES,
+    EVENTS,
+    ApprovalRequested,
+    ApprovalResolved,
+    AttemptReset,
+    CallbackObserver,
+    Compaction,
+    ConvergenceDetected,
+    Event,
+    Fallback,
+    LoopDetectedEvent,
+    ModelSwitched,
+    Observer,
+    OutputValidationFailed,
+    Response,
+    RetryScheduled,
+    RunEnd,
+    RunResumed,
+    RunStart,
+    SteeringDelivered,
+    StreamFailure,
+    StreamSuccess,
+    TextDelta,
+    ThinkingDelta,
+    ToolCallReceived,
+    ToolInputDelta,
+    ToolPost,
+    ToolPre,
+    TurnEnd,
+    TurnStart,
+)
+
+__all__ = [
+    "EVENT_METHODS",
+    "EVENTS",
+    "EVENT_TYPES",
+    "ApprovalRequested",
+    "ApprovalResolved",
+    "AttemptReset",
+    "CallbackObserver",
+    "Compaction",
+    "ConvergenceDetected",
+    "Event",
+    "Fallback",
+    "LoopDetectedEvent",
+    "ModelSwitched",
+    "Observer",
+    "OutputValidationFailed",
+    "Response",
+    "RetryScheduled",
+    "RunEnd",
+    "RunResumed",
+    "RunStart",
+    "SteeringDelivered",
+    "StreamFailure",
+    "StreamSuccess",
+    "TextDelta",
+    "ThinkingDelta",
+    "ToolCallReceived",
+    "ToolInputDelta",
+    "ToolPost",
+    "ToolPre",
+    "TurnEnd",
+    "TurnStart",
+]
