@@ -66,7 +66,7 @@ class ApprovalPrompt(Observer):
         self.piped = piped
         self._lock = threading.Lock()
         self._handle: Any = None
-        self._waiting: deque[tuple[str, str]] = deque()  # (call_id, label), oldest first
+        self._waiting: deque[tuple[str, str, str]] = deque()  # (call_id, label, sub-agent path), oldest first
         self._labels: dict[str, str] = {}
         self._answers: deque[str] = deque()  # piped lines read before a call waited
         self._eof = False  # stdin ended: nobody is left to answer
@@ -101,7 +101,7 @@ class ApprovalPrompt(Observer):
             label = f"[{printable(event.subagent)}] {label}"
         with self._lock:
             self._labels[event.call_id] = label
-            self._waiting.append((event.call_id, label))
+            self._waiting.append((event.call_id, label, event.subagent))
             if self._auto_yes:
                 self._answers.append("y")
         self._say(f"  {label} needs approval" + (": yes (--yes)" if self._auto_yes else " [y/n/reason]"))
@@ -144,14 +144,14 @@ class ApprovalPrompt(Observer):
                 handle = self._handle
                 if handle is None or not self._waiting or not (self._answers or self._eof):
                     return
-                call_id, _ = self._waiting.popleft()
+                call_id, _, subagent = self._waiting.popleft()
                 text = self._answers.popleft() if self._answers else None
             approve, reason = parse_answer(text) if text is not None else (False, NO_ANSWER)
             by = BY_YES if self._auto_yes else BY_TERMINAL
             if approve:
-                handle.approve(call_id, by=by)
+                handle.approve(call_id, by=by, subagent=subagent)
             else:
-                handle.deny(call_id, reason, by=by)
+                handle.deny(call_id, reason, by=by, subagent=subagent)
 
 
 def parse_answer(text: str) -> tuple[bool, str]:

@@ -183,34 +183,75 @@ class RunHandle:
         return pending if subagents is None else pending + subagents.pending_approvals()
 
     def approve(
-        self, call_id: str, *, by: Optional[str] = None, arguments: Optional[Mapping[str, Any]] = None
+        self,
+        call_id: str,
+        *,
+        by: Optional[str] = None,
+        arguments: Optional[Mapping[str, Any]] = None,
+        subagent: Optional[str] = None,
     ) -> bool:
         """Let a waiting call run (any thread), optionally with edited ``arguments``.
 
+        Args:
+            subagent: where the call waits: ``""`` this run, ``"research"``
+                (or ``"research/search"``) a sub-agent's run. None: wherever
+                ``call_id`` waits, if that is one place only.
+
         Returns:
             True when this answer was taken; False when the call is not
-            waiting in this run (unknown id, answered already, run ended).
+            waiting there (unknown id, answered already, run ended).
 
         Raises:
             ValueError: ``arguments`` do not fit the tool's schema (the
-                message names the field); the call stays pending.
+                message names the field), or ``call_id`` waits in more than
+                one run of the tree and ``subagent`` is None; the call stays
+                pending.
         """
-        if self._rc.approvals.approve(call_id, by=by, arguments=arguments):
-            return True
+        where = self._where_waiting(call_id, subagent)
+        if where is None:
+            return False
+        if not where:
+            return self._rc.approvals.approve(call_id, by=by, arguments=arguments)
         subagents = self._rc.subagents
-        return subagents is not None and bool(subagents.approve(call_id, by=by, arguments=arguments))
+        return subagents is not None and subagents.approve(call_id, where, by=by, arguments=arguments)
 
-    def deny(self, call_id: str, reason: str, *, by: Optional[str] = None) -> bool:
+    def deny(self, call_id: str, reason: str, *, by: Optional[str] = None, subagent: Optional[str] = None) -> bool:
         """Refuse a waiting call (any thread); the model reads "the user denied this call: <reason>".
+
+        Args:
+            subagent: where the call waits, as for ``approve``.
 
         Returns:
             True when this answer was taken; False when the call is not
-            waiting in this run (unknown id, answered already, run ended).
+            waiting there (unknown id, answered already, run ended).
+
+        Raises:
+            ValueError: ``call_id`` waits in more than one run of the tree and
+                ``subagent`` is None.
         """
-        if self._rc.approvals.deny(call_id, reason, by=by):
-            return True
+        where = self._where_waiting(call_id, subagent)
+        if where is None:
+            return False
+        if not where:
+            return self._rc.approvals.deny(call_id, reason, by=by)
         subagents = self._rc.subagents
-        return subagents is not None and bool(subagents.deny(call_id, reason, by=by))
+        return subagents is not None and subagents.deny(call_id, where, reason, by=by)
+
+    def _where_waiting(self, call_id: str, subagent: Optional[str]) -> Optional[str]:
+        """The path of the run whose call ``call_id`` an answer is for (``""``: this run).
+
+        Call ids are unique within one run's turn, not across a tree of
+        sub-agents: an id waiting in two runs is never guessed at.
+        """
+        if subagent is not None:
+            return subagent
+        places = [p.subagent for p in self.pending_approvals() if p.call_id == call_id]
+        if len(places) > 1:
+            shown = ", ".join(repr(p) if p else "this run" for p in places)
+            raise ValueError(
+                f"call id {call_id!r:.80} waits in more than one run ({shown}): pass subagent= to say which"
+            )
+        return places[0] if places else None
 
     def steer_subagent(self, to: str, message: Any) -> bool:
         """Offer guidance to the sub-agent run in flight at path ``to`` (any thread).

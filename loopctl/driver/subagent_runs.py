@@ -135,13 +135,20 @@ class SubagentRuns:
                 out.append(attrs.evolve(p, run_id=self.run_id, subagent=join_path(active.name, p.subagent)))
         return out
 
-    def approve(self, call_id: str, *, by: Optional[str] = None, arguments: Optional[Mapping[str, Any]] = None) -> bool:
-        """Answer a sub-agent run's parked call; False when none holds ``call_id``."""
-        return any(h.approve(call_id, by=by, arguments=arguments) for _, h in self._snapshot())
+    def approve(
+        self, call_id: str, path: str, *, by: Optional[str] = None, arguments: Optional[Mapping[str, Any]] = None
+    ) -> bool:
+        """Answer the call ``call_id`` parked by the sub-agent run at ``path``; False when it holds none."""
+        name, _, rest = path.partition("/")
+        return any(
+            h.approve(call_id, by=by, arguments=arguments, subagent=rest)
+            for a, h in self._snapshot() if a.name == name
+        )
 
-    def deny(self, call_id: str, reason: str, *, by: Optional[str] = None) -> bool:
-        """Refuse a sub-agent run's parked call; False when none holds ``call_id``."""
-        return any(h.deny(call_id, reason, by=by) for _, h in self._snapshot())
+    def deny(self, call_id: str, path: str, reason: str, *, by: Optional[str] = None) -> bool:
+        """Refuse the call ``call_id`` parked by the sub-agent run at ``path``; False when it holds none."""
+        name, _, rest = path.partition("/")
+        return any(h.deny(call_id, reason, by=by, subagent=rest) for a, h in self._snapshot() if a.name == name)
 
     def steer(self, to: str, message: Any) -> bool:
         """Guidance for the sub-agent run at path ``to``; False when none is in flight."""

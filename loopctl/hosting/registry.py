@@ -303,8 +303,13 @@ class RunRegistry:
         by: Optional[str] = None,
         arguments: Optional[Dict[str, Any]] = None,
         owner: Optional[Hashable] = None,
+        subagent: Optional[str] = None,
     ) -> bool:
         """Let the run's waiting call run, optionally with edited ``arguments``.
+
+        ``subagent`` says which run of the tree the call waits in (``""``
+        the run itself, a sub-agent's path); None: wherever it waits, if
+        that is one place only (else ``ValueError``).
 
         Returns:
             True when this answer was taken; False when the call is not
@@ -316,12 +321,21 @@ class RunRegistry:
                 message names the field); the call stays pending.
         """
         handle = self._get(run_id, owner).handle
-        return False if handle is None else handle.approve(call_id, by=by, arguments=arguments)
+        return False if handle is None else handle.approve(call_id, by=by, arguments=arguments, subagent=subagent)
 
     def deny(
-        self, run_id: str, call_id: str, reason: str, *, by: Optional[str] = None, owner: Optional[Hashable] = None
+        self,
+        run_id: str,
+        call_id: str,
+        reason: str,
+        *,
+        by: Optional[str] = None,
+        owner: Optional[Hashable] = None,
+        subagent: Optional[str] = None,
     ) -> bool:
         """Refuse the run's waiting call; the model reads "the user denied this call: <reason>".
+
+        ``subagent`` says where the call waits, as for ``approve``.
 
         Returns:
             True when this answer was taken; False when the call is not waiting.
@@ -330,7 +344,7 @@ class RunRegistry:
             KeyError: unknown ``run_id``, or another ``owner``'s run.
         """
         handle = self._get(run_id, owner).handle
-        return False if handle is None else handle.deny(call_id, reason, by=by)
+        return False if handle is None else handle.deny(call_id, reason, by=by, subagent=subagent)
 
     # -- looking at runs -------------------------------------------------------------
 

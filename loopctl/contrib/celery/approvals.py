@@ -94,9 +94,10 @@ def answer_here(backend: RedisBackend, handle: Any, raw: str) -> None:
     try:
         by = req.get("by")
         if req.get("op") == "approve":
-            ok = handle.approve(str(req["call_id"]), by=by, arguments=req.get("arguments"))
+            where = req.get("subagent")
+            ok = handle.approve(str(req["call_id"]), by=by, arguments=req.get("arguments"), subagent=where)
         else:
-            ok = handle.deny(str(req["call_id"]), str(req.get("reason", "")), by=by)
+            ok = handle.deny(str(req["call_id"]), str(req.get("reason", "")), by=by, subagent=req.get("subagent"))
         verdict = "1" if ok else "0"
     except (ValueError, TypeError, KeyError) as exc:
         verdict = "E" + str(exc)
@@ -166,8 +167,13 @@ class ApprovalsMixin:
         by: Optional[str] = None,
         arguments: Optional[Mapping[str, Any]] = None,
         owner: Optional[str] = None,
+        subagent: Optional[str] = None,
     ) -> bool:
         """Let the run's waiting call run (on whichever worker holds it), optionally with edited ``arguments``.
+
+        ``subagent`` says which run of the tree the call waits in (``""`` the
+        run itself, a sub-agent's path); None: wherever it waits, if that is
+        one place only (else ``ValueError``).
 
         Returns:
             True when this answer was taken; False when the call is not
@@ -181,11 +187,21 @@ class ApprovalsMixin:
         """
         if arguments is not None and not isinstance(arguments, Mapping):
             raise ValueError(f"arguments must be a mapping of field to value, got {type(arguments).__name__}")
-        request = {"op": "approve", "call_id": call_id, "by": by, "arguments": None if arguments is None else dict(arguments)}
+        request = {
+            "op": "approve", "call_id": call_id, "by": by, "subagent": subagent,
+            "arguments": None if arguments is None else dict(arguments),
+        }
         return self._answer(run_id, request, owner)
 
     def deny(
-        self, run_id: str, call_id: str, reason: str, *, by: Optional[str] = None, owner: Optional[str] = None
+        self,
+        run_id: str,
+        call_id: str,
+        reason: str,
+        *,
+        by: Optional[str] = None,
+        owner: Optional[str] = None,
+        subagent: Optional[str] = None,
     ) -> bool:
         """Refuse the run's waiting call; the model reads "the user denied this call: <reason>".
 
@@ -198,11 +214,14 @@ class ApprovalsMixin:
         """
         if not isinstance(reason, str):
             raise TypeError(f"deny reason must be a str, got {type(reason).__name__}")
-        return self._answer(run_id, {"op": "deny", "call_id": call_id, "by": by, "reason": reason}, owner)
+        request = {"op": "deny", "call_id": call_id, "by": by, "reason": reason, "subagent": subagent}
+        return self._answer(run_id, request, owner)
 
     def _answer(self, run_id: str, request: Dict[str, Any], owner: Optional[str] = None) -> bool:
         if request.get("by") is not None and not isinstance(request["by"], str):
             raise TypeError(f"by must be a str or None, got {type(request['by']).__name__}")
+        if request.get("subagent") is not None and not isinstance(request["subagent"], str):
+            raise TypeError(f"subagent must be a str or None, got {type(request['subagent']).__name__}")
         if self._fields(run_id, owner).get("state") != "running":
             return False
         verdict = ask_worker(self._backend, run_id, request)
