@@ -270,6 +270,8 @@ class BareLoop(LoopSetup):
         except RuntimeError:  # "can't start new thread": nothing is running
             steering.close()
             self._cancel.remove_listener(on_cancel)
+            if self._link is not None:
+                self._link.close()  # the lease goes back: no run holds the session
             rc.lock.release()
             with self._busy:
                 self._active = None
