@@ -131,3 +131,33 @@ def test_5_a_durable_run_resumed_after_a_kill9_takes_its_session_lease_back(serv
         sig.close()
         reg.close()
         store.close()
+
+
+def test_5_an_owned_conversation_is_continued_only_by_its_owner(server: Any) -> None:
+    url = server.url()
+    app = celery_app.make_app(url)
+    reg = celery_app.make_session_registry(app, url)
+    store = RedisSessionStore(url)
+    conv = f"chat/{uuid.uuid4().hex[:8]}"
+    started: List[Any] = []
+    try:
+        w = CeleryWorker(url, "o1", concurrency=2)
+        started.append(w)
+        rid = reg.start(conv, plan_text("a", turns=1), owner="alice")
+        assert reg.result(rid, WAIT, owner="alice").output.startswith("done a")
+        assert len(store.session(conv, owner="alice").messages()) == 2  # the input and the answer
+        assert len(reg.history(conv, owner="alice")) == 2
+        with pytest.raises(KeyError):
+            reg.history(conv, owner="bob")
+        with pytest.raises(KeyError):
+            reg.history(conv)
+        # Bob naming Alice's conversation never sees or extends it.
+        rid = reg.start(conv, plan_text("b", turns=1), owner="bob")
+        with pytest.raises((KeyError, LoopError)):
+            reg.result(rid, WAIT, owner="bob")
+        assert reg.status(rid, owner="bob").state == "failed"
+        assert len(store.session(conv, owner="alice").messages()) == 2
+    finally:
+        stop_all(started)
+        reg.close()
+        store.close()

@@ -375,6 +375,12 @@ class RedisBackend:
             out: Optional[str] = self.r.hget(self.run_key(run_id), "state")
         return out
 
+    def owner(self, run_id: str) -> Optional[str]:
+        """Who started the run (None: nobody named an owner)."""
+        with self.guard("owner"):
+            out: Optional[str] = self.r.hget(self.run_key(run_id), "owner")
+        return out or None
+
     def resend_soon(self, run_id: str) -> None:
         """Put a queued run's id in the outbox, due now, and forget who held its message."""
         with self.guard("resend"):

@@ -338,10 +338,14 @@ class CeleryRunRegistry(ApprovalsMixin):
         """
         return list_statuses(self._backend, owner, all_owners)
 
-    def history(self, conversation: str) -> List[Message]:
-        """The conversation's committed history (empty for a new conversation)."""
+    def history(self, conversation: str, *, owner: Optional[str] = None) -> List[Message]:
+        """The conversation's committed history (empty for a new conversation).
+
+        With a session store, only ``owner``'s session is read: another
+        owner's conversation raises ``KeyError``, as an unknown run id does.
+        """
         if self.session_store is not None:
-            return list(self.session_store.session(conversation).messages())
+            return list(self.session_store.session(conversation, owner=owner).messages())
         return history_of(self._backend, conversation)
 
     def events(

@@ -109,13 +109,19 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
 
 
 def _build_loop(
-    claim: Claim, conversation: str, saved: Optional[Checkpoint], steer_base: int, sessions: Any = None
+    claim: Claim,
+    conversation: str,
+    saved: Optional[Checkpoint],
+    steer_base: int,
+    sessions: Any = None,
+    owner: Optional[str] = None,
 ) -> Tuple[BareLoop, SteerFeed]:
     session: Any = None
     revision = 0
     stored: List[Message] = []
     if sessions is not None:
-        session = sessions.session(conversation)
+        # The run's owner's session only: another owner's conversation is an unknown id.
+        session = sessions.session(conversation, owner=owner)
         revision, stored = session.load()
     if saved is not None and saved.history is not None:
         history = list(saved.history)  # the run compacted: its own history goes on
@@ -202,7 +208,8 @@ def execute_run(
             if claim.checkpoint:
                 saved, steer_base, clean = checkpoint_from_json(claim.checkpoint)
             config = RunConfig.from_dict(json.loads(claim.config)) if claim.config else None
-            loop, feed = _build_loop(claim, conversation, saved, steer_base, sessions)
+            owner = backend.owner(run_id) if sessions is not None else None
+            loop, feed = _build_loop(claim, conversation, saved, steer_base, sessions, owner)
             if claim.cancel:
                 loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
             sink = checkpointer(loop, writer, steer_base, host, handed, run_id) if durable else None
