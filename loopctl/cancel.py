@@ -42,11 +42,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_guard)
 
 
-class _Flag:
-    """One cancel flag: set once, with the reason it was set with; threads can wait on it.
+class Flag:
+    """A flag set once (with the reason it was set with); threads can wait on it.
 
-    A lighter ``threading.Event``: nothing is allocated for waiting until a
-    thread waits (then one lock for that wait).
+    A lighter ``threading.Event``: one tracked object, where an Event is six
+    (its condition, lock, bound methods and waiter deque); nothing is
+    allocated for waiting until a thread waits (then one lock for that wait).
+    A cancel signal's flag, and a run's done and wake-up flags.
     """
 
     __slots__ = ("reason", "_fired", "_waiters")
@@ -57,7 +59,14 @@ class _Flag:
         self._waiters: Optional[list[LockType]] = None
 
     def is_set(self) -> bool:
+        """True once the flag is set."""
         return self._fired
+
+    def set(self, reason: Optional[str] = None) -> None:
+        """Set the flag (idempotent) and wake every thread waiting on it."""
+        with _guard:
+            if not self._fired:
+                self.fire(reason)
 
     def fire(self, reason: Optional[str]) -> None:
         """Set the flag and wake its waiters; the caller holds ``_guard``."""
@@ -67,11 +76,14 @@ class _Flag:
         for w in waiters or ():
             w.release()
 
-    def wait(self, timeout: Optional[float]) -> bool:
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the flag is set or ``timeout`` seconds pass; True if set."""
         if self._fired:
             return True
         if timeout is not None and timeout <= 0:
             return False
+        if timeout is not None and timeout > threading.TIMEOUT_MAX:
+            timeout = threading.TIMEOUT_MAX
         waiter = threading.Lock()
         waiter.acquire()
         with _guard:
@@ -103,7 +115,7 @@ class CancelSignal:
     __slots__ = ("_event", "_listeners", "_parent", "_follows", "__weakref__")
 
     def __init__(self) -> None:
-        self._event: _Flag = _Flag()
+        self._event: Flag = Flag()
         self._listeners: Optional[list[Callable[[], None]]] = None  # made on the first listener
         self._parent: Optional[CancelSignal] = None  # set on a view: the signal it reads
         self._follows: Optional[CancelSignal] = None  # set on a child: the signal it follows
@@ -115,7 +127,7 @@ class CancelSignal:
         else:
             self._fire(None, reason)
 
-    def _fire(self, expected: Optional[_Flag], reason: Optional[str]) -> None:
+    def _fire(self, expected: Optional[Flag], reason: Optional[str]) -> None:
         # A view fires its parent only while the parent still holds the view's
         # flag, checked and set under one lock: a signal re-armed since (the
         # next run's) is never touched; the view's own flag still fires.
@@ -168,7 +180,7 @@ class CancelSignal:
         if self._parent is not None:
             return
         with _guard:
-            self._event = _Flag()
+            self._event = Flag()
 
     def add_listener(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` (on the cancelling thread) when the signal fires.
@@ -254,4 +266,5 @@ class CancelSignal:
 __all__ = [
     "HANDED_BACK",
     "CancelSignal",
+    "Flag",
 ]
