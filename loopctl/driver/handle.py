@@ -155,11 +155,11 @@ class RunHandle:
     ``result()`` gives the ``Run`` or raises the run's ``LoopError``.
     """
 
-    __slots__ = ("_rc", "_cancel")
+    __slots__ = ("_rc", "_loop")
 
-    def __init__(self, rc: RunContext, cancel: Callable[[RunContext, Optional[str]], bool]) -> None:
+    def __init__(self, rc: RunContext, loop: Any) -> None:
         self._rc = rc
-        self._cancel = cancel  # the loop's bound method: no closure per run
+        self._loop = loop  # the run's loop: its ``_cancel_run(rc, reason)`` cancels only this run
 
     @property
     def run_id(self) -> str:
@@ -201,7 +201,7 @@ class RunHandle:
 
         It never cancels a later run of the same loop.
         """
-        return self._cancel(self._rc, reason)
+        return bool(self._loop._cancel_run(self._rc, reason))
 
     def pending_approvals(self) -> list[PendingApproval]:
         """The run's tool calls waiting for a person's answer, in request order (any thread).

@@ -42,22 +42,36 @@ from loopctl.errors import (
 from loopctl.machine import Completed, Failed, MaxTurnsReached
 from loopctl.records import Run
 
-
 #: The config of a run started without one: shared, as it is immutable.
 _DEFAULT_CONFIG = RunConfig()
 
 
-def _run_body(rc: RunContext) -> None:
-    """The run's thread (a function, not a bound method: nothing more to hold per run)."""
-    try:
-        rc.driver.body()
-    finally:
-        # The run is over (or its takeover finalized it): drop the
-        # context <-> driver cycle and the locals its error's traceback
-        # holds, so refcounting frees the run at once.
-        rc.driver = None
-        release_frames(rc.error)
-        del rc  # the body's frame keeps this one (its caller) alive
+class RunThread(threading.Thread):
+    """A run's thread: the body, in the run's copied context.
+
+    A subclass rather than ``target=ctx.run, args=(...)``: the bound method
+    and the args tuple would be two more objects per run in flight.
+    """
+
+    def __init__(self, rc: RunContext, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._rc: Optional[RunContext] = rc
+
+    def run(self) -> None:
+        rc = self._rc
+        self._rc = None
+        assert rc is not None and rc.context is not None
+        try:
+            # The plain function and its argument, not ``rc.driver.body``: a
+            # bound method would be one more object for as long as the run lasts.
+            rc.context.run(RunDriver.body, rc.driver)
+        finally:
+            # The run is over (or its takeover finalized it): drop the
+            # context <-> driver cycle and the locals its error's traceback
+            # holds, so refcounting frees the run at once.
+            rc.driver = None
+            release_frames(rc.error)
+            del rc  # the body's frame keeps this one (its caller) alive
 
 
 class BareLoop(LoopSetup):
@@ -187,7 +201,7 @@ class BareLoop(LoopSetup):
             input, config, run_id, waiter=False, tap=tap, checkpoint=checkpoint, resume=resume,
             output_type=output_type,
         )
-        return RunHandle(rc, self._cancel_run)
+        return RunHandle(rc, self)
 
     def _launch(
         self,
@@ -241,7 +255,7 @@ class BareLoop(LoopSetup):
             self._session,
             self._busy,
             self._cancel,
-            self._release,
+            self,
             self._resources,
             check,
         )
@@ -254,9 +268,7 @@ class BareLoop(LoopSetup):
         ctx = contextvars.copy_context()
         ctx.run(CURRENT_RUN.set, weakref.ref(rc))  # the run's tools (a sub-agent's, say) find their run
         rc.context = ctx
-        thread = threading.Thread(
-            target=ctx.run, args=(_run_body, rc), name=f"loopctl-run-{rid[:12]}", daemon=True
-        )
+        thread = RunThread(rc, name=f"loopctl-run-{rid[:12]}")
         rc.thread = thread
         # Listen before the body can run: a run that ends at once must find its
         # listener there to remove. A cancel that already fired calls it now;
