@@ -14,7 +14,7 @@ import os
 import threading
 from _thread import LockType
 from collections.abc import Callable
-from typing import Optional
+from typing import Optional, Union
 
 log = logging.getLogger("loopctl")
 
@@ -116,7 +116,9 @@ class CancelSignal:
 
     def __init__(self) -> None:
         self._event: Flag = Flag()
-        self._listeners: Optional[list[Callable[[], None]]] = None  # made on the first listener
+        # The listeners: None, one callable (a loop's run in flight, the usual
+        # case: no list for it), or a list of two or more.
+        self._listeners: Union[None, Callable[[], None], list[Callable[[], None]]] = None
         self._parent: Optional[CancelSignal] = None  # set on a view: the signal it reads
         self._follows: Optional[CancelSignal] = None  # set on a child: the signal it follows
 
@@ -140,7 +142,8 @@ class CancelSignal:
             if event.is_set():
                 return
             event.fire(reason)
-            listeners = tuple(self._listeners or ())
+            held = self._listeners
+            listeners = tuple(held) if isinstance(held, list) else () if held is None else (held,)
         for fn in listeners:
             try:
                 fn()
@@ -209,10 +212,13 @@ class CancelSignal:
 
     def _add(self, fn: Callable[[], None]) -> None:
         # The caller holds ``_guard``.
-        if self._listeners is None:
-            self._listeners = [fn]
+        listeners = self._listeners
+        if listeners is None:
+            self._listeners = fn
+        elif isinstance(listeners, list):
+            listeners.append(fn)
         else:
-            self._listeners.append(fn)
+            self._listeners = [listeners, fn]
 
     def remove_listener(self, fn: Callable[[], None]) -> None:
         """Forget a listener added with ``add_listener`` (no error if absent)."""
@@ -221,10 +227,13 @@ class CancelSignal:
             return
         with _guard:
             listeners = self._listeners
-            if listeners is not None and fn in listeners:
-                listeners.remove(fn)
-                if not listeners:
-                    self._listeners = None
+            if isinstance(listeners, list):
+                if fn in listeners:
+                    listeners.remove(fn)
+                    if len(listeners) == 1:
+                        self._listeners = listeners[0]
+            elif listeners == fn:  # equal, not identical: a bound method is made anew each time
+                self._listeners = None
 
     def view(self) -> CancelSignal:
         """A signal bound to the current flag: fired now or later, it stays fired.
