@@ -71,7 +71,7 @@ class RunThread(threading.Thread):
             # holds, so refcounting frees the run at once.
             rc.driver = None
             release_frames(rc.error)
-            del rc  # the body's frame keeps this one (its caller) alive
+            del rc  # this frame keeps no reference to the ended run
 
 
 class BareLoop(LoopSetup):
@@ -264,7 +264,7 @@ class BareLoop(LoopSetup):
         rc.driver.resume_point = resume
         rc.driver.link = self._link
 
-        rc.listener = rc.on_cancel  # one bound method, kept: the signal removes it by identity
+        rc.listener = rc.on_cancel  # a bound method of the run, not a closure made per run
         ctx = contextvars.copy_context()
         ctx.run(CURRENT_RUN.set, weakref.ref(rc))  # the run's tools (a sub-agent's, say) find their run
         rc.context = ctx

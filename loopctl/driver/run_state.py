@@ -8,7 +8,7 @@ compaction pass (compaction.py) as its methods. The dispatcher and the
 durable checkpoint sink are lent the same object.
 
 The state shared with the run's waiter and handle (the fence, the done and
-wake events, the approval slot) is ``RunContext`` (handle.py): it outlives
+wake flags, the approval slot) is ``RunContext`` (handle.py): it outlives
 the run's work, so the handle keeps only it and everything below is freed
 when the run ends.
 """
