@@ -36,7 +36,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
 from run_all import report  # noqa: E402
-from turn_overhead import Noop, script  # noqa: E402
+from turn_overhead import Noop, run_bodies, script  # noqa: E402
 
 from loopctl import BareLoop, Observer, RunConfig  # noqa: E402
 from loopctl.contrib.otel import OTelObserver  # noqa: E402
@@ -83,19 +83,21 @@ def run_once(n: int, observer: Any) -> float:
         if observer is not None:
             loop.register_observer(observer)
         body_cpu: list[float] = []
-        body = loop._body
 
-        def clocked(rc: Any) -> None:
-            t = time.thread_time()
-            try:
-                body(rc)
-            finally:
-                body_cpu.append(time.thread_time() - t)
+        def clocking(body: Callable[[Any], None]) -> Callable[[Any], None]:
+            def clocked(driver: Any) -> None:
+                t = time.thread_time()
+                try:
+                    body(driver)
+                finally:
+                    body_cpu.append(time.thread_time() - t)
 
-        loop._body = clocked  # type: ignore[method-assign]
-        t0 = time.thread_time()
-        run = loop.run("go", RunConfig(max_turns=n + 1))
-        caller = time.thread_time() - t0
+            return clocked
+
+        with run_bodies(clocking):
+            t0 = time.thread_time()
+            run = loop.run("go", RunConfig(max_turns=n + 1))
+            caller = time.thread_time() - t0
     assert run.turn_count == n + 1
     return caller + body_cpu[0]
 

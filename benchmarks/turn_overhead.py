@@ -30,12 +30,14 @@ Set ``PROFILE=1`` to print the top cProfile costs of one N=1000 run.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -44,7 +46,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from run_all import report  # noqa: E402
 
 from loopctl import BareLoop, Message, ModelRequest, RunConfig, Tool, ToolResultPart  # noqa: E402
+from loopctl.driver.run import RunDriver  # noqa: E402
 from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
+
+
+@contextlib.contextmanager
+def run_bodies(wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]]) -> Iterator[None]:
+    """Every run's body (``RunDriver.body``, on the run's own thread) wrapped while in the block."""
+    orig = RunDriver.body
+    RunDriver.body = wrap(orig)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        RunDriver.body = orig  # type: ignore[method-assign]
 
 SIZES = (50, 200, 1000)
 REPEATS = 9
@@ -88,21 +102,23 @@ def driver_once(n: int) -> Clock:
         loop.set_turn_mode("non_streaming")
         body_cpu: list[float] = []
         clocked_out = threading.Event()
-        body = loop._body  # the run's body runs on its own thread: clock it there
 
-        def clocked(rc: Any) -> None:
-            t = time.thread_time()
-            try:
-                body(rc)
-            finally:
-                body_cpu.append(time.thread_time() - t)
-                clocked_out.set()
+        def clocking(body: Callable[[Any], None]) -> Callable[[Any], None]:
+            def clocked(driver: Any) -> None:  # the run's body runs on its own thread: clock it there
+                t = time.thread_time()
+                try:
+                    body(driver)
+                finally:
+                    body_cpu.append(time.thread_time() - t)
+                    clocked_out.set()
 
-        loop._body = clocked  # type: ignore[method-assign]
+            return clocked
+
         cfg = RunConfig(max_turns=n + 1)
-        t0 = _now()
-        run = loop.run("go", cfg)
-        wall, caller_cpu = _since(t0)
+        with run_bodies(clocking):
+            t0 = _now()
+            run = loop.run("go", cfg)
+            wall, caller_cpu = _since(t0)
         # run() returns once the run has ended, which can be a moment before its
         # body returns on the run's thread: wait for the body's own clock.
         assert clocked_out.wait(30.0), "the run's body never returned"
@@ -236,17 +252,19 @@ def profile(n: int = 1000) -> None:
     with BareLoop(client, [Noop()]) as loop:
         loop.set_turn_mode("non_streaming")
         prof = cProfile.Profile()
-        orig = loop._body  # the run's body executes on its own thread: profile that
 
-        def body(rc: Any) -> None:
-            prof.enable()
-            try:
-                orig(rc)
-            finally:
-                prof.disable()
+        def profiling(orig: Callable[[Any], None]) -> Callable[[Any], None]:
+            def body(driver: Any) -> None:  # the run's body executes on its own thread: profile that
+                prof.enable()
+                try:
+                    orig(driver)
+                finally:
+                    prof.disable()
 
-        loop._body = body  # type: ignore[method-assign]
-        loop.run("go", RunConfig(max_turns=n + 1))
+            return body
+
+        with run_bodies(profiling):
+            loop.run("go", RunConfig(max_turns=n + 1))
     stats = pstats.Stats(prof)
     stats.sort_stats("tottime").print_stats(20)
     stats.sort_stats("cumulative").print_stats(30)

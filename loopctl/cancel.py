@@ -14,7 +14,7 @@ import os
 import threading
 from _thread import LockType
 from collections.abc import Callable
-from typing import Optional
+from typing import Optional, Union
 
 log = logging.getLogger("loopctl")
 
@@ -42,11 +42,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_fresh_guard)
 
 
-class _Flag:
-    """One cancel flag: set once, with the reason it was set with; threads can wait on it.
+class Flag:
+    """A flag set once (with the reason it was set with); threads can wait on it.
 
-    A lighter ``threading.Event``: nothing is allocated for waiting until a
-    thread waits (then one lock for that wait).
+    A lighter ``threading.Event``: one tracked object, where an Event is six
+    (its condition, lock, bound methods and waiter deque); nothing is
+    allocated for waiting until a thread waits (then one lock for that wait).
+    A cancel signal's flag, and a run's done and wake-up flags.
     """
 
     __slots__ = ("reason", "_fired", "_waiters")
@@ -57,7 +59,14 @@ class _Flag:
         self._waiters: Optional[list[LockType]] = None
 
     def is_set(self) -> bool:
+        """True once the flag is set."""
         return self._fired
+
+    def set(self, reason: Optional[str] = None) -> None:
+        """Set the flag (idempotent) and wake every thread waiting on it."""
+        with _guard:
+            if not self._fired:
+                self.fire(reason)
 
     def fire(self, reason: Optional[str]) -> None:
         """Set the flag and wake its waiters; the caller holds ``_guard``."""
@@ -67,11 +76,14 @@ class _Flag:
         for w in waiters or ():
             w.release()
 
-    def wait(self, timeout: Optional[float]) -> bool:
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the flag is set or ``timeout`` seconds pass; True if set."""
         if self._fired:
             return True
         if timeout is not None and timeout <= 0:
             return False
+        if timeout is not None and timeout > threading.TIMEOUT_MAX:
+            timeout = threading.TIMEOUT_MAX
         waiter = threading.Lock()
         waiter.acquire()
         with _guard:
@@ -103,8 +115,10 @@ class CancelSignal:
     __slots__ = ("_event", "_listeners", "_parent", "_follows", "__weakref__")
 
     def __init__(self) -> None:
-        self._event: _Flag = _Flag()
-        self._listeners: Optional[list[Callable[[], None]]] = None  # made on the first listener
+        self._event: Flag = Flag()
+        # The listeners: None, one callable (a loop's run in flight, the usual
+        # case: no list for it), or a list of two or more.
+        self._listeners: Union[None, Callable[[], None], list[Callable[[], None]]] = None
         self._parent: Optional[CancelSignal] = None  # set on a view: the signal it reads
         self._follows: Optional[CancelSignal] = None  # set on a child: the signal it follows
 
@@ -115,7 +129,7 @@ class CancelSignal:
         else:
             self._fire(None, reason)
 
-    def _fire(self, expected: Optional[_Flag], reason: Optional[str]) -> None:
+    def _fire(self, expected: Optional[Flag], reason: Optional[str]) -> None:
         # A view fires its parent only while the parent still holds the view's
         # flag, checked and set under one lock: a signal re-armed since (the
         # next run's) is never touched; the view's own flag still fires.
@@ -128,7 +142,8 @@ class CancelSignal:
             if event.is_set():
                 return
             event.fire(reason)
-            listeners = tuple(self._listeners or ())
+            held = self._listeners
+            listeners = tuple(held) if isinstance(held, list) else () if held is None else (held,)
         for fn in listeners:
             try:
                 fn()
@@ -168,7 +183,7 @@ class CancelSignal:
         if self._parent is not None:
             return
         with _guard:
-            self._event = _Flag()
+            self._event = Flag()
 
     def add_listener(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` (on the cancelling thread) when the signal fires.
@@ -197,10 +212,13 @@ class CancelSignal:
 
     def _add(self, fn: Callable[[], None]) -> None:
         # The caller holds ``_guard``.
-        if self._listeners is None:
-            self._listeners = [fn]
+        listeners = self._listeners
+        if listeners is None:
+            self._listeners = fn
+        elif isinstance(listeners, list):
+            listeners.append(fn)
         else:
-            self._listeners.append(fn)
+            self._listeners = [listeners, fn]
 
     def remove_listener(self, fn: Callable[[], None]) -> None:
         """Forget a listener added with ``add_listener`` (no error if absent)."""
@@ -209,10 +227,13 @@ class CancelSignal:
             return
         with _guard:
             listeners = self._listeners
-            if listeners is not None and fn in listeners:
-                listeners.remove(fn)
-                if not listeners:
-                    self._listeners = None
+            if isinstance(listeners, list):
+                if fn in listeners:
+                    listeners.remove(fn)
+                    if len(listeners) == 1:
+                        self._listeners = listeners[0]
+            elif listeners == fn:  # equal, not identical: a bound method is made anew each time
+                self._listeners = None
 
     def view(self) -> CancelSignal:
         """A signal bound to the current flag: fired now or later, it stays fired.
@@ -254,4 +275,5 @@ class CancelSignal:
 __all__ = [
     "HANDED_BACK",
     "CancelSignal",
+    "Flag",
 ]

@@ -29,11 +29,6 @@ def test_idle_loop_within_budget(counts: dict[str, object]) -> None:
     assert per_loop <= IDLE_LOOP_BUDGET, f"{per_loop:.1f} tracked objects per idle loop: {_worst(counts['loop_types'])}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="about 94 tracked objects per run in flight: the driver's per-run holders (the run "
-    "context's two Events, the run's thread, its event scopes, closures) are being folded into one run object",
-)
 def test_run_in_flight_within_budget(counts: dict[str, object]) -> None:
     per_run = counts["per_run"]
     assert isinstance(per_run, float)

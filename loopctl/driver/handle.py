@@ -19,6 +19,7 @@ from typing import Any, Callable, Literal, Optional
 
 from loopctl.approvals import PendingApproval
 from loopctl.approvals.slot import ApprovalSlot
+from loopctl.cancel import Flag
 from loopctl.errors import LoopError
 from loopctl.records import Run
 from loopctl.timeouts import bounded
@@ -42,7 +43,13 @@ class Abandoned(BaseException):
 
 
 class RunContext:
-    """One run's shared state between its body and its waiter."""
+    """One run's shared state between its body and its waiter.
+
+    Thousands of runs may be in flight, and the cyclic collector walks every
+    object each one holds: so the run's flags are ``Flag``s (one object each,
+    not an Event's six), its cancel listener is its own bound method, and it
+    is itself the context manager that unfences blocking work.
+    """
 
     __slots__ = (
         "lock",
@@ -75,8 +82,8 @@ class RunContext:
         self.abandoned = False
         self.finished = False
         self.ending = False  # the run reached Done or finalize: cancels no longer reach it
-        self.done = threading.Event()
-        self.wake = threading.Event()
+        self.done = Flag()  # finalize is done
+        self.wake = Flag()  # done, or a cancel for the waiter to act on
         self.run = run
         self.error: Optional[LoopError] = None
         self.cancel = cancel  # the run's view of the loop's CancelSignal
@@ -96,29 +103,50 @@ class RunContext:
         # The sub-agent runs its tool calls have in flight (made on first use).
         self.subagents: Any = None
 
-    def unfenced(self) -> Unfenced:
-        """A context manager that releases the fence around blocking work."""
-        return Unfenced(self)
+    def unfenced(self) -> RunContext:
+        """``with rc.unfenced(): blocking()``: the fence is released meanwhile, so the waiter may take over.
 
-
-class Unfenced:
-    """``with rc.unfenced(): blocking()`` — the waiter may take over meanwhile."""
-
-    __slots__ = ("rc",)
-
-    def __init__(self, rc: RunContext) -> None:
-        self.rc = rc
+        On the way back in, a run the waiter abandoned meanwhile raises
+        ``Abandoned`` (without the fence held).
+        """
+        return self
 
     def __enter__(self) -> None:
-        self.rc.lock.release()
+        self.lock.release()
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
-        rc = self.rc
-        rc.lock.acquire()
-        if rc.abandoned:
-            rc.lock.release()
+        self.lock.acquire()
+        if self.abandoned:
+            self.lock.release()
             raise Abandoned
         return False
+
+    def on_cancel(self) -> None:
+        """The run's listener on the loop's cancel signal (on the cancelling thread).
+
+        Closes the model call in flight and wakes the waiter; a started run
+        (no waiter) is finalized on a short-lived thread of its own.
+        """
+        close = getattr(self.model_call, "close", None)
+        if close is not None:  # a call published after this read sees the flag itself
+            close()
+        self.wake.set()
+        if not self.waiter and not self.finished:
+            # Finalize in a copy of the run's context, so observers of the
+            # cancelled run see the caller's contextvars.
+            ctx = self.context.copy() if self.context is not None else contextvars.copy_context()
+            threading.Thread(
+                target=ctx.run,
+                args=(self.take_over,),
+                name=f"loopctl-run-{self.run.id[:12]}-cancel",
+                daemon=True,
+            ).start()
+
+    def take_over(self) -> None:
+        """On cancel: wait for the body to block (or end), then finish the run here."""
+        driver = self.driver
+        if driver is not None:  # None: the body has already ended the run
+            driver.take_over()
 
 
 class RunHandle:
@@ -127,9 +155,11 @@ class RunHandle:
     ``result()`` gives the ``Run`` or raises the run's ``LoopError``.
     """
 
-    def __init__(self, rc: RunContext, cancel: Callable[[Optional[str]], bool]) -> None:
+    __slots__ = ("_rc", "_loop")
+
+    def __init__(self, rc: RunContext, loop: Any) -> None:
         self._rc = rc
-        self._cancel = cancel
+        self._loop = loop  # the run's loop: its ``_cancel_run(rc, reason)`` cancels only this run
 
     @property
     def run_id(self) -> str:
@@ -171,7 +201,7 @@ class RunHandle:
 
         It never cancels a later run of the same loop.
         """
-        return self._cancel(reason)
+        return bool(self._loop._cancel_run(self._rc, reason))
 
     def pending_approvals(self) -> list[PendingApproval]:
         """The run's tool calls waiting for a person's answer, in request order (any thread).
@@ -272,4 +302,4 @@ class RunHandle:
         return f"<RunHandle {self.run_id} {state}>"
 
 
-__all__ = ["CURRENT_RUN", "current_run", "Abandoned", "RunContext", "RunHandle", "Unfenced"]
+__all__ = ["CURRENT_RUN", "current_run", "Abandoned", "RunContext", "RunHandle"]

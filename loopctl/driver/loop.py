@@ -42,6 +42,37 @@ from loopctl.machine import Completed, Failed, MaxTurnsReached
 from loopctl.output.answers import answer_check
 from loopctl.records import Run
 
+#: The config of a run started without one: shared, as it is immutable.
+_DEFAULT_CONFIG = RunConfig()
+
+
+class RunThread(threading.Thread):
+    """A run's thread: the body, in the run's copied context.
+
+    A subclass rather than ``target=ctx.run, args=(...)``: the bound method
+    and the args tuple would be two more objects per run in flight.
+    """
+
+    def __init__(self, rc: RunContext, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._rc: Optional[RunContext] = rc
+
+    def run(self) -> None:
+        rc = self._rc
+        self._rc = None
+        assert rc is not None and rc.context is not None
+        try:
+            # The plain function and its argument, not ``rc.driver.body``: a
+            # bound method would be one more object for as long as the run lasts.
+            rc.context.run(RunDriver.body, rc.driver)
+        finally:
+            # The run is over (or its takeover finalized it): drop the
+            # context <-> driver cycle and the locals its error's traceback
+            # holds, so refcounting frees the run at once.
+            rc.driver = None
+            release_frames(rc.error)
+            del rc  # this frame keeps no reference to the ended run
+
 
 class BareLoop(LoopSetup):
     """Runs an agent: asks the machine what is next, does it, reports back.
@@ -125,11 +156,11 @@ class BareLoop(LoopSetup):
         try:
             rc.wake.wait()
             if not rc.done.is_set():
-                self._takeover(rc)  # only a cancel wakes us before the body is done
+                rc.take_over()  # only a cancel wakes us before the body is done
             rc.done.wait()
         except KeyboardInterrupt:
             self._cancel_run(rc, "interrupted")
-            self._takeover(rc)
+            rc.take_over()
             rc.done.wait()
             raise
         error = rc.error
@@ -170,7 +201,7 @@ class BareLoop(LoopSetup):
             input, config, run_id, waiter=False, tap=tap, checkpoint=checkpoint, resume=resume,
             output_type=output_type,
         )
-        return RunHandle(rc, lambda reason: self._cancel_run(rc, reason))
+        return RunHandle(rc, self)
 
     def _launch(
         self,
@@ -186,7 +217,7 @@ class BareLoop(LoopSetup):
         if not isinstance(input, str):
             raise TypeError(f"run input must be a str, got {type(input).__name__}")
         if config is None:
-            config = RunConfig()
+            config = _DEFAULT_CONFIG
         elif not isinstance(config, RunConfig):
             raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
         if output_type is not None:
@@ -224,7 +255,7 @@ class BareLoop(LoopSetup):
             self._session,
             self._busy,
             self._cancel,
-            self._release,
+            self,
             self._resources,
             check,
         )
@@ -233,34 +264,16 @@ class BareLoop(LoopSetup):
         rc.driver.resume_point = resume
         rc.driver.link = self._link
 
-        def on_cancel() -> None:
-            close = getattr(rc.model_call, "close", None)
-            if close is not None:  # a call published after this read sees the flag itself
-                close()
-            rc.wake.set()
-            if not rc.waiter and not rc.finished:
-                # Finalize in a copy of the run's context, so observers of the
-                # cancelled run see the caller's contextvars.
-                ctx = rc.context.copy() if rc.context is not None else contextvars.copy_context()
-                threading.Thread(
-                    target=ctx.run,
-                    args=(self._takeover, rc),
-                    name=f"loopctl-run-{rid[:12]}-cancel",
-                    daemon=True,
-                ).start()
-
-        rc.listener = on_cancel
+        rc.listener = rc.on_cancel  # a bound method of the run, not a closure made per run
         ctx = contextvars.copy_context()
         ctx.run(CURRENT_RUN.set, weakref.ref(rc))  # the run's tools (a sub-agent's, say) find their run
         rc.context = ctx
-        thread = threading.Thread(
-            target=ctx.run, args=(self._body, rc), name=f"loopctl-run-{rid[:12]}", daemon=True
-        )
+        thread = RunThread(rc, name=f"loopctl-run-{rid[:12]}")
         rc.thread = thread
         # Listen before the body can run: a run that ends at once must find its
         # listener there to remove. A cancel that already fired calls it now;
         # the takeover then waits on the fence until the body has handled it.
-        self._cancel.add_listener(on_cancel)
+        self._cancel.add_listener(rc.listener)
         # Open the steering slot here, not on the run's thread: guidance
         # offered the moment start() has returned is then this run's (it
         # lands at the first boundary), never refused while the thread spins up.
@@ -269,7 +282,7 @@ class BareLoop(LoopSetup):
             thread.start()
         except RuntimeError:  # "can't start new thread": nothing is running
             steering.close()
-            self._cancel.remove_listener(on_cancel)
+            self._cancel.remove_listener(rc.listener)
             if self._link is not None:
                 self._link.close()  # the lease goes back: no run holds the session
             rc.lock.release()
@@ -280,23 +293,6 @@ class BareLoop(LoopSetup):
             self._cancel_run(rc, "interrupted")
             raise
         return rc
-
-    def _body(self, rc: RunContext) -> None:
-        try:
-            rc.driver.body()
-        finally:
-            # The run is over (or its takeover finalized it): drop the
-            # context <-> driver cycle and the locals its error's traceback
-            # holds, so refcounting frees the run at once.
-            rc.driver = None
-            release_frames(rc.error)
-            del self, rc  # the body's frame keeps this one (its caller) alive
-
-    def _takeover(self, rc: RunContext) -> None:
-        """On cancel: wait for the body to block (or end), then finish the run here."""
-        driver = rc.driver
-        if driver is not None:  # None: the body has already ended the run
-            driver.take_over()
 
     def _release(self, rc: RunContext, error: Optional[LoopError]) -> None:
         """Finalize's last step: give the session's lease back, re-arm the cancel signal, free the loop."""

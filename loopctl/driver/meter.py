@@ -9,6 +9,7 @@ the calibration.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
@@ -19,7 +20,7 @@ from loopctl.messages import Message
 class TokenMeter:
     """Measures what a request costs, in calibrated tokens (one per loop)."""
 
-    __slots__ = ("counter", "_conversation", "calibration", "overhead", "_key", "_raw", "_overhead_of")
+    __slots__ = ("counter", "_conversation", "calibration", "overhead", "_key", "_raw", "_overhead_prompt", "_overhead_schemas")
 
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
@@ -28,14 +29,17 @@ class TokenMeter:
         self.overhead = 0
         self._key: Any = None  # the machine's size key at the last measure
         self._raw = 0
-        self._overhead_of: Any = None  # (system prompt, schemas tuple) the overhead was counted for
+        # The system prompt and schemas tuple the overhead was counted for
+        # (two slots, not a tuple: one object fewer for the collector to walk).
+        self._overhead_prompt: Optional[str] = None
+        self._overhead_schemas: Any = None
 
     def set_counter(self, counter: TokenCounter) -> None:
         """Use ``counter`` from now on (before the first run)."""
         self.counter = counter
         self._conversation = ConversationMeter(counter)
         self._key = None
-        self._overhead_of = None
+        self._overhead_schemas = None
 
     def begin_run(self, system_prompt: Optional[str], schemas: Iterable[Any]) -> None:
         """Fix the request overhead for the run: system prompt plus tool schemas.
@@ -44,13 +48,15 @@ class TokenMeter:
         change, so a run with the same prompt and tuple reuses the count.
         """
         self._key = None
-        last = self._overhead_of
-        if last is not None and last[1] is schemas and last[0] == system_prompt:
+        if self._overhead_schemas is schemas and self._overhead_prompt == system_prompt:
             return
         counter = self.counter
         head = counter.count_message(Message.system(system_prompt)) if system_prompt else 0
-        self.overhead = head + sum(counter.count_text(repr(s.to_dict())) for s in schemas)
-        self._overhead_of = (system_prompt, schemas)
+        # JSON, as the request sends it; and not repr(): a container's repr
+        # leaves a recursion-guard dict on the run's thread for its lifetime.
+        self.overhead = head + sum(counter.count_text(json.dumps(s.to_dict(), default=str)) for s in schemas)
+        self._overhead_prompt = system_prompt
+        self._overhead_schemas = schemas
 
     def raw(self, machine: Any) -> int:
         """Uncalibrated tokens of history + pending + overhead."""

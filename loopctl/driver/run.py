@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
 from loopctl.approvals import RUN_ENDED
@@ -90,12 +91,12 @@ class RunDriver(ModelTurn, Compaction):
         session: Session,
         busy: threading.Lock,
         loop_cancel: CancelSignal,
-        release: Release,
+        owner: Release,
         resources: LoopResources,
         answer_check: Optional[OutputCheck] = None,
     ) -> None:
         super().__init__(
-            rc, parts, machine, meter, events, steering, session, busy, loop_cancel, release, resources, answer_check
+            rc, parts, machine, meter, events, steering, session, busy, loop_cancel, owner, resources, answer_check
         )
         self.dispatcher = dispatcher
 
@@ -130,7 +131,7 @@ class RunDriver(ModelTurn, Compaction):
                 # Something escaped finalize itself: still close the slot and
                 # free the loop, so a stray handle cannot push into a dead run.
                 self.steering.close()
-                self.release(rc, rc.error)
+                self.owner._release(rc, rc.error)
             if held:
                 rc.lock.release()
             rc.done.set()
@@ -243,7 +244,7 @@ class RunDriver(ModelTurn, Compaction):
         while True:
             arrived = steering.arrived  # before the drain: a push landing after it is seen below
             self.drain_steering(turn)
-            transients = self.gather_transients(turn, query) if gather else []
+            transients: Sequence[Message] = self.gather_transients(turn, query) if gather else ()
             if steering.arrived == arrived:
                 break
         extra = meter.count(transients) if transients else 0
@@ -401,7 +402,7 @@ class RunDriver(ModelTurn, Compaction):
                 _class_name(error),
             )
         finally:
-            self.release(rc, error)
+            self.owner._release(rc, error)
 
 
 def _class_name(error: Optional[BaseException]) -> Optional[str]:

@@ -8,16 +8,17 @@ compaction pass (compaction.py) as its methods. The dispatcher and the
 durable checkpoint sink are lent the same object.
 
 The state shared with the run's waiter and handle (the fence, the done and
-wake events, the approval slot) is ``RunContext`` (handle.py): it outlives
+wake flags, the approval slot) is ``RunContext`` (handle.py): it outlives
 the run's work, so the handle keeps only it and everything below is freed
 when the run ends.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 from loopctl.config import ParallelDispatch, RunConfig
 from loopctl.driver.checkpoint import DurableRun, ResumePoint
@@ -37,8 +38,20 @@ if TYPE_CHECKING:
     from loopctl.driver.session_link import SessionLink
     from loopctl.records import Session
 
-#: How a run frees its loop, last thing in ``finalize`` (the loop's ``_release``).
-Release = Callable[[RunContext, Optional[LoopError]], None]
+class Release(Protocol):
+    """The loop as its run sees it: only how the run frees it, last thing in ``finalize``.
+
+    The loop itself is lent, not its bound ``_release``: a bound method would
+    be one more object per run in flight.
+    """
+
+    def _release(self, rc: RunContext, error: Optional[LoopError]) -> None: ...
+
+
+@functools.lru_cache(maxsize=64)
+def policy_for(max_turns: int, context_window: int, compact_threshold: int, auto_compact: bool) -> MachinePolicy:
+    """The machine's policy for these settings: immutable, so runs with the same settings share one."""
+    return MachinePolicy(max_turns, context_window, compact_threshold, auto_compact)
 
 
 class RunState:
@@ -59,7 +72,7 @@ class RunState:
         session: Session,
         busy: threading.Lock,
         loop_cancel: CancelSignal,
-        release: Release,
+        owner: Release,
         resources: LoopResources,
         answer_check: Optional[OutputCheck] = None,
     ) -> None:
@@ -74,7 +87,7 @@ class RunState:
         # signal (re-armed as the run frees the loop), and how to free it.
         self.busy = busy
         self.loop_cancel = loop_cancel
-        self.release = release
+        self.owner = owner
         self.resources = resources
         self.answer_check = answer_check  # a typed answer: its type and mode (answers.py)
         run = rc.run
@@ -83,7 +96,7 @@ class RunState:
         self.session_id = events.session_id
         self.parallel: ParallelDispatch = self.config.parallel  # the dispatcher reads it per batch
         sc = parts.session_config
-        self.policy = MachinePolicy(self.config.max_turns, sc.context_window, sc.compact_threshold, sc.auto_compact)
+        self.policy = policy_for(self.config.max_turns, sc.context_window, sc.compact_threshold, sc.auto_compact)
         self.durable: Optional[DurableRun] = None  # set by a host's checkpoint sink (checkpoint.py)
         self.resume_point: Optional[ResumePoint] = None
         self.link: Optional[SessionLink] = None  # the stored session (BareLoop.with_session)
@@ -108,4 +121,4 @@ class RunState:
             self.durable.settle(self.machine, self.rc.run.turns, results)
 
 
-__all__ = ["Release", "RunState"]
+__all__ = ["Release", "RunState", "policy_for"]

@@ -77,7 +77,7 @@ class SubagentRun:
         rc = loop._active
         if rc is None or rc.run.id != self.run_id:
             return None
-        return RunHandle(rc, lambda reason: loop._cancel_run(rc, reason))
+        return RunHandle(rc, loop)
 
 
 class SubagentRuns:

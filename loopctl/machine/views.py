@@ -7,7 +7,7 @@ replaces them wholesale, so a view never copies.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Union, overload
+from typing import Union, cast, overload
 
 from loopctl.messages import Message
 
@@ -58,11 +58,20 @@ class ConversationSnapshot(Sequence[Message]):
     __slots__ = ("_segments", "_len")
 
     def __init__(self, segments: Sequence[tuple[Sequence[Message], int]]) -> None:
-        self._segments = segs = tuple(segments)
+        # Kept flat (list, length, list, length, ...): one tuple, not one per
+        # segment, as a snapshot lives for a whole model call of every run in flight.
+        flat: list[Union[Sequence[Message], int]] = []
         total = 0
-        for _, n in segs:  # a plain loop: two or three segments, no generator to build
+        for items, n in segments:  # a plain loop: two or three segments, no generator to build
+            flat += (items, n)
             total += n
+        self._segments = tuple(flat)
         self._len = total
+
+    def _pairs(self) -> Iterator[tuple[Sequence[Message], int]]:
+        segs = self._segments
+        for j in range(0, len(segs), 2):
+            yield cast("Sequence[Message]", segs[j]), cast(int, segs[j + 1])
 
     def __len__(self) -> int:
         return self._len
@@ -79,14 +88,14 @@ class ConversationSnapshot(Sequence[Message]):
         i = index + self._len if index < 0 else index
         if not 0 <= i < self._len:
             raise IndexError("conversation index out of range")
-        for items, n in self._segments:
+        for items, n in self._pairs():
             if i < n:
                 return items[i]
             i -= n
         raise IndexError("conversation index out of range")  # pragma: no cover
 
     def __iter__(self) -> Iterator[Message]:
-        for items, n in self._segments:
+        for items, n in self._pairs():
             if n == len(items):
                 yield from items
             else:

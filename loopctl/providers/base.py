@@ -301,7 +301,9 @@ class StreamAccumulator:
     """
 
     def __init__(self) -> None:
-        self._slots: list[_Slot] = []
+        # A tuple grown per part (a reply has a few): the empty one is shared,
+        # so a call still waiting for its first event holds no list.
+        self._slots: tuple[_Slot, ...] = ()
         self._by_index: dict[int, _Slot] = {}
         self.stop_reason: Optional[StopReason] = None
         self.usage: Optional[Usage] = None
@@ -351,7 +353,7 @@ class StreamAccumulator:
 
     def _open(self, index: int, kind: str) -> _Slot:
         slot = _Slot(kind)
-        self._slots.append(slot)
+        self._slots += (slot,)
         self._by_index[index] = slot
         return slot
 
