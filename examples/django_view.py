@@ -345,17 +345,22 @@ def answer(request: HttpRequest, run_id: str, call_id: str) -> HttpResponse:
     data = _body(request)
     owner = _owner(request)
     try:
+        subagent = data.get("subagent")  # which run of the tree the call waits in ("" the run itself)
+        if subagent is not None and not isinstance(subagent, str):
+            return JsonResponse({"error": "'subagent' must be a string"}, status=400)
         if data.get("approve") is True:
             arguments = data.get("arguments")
             if arguments is not None and not isinstance(arguments, dict):
                 return JsonResponse({"error": "'arguments' must be an object"}, status=400)
-            answered = registry().approve(run_id, call_id, by="web", arguments=arguments, owner=owner)
+            answered = registry().approve(
+                run_id, call_id, by="web", arguments=arguments, owner=owner, subagent=subagent
+            )
         else:
             reason = str(data.get("reason") or "denied from the web")
-            answered = registry().deny(run_id, call_id, reason, by="web", owner=owner)
+            answered = registry().deny(run_id, call_id, reason, by="web", owner=owner, subagent=subagent)
     except KeyError:
         return JsonResponse({"error": "unknown run"}, status=404)
-    except ValueError as exc:  # edited arguments the tool's schema refuses; still pending
+    except ValueError as exc:  # edited arguments the schema refuses, or an id waiting twice; still pending
         return JsonResponse({"error": str(exc)}, status=400)
     return JsonResponse({"answered": answered})
 

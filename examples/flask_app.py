@@ -359,17 +359,22 @@ def create_app(
         data = body()
         owner = browser().owner
         try:
+            subagent = data.get("subagent")  # which run of the tree the call waits in ("" the run itself)
+            if subagent is not None and not isinstance(subagent, str):
+                return jsonify(error="'subagent' must be a string"), 400
             if data.get("approve") is True:
                 arguments = data.get("arguments")
                 if arguments is not None and not isinstance(arguments, dict):
                     return jsonify(error="'arguments' must be an object"), 400
-                answered = registry.approve(run_id, call_id, by="web", arguments=arguments, owner=owner)
+                answered = registry.approve(
+                    run_id, call_id, by="web", arguments=arguments, owner=owner, subagent=subagent
+                )
             else:
                 reason = str(data.get("reason") or "denied from the web")
-                answered = registry.deny(run_id, call_id, reason, by="web", owner=owner)
+                answered = registry.deny(run_id, call_id, reason, by="web", owner=owner, subagent=subagent)
         except KeyError:
             return jsonify(error="unknown run"), 404
-        except ValueError as exc:  # edited arguments the tool's schema refuses; still pending
+        except ValueError as exc:  # edited arguments the schema refuses, or an id waiting twice; still pending
             return jsonify(error=str(exc)), 400
         return jsonify(answered=answered)
 

@@ -355,3 +355,62 @@ def test_browser_approves_and_denies_calls_from_this_page_and_another(browser: A
         (False, "web", "not that one"),
         (False, "web", "from another page"),
     ]
+
+
+@pytest.mark.parametrize("kind", ["flask", "django"])
+def test_browser_answers_a_subagents_call_that_shares_an_id_with_the_parents(browser: Any, kind: str) -> None:
+    from loopctl import Message, tool
+    from loopctl.messages import StopReason, ToolCallPart
+
+    ran: list[tuple[str, str]] = []
+
+    @tool(requires_approval=True)
+    def danger(x: str) -> str:
+        """Dangerous."""
+        ran.append(("danger", x))
+        return "boom"
+
+    @tool(requires_approval=True)
+    def read(x: str) -> str:
+        """Harmless."""
+        ran.append(("read", x))
+        return "ok"
+
+    def calls(*cs: tuple[str, str, dict[str, str]]) -> ModelResponse:
+        return ModelResponse(Message.assistant("", [ToolCallPart(i, n, a) for i, n, a in cs]), StopReason.TOOL_CALL)
+
+    def factory() -> BareLoop:
+        # The sub-agent's call and the parent's share the id "c2": the page
+        # must answer each by its run of the tree, never by the id alone.
+        sub = BareLoop(ScriptedClient([calls(("c2", "read", {"x": "r"})), reply("sub done")]), tools=[read])
+        return BareLoop(
+            ScriptedClient([calls(("c1", "research", {"task": "t"}), ("c2", "danger", {"x": "rm"})), reply("all done")]),
+            tools=[sub.as_tool("research", "Researches."), danger],
+        )
+
+    gate = threading.Event()
+    with _serve(kind, factory, gate) as served:
+        page = Page(browser)
+        browser.delete_all_cookies()
+        browser.get(served.url)
+
+        def boxes() -> list[Any]:
+            return list(page.el("approvals").find_elements(By.CSS_SELECTOR, ".approval"))
+
+        page.type_into("question", "go")
+        page.el("run").click()
+        page.wait.until(lambda _: len(boxes()) == 2, "the two calls never asked for approval")
+        by_label = {b.find_element(By.CLASS_NAME, "label").text: b for b in boxes()}
+        assert set(by_label) == {'[research] read(x="r") needs approval', 'danger(x="rm") needs approval'}
+        by_label['[research] read(x="r") needs approval'].find_element(By.CLASS_NAME, "approve").click()
+        page.log_shows('[approved by web: [research] read(x="r")]')
+        page.wait.until(lambda _: len(boxes()) == 1)
+        [left] = boxes()
+        assert left.find_element(By.CLASS_NAME, "label").text == 'danger(x="rm") needs approval'
+        left.find_element(By.CLASS_NAME, "deny").click()
+        page.log_shows('[denied by web: danger(x="rm"): denied from the web]')
+        page.log_shows("all done")
+        lines = page.log_lines()
+        assert "[research] task: t" in lines and "[research finished]" in lines
+        assert lines[-1] == "all done"
+    assert ran == [("read", "r")]
