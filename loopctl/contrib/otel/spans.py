@@ -139,17 +139,7 @@ class SpanWriter:
             cancelled = not success and is_cancel(error)
         kind: Optional[str] = None
         if success and end is not None:
-            if chat.model:
-                attrs[cv.RESPONSE_MODEL] = chat.model
-            if chat.usage_known:
-                attrs[cv.INPUT_TOKENS] = end.input_tokens
-                attrs[cv.OUTPUT_TOKENS] = end.output_tokens
-                st.input_tokens += end.input_tokens
-                st.output_tokens += end.output_tokens
-            if end.stop_reason is not None:
-                attrs[cv.FINISH_REASONS] = (cv.FINISH_REASON_OF.get(end.stop_reason, str(end.stop_reason)),)
-            if self.record_content and chat.text is not None:
-                attrs[cv.OUTPUT_MESSAGES] = messages_json("assistant", chat.text)
+            self._reply_attrs(st, chat, end, attrs)
         elif cancelled:
             attrs[cv.CANCELLED] = True
         else:
@@ -167,7 +157,33 @@ class SpanWriter:
         if kind is not None:
             record_error(span, kind, error, now, self.record_content)
         span.end(end_time=now)
-        # The metrics carry the conventions' attributes only (low cardinality).
+        self._chat_metrics(chat, now, success, end, provider, model, kind)
+
+    def _reply_attrs(self, st: RunState, chat: ChatCall, end: TurnEnd, attrs: dict[str, Any]) -> None:
+        """A successful call's span attributes: the serving model, tokens (added to the run's), finish."""
+        if chat.model:
+            attrs[cv.RESPONSE_MODEL] = chat.model
+        if chat.usage_known:
+            attrs[cv.INPUT_TOKENS] = end.input_tokens
+            attrs[cv.OUTPUT_TOKENS] = end.output_tokens
+            st.input_tokens += end.input_tokens
+            st.output_tokens += end.output_tokens
+        if end.stop_reason is not None:
+            attrs[cv.FINISH_REASONS] = (cv.FINISH_REASON_OF.get(end.stop_reason, str(end.stop_reason)),)
+        if self.record_content and chat.text is not None:
+            attrs[cv.OUTPUT_MESSAGES] = messages_json("assistant", chat.text)
+
+    def _chat_metrics(
+        self,
+        chat: ChatCall,
+        now: int,
+        success: bool,
+        end: Optional[TurnEnd],
+        provider: Optional[str],
+        model: Optional[str],
+        kind: Optional[str],
+    ) -> None:
+        """The call's duration and token metrics; they carry the conventions' attributes only (low cardinality)."""
         m_attrs: dict[str, Any] = {cv.OPERATION_NAME: cv.OP_CHAT}
         if provider:
             m_attrs[cv.PROVIDER_NAME] = provider
