@@ -93,16 +93,11 @@ class RunRegistry:
         self.session_store = session_store
         self._max_active = _positive_int("max_active", max_active)
         self._event_buffer = _positive_int("event_buffer", event_buffer)
-        keep = keep_finished_s
-        if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not keep >= 0:
-            raise ConfigError(f"RunRegistry keep_finished_s must be a number >= 0, got {keep!r}")
-        if not callable(clock):
-            raise ConfigError(f"RunRegistry clock must be callable, got {clock!r}")
+        self._retired = FinishedRuns(keep_finished_s, clock)
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: Dict[str, _Entry] = {}
         self._live: Dict[str, _Entry] = {}
-        self._retired = FinishedRuns(float(keep_finished_s), clock)
         self._last_on_loop: weakref.WeakKeyDictionary[Any, _Entry] = weakref.WeakKeyDictionary()
         self._conversations = ConversationLoops(self._lock)
         self._closed = False

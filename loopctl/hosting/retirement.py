@@ -10,16 +10,25 @@ runs older than ``keep`` seconds from the registry's tables.
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
+from loopctl.errors import ConfigError
 from loopctl.hosting.entry import _Entry
 
 
 class FinishedRuns:
-    """Ended runs in end order, pruned ``keep`` seconds after they finished."""
+    """Ended runs in end order, pruned ``keep`` seconds after they finished.
 
-    def __init__(self, keep: float, clock: Callable[[], float]) -> None:
-        self._keep = keep
+    Raises:
+        ConfigError: ``keep`` is not a number >= 0, or ``clock`` is not callable.
+    """
+
+    def __init__(self, keep: Any, clock: Callable[[], float]) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not keep >= 0:
+            raise ConfigError(f"RunRegistry keep_finished_s must be a number >= 0, got {keep!r}")
+        if not callable(clock):
+            raise ConfigError(f"RunRegistry clock must be callable, got {clock!r}")
+        self._keep = float(keep)
         self._clock = clock
         self.ending: deque[Tuple[float, _Entry]] = deque()  # appended by the runs' taps
         self._waiting: List[Tuple[float, _Entry]] = []  # ended, thread not done yet

@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Optional
 
-from loopctl.errors import ContextExceeded, LoopError, ModelError, OutputValidationError
+from loopctl.errors import ContextExceeded, LoopError, ModelError
+from loopctl.machine.answer_feed import AnswerFeed
 from loopctl.machine.steps import (
     AnswerCheck,
     AnswerRejected,
@@ -63,9 +64,7 @@ class LoopMachine:
         self._history_epoch = 0
         self._pending_epoch = 0
         self._overflow_turn: Optional[int] = None  # the turn that used its overflow retry
-        self._answer_check: Optional[AnswerCheck] = None
-        self._answer_rejections = 0
-        self._answer_rejected: Optional[AnswerRejected] = None
+        self._answer = AnswerFeed()
 
     @classmethod
     def from_history(cls, history: Iterable[Message]) -> LoopMachine:
@@ -127,7 +126,7 @@ class LoopMachine:
     @property
     def answer_rejected(self) -> Optional[AnswerRejected]:
         """Set when the last ``model_response`` gave an answer that did not fit; else None."""
-        return self._answer_rejected
+        return self._answer.rejected
 
     @property
     def is_cancelled(self) -> bool:
@@ -271,9 +270,7 @@ class LoopMachine:
         to ``answer_check.retries`` times (each a turn), then the run fails
         with ``OutputValidationError``.
         """
-        self._answer_check = answer_check
-        self._answer_rejections = 0
-        self._answer_rejected = None
+        self._answer = AnswerFeed(answer_check)
         self._pending = [Message.user(text)]
         self._pending_epoch += 1
         self._held = ()
@@ -341,13 +338,13 @@ class LoopMachine:
         self._context_tokens = context_tokens
         turn = self._turns_taken
         self._turns_taken = turn + 1
-        self._answer_rejected = None
+        self._answer.rejected = None
         calls = message.tool_calls
-        check = self._answer_check
+        check = self._answer.check
         if check is not None:
             final = check.final_tool
             if not calls or (final is not None and any(c.name == final for c in calls)):
-                self._read_answer(check, message, response.stop_reason, turn)
+                self._read_answer(message, response.stop_reason, turn)
                 return
         if not calls:
             self._terminate(Completed(message.text))
@@ -368,43 +365,15 @@ class LoopMachine:
         self._tool_turn = turn
         self._state = MachineState.AWAITING_TOOLS
 
-    def _read_answer(
-        self, check: AnswerCheck, message: Message, stop_reason: StopReason, turn: int
-    ) -> None:
-        verdict = check.read(message, stop_reason)
-        if verdict.ok:
-            if message.tool_calls:
-                # Tool mode: the answer stays in the conversation as the reply's text,
-                # so no call is left without a result in history.
-                self._pending[-1] = Message.assistant(verdict.text)
-            self._terminate(Completed(verdict.text, verdict.value))
+    def _read_answer(self, message: Message, stop_reason: StopReason, turn: int) -> None:
+        got = self._answer.read(message, stop_reason, turn)
+        if got.reply is not None:
+            self._pending[-1] = got.reply
+        if got.outcome is not None:
+            self._terminate(got.outcome)
             return
-        self._answer_rejections += 1
-        limit = check.retries + 1
-        self._answer_rejected = AnswerRejected(turn, verdict.errors, self._answer_rejections, limit)
-        if self._answer_rejections >= limit:
-            self._terminate(Failed(OutputValidationError(verdict.text or message.text, verdict.errors)))
-            return
-        feedback = check.feedback(verdict.errors)
-        if message.tool_calls:
-            # Every call of the reply gets its answer; the final answer's carries the problems.
-            self._pending.append(
-                Message.from_tool_results(
-                    [
-                        ToolResultPart(
-                            c.id,
-                            c.name,
-                            feedback
-                            if c.name == check.final_tool
-                            else "not run: this reply also gave a final answer",
-                            True,
-                        )
-                        for c in message.tool_calls
-                    ]
-                )
-            )
-        else:
-            self._pending.append(Message.user(feedback))
+        assert got.feedback is not None
+        self._pending.append(got.feedback)
         if self._held:
             self._pending.extend(self._held)
             self._held = ()
