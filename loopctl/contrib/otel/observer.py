@@ -53,6 +53,7 @@ from .propagation import forget_run_span, note_run_span
 from .spans import (
     RunState,
     SpanWriter,
+    ToolEnd,
     is_cancel,
     json_text,
     messages_json,
@@ -360,9 +361,10 @@ class OTelObserver(ChatSpanEvents):
         if event.duration_ms is not None and event.duration_ms >= 0:
             end_ns = min(now, start_ns + int(event.duration_ms * 1e6))
         output = event.output if self.record_content else None
+        end = ToolEnd(end_ns, event.is_error, output, event.duration_ms)
         self._spans.tool(
-            st, event.call_id, event.attempt, (start_ns, turn, tool), end_ns, event.is_error, output,
-            event.duration_ms, span=st.live.pop((event.call_id, event.attempt), None),
+            st, event.call_id, event.attempt, (start_ns, turn, tool), end,
+            span=st.live.pop((event.call_id, event.attempt), None),
         )
 
 

@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Optional
 
+import attrs
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -97,6 +98,24 @@ class RunState:
 def is_cancel(error: Optional[str]) -> bool:
     """True for a ``Cancelled`` error's message."""
     return cv.is_cancel_text(error)
+
+
+@attrs.frozen
+class ToolEnd:
+    """How a tool call attempt ended: when, whether as an error, and what it said.
+
+    ``cancelled``, ``error`` and ``kind`` are set for an attempt a run's
+    end cut short (the run's error and its class); ``output`` is the
+    result's text, given only when content is recorded.
+    """
+
+    end_ns: int
+    is_error: bool
+    output: Optional[str] = None
+    duration_ms: Optional[float] = None
+    cancelled: bool = False
+    error: Optional[str] = None
+    kind: Optional[str] = None
 
 
 class SpanWriter:
@@ -201,27 +220,17 @@ class SpanWriter:
             usage.record(end.output_tokens, {**m_attrs, cv.TOKEN_TYPE: "output"})
 
     def tool(
-        self,
-        st: RunState,
-        call_id: str,
-        attempt: int,
-        opened: OpenTool,
-        end_ns: int,
-        is_error: bool,
-        output: Optional[str] = None,
-        duration_ms: Optional[float] = None,
-        cancelled: bool = False,
-        error: Optional[str] = None,
-        kind: Optional[str] = None,
-        span: Any = None,
+        self, st: RunState, call_id: str, attempt: int, opened: OpenTool, end: ToolEnd, span: Any = None
     ) -> None:
-        """One tool call attempt's span, from ``opened`` to ``end_ns``.
+        """One tool call attempt's span, from ``opened`` to ``end.end_ns``.
 
-        ``error`` is the run's error when the attempt was cut short by it;
+        ``end.error`` is the run's error when the attempt was cut short by it;
         a soft error result (``is_error`` alone) says only that, never the
         tool's own text, unless content is recorded. ``span`` is the
         attempt's span when ``open_tool`` made it already.
         """
+        end_ns, is_error, output, duration_ms = end.end_ns, end.is_error, end.output, end.duration_ms
+        cancelled, error, kind = end.cancelled, end.error, end.kind
         start_ns, turn, tool = opened
         attrs: dict[str, Any] = {
             cv.OPERATION_NAME: cv.OP_TOOL,
@@ -284,11 +293,11 @@ class SpanWriter:
         else:
             cancelled = is_cancel(error)
         for (call_id, attempt), opened in open_tools.items():
-            self.tool(
-                st, call_id, attempt, opened, now, not cancelled, cancelled=cancelled,
-                error=error or NO_RESULT, kind=(error_class if error else "no_result"),
-                span=st.live.pop((call_id, attempt), None),
+            end = ToolEnd(
+                now, not cancelled, cancelled=cancelled, error=error or NO_RESULT,
+                kind=(error_class if error else "no_result"),
             )
+            self.tool(st, call_id, attempt, opened, end, span=st.live.pop((call_id, attempt), None))
 
 
 #: The status of an attempt that ended without ``on_tool_post`` while its phase went on.
