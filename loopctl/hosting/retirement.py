@@ -10,7 +10,7 @@ runs older than ``keep`` seconds from the registry's tables.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from loopctl.errors import ConfigError
 from loopctl.hosting.entry import _Entry
@@ -23,7 +23,7 @@ class FinishedRuns:
         ConfigError: ``keep`` is not a number >= 0, or ``clock`` is not callable.
     """
 
-    def __init__(self, keep: Any, clock: Callable[[], float]) -> None:
+    def __init__(self, keep: object, clock: Callable[[], float]) -> None:
         if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not keep >= 0:
             raise ConfigError(f"RunRegistry keep_finished_s must be a number >= 0, got {keep!r}")
         if not callable(clock):

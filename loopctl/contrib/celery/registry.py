@@ -38,14 +38,14 @@ from .reads import (
     status_of,
     wait_result,
 )
-from .redis import RedisBackend, RegistryUnavailable, WorkerLost, dumps
+from .redis import QueuedRun, RedisBackend, RegistryUnavailable, WorkerLost, dumps
 from .sweeper import Sweeper
 from .task import REGISTRIES, TASK_NAME, propagation, task_for
 from .worker import WorkerHost, WorkerSettings, execute_run
 
 
 def _checked_run(
-    conversation: Any, input: Any, config: Optional[RunConfig], output_type: Any
+    conversation: object, input: object, config: Optional[RunConfig], output_type: Any
 ) -> Optional[RunConfig]:
     """The run's config (with ``output_type`` set) once the arguments are valid and portable to a worker."""
     if not isinstance(conversation, str) or not conversation:
@@ -217,7 +217,7 @@ class CeleryRunRegistry(ApprovalsMixin):
         bound = self._max_resumes if max_resumes is None else max_resumes_of(max_resumes)
         cfg = dumps(config.to_dict()) if config is not None else ""
         res = self._backend.start(
-            rid, conversation, input, cfg, self._factory, self._queue_ms, mode, bound, self._queue or "", who
+            QueuedRun(rid, conversation, input, cfg, self._factory, self._queue_ms, mode, bound, self._queue or "", who)
         )
         self._check_started(res, rid, conversation, who)
         self._enqueue(rid, conversation)
