@@ -137,13 +137,24 @@ class ContextManager:
             raise ContextExceeded(sc(raw_before() + reserved), window) from exc
         if result is messages:
             return None
-        result = list(result)
+        return self._accept(messages, list(result), raw_before, reserved, sc)
+
+    def _accept(
+        self,
+        messages: list[Message],
+        result: list[Message],
+        raw_before: Callable[[], int],
+        reserved: int,
+        sc: Callable[[int], int],
+    ) -> Optional[list[Message]]:
+        """The compactor's result, or None when it saved nothing; it must fit the window."""
         if not result:
             log.warning("compactor %r returned no messages; ignored", self.compactor)
             return None
-        raw_after = count_messages(counter, result)
+        raw_after = count_messages(self.counter, result)
         if len(result) >= len(messages) and raw_after >= raw_before():
             return None
+        window = self.context_window
         if window > 0 and sc(raw_after + reserved) > window:
             raise ContextExceeded(sc(raw_after + reserved), window)
         return result

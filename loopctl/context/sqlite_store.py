@@ -48,82 +48,22 @@ from loopctl.context.memory import (
     rank,
     words,
 )
+from loopctl.context.sqlite_schema import (
+    COLUMNS,
+    FTS,
+    SCHEMA,
+    WriteTx,
+    close_all,
+    fts5_available,
+    row_entry,
+    split_script,
+)
 from loopctl.errors import ConfigError, LoopError
 
 log = logging.getLogger("loopctl")
 
 SCHEMA_VERSION = 1
 _T = TypeVar("_T")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS loopctl_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS memories (
-    id TEXT PRIMARY KEY,
-    text TEXT NOT NULL,
-    tags TEXT NOT NULL,
-    category TEXT NOT NULL,
-    relevance REAL NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS memories_created ON memories(created_at);
-CREATE INDEX IF NOT EXISTS memories_identity ON memories(category, text);
-"""
-
-_FTS = """
-CREATE VIRTUAL TABLE IF NOT EXISTS memories_fts USING fts5(
-    text, tags, content='memories', content_rowid='rowid'
-);
-CREATE TRIGGER IF NOT EXISTS memories_ai AFTER INSERT ON memories BEGIN
-    INSERT INTO memories_fts(rowid, text, tags) VALUES (new.rowid, new.text, new.tags);
-END;
-CREATE TRIGGER IF NOT EXISTS memories_ad AFTER DELETE ON memories BEGIN
-    INSERT INTO memories_fts(memories_fts, rowid, text, tags) VALUES ('delete', old.rowid, old.text, old.tags);
-END;
-CREATE TRIGGER IF NOT EXISTS memories_au AFTER UPDATE ON memories BEGIN
-    INSERT INTO memories_fts(memories_fts, rowid, text, tags) VALUES ('delete', old.rowid, old.text, old.tags);
-    INSERT INTO memories_fts(rowid, text, tags) VALUES (new.rowid, new.text, new.tags);
-END;
-"""
-
-_COLUMNS = "id, text, tags, category, relevance, created_at"
-
-
-def _row_entry(row: tuple[Any, ...]) -> MemoryEntry:
-    return MemoryEntry(row[1], tuple(json.loads(row[2])), row[3], float(row[4]), row[0], float(row[5]))
-
-
-def fts5_available() -> bool:
-    """True when this Python's SQLite build has FTS5."""
-    try:
-        con = sqlite3.connect(":memory:")
-        try:
-            con.execute("CREATE VIRTUAL TABLE t USING fts5(a)")
-        finally:
-            con.close()
-    except sqlite3.Error:
-        return False
-    return True
-
-
-class _WriteTx:
-    """One write transaction: ``BEGIN IMMEDIATE`` on entry, commit or roll back on exit."""
-
-    def __init__(self, con: sqlite3.Connection) -> None:
-        self.con = con
-
-    def __enter__(self) -> sqlite3.Connection:
-        self.con.execute("BEGIN IMMEDIATE")
-        return self.con
-
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
-        if et is None:
-            self.con.execute("COMMIT")
-        else:
-            try:
-                self.con.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-
 
 class SqliteMemoryStore:
     """Memory in a SQLite file; safe from any thread, durable across restarts.
@@ -172,7 +112,7 @@ class SqliteMemoryStore:
         self._con: Optional[sqlite3.Connection] = con
         self._reader: Optional[sqlite3.Connection] = None
         self._read_lock = threading.Lock()
-        self._finalizer = weakref.finalize(self, _close_all, [con])
+        self._finalizer = weakref.finalize(self, close_all, [con])
         try:
             self._fts = self._setup(con, use_fts)
             self._reader = self._open_reader()
@@ -180,7 +120,7 @@ class SqliteMemoryStore:
             self.close()
             raise ConfigError(f"cannot use {str(self.path)!r} as a memory database: {exc}") from exc
         self._finalizer.detach()
-        self._finalizer = weakref.finalize(self, _close_all, [con, self._reader])
+        self._finalizer = weakref.finalize(self, close_all, [con, self._reader])
 
     # -- setup -------------------------------------------------------------------
 
@@ -211,7 +151,7 @@ class SqliteMemoryStore:
 
     def _create_schema(self, con: sqlite3.Connection) -> None:
         with self._write(con):
-            for stmt in _split(_SCHEMA):
+            for stmt in split_script(SCHEMA):
                 con.execute(stmt)
             row = con.execute("SELECT value FROM loopctl_meta WHERE key = 'schema_version'").fetchone()
             if row is None:
@@ -245,7 +185,7 @@ class SqliteMemoryStore:
                 existed = con.execute(
                     "SELECT 1 FROM sqlite_master WHERE name = 'memories_fts'"
                 ).fetchone() is not None
-                for stmt in _split(_FTS, triggers=True):
+                for stmt in split_script(FTS, triggers=True):
                     con.execute(stmt)
                 if not existed:  # index rows written before the index existed
                     con.execute("INSERT INTO memories_fts(memories_fts) VALUES ('rebuild')")
@@ -260,8 +200,8 @@ class SqliteMemoryStore:
             return False
         return True
 
-    def _write(self, con: sqlite3.Connection) -> _WriteTx:
-        return _WriteTx(con)
+    def _write(self, con: sqlite3.Connection) -> WriteTx:
+        return WriteTx(con)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
@@ -321,7 +261,7 @@ class SqliteMemoryStore:
         if same is not None:
             con.execute("DELETE FROM memories WHERE id = ?", (same[0],))
             row = (same[0], *row[1:5], max(float(same[1]), row[5]))
-        con.execute(f"INSERT INTO memories ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", row)
+        con.execute(f"INSERT INTO memories ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?)", row)
 
     def _evict(self, con: sqlite3.Connection) -> None:
         """Delete the least recently stored rows past ``capacity`` (inside the write)."""
@@ -353,7 +293,7 @@ class SqliteMemoryStore:
                         "WHERE memories_fts MATCH ? ORDER BY bm25(memories_fts) LIMIT ?",
                         (match, max(100, limit * 20)),
                     ).fetchall()
-                    candidates: Iterable[MemoryEntry] = [_row_entry(r) for r in rows]
+                    candidates: Iterable[MemoryEntry] = [row_entry(r) for r in rows]
                 else:
                     candidates = list(self._scan(con, qw))
             except sqlite3.Error as exc:
@@ -367,11 +307,11 @@ class SqliteMemoryStore:
             for w in sorted(qw):
                 pat = "%" + w.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
                 args += [pat, pat]
-            cur = con.execute(f"SELECT {_COLUMNS} FROM memories WHERE {cond}", args)
+            cur = con.execute(f"SELECT {COLUMNS} FROM memories WHERE {cond}", args)
         else:
-            cur = con.execute(f"SELECT {_COLUMNS} FROM memories")
+            cur = con.execute(f"SELECT {COLUMNS} FROM memories")
         for row in cur:
-            yield _row_entry(row)
+            yield row_entry(row)
 
     def consolidate(self) -> None:
         """Drop entries whose relevance is below 0.05, merge copies, keep ``capacity``; checkpoint."""
@@ -394,14 +334,14 @@ class SqliteMemoryStore:
     def get(self, entry_id: str) -> Optional[MemoryEntry]:
         """One entry by id, or None."""
         with self._reading() as con:
-            row = con.execute(f"SELECT {_COLUMNS} FROM memories WHERE id = ?", (entry_id,)).fetchone()
-        return None if row is None else _row_entry(row)
+            row = con.execute(f"SELECT {COLUMNS} FROM memories WHERE id = ?", (entry_id,)).fetchone()
+        return None if row is None else row_entry(row)
 
     def entries(self) -> list[MemoryEntry]:
         """Every entry, oldest first."""
         with self._reading() as con:
-            rows = con.execute(f"SELECT {_COLUMNS} FROM memories ORDER BY created_at, rowid").fetchall()
-        return [_row_entry(r) for r in rows]
+            rows = con.execute(f"SELECT {COLUMNS} FROM memories ORDER BY created_at, rowid").fetchall()
+        return [row_entry(r) for r in rows]
 
     def delete(self, entry_id: str) -> bool:
         """Forget one entry; True when it existed."""
@@ -430,28 +370,6 @@ class SqliteMemoryStore:
 
     def __repr__(self) -> str:
         return f"<SqliteMemoryStore path={str(self.path)!r} fts={self._fts}>"
-
-
-def _close_all(connections: list[Optional[sqlite3.Connection]]) -> None:
-    for con in connections:
-        if con is not None:
-            con.close()
-
-
-def _split(script: str, triggers: bool = False) -> list[str]:
-    """Statements of a script (trigger bodies kept whole)."""
-    if not triggers:
-        return [s.strip() for s in script.split(";") if s.strip()]
-    out: list[str] = []
-    buf = ""
-    for piece in script.split(";"):
-        buf += piece + ";"
-        if "TRIGGER" in buf.upper() and "END;" not in buf.upper().replace(" ", "").replace("\n", ""):
-            continue
-        if buf.strip(" \n;"):
-            out.append(buf.strip())
-        buf = ""
-    return out
 
 
 __all__ = ["SqliteMemoryStore", "fts5_available"]

@@ -247,6 +247,17 @@ class Plan:
 CALCULATOR = "calculator"
 
 
+def _noted(reading: Reading) -> str:
+    """The reply's opening: one "Noted: ..." per guidance line, then a space."""
+    notes: list[str] = []
+    for g in reading.guidance:
+        note = f"Noted: {g.strip().rstrip('.!?')}"
+        if reading.switched and g == reading.task:
+            note += " (switching to that)"
+        notes.append(note + ".")
+    return " ".join(notes) + (" " if notes else "")
+
+
 def plan_reply(request: ModelRequest) -> Plan:
     """Decide the reply to ``request`` (pure: the same request, the same plan)."""
     tools: dict[str, ToolSchema] = {t.name: t for t in request.tools}
@@ -257,13 +268,7 @@ def plan_reply(request: ModelRequest) -> Plan:
         names = tuple(prop.get("enum", ()))
     parser = Parser(names)
     reading = read_conversation(request.messages, parser)
-    notes: list[str] = []
-    for g in reading.guidance:
-        note = f"Noted: {g.strip().rstrip('.!?')}"
-        if reading.switched and g == reading.task:
-            note += " (switching to that)"
-        notes.append(note + ".")
-    lead = " ".join(notes) + (" " if notes else "")
+    lead = _noted(reading)
     if reading.task is None:
         return Plan(lead + _help(names) + _unknown_tools(tools))
     tree = parser.parse(reading.task, reading.previous)

@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import queue
-import signal
 import sys
 import textwrap
 import threading
@@ -40,23 +39,38 @@ from loopctl.config import RunConfig, SessionConfig
 from loopctl.demo.approval_prompt import ApprovalPrompt, ask_policy
 from loopctl.demo.arguments import build_parser, load_schema
 from loopctl.demo.chat_sessions import open_chat_session
+from loopctl.demo.clients import make_client
 from loopctl.demo.console import printable
 from loopctl.demo.delegation import delegating_tools
+from loopctl.demo.interrupts import EXIT_CANCELLED, Interrupts
 from loopctl.demo.mcp_servers import close_mcp_servers, open_mcp_servers
-from loopctl.demo.model import OfflineModel
-from loopctl.demo.terminal import KeysMode, StdinLines, restore_terminal
+from loopctl.demo.terminal import KeysMode, StdinLines
 from loopctl.demo.tools import demo_tools
 from loopctl.demo.view import Console, LiveView, RunFacts
-from loopctl.demo.wording import check_key, error_lines
+from loopctl.demo.wording import error_lines
 from loopctl.driver.loop import BareLoop
-from loopctl.errors import Cancelled, ConfigError, LoopError
+from loopctl.errors import Cancelled, LoopError
 from loopctl.events import CallbackObserver
 from loopctl.records import json_form
 from loopctl.text import json_safe, redact_value
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
-_DEFAULT_MODELS = {"openai": ("OPENAI_MODEL", "gpt-4o-mini"),
-                   "anthropic": ("ANTHROPIC_MODEL", "claude-sonnet-4-20250514")}
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class _TypedLines:
+    """Where typed guidance lines stand; ``cond`` guards every field.
+
+    ``armed``: lines are guidance for the run; ``early``: lines that came
+    before its first turn; ``pushing``: lines taken as guidance and not yet
+    reported; ``not_sent``: lines to list as not delivered.
+    """
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.armed = False
+        self.pushing = 0
+        self.not_sent: list[str] = []
+        self.early: list[str] = []
 
 
 class Command:
@@ -96,11 +110,7 @@ class Command:
             self.session_note = (f"session {printable(name)!r}: " +
                                  (f"continuing ({earlier} earlier messages)" if earlier else "a new conversation"))
         self.prompts: queue.Queue[Optional[str]] = queue.Queue()
-        self._cond = threading.Condition()
-        self._armed = False
-        self._pushing = 0  # on_line calls between taking a line as guidance and reporting it
-        self._not_sent: list[str] = []
-        self._early: list[str] = []
+        self._lines = _TypedLines()
         # Piped input to ``chat`` is a script of prompts; typed lines steer.
         self.steer_from_stdin = args.command == "run" or _isatty(stdin)
         # Piped input with --ask answers the questions instead (approval_prompt).
@@ -149,17 +159,17 @@ class Command:
         """
         if line is None:
             self.approvals.end_of_input()  # nobody is left to answer a waiting call
-        elif self._armed and self.approvals.take_line(line):
+        elif self._lines.armed and self.approvals.take_line(line):
             return  # it answered a call waiting for approval
-        with self._cond:
-            is_guidance = line is not None and self._armed and self.steer_from_stdin
+        with self._lines.cond:
+            is_guidance = line is not None and self._lines.armed and self.steer_from_stdin
             if line is not None and is_guidance and not self.facts.started.is_set():
-                self._early.append(line)
+                self._lines.early.append(line)
                 return
             if is_guidance:
-                self._pushing += 1
+                self._lines.pushing += 1
             elif line is not None and self.args.command == "run":
-                self._not_sent.append(line)  # the run is over: reported with the leftovers
+                self._lines.not_sent.append(line)  # the run is over: reported with the leftovers
                 return
         if line is None or not is_guidance:
             if line is not None:
@@ -169,46 +179,46 @@ class Command:
         try:
             self._push(line)
         finally:
-            with self._cond:
-                self._pushing -= 1
-                self._cond.notify_all()
+            with self._lines.cond:
+                self._lines.pushing -= 1
+                self._lines.cond.notify_all()
 
     def _push(self, line: str) -> None:
         if self.loop.steering().push(line):
             self.console.note(f"  [guidance queued: {printable(line)}]", "yellow", err=self.args.json)
         else:
-            with self._cond:
-                self._not_sent.append(line)
+            with self._lines.cond:
+                self._lines.not_sent.append(line)
 
     def _first_turn(self) -> None:
         """The run's first turn starts (its thread): push the lines that came early."""
-        with self._cond:
-            early, self._early = self._early, []
+        with self._lines.cond:
+            early, self._lines.early = self._lines.early, []
             self.facts.started.set()  # under the lock: no line can land in the list after this
-            self._pushing += 1  # the run's end waits for these reports too
+            self._lines.pushing += 1  # the run's end waits for these reports too
         try:
             for line in early:
                 self._push(line)
         finally:
-            with self._cond:
-                self._pushing -= 1
-                self._cond.notify_all()
+            with self._lines.cond:
+                self._lines.pushing -= 1
+                self._lines.cond.notify_all()
 
     def arm(self) -> None:
         """Lines typed from now on are guidance for the next run."""
-        with self._cond:
+        with self._lines.cond:
             self.facts.started.clear()
-            self._armed = True
+            self._lines.armed = True
 
     def _disarm(self) -> None:
         """No more guidance; wait until every line taken as guidance is reported."""
-        with self._cond:
-            self._armed = False
+        with self._lines.cond:
+            self._lines.armed = False
             self.facts.started.set()
-            self._not_sent.extend(self._early)
-            self._early = []
-            while self._pushing:
-                self._cond.wait()
+            self._lines.not_sent.extend(self._lines.early)
+            self._lines.early = []
+            while self._lines.pushing:
+                self._lines.cond.wait()
 
     # -- one run ----------------------------------------------------------------
 
@@ -220,7 +230,7 @@ class Command:
             reader: for ``run``, the stdin reader to stop when the run ends:
                 lines still waiting in stdin are reported as not delivered.
         """
-        if not self._armed:
+        if not self._lines.armed:
             self.arm()
         error: Optional[LoopError] = None
         run: Any = None
@@ -247,9 +257,13 @@ class Command:
             late = reader.stop() if reader is not None else []
             self.approvals.detach()  # says which piped answers no call used
             self.console.close()
+        return self._report(run, error, late)
+
+    def _report(self, run: Any, error: Optional[LoopError], late: list[str]) -> int:
+        """What the run came to: its error or answer, undelivered guidance, the summary."""
         self.console.end_text()
-        with self._cond:
-            not_sent, self._not_sent = self._not_sent + late, []
+        with self._lines.cond:
+            not_sent, self._lines.not_sent = self._lines.not_sent + late, []
         leftovers = [m.text for m in self.loop.steering().take_leftovers()] + not_sent
         if isinstance(error, Cancelled):
             self.note("cancelled", "yellow", "bold")
@@ -284,45 +298,6 @@ class Command:
         close_mcp_servers(self.mcp_servers)
 
 
-class Interrupts:
-    """SIGINT while a run is in flight: the first cancels it, a second exits at once.
-
-    The handler never raises, so no ``KeyboardInterrupt`` can land inside
-    ``start()`` or a lock; a Ctrl-C that comes before the handle exists is
-    applied as soon as it does. Off the main thread it installs nothing.
-    """
-
-    def __init__(self) -> None:
-        self._handle: Any = None
-        self.count = 0
-        self._previous: Any = None
-        self._installed = False
-
-    def __enter__(self) -> Interrupts:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
-            self._installed = True
-        return self
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        self.count += 1
-        if self.count > 1:
-            restore_terminal()
-            os._exit(EXIT_CANCELLED)
-        if self._handle is not None:
-            self._handle.cancel("interrupted (Ctrl-C)")
-
-    def attach(self, handle: Any) -> None:
-        """The run to cancel on Ctrl-C (cancelled now if Ctrl-C came first)."""
-        self._handle = handle
-        if self.count:
-            handle.cancel("interrupted (Ctrl-C)")
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous)
-
-
 def _summary(run: Any, facts: RunFacts) -> str:
     def n(count: int, word: str) -> str:
         return f"{count} {word}{'' if count == 1 else 's'}"
@@ -341,29 +316,6 @@ def _isatty(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):
         return False
-
-
-def make_client(args: argparse.Namespace, env: Mapping[str, str], *, visible: bool = False) -> Any:
-    """The model client the options ask for (remote providers import lazily).
-
-    Raises:
-        ConfigError: the provider is not available or refuses its settings.
-    """
-    if args.provider == "offline":
-        delay = args.delay if args.delay is not None else (0.01 if visible else 0.0)
-        return OfflineModel(args.model or "loopctl-offline", delay=delay)
-    try:
-        import loopctl.providers as providers
-
-        cls = getattr(providers, "OpenAIClient" if args.provider == "openai" else "AnthropicClient")
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError(f"provider {args.provider!r} is not available: {exc}") from exc
-    check_key(args.provider, args.base_url, env, os.environ)
-    var, default = _DEFAULT_MODELS[args.provider]
-    kwargs: dict[str, Any] = {"model": args.model or env.get(var) or default}
-    if args.base_url:
-        kwargs["base_url"] = args.base_url
-    return cls(**kwargs)
 
 
 def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = None,

@@ -80,6 +80,19 @@ def seconds(value: float) -> str:
     return (text[:-2] if text.endswith(".0") else text) + " s"
 
 
+class _StatusLine:
+    """The status line's state: what it shows and the spinner thread that redraws it."""
+
+    def __init__(self) -> None:
+        self.shown = False
+        self.below = False  # drawn on the row below a part-written row
+        self.frame = 0
+        self.running: dict[str, tuple[str, float]] = {}
+        self.waiting: Optional[tuple[str, float]] = None
+        self.stop = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+
+
 class Console:
     """Serialized terminal output: streamed text, lines, notes and the status line.
 
@@ -101,16 +114,10 @@ class Console:
         self._at_bol = {id(out): True, id(err): True}
         self._mid_text = False  # out is mid-line in streamed text
         self._row = ""  # what out's current row shows (it ends where the cursor is)
-        self._status_below = False  # the status line is on the row below a part-written row
         self._pending: list[tuple[str, tuple[str, ...], bool]] = []
-        self._status_shown = False
-        self._frame = 0
-        self._running: dict[str, tuple[str, float]] = {}
-        self._waiting: Optional[tuple[str, float]] = None
         self._input = ""
         self._prompt: Optional[str] = None
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._status = _StatusLine()
 
     def style(self, text: str, *names: str) -> str:
         """``text`` wrapped in ANSI styles when colour is on."""
@@ -182,14 +189,14 @@ class Console:
             pass
 
     def _erase_status(self) -> None:
-        if self._status_shown:
-            if self._status_below:
+        if self._status.shown:
+            if self._status.below:
                 # Back up to the part-written row; rewriting it puts the cursor at its end.
                 self._raw(self.out, "\r\x1b[K\x1b[A\r" + self._row)
-                self._status_below = False
+                self._status.below = False
             else:
                 self._raw(self.out, "\r\x1b[K")
-            self._status_shown = False
+            self._status.shown = False
 
     def _flush_pending(self) -> None:
         pending, self._pending = self._pending, []
@@ -219,7 +226,7 @@ class Console:
         """Streamed reply text, as it arrives (it ends the model's waiting line)."""
         delta = printable(delta)
         with self.lock:
-            self._waiting = None
+            self._status.waiting = None
             if self._pending and "\n" in delta:
                 head, tail = delta.rsplit("\n", 1)
                 self._write(self.out, head + "\n")
@@ -297,29 +304,29 @@ class Console:
         """Show ``label`` with the elapsed time until the model answers (None: stop)."""
         with self.lock:
             if label is None:
-                self._waiting = None
+                self._status.waiting = None
                 return
-            started = self._waiting[1] if self._waiting is not None else time.monotonic()
-            self._waiting = (label, started)
+            started = self._status.waiting[1] if self._status.waiting is not None else time.monotonic()
+            self._status.waiting = (label, started)
         self._ensure_spinner()
 
     def tool_started(self, call_id: str, label: str) -> None:
         """A tool call began running; the spinner shows it until it ends."""
         with self.lock:
-            self._waiting = None
-            self._running[call_id] = (label, time.monotonic())
+            self._status.waiting = None
+            self._status.running[call_id] = (label, time.monotonic())
         self._ensure_spinner()
 
     def tool_finished(self, call_id: str) -> None:
         """A tool call ended."""
         with self.lock:
-            self._running.pop(call_id, None)
+            self._status.running.pop(call_id, None)
 
     def _ensure_spinner(self) -> None:
-        if self.tty and self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._spin, name="loopctl-cli-spinner", daemon=True)
-            self._thread.start()
+        if self.tty and self._status.thread is None:
+            self._status.stop.clear()
+            self._status.thread = threading.Thread(target=self._spin, name="loopctl-cli-spinner", daemon=True)
+            self._status.thread.start()
 
     def status_text(self) -> str:
         """The status line as drawn now, cut to the terminal's width (no styles)."""
@@ -330,11 +337,11 @@ class Console:
     def _status_parts(self) -> tuple[str, str]:
         now = time.monotonic()
         label, started = "", now
-        if self._running:
-            label = ", ".join(label for label, _ in self._running.values())
-            started = min(t for _, t in self._running.values())
-        elif self._waiting is not None:
-            label, started = self._waiting
+        if self._status.running:
+            label = ", ".join(label for label, _ in self._status.running.values())
+            started = min(t for _, t in self._status.running.values())
+        elif self._status.waiting is not None:
+            label, started = self._status.waiting
         if self._prompt is not None:
             right = self._prompt + self._input
         elif self._input:
@@ -350,7 +357,7 @@ class Console:
         if not label:
             return "", right
         # The label gives way first: the frame and the elapsed time always show.
-        frame = _FRAMES[self._frame % len(_FRAMES)]
+        frame = _FRAMES[self._status.frame % len(_FRAMES)]
         clock = f" {now - started:.1f}s"
         text = fit(f"{frame} {' '.join(label.split())}", max(avail - len(clock), 1)) + clock
         return fit(text, avail) + ("  " if right else ""), right
@@ -368,32 +375,32 @@ class Console:
             self._erase_status()
             return
         status = self.style(left, "dim") + right
-        if below and not self._status_below:
+        if below and not self._status.below:
             self._erase_status()
             self._raw(self.out, "\r\n\x1b[K" + status)
-            self._status_below = True
+            self._status.below = True
         else:
             self._raw(self.out, "\r\x1b[K" + status)
-        self._status_shown = True
+        self._status.shown = True
 
     def _spin(self) -> None:
-        while not self._stop.wait(0.1):
+        while not self._status.stop.wait(0.1):
             with self.lock:
-                if self._running or self._waiting is not None:
-                    self._frame += 1
+                if self._status.running or self._status.waiting is not None:
+                    self._status.frame += 1
                     self._draw_status()
-                elif self._status_shown and not self._input and self._prompt is None:
+                elif self._status.shown and not self._input and self._prompt is None:
                     self._erase_status()
 
     def close(self) -> None:
         """Stop the spinner thread, clear the status line, show waiting notes."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._status.stop.set()
+        if self._status.thread is not None:
+            self._status.thread.join()
+            self._status.thread = None
         with self.lock:
-            self._running.clear()
-            self._waiting = None
+            self._status.running.clear()
+            self._status.waiting = None
             self._erase_status()
             if self._pending:
                 if self._needs_newline(self.out):

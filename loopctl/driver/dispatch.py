@@ -48,7 +48,7 @@ from loopctl.approvals import ApprovalContext
 from loopctl.approvals.gate import ParkedBatch
 from loopctl.driver.admission import Admitted, admit
 from loopctl.driver.approval_gate import dispatch_parked, needs_approval, park_batch
-from loopctl.driver.recovery import corrected, decide
+from loopctl.driver.recovery import corrected, plan_retry
 from loopctl.driver.tool_calls import CallState, plan_waves, result_hash
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.events import LoopDetectedEvent, ToolPost, ToolPre
@@ -58,13 +58,7 @@ from loopctl.messages import ToolCallPart, ToolResultPart
 from loopctl.timeouts import bounded
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.pipeline import DispatchContext, invoke_tool, not_found_text
-from loopctl.tools.recovery import (
-    MAX_RETRIES,
-    ExponentialBackoffRecovery,
-    NoopReflector,
-    ReflectionContext,
-    Retry,
-)
+from loopctl.tools.recovery import MAX_RETRIES, Retry
 
 if TYPE_CHECKING:
     from loopctl.driver.handle import RunContext
@@ -401,7 +395,7 @@ class Dispatcher:
             return None
         if parts.reflector is None and parts.recovery is None:
             return None
-        return self._recover(run, turn, st)
+        return plan_retry(parts, run, turn, st)
 
     def _remember(self, st: CallState) -> None:
         global _trajectory_entry
@@ -419,23 +413,6 @@ class Dispatcher:
             log.exception("memory store of a tool trajectory failed (tool %r)", st.resolved)
 
     # -- recovery ------------------------------------------------------------------
-
-    def _recover(self, run: RunState, turn: int, st: CallState) -> Optional[Retry]:
-        parts = self.parts
-        reflector = parts.reflector if parts.reflector is not None else NoopReflector()
-        strategy = parts.recovery if parts.recovery is not None else ExponentialBackoffRecovery()
-        limit = getattr(strategy, "max_attempts", MAX_RETRIES)
-        max_attempts = limit if isinstance(limit, int) else MAX_RETRIES
-        tool = st.tool
-        schema = tool.schema() if tool is not None else None
-        rctx = ReflectionContext(st.attempt, max_attempts, run.run_input, turn, st.call.id)
-        call, text = st.call, st.out.text
-        with run.rc.unfenced():  # a reflector may ask a model: blocking work
-            analysis, action = decide(reflector, strategy, text, call, schema, rctx, st.attempt, max_attempts)
-        if type(action) is not Retry:
-            return None
-        st.correction = analysis.correction
-        return action
 
     def _prepare_retry(self, run: RunState, turn: int, st: CallState, retry: Retry) -> None:
         """Ceiling check, cancel-aware backoff, correction (admitted again); then ``attempt + 1``.

@@ -9,20 +9,51 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import attrs
 
 from loopctl.messages import ToolCallPart
 from loopctl.tools.recovery import (
+    MAX_RETRIES,
     CorrectionKind,
+    ExponentialBackoffRecovery,
     Fail,
     FailureAnalysis,
+    NoopReflector,
     RecoveryAction,
     ReflectionContext,
+    Retry,
 )
 
+if TYPE_CHECKING:
+    from loopctl.driver.parts import LoopParts
+    from loopctl.driver.run_state import RunState
+    from loopctl.driver.tool_calls import CallState
+
 log = logging.getLogger("loopctl")
+
+
+def plan_retry(parts: LoopParts, run: RunState, turn: int, st: CallState) -> Optional[Retry]:
+    """Whether a failed call runs again: the loop's reflector and strategy decide (defaults when unset).
+
+    On ``Retry`` the reflector's correction is kept on the call for the next
+    attempt. Both are user code that may block, so they run unfenced.
+    """
+    reflector = parts.reflector if parts.reflector is not None else NoopReflector()
+    strategy = parts.recovery if parts.recovery is not None else ExponentialBackoffRecovery()
+    limit = getattr(strategy, "max_attempts", MAX_RETRIES)
+    max_attempts = limit if isinstance(limit, int) else MAX_RETRIES
+    tool = st.tool
+    schema = tool.schema() if tool is not None else None
+    rctx = ReflectionContext(st.attempt, max_attempts, run.run_input, turn, st.call.id)
+    call, text = st.call, st.out.text
+    with run.rc.unfenced():  # a reflector may ask a model: blocking work
+        analysis, action = decide(reflector, strategy, text, call, schema, rctx, st.attempt, max_attempts)
+    if type(action) is not Retry:
+        return None
+    st.correction = analysis.correction
+    return action
 
 
 def decide(
@@ -69,4 +100,4 @@ def corrected(call: ToolCallPart, correction: Any) -> ToolCallPart:
     return call
 
 
-__all__ = ["corrected", "decide"]
+__all__ = ["corrected", "decide", "plan_retry"]

@@ -244,4 +244,17 @@ def _status(entry: _Entry) -> RunStatus:
     )
 
 
-__all__ = ["RunStatus"]
+def join_run_threads(run_ids: Sequence[str], left: Callable[[], Optional[float]]) -> None:
+    """Join each run's threads: its body and a cancel's takeover thread.
+
+    The driver names them ``loopctl-run-<id[:12]>`` (``-cancel`` for the
+    takeover); ``left()`` is the time left for each join (None: no bound).
+    """
+    names = {f"loopctl-run-{rid[:12]}" for rid in run_ids}
+    me = threading.current_thread()
+    for t in threading.enumerate():
+        if t is not me and t.name.removesuffix("-cancel") in names:
+            t.join(left())
+
+
+__all__ = ["RunStatus", "join_run_threads"]

@@ -30,20 +30,21 @@ keyed by ``Run.id`` and keeps these rules:
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 import time
 import uuid
 import weakref
-from collections import deque
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from loopctl.approvals import PendingApproval
 from loopctl.config import RunConfig
 from loopctl.errors import ConfigError, LoopBusy, LoopError
-from loopctl.hosting.entry import RunStatus, _Entry, _status
+from loopctl.hosting.conversations import ConversationLoops
+from loopctl.hosting.entry import RunStatus, _Entry, _status, join_run_threads
+from loopctl.hosting.following import follow_entry
+from loopctl.hosting.retirement import FinishedRuns
 from loopctl.hosting.session_attach import attach_session, run_on_session
 from loopctl.messages import Message
 from loopctl.records import Run
@@ -52,16 +53,6 @@ if TYPE_CHECKING:
     from loopctl.driver.loop import BareLoop
 
 log = logging.getLogger("loopctl")
-
-
-class _LoopSlot:
-    """A conversation's loop, created once by whoever asked first."""
-
-    __slots__ = ("ready", "loop")
-
-    def __init__(self) -> None:
-        self.ready = threading.Event()
-        self.loop: Optional[BareLoop] = None
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -102,23 +93,13 @@ class RunRegistry:
         self.session_store = session_store
         self._max_active = _positive_int("max_active", max_active)
         self._event_buffer = _positive_int("event_buffer", event_buffer)
-        keep = keep_finished_s
-        if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not keep >= 0:
-            raise ConfigError(f"RunRegistry keep_finished_s must be a number >= 0, got {keep!r}")
-        if not callable(clock):
-            raise ConfigError(f"RunRegistry clock must be callable, got {clock!r}")
-        self._keep = float(keep_finished_s)
+        self._retired = FinishedRuns(keep_finished_s, clock)
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: Dict[str, _Entry] = {}
         self._live: Dict[str, _Entry] = {}
-        # Runs that emitted run_end (appended by their taps), then, once
-        # compacted, the finished runs in end order for pruning.
-        self._ending: deque[Tuple[float, _Entry]] = deque()
-        self._waiting_done: List[Tuple[float, _Entry]] = []
-        self._finished: deque[Tuple[float, _Entry]] = deque()
         self._last_on_loop: weakref.WeakKeyDictionary[Any, _Entry] = weakref.WeakKeyDictionary()
-        self._loops: Dict[Hashable, _LoopSlot] = {}
+        self._conversations = ConversationLoops(self._lock)
         self._closed = False
 
     # -- starting ----------------------------------------------------------------
@@ -168,35 +149,39 @@ class RunRegistry:
             attach_session(loop, self.session_store, session_id, owner)
         with self._lock:
             self._prune_locked()
-            if self._closed:
-                raise LoopError("this RunRegistry is closed; no new runs")
-            if rid in self._entries:
-                raise LoopError(f"run id {rid!r} is already registered")
-            if len(self._live) >= self._max_active:
-                self._live = {k: e for k, e in self._live.items() if not e.ended}
-                if len(self._live) >= self._max_active:
-                    raise LoopBusy(
-                        f"RunRegistry max_active={self._max_active} runs are already in flight; "
-                        "run not started"
-                    )
-            prev = self._last_on_loop.get(loop)
-            if (
-                prev is not None
-                and prev.handle is not None
-                and not prev.handle.done()
-                and (prev.ended or not loop.is_running)
-            ):
-                # The previous run emitted run_end and is in finalize's tail:
-                # let it finish, so a follow-up started by a client that saw
-                # run_end is not refused, and its cleanup cannot touch this run.
-                prev.handle.wait(5.0)
-            entry = _Entry(rid, loop, self._event_buffer, self._ending, self._clock)
+            self._admit_locked(rid, loop)
+            entry = _Entry(rid, loop, self._event_buffer, self._retired.ending, self._clock)
             entry.owner = owner
             entry.handle = loop.start(input, config, rid, tap=entry.tap, output_type=output_type)
             self._entries[rid] = entry
             self._live[rid] = entry
             self._last_on_loop[loop] = entry
         return rid
+
+    def _admit_locked(self, rid: str, loop: BareLoop) -> None:
+        """Refuse a start the registry cannot take; let the loop's previous run finish its tail."""
+        if self._closed:
+            raise LoopError("this RunRegistry is closed; no new runs")
+        if rid in self._entries:
+            raise LoopError(f"run id {rid!r} is already registered")
+        if len(self._live) >= self._max_active:
+            self._live = {k: e for k, e in self._live.items() if not e.ended}
+            if len(self._live) >= self._max_active:
+                raise LoopBusy(
+                    f"RunRegistry max_active={self._max_active} runs are already in flight; "
+                    "run not started"
+                )
+        prev = self._last_on_loop.get(loop)
+        if (
+            prev is not None
+            and prev.handle is not None
+            and not prev.handle.done()
+            and (prev.ended or not loop.is_running)
+        ):
+            # The previous run emitted run_end and is in finalize's tail:
+            # let it finish, so a follow-up started by a client that saw
+            # run_end is not refused, and its cleanup cannot touch this run.
+            prev.handle.wait(5.0)
 
     def loop_for(self, key: Hashable, factory: Callable[[], BareLoop]) -> BareLoop:
         """The conversation's loop: ``factory()`` makes it on first use, once.
@@ -209,33 +194,7 @@ class RunRegistry:
         Raises:
             LoopError: the registry is closed.
         """
-        while True:
-            with self._lock:
-                if self._closed:
-                    raise LoopError("this RunRegistry is closed; no new conversations")
-                slot = self._loops.get(key)
-                creator = slot is None
-                if slot is None:
-                    slot = self._loops[key] = _LoopSlot()
-            if creator:
-                try:
-                    loop = factory()
-                except BaseException:
-                    with self._lock:
-                        del self._loops[key]
-                    slot.ready.set()  # waiters retry (one becomes the creator)
-                    raise
-                with self._lock:
-                    closed = self._closed
-                    slot.loop = loop
-                slot.ready.set()
-                if closed:  # close() ran meanwhile and could not see this loop
-                    loop.close()
-                    raise LoopError("this RunRegistry is closed; no new conversations")
-                return loop
-            slot.ready.wait()
-            if slot.loop is not None:
-                return slot.loop
+        return self._conversations.loop_for(key, factory)
 
     # -- driving a run -------------------------------------------------------------
 
@@ -438,42 +397,7 @@ class RunRegistry:
         """
         return self._follow(self._get(run_id, owner), max(0, int(after)), timeout)
 
-    @staticmethod
-    def _follow(
-        entry: _Entry, after: int, timeout: Optional[float]
-    ) -> Iterator[Tuple[int, Dict[str, Any]]]:
-        pos = after
-        lock = entry.lock
-        while True:
-            with lock:
-                if entry.seq <= pos and not entry.ended:
-                    deadline = None if timeout is None else time.monotonic() + timeout
-                    while entry.seq <= pos and not entry.ended:
-                        waiter = entry.park()
-                        lock.release()
-                        try:
-                            if deadline is None:
-                                woken = waiter.acquire()
-                            else:
-                                woken = waiter.acquire(True, max(0.0, deadline - time.monotonic()))
-                        finally:
-                            lock.acquire()
-                        if not woken:
-                            if entry.waiters is not None and waiter in entry.waiters:
-                                entry.waiters.remove(waiter)
-                            if entry.seq <= pos and not entry.ended:
-                                return
-                last = entry.seq
-                if last <= pos:
-                    return  # ended, and everything was yielded
-                buf = entry.buf
-                begin = max(pos + 1, last - len(buf) + 1)
-                batch = [*itertools.islice(reversed(buf), last - begin + 1)]
-            if begin > pos + 1:
-                yield entry.gap(begin - 1, begin - pos - 1)
-            for seq, event in enumerate(reversed(batch), begin):
-                yield seq, event.to_dict()
-            pos = last
+    _follow = staticmethod(follow_entry)
 
     # -- housekeeping ----------------------------------------------------------------
 
@@ -488,7 +412,7 @@ class RunRegistry:
         with self._lock:
             self._closed = True
             entries = [*self._entries.values()]
-            loops = [s.loop for s in self._loops.values() if s.loop is not None]
+            loops = self._conversations.close_locked()
         handles = [h for h in (e.handle for e in entries) if h is not None]
         for h in handles:
             if not h.done():
@@ -502,13 +426,7 @@ class RunRegistry:
             h.wait(left())
         for loop in loops:
             loop.close()
-        # Join each run's threads: its body and a cancel's takeover thread,
-        # named loopctl-run-<id[:12]>[-cancel] by the driver.
-        names = {f"loopctl-run-{e.run_id[:12]}" for e in entries}
-        me = threading.current_thread()
-        for t in threading.enumerate():
-            if t is not me and t.name.removesuffix("-cancel") in names:
-                t.join(left())
+        join_run_threads([e.run_id for e in entries], left)
 
     def __enter__(self) -> RunRegistry:
         return self
@@ -538,29 +456,7 @@ class RunRegistry:
         return entry
 
     def _prune_locked(self) -> None:
-        ending, waiting = self._ending, self._waiting_done
-        if ending or waiting:
-            # Compact the runs whose thread is done; the rest (still in
-            # finalize's tail) are looked at again on the next access.
-            while ending:
-                waiting.append(ending.popleft())
-            still = []
-            for item in waiting:
-                if item[1].handle is not None and not item[1].handle.done():
-                    still.append(item)
-                else:
-                    item[1].compact()
-                    self._finished.append(item)
-            self._waiting_done = still
-        q = self._finished
-        if not q:
-            return
-        horizon = self._clock() - self._keep
-        while q and q[0][0] <= horizon:
-            _, entry = q.popleft()
-            if self._entries.get(entry.run_id) is entry:
-                del self._entries[entry.run_id]
-                self._live.pop(entry.run_id, None)
+        self._retired.prune(self._entries, self._live)
 
 
 __all__ = ["RunRegistry", "RunStatus"]

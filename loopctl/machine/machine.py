@@ -19,13 +19,14 @@ Rules it keeps:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
-from loopctl.errors import ContextExceeded, LoopError, ModelError, OutputValidationError
+from loopctl.errors import ContextExceeded, LoopError, ModelError
+from loopctl.machine.answer_feed import AnswerFeed
+from loopctl.machine.compaction_feeds import CompactionFeeds
 from loopctl.machine.steps import (
     AnswerCheck,
-    AnswerRejected,
     CallLLM,
     CallTools,
     CancelledOutcome,
@@ -44,108 +45,13 @@ from loopctl.machine.views import ConversationSnapshot, MessagesView
 from loopctl.messages import Message, ModelResponse, StopReason, ToolResultPart
 
 
-class LoopMachine:
+class LoopMachine(CompactionFeeds):
     """The run's state machine: history, pending, turns, limits, termination."""
-
-    def __init__(self, history: Iterable[Message] = ()) -> None:
-        self._history: list[Message] = list(history)
-        self._pending: list[Message] = []
-        # Guidance held for after the tool results; a tuple (none shared) until some arrives.
-        self._held: Sequence[Message] = ()
-        self._state = MachineState.START
-        self._outcome: Optional[Outcome] = None
-        self._turns_taken = 0
-        self._context_tokens = 0
-        self._cancelled = False
-        self._tool_turn = 0
-        self._pending_tools: tuple[PendingToolCall, ...] = ()
-        self._compact_reason: Optional[str] = None
-        self._history_epoch = 0
-        self._pending_epoch = 0
-        self._overflow_turn: Optional[int] = None  # the turn that used its overflow retry
-        self._answer_check: Optional[AnswerCheck] = None
-        self._answer_rejections = 0
-        self._answer_rejected: Optional[AnswerRejected] = None
 
     @classmethod
     def from_history(cls, history: Iterable[Message]) -> LoopMachine:
         """A fresh machine whose committed history is ``history``."""
         return cls(history)
-
-    # -- reads ---------------------------------------------------------------
-
-    @property
-    def history(self) -> MessagesView:
-        """Committed messages from earlier runs (and compactions); live view."""
-        return MessagesView(self._history)
-
-    @property
-    def pending(self) -> MessagesView:
-        """This run's messages, not yet committed; live view."""
-        return MessagesView(self._pending)
-
-    @property
-    def history_epoch(self) -> int:
-        """Bumped whenever history is replaced wholesale (not when it grows)."""
-        return self._history_epoch
-
-    @property
-    def pending_epoch(self) -> int:
-        """Bumped whenever pending is replaced or cleared (not when it grows)."""
-        return self._pending_epoch
-
-    @property
-    def size_key(self) -> tuple[int, int, int, int]:
-        """(history epoch, history length, pending epoch, pending length): equal keys, equal lists."""
-        return (self._history_epoch, len(self._history), self._pending_epoch, len(self._pending))
-
-    @property
-    def state(self) -> MachineState:
-        """The current state."""
-        return self._state
-
-    @property
-    def outcome(self) -> Optional[Outcome]:
-        """The terminal outcome, or None while the run is live."""
-        return self._outcome
-
-    @property
-    def turns_taken(self) -> int:
-        """Model replies accepted in this run."""
-        return self._turns_taken
-
-    @property
-    def context_tokens(self) -> int:
-        """The current context-size estimate (fed by the driver)."""
-        return self._context_tokens
-
-    @property
-    def is_terminal(self) -> bool:
-        """True once the run has an outcome."""
-        return self._state is MachineState.TERMINAL
-
-    @property
-    def answer_rejected(self) -> Optional[AnswerRejected]:
-        """Set when the last ``model_response`` gave an answer that did not fit; else None."""
-        return self._answer_rejected
-
-    @property
-    def is_cancelled(self) -> bool:
-        """True when the cancel flag is set for this run."""
-        return self._cancelled
-
-    def full_history(self) -> list[Message]:
-        """History then pending: what the next request sends (a new list)."""
-        return self._history + self._pending
-
-    def snapshot_conversation(self, prefix: Sequence[Message] = ()) -> ConversationSnapshot:
-        """``prefix + history + pending`` as an O(1) snapshot (no copy of the lists)."""
-        segs: list[tuple[Sequence[Message], int]] = []
-        if prefix:
-            segs.append((tuple(prefix), len(prefix)))
-        segs.append((self._history, len(self._history)))
-        segs.append((self._pending, len(self._pending)))
-        return ConversationSnapshot(segs)
 
     # -- the decision ----------------------------------------------------------
 
@@ -183,17 +89,6 @@ class LoopMachine:
             if policy.auto_compact and threshold > 0 and tokens > window * threshold // 100:
                 return _THRESHOLD
         return CallLLM(self._turns_taken)
-
-    def _await_compaction(self, reason: str) -> None:
-        self._state = MachineState.AWAITING_COMPACTION
-        self._compact_reason = reason
-
-    def _terminate(self, outcome: Outcome) -> Outcome:
-        self._state = MachineState.TERMINAL
-        self._outcome = outcome
-        self._pending_tools = ()
-        self._compact_reason = None
-        return outcome
 
     # -- feeds -----------------------------------------------------------------
 
@@ -271,9 +166,7 @@ class LoopMachine:
         to ``answer_check.retries`` times (each a turn), then the run fails
         with ``OutputValidationError``.
         """
-        self._answer_check = answer_check
-        self._answer_rejections = 0
-        self._answer_rejected = None
+        self._answer = AnswerFeed(answer_check)
         self._pending = [Message.user(text)]
         self._pending_epoch += 1
         self._held = ()
@@ -341,13 +234,13 @@ class LoopMachine:
         self._context_tokens = context_tokens
         turn = self._turns_taken
         self._turns_taken = turn + 1
-        self._answer_rejected = None
+        self._answer.rejected = None
         calls = message.tool_calls
-        check = self._answer_check
+        check = self._answer.check
         if check is not None:
             final = check.final_tool
             if not calls or (final is not None and any(c.name == final for c in calls)):
-                self._read_answer(check, message, response.stop_reason, turn)
+                self._read_answer(message, response.stop_reason, turn)
                 return
         if not calls:
             self._terminate(Completed(message.text))
@@ -368,43 +261,15 @@ class LoopMachine:
         self._tool_turn = turn
         self._state = MachineState.AWAITING_TOOLS
 
-    def _read_answer(
-        self, check: AnswerCheck, message: Message, stop_reason: StopReason, turn: int
-    ) -> None:
-        verdict = check.read(message, stop_reason)
-        if verdict.ok:
-            if message.tool_calls:
-                # Tool mode: the answer stays in the conversation as the reply's text,
-                # so no call is left without a result in history.
-                self._pending[-1] = Message.assistant(verdict.text)
-            self._terminate(Completed(verdict.text, verdict.value))
+    def _read_answer(self, message: Message, stop_reason: StopReason, turn: int) -> None:
+        got = self._answer.read(message, stop_reason, turn)
+        if got.reply is not None:
+            self._pending[-1] = got.reply
+        if got.outcome is not None:
+            self._terminate(got.outcome)
             return
-        self._answer_rejections += 1
-        limit = check.retries + 1
-        self._answer_rejected = AnswerRejected(turn, verdict.errors, self._answer_rejections, limit)
-        if self._answer_rejections >= limit:
-            self._terminate(Failed(OutputValidationError(verdict.text or message.text, verdict.errors)))
-            return
-        feedback = check.feedback(verdict.errors)
-        if message.tool_calls:
-            # Every call of the reply gets its answer; the final answer's carries the problems.
-            self._pending.append(
-                Message.from_tool_results(
-                    [
-                        ToolResultPart(
-                            c.id,
-                            c.name,
-                            feedback
-                            if c.name == check.final_tool
-                            else "not run: this reply also gave a final answer",
-                            True,
-                        )
-                        for c in message.tool_calls
-                    ]
-                )
-            )
-        else:
-            self._pending.append(Message.user(feedback))
+        assert got.feedback is not None
+        self._pending.append(got.feedback)
         if self._held:
             self._pending.extend(self._held)
             self._held = ()
@@ -456,59 +321,6 @@ class LoopMachine:
         """Replace the context estimate; no-op when terminal."""
         if self._state is not MachineState.TERMINAL:
             self._context_tokens = tokens
-
-    def compaction_result(
-        self, messages: Iterable[Message], tokens_before: int, tokens_after: int, window: int = 0
-    ) -> None:
-        """Adopt a compacted conversation as history; clears pending (a commit point).
-
-        ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``
-        naming ``window`` as the limit (``tokens_before`` when no window is given).
-
-        Raises:
-            RuntimeError: when tool results are awaited (clearing pending
-                would orphan the awaited calls).
-        """
-        if self._state is MachineState.TERMINAL:
-            return
-        self._check_not_awaiting_tools("compaction_result")
-        if self._no_progress(tokens_before, tokens_after, window):
-            return
-        self._history = list(messages)
-        self._pending = []
-        self._history_epoch += 1
-        self._pending_epoch += 1
-        self._context_tokens = tokens_after
-        self._compact_reason = None
-        self._state = MachineState.START
-
-    def compaction_noop(self, tokens_before: int, tokens_after: int, window: int = 0) -> None:
-        """A pass that changed nothing; history and pending stay as they are.
-
-        ``tokens_after >= tokens_before`` fails the run with ``ContextExceeded``
-        naming ``window`` as the limit (``tokens_before`` when no window is given).
-
-        Raises:
-            RuntimeError: when tool results are awaited.
-        """
-        if self._state is MachineState.TERMINAL:
-            return
-        self._check_not_awaiting_tools("compaction_noop")
-        if self._no_progress(tokens_before, tokens_after, window):
-            return
-        self._context_tokens = tokens_after
-        self._compact_reason = None
-        self._state = MachineState.START
-
-    def _check_not_awaiting_tools(self, feed: str) -> None:
-        if self._state is MachineState.AWAITING_TOOLS:
-            raise RuntimeError(f"{feed} fed while tool results are awaited")
-
-    def _no_progress(self, before: int, after: int, window: int) -> bool:
-        if after >= before:
-            self._terminate(Failed(ContextExceeded(used=after, limit=window if window > 0 else before)))
-            return True
-        return False
 
     def cancel(self) -> None:
         """Set the cancel flag: the run ends as cancelled at once (mutates).

@@ -126,6 +126,23 @@ def _host(url: str) -> str:
     return urlsplit(url).hostname or url
 
 
+def _config_error(chain: list[BaseException], call: CallInfo) -> Optional[ConfigError]:
+    """A request the settings made unsendable (a bad header value or URL); retrying cannot help."""
+    if _has(chain, requests.exceptions.InvalidHeader) or any(
+        # Older requests lets http.client's own check raise: "Invalid header value b'...'".
+        type(e) is ValueError and str(e).startswith(("Invalid header value", "Invalid header name"))
+        for e in chain
+    ):
+        return ConfigError(
+            f"{call.label}: a request header has an invalid value (a line break or leading/trailing "
+            "whitespace, e.g. in the API key or extra_headers)"
+        )
+    if _has(chain, requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
+            requests.exceptions.InvalidSchema):
+        return ConfigError(f"{call.label}: invalid request URL {call.url!r}")
+    return None
+
+
 def map_exception(exc: BaseException, call: CallInfo, *, deadline_hit: bool = False) -> LoopError:
     """The ``LoopError`` for a foreign exception raised by a call (the one mapping).
 
@@ -136,18 +153,9 @@ def map_exception(exc: BaseException, call: CallInfo, *, deadline_hit: bool = Fa
         return exc
     label, url = call.label, call.url
     chain = _chain(exc)
-    if _has(chain, requests.exceptions.InvalidHeader) or any(
-        # Older requests lets http.client's own check raise: "Invalid header value b'...'".
-        type(e) is ValueError and str(e).startswith(("Invalid header value", "Invalid header name"))
-        for e in chain
-    ):
-        return ConfigError(
-            f"{label}: a request header has an invalid value (a line break or leading/trailing "
-            "whitespace, e.g. in the API key or extra_headers)"
-        )
-    if _has(chain, requests.exceptions.InvalidURL, requests.exceptions.MissingSchema,
-            requests.exceptions.InvalidSchema):
-        return ConfigError(f"{label}: invalid request URL {url!r}")
+    refused = _config_error(chain, call)
+    if refused is not None:
+        return refused
     if _has(chain, requests.exceptions.SSLError, ssl.SSLError, urllib3.exceptions.SSLError):
         reason = next((str(e) for e in chain if isinstance(e, ssl.SSLError)), "handshake failed")
         short = f"TLS error with {url}"

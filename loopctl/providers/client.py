@@ -1,27 +1,22 @@
-"""The client machinery over ``http.py``: the streamed body and the client base.
+"""``HTTPClientBase``: what the OpenAI and Anthropic clients share over ``http.py``.
 
-``SSEStream`` is the ``ModelStream`` of both HTTP clients: the POST happens
-on the first ``next()`` (so the handler's deadline and ``close()`` cover the
-wait for headers too), the body is read with ``read1`` (one system call per
-read, never waiting to fill a buffer) and decoded as the bytes arrive.
-``close()`` works from any thread: it shuts the socket down, and whichever
-side is not blocked releases the connection exactly once. A body read to its
-end returns its connection to the pool; any other ends it.
-``HTTPClientBase`` holds what both clients share.
+The model name and base URL, the session and its timeouts, request
+options mapped onto the wire body, the POST with its call scope, and both
+ways to call: ``stream()`` (an ``SSEStream`` from ``sse_stream``) and
+``complete()``. Credentials are registered as secrets so no error or log
+line can carry them.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Iterator, Mapping
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import attrs
 import requests
 
-from loopctl.errors import Cancelled, ConfigError, LoopError, ModelError
+from loopctl.errors import ConfigError, LoopError
 from loopctl.messages import ModelRequest, ModelResponse, ToolCallPart
 from loopctl.providers.base import StreamEvent, response_events
 from loopctl.providers.boundary import (
@@ -29,218 +24,24 @@ from loopctl.providers.boundary import (
     CallInfo,
     Secret,
     model_error,
-    raise_mapped,
     url_credentials,
 )
 from loopctl.providers.http import (
-    READ_SIZE,
     CallScope,
     Timeout,
-    check_deadline,
     current_scope,
     make_session,
     post,
-    read_bound,
     read_json,
     response_status_error,
     split_timeout,
 )
-from loopctl.providers.reader import StreamParser, StreamReader
+from loopctl.providers.reader import StreamParser
 from loopctl.providers.secrets import header_secrets
+from loopctl.providers.sse_stream import SSEStream
 from loopctl.timeouts import required_seconds
 
 log = logging.getLogger("loopctl")
-
-
-# -- streamed bodies -------------------------------------------------------------
-
-
-class SSEStream:
-    """A ``ModelStream`` over a streamed HTTP response, decoded as it arrives.
-
-    The POST happens on the first ``next()``, so ``close()`` and
-    ``set_deadline()`` cover the wait for the response headers too.
-    ``close()`` is safe from any thread: it shuts the socket down so a
-    blocked read returns, and the connection is released (by the reader,
-    or right here when no read is in progress).
-    """
-
-    def __init__(
-        self,
-        open_response: Callable[[CallScope], requests.Response],
-        parser: StreamParser,
-        call: CallInfo,
-        on_json: Optional[Callable[[Any], Iterator[StreamEvent]]] = None,
-        hint: str = "",
-    ) -> None:
-        self._open_response = open_response
-        self._call = call
-        self._parser = parser
-        self._label = call.label
-        self._hint = hint
-        self._on_json = on_json
-        self._scope = CallScope()
-        self._lock = threading.Lock()
-        self._resp: Optional[requests.Response] = None
-        self._closed = False
-        self._reading = False
-        self._released = False
-
-    @property
-    def closed(self) -> bool:
-        """True once ``close()`` was called."""
-        return self._closed
-
-    def set_deadline(self, deadline: Optional[float]) -> None:
-        """Bound the wait for the next event: a ``time.monotonic()`` value or None."""
-        self._scope.deadline = deadline
-
-    def close(self) -> None:
-        """Stop the stream from any thread; a blocked read returns promptly."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            if self._released:
-                return  # the connection may already serve another call
-            reading = self._reading
-            resp = self._resp
-            self._scope.close()  # under the lock: no read starts after this
-        if not reading and resp is not None:
-            self._release(resp, complete=False)
-
-    def _release(self, resp: requests.Response, complete: bool) -> None:
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-            if complete:
-                self._scope.detach()
-        try:
-            if complete:
-                resp.raw.release_conn()  # fully read: the connection can be reused
-            else:
-                resp.close()
-        except Exception:  # closing a socket that a shutdown already broke
-            log.debug("%s: error while releasing the connection", self._label, exc_info=True)
-
-    def _read(self, read1: Callable[[int], bytes]) -> Optional[bytes]:
-        scope = self._scope
-        with self._lock:
-            if self._closed:
-                return None
-            self._reading = True
-        t, deadline_hit = read_bound(self._call.read_timeout, scope.deadline)
-        try:
-            try:
-                check_deadline(scope, self._call)
-            except ModelError:
-                if self._closed:
-                    return None
-                raise
-            sock = scope.sock
-            if sock is not None:
-                sock.settimeout(t)
-            return read1(READ_SIZE)
-        except ModelError:
-            raise
-        except Exception as exc:
-            if self._closed:
-                return None
-            raise_mapped(exc, self._call, deadline_hit=deadline_hit)
-        finally:
-            with self._lock:
-                self._reading = False
-
-    def __iter__(self) -> Iterator[StreamEvent]:
-        try:
-            yield from self._events()
-        except LoopError as err:
-            self._call.secret.scrub(err)  # the one redaction point of a streamed call
-            raise
-
-    def _events(self) -> Iterator[StreamEvent]:
-        scope = self._scope
-        if self._closed:
-            return
-        try:
-            resp = self._open_response(scope)
-        except Cancelled:
-            return
-        complete = False
-        with self._lock:
-            self._resp = resp
-            closed = self._closed
-        try:
-            if closed:
-                return
-            ctype = resp.headers.get("content-type", "").lower()
-            if ctype and not ctype.startswith("text/event-stream") and not (
-                self._on_json is not None and ctype.startswith("application/json")
-            ):
-                raise model_error(
-                    f"{self._label}: expected an event stream from {self._call.url}, got "
-                    f"{ctype.split(';')[0]}{self._hint}",
-                    kind=PROTOCOL,
-                    summary=f"not an event stream ({ctype.split(';')[0]})",
-                )
-            if self._on_json is not None and ctype.startswith("application/json"):
-                # A server that ignored "stream": true answered with one JSON body.
-                with self._lock:
-                    self._reading = True  # close() then only shuts the socket
-                try:
-                    data = read_json(resp, scope, self._call)
-                except Cancelled:
-                    return
-                finally:
-                    with self._lock:
-                        self._reading = False
-                complete = True
-                yield from self._on_json(data)
-                return
-            raw: Any = resp.raw
-            read1 = getattr(raw, "read1", None)
-            if read1 is None:  # urllib3 < 2: read the http.client response directly
-                read1 = raw._fp.read1
-            reader = StreamReader(self._parser, self._label)
-            while True:
-                chunk = self._read(read1)
-                if chunk is None:
-                    return  # closed
-                if not chunk:
-                    complete = True
-                    break
-                yield from reader.feed(chunk)
-                if reader.done:
-                    complete = self._drain(read1)
-                    return
-            if self._closed:
-                return
-            yield from reader.finish()
-        finally:
-            self._release(resp, complete)
-
-    def _drain(self, read1: Callable[[int], bytes]) -> bool:
-        # After the terminal event the body should end at once; read that end
-        # (briefly) so the connection can go back to the pool.
-        scope = self._scope
-        saved = scope.deadline
-        scope.deadline = time.monotonic() + 0.25
-        try:
-            for _ in range(4):
-                chunk = self._read(read1)
-                if chunk is None:
-                    return False
-                if not chunk:
-                    return True
-            return False
-        except ModelError:
-            return False
-        finally:
-            scope.deadline = saved
-
-
-# -- the client base ------------------------------------------------------------
 
 
 class HTTPClientBase:

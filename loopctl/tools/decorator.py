@@ -23,6 +23,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, TypeVar, Union, overload
 
+import attrs
+
 from loopctl.errors import ConfigError
 from loopctl.messages import ToolSchema
 from loopctl.timeouts import seconds
@@ -48,6 +50,27 @@ def _is_context(hint: Any) -> bool:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return len(args) == 1 and args[0] is ToolContext
     return False
+
+
+@attrs.frozen
+class _Conversion:
+    """Valid JSON arguments to keyword arguments: each parameter's converter, then ``**kwargs``' one."""
+
+    params: tuple[tuple[str, Converter], ...]
+    names: frozenset[str]
+    extra: Optional[Converter]
+
+    def apply(self, input: Mapping[str, Any]) -> dict[str, Any]:
+        kwargs = dict(input)
+        for pname, conv in self.params:
+            if pname in kwargs:
+                kwargs[pname] = conv(kwargs[pname])
+        extra = self.extra
+        if extra is not None:
+            for k in kwargs:
+                if k not in self.names:
+                    kwargs[k] = extra(kwargs[k])
+        return kwargs
 
 
 class FunctionTool(Tool):
@@ -159,10 +182,9 @@ class FunctionTool(Tool):
             "additionalProperties": extra,
         }
         self._accept = compile_schema(self._schema)
-        self._convs = [(n, c) for n, c in convs if c is not None]
-        self._params = frozenset(props)
-        self._extra_conv = extra_conv
-        self._takes_extra = extra is not False
+        self._conversion = _Conversion(
+            tuple((n, c) for n, c in convs if c is not None), frozenset(props), extra_conv
+        )
 
     # -- the Tool protocol -------------------------------------------------------
 
@@ -198,15 +220,7 @@ class FunctionTool(Tool):
 
     def convert(self, input: Mapping[str, Any]) -> dict[str, Any]:
         """The keyword arguments for the function (``input`` must be valid)."""
-        kwargs = dict(input)
-        for pname, conv in self._convs:
-            if pname in kwargs:
-                kwargs[pname] = conv(kwargs[pname])
-        if self._extra_conv is not None:
-            for k in kwargs:
-                if k not in self._params:
-                    kwargs[k] = self._extra_conv(kwargs[k])
-        return kwargs
+        return self._conversion.apply(input)
 
     def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
         """Convert ``input`` and call the function (the context injected if asked for)."""

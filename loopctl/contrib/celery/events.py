@@ -44,16 +44,23 @@ class WorkerSettings:
         return max(1, int(self.heartbeat_ttl * 1000))
 
 
+@attrs.frozen
+class _Lease:
+    """The claimed run as the writer addresses it: where, under which fencing token, on what heartbeat terms."""
+
+    backend: RedisBackend
+    run_id: str
+    token: str
+    settings: WorkerSettings
+
+
 class EventWriter:
     """The run's events thread: heartbeats and batched event appends."""
 
     def __init__(
         self, backend: RedisBackend, run_id: str, token: str, settings: WorkerSettings, first_seq: int = 0
     ) -> None:
-        self._backend = backend
-        self._run_id = run_id
-        self._token = token
-        self._settings = settings
+        self._lease = _Lease(backend, run_id, token, settings)
         self._cond = threading.Condition(threading.Lock())
         self._queue: List[Tuple[int, Event]] = []
         self._seq = first_seq  # a resumed run numbers on from the stream's last event
@@ -90,7 +97,7 @@ class EventWriter:
                 self.end = (self._seq, event.to_dict())
             else:
                 q = self._queue
-                if len(q) >= self._settings.event_buffer:
+                if len(q) >= self._lease.settings.event_buffer:
                     del q[0]  # a reader sees the hole as a gap
                 q.append((self._seq, event))
                 if len(q) > 1:
@@ -122,7 +129,7 @@ class EventWriter:
     @property
     def confirm_timeout(self) -> float:
         """The longest a run waits for a checkpoint to be confirmed (the heartbeat TTL)."""
-        return self._settings.heartbeat_ttl
+        return self._lease.settings.heartbeat_ttl
 
     @property
     def seq(self) -> int:
@@ -157,7 +164,7 @@ class EventWriter:
 
     def _fenced_out(self) -> None:
         if not self.lost:
-            log.warning("run %s: fenced out (declared lost); cancelling it here", self._run_id)
+            log.warning("run %s: fenced out (declared lost); cancelling it here", self._lease.run_id)
         self.lost = True
         with self._cond:
             written, self._written = self._written, []
@@ -168,7 +175,7 @@ class EventWriter:
             h.cancel("worker lost: the run's heartbeat lapsed")
 
     def _main(self) -> None:
-        interval = self._settings.heartbeat_interval
+        interval = self._lease.settings.heartbeat_interval
         next_beat = time.monotonic() + interval
         failures = 0
         while True:
@@ -189,8 +196,8 @@ class EventWriter:
                 try:
                     data = [(seq, dumps(ev.to_dict())) for seq, ev in batch]
                     # The pending list first: whoever reads an approval event finds it mirrored.
-                    approvals.mirror(self._backend, self._run_id, batch)
-                    if not self._backend.append(self._run_id, self._token, self.progress(), data, ckpt):
+                    approvals.mirror(self._lease.backend, self._lease.run_id, batch)
+                    if not self._lease.backend.append(self._lease.run_id, self._lease.token, self.progress(), data, ckpt):
                         self._fenced_out()
                     failures = 0
                     for w in written:
@@ -199,10 +206,10 @@ class EventWriter:
                 except RegistryUnavailable as exc:
                     ok = False
                     failures += 1
-                    log.warning("run %s: events not written yet: %s", self._run_id, exc)
+                    log.warning("run %s: events not written yet: %s", self._lease.run_id, exc)
                     with self._cond:  # keep them, in order, for the next try
                         self._queue[:0] = batch
-                        del self._queue[: max(0, len(self._queue) - self._settings.event_buffer)]
+                        del self._queue[: max(0, len(self._queue) - self._lease.settings.event_buffer)]
                         if self._ckpt is None:
                             self._ckpt = ckpt
                         self._written[:0] = written
@@ -213,9 +220,9 @@ class EventWriter:
                 next_beat = time.monotonic() + interval
                 if not self.lost:
                     try:
-                        beat = self._backend.heartbeat(self._run_id, self._token, self._settings.ttl_ms)
+                        beat = self._lease.backend.heartbeat(self._lease.run_id, self._lease.token, self._lease.settings.ttl_ms)
                     except RegistryUnavailable as exc:
-                        log.warning("run %s: heartbeat failed: %s", self._run_id, exc)
+                        log.warning("run %s: heartbeat failed: %s", self._lease.run_id, exc)
                     else:
                         if beat is None:
                             self._fenced_out()

@@ -56,6 +56,7 @@ from loopctl.errors import LoopError
 from loopctl.text import json_safe
 
 from . import scripts as lua
+from .runs import Claim, QueuedRun
 
 TERMINAL = ("completed", "cancelled", "failed")
 #: Seconds before a queued run's task message is sent again, unless a live
@@ -89,45 +90,6 @@ def redact_url(url: str) -> str:
     port = f":{parts.port}" if parts.port else ""
     netloc = f"{user}:***@{host}{port}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-class Claim:
-    """What a worker gets when it claims a queued run."""
-
-    __slots__ = (
-        "conversation",
-        "input",
-        "config",
-        "factory",
-        "cancel",
-        "reason",
-        "history",
-        "event_buffer",
-        "checkpoint",
-        "resumes",
-        "cause",
-        "seq",
-        "resume",
-        "started_at",
-        "steers",
-    )
-
-    def __init__(self, raw: Sequence[str]) -> None:
-        self.conversation = raw[1]
-        self.input = raw[2]
-        self.config = raw[3]
-        self.factory = raw[4]
-        self.cancel = raw[5] == "1"
-        self.reason: Optional[str] = raw[6] if self.cancel and raw[6] else None
-        self.history = raw[7]
-        self.event_buffer = int(raw[8])
-        self.checkpoint = raw[9]  # JSON of the last committed checkpoint, or ''
-        self.resumes = int(raw[10] or 0)  # > 0: this claim continues the run
-        self.cause = raw[11]
-        self.seq = int(raw[12] or 0)  # the last event seq in the stream
-        self.resume = raw[13]  # '' or 'on_worker_loss'
-        self.started_at = float(raw[14])
-        self.steers: List[str] = list(raw[15:])
 
 
 class RedisBackend:
@@ -228,24 +190,13 @@ class RedisBackend:
 
     # -- the registry's side -----------------------------------------------------------------
 
-    def start(
-        self,
-        run_id: str,
-        conversation: str,
-        input: str,
-        config: str,
-        factory: str,
-        queue_ms: int,
-        resume: str = "",
-        max_resumes: int = 0,
-        queue: str = "",
-        owner: str = "",
-    ) -> List[str]:
+    def start(self, run: QueuedRun) -> List[str]:
         """Lock the conversation and record the queued run: ``['ok']``, ``['dup']`` or ``['busy', holder]``."""
         now, keep, buf, approx = self._common()
         out: List[str] = self._run(
-            "start", run_id, conversation, input, config, factory, now, str(queue_ms), keep, buf, approx,
-            resume, str(max_resumes), queue, str(int(RESEND_LEASE_S * 1000)), owner,
+            "start", run.run_id, run.conversation, run.input, run.config, run.factory, now, str(run.queue_ms),
+            keep, buf, approx, run.resume, str(run.max_resumes), run.queue, str(int(RESEND_LEASE_S * 1000)),
+            run.owner,
         )
         return out
 
@@ -449,6 +400,7 @@ __all__ = [
     "LIVE",
     "TERMINAL",
     "Claim",
+    "QueuedRun",
     "RedisBackend",
     "RegistryUnavailable",
     "WorkerLost",

@@ -38,10 +38,27 @@ from .reads import (
     status_of,
     wait_result,
 )
-from .redis import RedisBackend, RegistryUnavailable, WorkerLost, dumps
+from .redis import QueuedRun, RedisBackend, RegistryUnavailable, WorkerLost, dumps
 from .sweeper import Sweeper
 from .task import REGISTRIES, TASK_NAME, propagation, task_for
 from .worker import WorkerHost, WorkerSettings, execute_run
+
+
+def _checked_run(
+    conversation: object, input: object, config: Optional[RunConfig], output_type: Any
+) -> Optional[RunConfig]:
+    """The run's config (with ``output_type`` set) once the arguments are valid and portable to a worker."""
+    if not isinstance(conversation, str) or not conversation:
+        raise ConfigError(f"conversation must be a non-empty str, got {conversation!r:.60}")
+    if not isinstance(input, str):
+        raise TypeError(f"run input must be a str, got {type(input).__name__}")
+    if config is not None and not isinstance(config, RunConfig):
+        raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
+    if output_type is not None:
+        config = attrs.evolve(config or RunConfig(), output_type=output_type)
+    if config is not None:
+        check_portable_output(config.output_type)
+    return config
 
 
 class CeleryRunRegistry(ApprovalsMixin):
@@ -191,16 +208,7 @@ class CeleryRunRegistry(ApprovalsMixin):
             RegistryUnavailable: Redis or the broker could not be reached
                 (a run recorded before the broker failed is failed at once).
         """
-        if not isinstance(conversation, str) or not conversation:
-            raise ConfigError(f"conversation must be a non-empty str, got {conversation!r:.60}")
-        if not isinstance(input, str):
-            raise TypeError(f"run input must be a str, got {type(input).__name__}")
-        if config is not None and not isinstance(config, RunConfig):
-            raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
-        if output_type is not None:
-            config = attrs.evolve(config or RunConfig(), output_type=output_type)
-        if config is not None:
-            check_portable_output(config.output_type)
+        config = _checked_run(conversation, input, config, output_type)
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
@@ -209,8 +217,14 @@ class CeleryRunRegistry(ApprovalsMixin):
         bound = self._max_resumes if max_resumes is None else max_resumes_of(max_resumes)
         cfg = dumps(config.to_dict()) if config is not None else ""
         res = self._backend.start(
-            rid, conversation, input, cfg, self._factory, self._queue_ms, mode, bound, self._queue or "", who
+            QueuedRun(rid, conversation, input, cfg, self._factory, self._queue_ms, mode, bound, self._queue or "", who)
         )
+        self._check_started(res, rid, conversation, who)
+        self._enqueue(rid, conversation)
+        return rid
+
+    def _check_started(self, res: List[str], rid: str, conversation: str, who: str) -> None:
+        """Raise when the backend refused the start: a duplicate id, or a busy conversation."""
         if res[0] == "dup":
             raise LoopError(f"run id {rid!r} is already registered")
         if res[0] == "busy":
@@ -219,6 +233,9 @@ class CeleryRunRegistry(ApprovalsMixin):
             raise LoopBusy(
                 f"conversation {conversation!r} already has a run in flight ({holder}); run not started"
             )
+
+    def _enqueue(self, rid: str, conversation: str) -> None:
+        """Send the recorded run's task with the caller's trace context; a broker failure fails the run."""
         carrier = propagation()
         trace = carrier.current_carrier() if carrier is not None else None
         try:
@@ -230,7 +247,6 @@ class CeleryRunRegistry(ApprovalsMixin):
             except RegistryUnavailable:
                 pass  # the lock expires after queue_timeout
             raise RegistryUnavailable(text) from exc
-        return rid
 
     def _send(
         self, run_id: str, conversation: str, queue: Optional[str], trace: Optional[Dict[str, str]] = None

@@ -189,78 +189,125 @@ def execute_run(
         bridge.close()
         return "skipped"
     bridge.cursor = len(claim.steers)
-    durable = claim.resume == "on_worker_loss"
-    saved: Optional[Checkpoint] = None
-    steer_base = 0
-    clean = False
     writer = EventWriter(
         backend, run_id, token, attrs.evolve(settings, event_buffer=claim.event_buffer), claim.seq
     )
     writer.start()
-    loop: Optional[BareLoop] = None
-    feed: Optional[SteerFeed] = None
-    handle: Optional[RunHandle] = None
-    config: Optional[RunConfig] = None
-    setup_error: Optional[LoopError] = None
     handed = threading.Event()
     try:
-        try:
-            if claim.checkpoint:
-                saved, steer_base, clean = checkpoint_from_json(claim.checkpoint)
-            config = RunConfig.from_dict(json.loads(claim.config)) if claim.config else None
-            owner = backend.owner(run_id) if sessions is not None else None
-            loop, feed = _build_loop(claim, conversation, saved, steer_base, sessions, owner)
-            if claim.cancel:
-                loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
-            sink = checkpointer(loop, writer, steer_base, host, handed, run_id) if durable else None
-            point = ResumePoint(saved, claim.resumes, claim.cause, clean) if claim.resumes > 0 else None
-            # A resumed run continues the trace its checkpoint carries (the run thread copies it).
-            with _resumed_trace(claim.checkpoint if point is not None else ""):
-                handle = loop.start(claim.input, config, run_id, tap=writer.tap, checkpoint=sink, resume=point)
-        except Exception as exc:
-            msg = f"could not start the run: {type(exc).__name__}: {exc}"
-            setup_error = exc if isinstance(exc, LoopError) else LoopError(msg)
-            if setup_error is not exc:
-                setup_error.__cause__ = exc
-            log.error("run %s: %s", run_id, msg)
-        if handle is not None:
-            assert feed is not None
-            writer.attach(handle)
-            bridge.start(handle, feed)
-            writer.on_beat = bridge.poke
-            if durable and host is not None:
-                wait_or_drain(handle, writer, host, handed)
-            else:
-                handle.wait()
+        owner = backend.owner(run_id) if sessions is not None else None
+        st = _launch(claim, conversation, sessions, owner, writer, host, handed, run_id)
+        if st.handle is not None:
+            _watch(st, claim, writer, bridge, host, handed)
     finally:
         writer.stop()
         bridge.stop()
     try:
         if handed.is_set():
             return hand_back(backend, run_id, token, writer, host)
-        if handle is not None:
-            run = handle.record
-        else:
-            run = Run(id=run_id, input=claim.input, config=config or RunConfig())
-            run.end = time.time()
-            run.stop_reason = setup_error
-        session = loop.session.id if loop is not None else ""
-        if feed is not None:
-            left = [dumps(m.to_dict()) for m in feed.leftovers()]
-        else:  # never built: the steers taken with the claim go back as they came
-            left = list(claim.steers[steer_base:])
-        kept = loop is not None and run.stop_reason is None and sessions is None
-        history = loop.conversation() if kept and loop is not None else None
-        fields = _end_fields(run, writer, bridge.cursor, session, history, handle is not None)
-        fields[-1] = repr(claim.started_at)  # a resumed run keeps its first start
+        fields, left = st.ending(run_id, claim, writer, bridge.cursor, sessions)
         if writer.lost:
             return "lost"
         return _finish(backend, run_id, token, fields, left)
     finally:
-        if handle is not None:
+        if st.handle is not None:
             approvals.drop(backend, run_id)
-        if loop is not None:
-            loop.close()
+        if st.loop is not None:
+            st.loop.close()
+
+
+@attrs.define
+class _Launch:
+    """What starting a claimed run produced; a setup failure leaves ``handle`` None and sets ``error``."""
+
+    steer_base: int = 0
+    loop: Optional[BareLoop] = None
+    feed: Optional[SteerFeed] = None
+    handle: Optional[RunHandle] = None
+    config: Optional[RunConfig] = None
+    error: Optional[LoopError] = None
+
+    def record(self, run_id: str, claim: Claim) -> Run:
+        """The run's record; for a run that never started, one that ends with the setup error."""
+        if self.handle is not None:
+            return self.handle.record
+        run = Run(id=run_id, input=claim.input, config=self.config or RunConfig())
+        run.end = time.time()
+        run.stop_reason = self.error
+        return run
+
+    def ending(
+        self, run_id: str, claim: Claim, writer: EventWriter, cursor: int, sessions: Any
+    ) -> Tuple[List[str], List[str]]:
+        """The run's end fields for the registry, and its undelivered steering."""
+        run = self.record(run_id, claim)
+        loop = self.loop
+        session = loop.session.id if loop is not None else ""
+        left = self.leftovers(claim)
+        kept = loop is not None and run.stop_reason is None and sessions is None
+        history = loop.conversation() if kept and loop is not None else None
+        fields = _end_fields(run, writer, cursor, session, history, self.handle is not None)
+        fields[-1] = repr(claim.started_at)  # a resumed run keeps its first start
+        return fields, left
+
+    def leftovers(self, claim: Claim) -> List[str]:
+        """Steering the run did not deliver, as stored JSON."""
+        if self.feed is not None:
+            return [dumps(m.to_dict()) for m in self.feed.leftovers()]
+        return list(claim.steers[self.steer_base:])  # never built: the claimed steers go back as they came
+
+
+def _watch(
+    st: _Launch, claim: Claim, writer: EventWriter, bridge: Bridge, host: Optional[WorkerHost],
+    handed: threading.Event,
+) -> None:
+    """Relay the started run's steering and heartbeats until it ends (or a warm shutdown hands it back)."""
+    handle, feed = st.handle, st.feed
+    assert handle is not None and feed is not None
+    writer.attach(handle)
+    bridge.start(handle, feed)
+    writer.on_beat = bridge.poke
+    if claim.resume == "on_worker_loss" and host is not None:
+        wait_or_drain(handle, writer, host, handed)
+    else:
+        handle.wait()
+
+
+def _launch(
+    claim: Claim,
+    conversation: str,
+    sessions: Any,
+    owner: Optional[str],
+    writer: EventWriter,
+    host: Optional[WorkerHost],
+    handed: threading.Event,
+    run_id: str,
+) -> _Launch:
+    """Build the claimed run's loop and start it; a failure to do so is the run's error, logged."""
+    st = _Launch()
+    durable = claim.resume == "on_worker_loss"
+    saved: Optional[Checkpoint] = None
+    clean = False
+    try:
+        if claim.checkpoint:
+            saved, st.steer_base, clean = checkpoint_from_json(claim.checkpoint)
+        st.config = RunConfig.from_dict(json.loads(claim.config)) if claim.config else None
+        st.loop, st.feed = _build_loop(claim, conversation, saved, st.steer_base, sessions, owner)
+        loop = st.loop
+        if claim.cancel:
+            loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
+        sink = checkpointer(loop, writer, st.steer_base, host, handed, run_id) if durable else None
+        point = ResumePoint(saved, claim.resumes, claim.cause, clean) if claim.resumes > 0 else None
+        # A resumed run continues the trace its checkpoint carries (the run thread copies it).
+        with _resumed_trace(claim.checkpoint if point is not None else ""):
+            st.handle = loop.start(claim.input, st.config, run_id, tap=writer.tap, checkpoint=sink, resume=point)
+    except Exception as exc:
+        msg = f"could not start the run: {type(exc).__name__}: {exc}"
+        st.error = exc if isinstance(exc, LoopError) else LoopError(msg)
+        if st.error is not exc:
+            st.error.__cause__ = exc
+        log.error("run %s: %s", run_id, msg)
+    return st
 
 
 def _resumed_trace(checkpoint: str) -> Any:

@@ -32,35 +32,28 @@ from opentelemetry.trace import SpanKind
 
 from loopctl.cancel import HANDED_BACK
 from loopctl.events import (
-    AttemptReset,
     Event,
     Observer,
     OutputValidationFailed,
-    Response,
-    RetryScheduled,
     RunEnd,
     RunResumed,
     RunStart,
-    StreamFailure,
-    StreamSuccess,
     TextDelta,
     ThinkingDelta,
     ToolCallReceived,
     ToolInputDelta,
     ToolPost,
     ToolPre,
-    TurnEnd,
-    TurnStart,
 )
 
 from . import conventions as cv
-from .happenings import RunSpanEvents
+from .chat_events import ChatSpanEvents
 from .instruments import Instruments
 from .propagation import forget_run_span, note_run_span
 from .spans import (
-    ChatCall,
     RunState,
     SpanWriter,
+    ToolEnd,
     is_cancel,
     json_text,
     messages_json,
@@ -82,7 +75,7 @@ def _scope_version() -> str:
     return str(__version__)
 
 
-class OTelObserver(RunSpanEvents):
+class OTelObserver(ChatSpanEvents):
     """Turns a loop's events into OpenTelemetry GenAI spans and metrics.
 
     Register it like any observer (``loop.with_observer(OTelObserver())``),
@@ -329,113 +322,6 @@ class OTelObserver(RunSpanEvents):
             return None
         return None
 
-    # -- model calls ----------------------------------------------------------------------------
-
-    def on_turn_start(self, event: TurnStart) -> None:
-        """A model call begins: remember when (its span is made when it ends)."""
-        st = self._runs.get(run_key(event))
-        if st is not None:
-            self._flush_failed_chat(st)
-            provider = self.provider_name or event.provider or st.provider
-            if provider and not st.provider:
-                st.provider = provider  # the run span names it too, however the observer was attached
-                st.span.set_attribute(cv.PROVIDER_NAME, provider)
-            st.chat = ChatCall(event.turn, time.time_ns(), provider)
-
-    def on_attempt_reset(self, event: AttemptReset) -> None:
-        """A stream attempt failed and another starts: an event on the call's span."""
-        chat = self._chat(run_key(event), event.turn)
-        if chat is not None:
-            chat.events.append((cv.EV_ATTEMPT_RESET, {cv.ATTEMPT: event.attempt}, time.time_ns()))
-
-    def on_retry_scheduled(self, event: RetryScheduled) -> None:
-        """A failed call will be retried: an event with the cause and the wait."""
-        chat = self._chat(run_key(event), event.turn)
-        if chat is None:
-            return
-        chat.model = event.model or chat.model
-        chat.provider = chat.provider or event.provider
-        chat.events.append(
-            (
-                cv.EV_RETRY,
-                {
-                    cv.ATTEMPT: event.attempt,
-                    "loopctl.retry.max_attempts": event.max_attempts,
-                    "loopctl.retry.wait_s": float(event.wait_s),
-                    "loopctl.retry.cause": cv.redact(event.cause),
-                },
-                time.time_ns(),
-            )
-        )
-
-    def on_stream_success(self, event: StreamSuccess) -> None:
-        """The call succeeded: note the model that served it."""
-        chat = self._chat(run_key(event), event.turn)
-        if chat is not None:
-            chat.model = event.model or chat.model
-            chat.provider = chat.provider or event.provider
-            chat.usage_known = event.usage is not None
-
-    def on_stream_failure(self, event: StreamFailure) -> None:
-        """The call failed: note the model (the error arrives with the turn's end)."""
-        chat = self._chat(run_key(event), event.turn)
-        if chat is not None:
-            chat.model = event.model or chat.model
-            chat.provider = chat.provider or event.provider
-
-    def on_response(self, event: Response) -> None:
-        """The reply's text (subscribed only with ``record_content``)."""
-        chat = self._chat(run_key(event), event.turn)
-        if chat is not None:
-            chat.text = event.text
-        st = self._runs.get(run_key(event))
-        if st is not None:
-            st.text = event.text
-
-    def on_turn_end(self, event: TurnEnd) -> None:
-        """End the model call's span (``phase="llm"``) or close tools a phase cut short."""
-        st = self._runs.get(run_key(event))
-        if st is None:
-            return
-        now = time.time_ns()
-        if event.phase == "llm":
-            chat = st.chat
-            if chat is not None and chat.turn == event.turn:
-                if event.success:
-                    self._spans.chat(st, chat, now, True, None, event)
-                else:
-                    # Written when the run goes on or ends: the event names its
-                    # class (else, if this failure ends the run, the run's does).
-                    st.chat = None
-                    self._flush_failed_chat(st)
-                    st.failed_chat = (chat, now, event)
-        elif st.tools:
-            if event.success:
-                self._spans.open_tools(st, now, None)
-            else:
-                self._spans.open_tools(st, now, event.error, event.error_type)
-
-    def _flush_failed_chat(
-        self, st: RunState, run_error_class: Optional[str] = None, run_error: Optional[str] = None
-    ) -> None:
-        """Write the held failed model call; it takes the run's error class if it is the run's error."""
-        held = st.failed_chat
-        if held is None:
-            return
-        st.failed_chat = None
-        chat, ended_ns, end = held
-        error_class = end.error_type
-        if error_class is None and run_error_class is not None and run_error == end.error:
-            error_class = run_error_class
-        self._spans.chat(st, chat, ended_ns, False, end.error, end, error_class)
-
-    def _chat(self, run_id: str, turn: int) -> Optional[ChatCall]:
-        st = self._runs.get(run_id)
-        if st is None:
-            return None
-        chat = st.chat
-        return chat if chat is not None and chat.turn == turn else None
-
     # -- tool calls ----------------------------------------------------------------------------
 
     def on_tool_call_received(self, event: ToolCallReceived) -> None:
@@ -475,9 +361,10 @@ class OTelObserver(RunSpanEvents):
         if event.duration_ms is not None and event.duration_ms >= 0:
             end_ns = min(now, start_ns + int(event.duration_ms * 1e6))
         output = event.output if self.record_content else None
+        end = ToolEnd(end_ns, event.is_error, output, event.duration_ms)
         self._spans.tool(
-            st, event.call_id, event.attempt, (start_ns, turn, tool), end_ns, event.is_error, output,
-            event.duration_ms, span=st.live.pop((event.call_id, event.attempt), None),
+            st, event.call_id, event.attempt, (start_ns, turn, tool), end,
+            span=st.live.pop((event.call_id, event.attempt), None),
         )
 
 

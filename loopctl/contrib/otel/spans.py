@@ -14,6 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any, Optional
 
+import attrs
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -99,6 +100,24 @@ def is_cancel(error: Optional[str]) -> bool:
     return cv.is_cancel_text(error)
 
 
+@attrs.frozen
+class ToolEnd:
+    """How a tool call attempt ended: when, whether as an error, and what it said.
+
+    ``cancelled``, ``error`` and ``kind`` are set for an attempt a run's
+    end cut short (the run's error and its class); ``output`` is the
+    result's text, given only when content is recorded.
+    """
+
+    end_ns: int
+    is_error: bool
+    output: Optional[str] = None
+    duration_ms: Optional[float] = None
+    cancelled: bool = False
+    error: Optional[str] = None
+    kind: Optional[str] = None
+
+
 class SpanWriter:
     """Makes the finished child spans of a run and records the GenAI metrics."""
 
@@ -139,17 +158,7 @@ class SpanWriter:
             cancelled = not success and is_cancel(error)
         kind: Optional[str] = None
         if success and end is not None:
-            if chat.model:
-                attrs[cv.RESPONSE_MODEL] = chat.model
-            if chat.usage_known:
-                attrs[cv.INPUT_TOKENS] = end.input_tokens
-                attrs[cv.OUTPUT_TOKENS] = end.output_tokens
-                st.input_tokens += end.input_tokens
-                st.output_tokens += end.output_tokens
-            if end.stop_reason is not None:
-                attrs[cv.FINISH_REASONS] = (cv.FINISH_REASON_OF.get(end.stop_reason, str(end.stop_reason)),)
-            if self.record_content and chat.text is not None:
-                attrs[cv.OUTPUT_MESSAGES] = messages_json("assistant", chat.text)
+            self._reply_attrs(st, chat, end, attrs)
         elif cancelled:
             attrs[cv.CANCELLED] = True
         else:
@@ -167,7 +176,33 @@ class SpanWriter:
         if kind is not None:
             record_error(span, kind, error, now, self.record_content)
         span.end(end_time=now)
-        # The metrics carry the conventions' attributes only (low cardinality).
+        self._chat_metrics(chat, now, success, end, provider, model, kind)
+
+    def _reply_attrs(self, st: RunState, chat: ChatCall, end: TurnEnd, attrs: dict[str, Any]) -> None:
+        """A successful call's span attributes: the serving model, tokens (added to the run's), finish."""
+        if chat.model:
+            attrs[cv.RESPONSE_MODEL] = chat.model
+        if chat.usage_known:
+            attrs[cv.INPUT_TOKENS] = end.input_tokens
+            attrs[cv.OUTPUT_TOKENS] = end.output_tokens
+            st.input_tokens += end.input_tokens
+            st.output_tokens += end.output_tokens
+        if end.stop_reason is not None:
+            attrs[cv.FINISH_REASONS] = (cv.FINISH_REASON_OF.get(end.stop_reason, str(end.stop_reason)),)
+        if self.record_content and chat.text is not None:
+            attrs[cv.OUTPUT_MESSAGES] = messages_json("assistant", chat.text)
+
+    def _chat_metrics(
+        self,
+        chat: ChatCall,
+        now: int,
+        success: bool,
+        end: Optional[TurnEnd],
+        provider: Optional[str],
+        model: Optional[str],
+        kind: Optional[str],
+    ) -> None:
+        """The call's duration and token metrics; they carry the conventions' attributes only (low cardinality)."""
         m_attrs: dict[str, Any] = {cv.OPERATION_NAME: cv.OP_CHAT}
         if provider:
             m_attrs[cv.PROVIDER_NAME] = provider
@@ -185,27 +220,17 @@ class SpanWriter:
             usage.record(end.output_tokens, {**m_attrs, cv.TOKEN_TYPE: "output"})
 
     def tool(
-        self,
-        st: RunState,
-        call_id: str,
-        attempt: int,
-        opened: OpenTool,
-        end_ns: int,
-        is_error: bool,
-        output: Optional[str] = None,
-        duration_ms: Optional[float] = None,
-        cancelled: bool = False,
-        error: Optional[str] = None,
-        kind: Optional[str] = None,
-        span: Any = None,
+        self, st: RunState, call_id: str, attempt: int, opened: OpenTool, end: ToolEnd, span: Any = None
     ) -> None:
-        """One tool call attempt's span, from ``opened`` to ``end_ns``.
+        """One tool call attempt's span, from ``opened`` to ``end.end_ns``.
 
-        ``error`` is the run's error when the attempt was cut short by it;
+        ``end.error`` is the run's error when the attempt was cut short by it;
         a soft error result (``is_error`` alone) says only that, never the
         tool's own text, unless content is recorded. ``span`` is the
         attempt's span when ``open_tool`` made it already.
         """
+        end_ns, is_error, output, duration_ms = end.end_ns, end.is_error, end.output, end.duration_ms
+        cancelled, error, kind = end.cancelled, end.error, end.kind
         start_ns, turn, tool = opened
         attrs: dict[str, Any] = {
             cv.OPERATION_NAME: cv.OP_TOOL,
@@ -268,11 +293,11 @@ class SpanWriter:
         else:
             cancelled = is_cancel(error)
         for (call_id, attempt), opened in open_tools.items():
-            self.tool(
-                st, call_id, attempt, opened, now, not cancelled, cancelled=cancelled,
-                error=error or NO_RESULT, kind=(error_class if error else "no_result"),
-                span=st.live.pop((call_id, attempt), None),
+            end = ToolEnd(
+                now, not cancelled, cancelled=cancelled, error=error or NO_RESULT,
+                kind=(error_class if error else "no_result"),
             )
+            self.tool(st, call_id, attempt, opened, end, span=st.live.pop((call_id, attempt), None))
 
 
 #: The status of an attempt that ended without ``on_tool_post`` while its phase went on.
