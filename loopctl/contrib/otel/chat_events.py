@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from loopctl.observers import (
+from loopctl.events import (
     AttemptReset,
     Response,
     RetryScheduled,
