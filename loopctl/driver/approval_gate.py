@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Callable, ContextManager, Optional, Protocol
 
 import attrs
 
@@ -37,12 +37,22 @@ from loopctl.approvals import ApprovalContext, ApprovalDecision, denial_text
 from loopctl.driver.admission import Admitted
 from loopctl.driver.approvals import ApprovalSlot
 from loopctl.messages import ToolResultPart
-from loopctl.observers import ApprovalRequested, ApprovalResolved
+from loopctl.observers import ApprovalRequested, ApprovalResolved, Event
 
 log = logging.getLogger("loopctl")
 
 #: ``policy(ctx) -> bool``: True when the call needs a person's approval.
 ApprovalPolicy = Callable[[ApprovalContext], bool]
+#: Releases the run's fence around blocking work (``RunContext.unfenced``).
+Unfence = Callable[[], ContextManager[object]]
+
+
+class EventSink(Protocol):
+    """Where approval events go: the run's events (only those an observer wants)."""
+
+    def wants(self, cls: type[Event]) -> bool: ...
+
+    def emit(self, event: Event) -> None: ...
 
 
 class ParkedBatch:
@@ -50,7 +60,7 @@ class ParkedBatch:
 
     __slots__ = ("slot", "events", "session_id", "ids", "decisions")
 
-    def __init__(self, slot: ApprovalSlot, events: Any, session_id: str, ids: dict[int, str]) -> None:
+    def __init__(self, slot: ApprovalSlot, events: EventSink, session_id: str, ids: dict[int, str]) -> None:
         self.slot = slot
         self.events = events
         self.session_id = session_id
@@ -61,7 +71,7 @@ class ParkedBatch:
         """True when call ``index`` waits for a person."""
         return index in self.ids
 
-    def wait_for(self, indices: Sequence[int], unfenced: Callable[[], Any]) -> None:
+    def wait_for(self, indices: Sequence[int], unfenced: Unfence) -> None:
         """Block (unfenced) until every call in ``indices`` is answered; report answers as they come.
 
         Raises:
@@ -80,20 +90,20 @@ class ParkedBatch:
         return self.decisions[self.ids[index]]
 
 
-def report(events: Any, session_id: str, run_id: str, d: ApprovalDecision) -> None:
+def report(events: EventSink, session_id: str, run_id: str, d: ApprovalDecision) -> None:
     """Fire ``on_approval_resolved`` for ``d``."""
     if events.wants(ApprovalResolved):
         events.emit(ApprovalResolved(session_id, run_id, d.call_id, d.tool, d.approved, d.by, d.reason, d.edited))
 
 
-def report_unreported(slot: ApprovalSlot, events: Any, session_id: str) -> None:
+def report_unreported(slot: ApprovalSlot, events: EventSink, session_id: str) -> None:
     """Fire ``on_approval_resolved`` for every answer not reported yet (finalize)."""
     for d in slot.take_unreported():
         report(events, session_id, slot.run_id, d)
 
 
 def needs_approval(
-    admitted: Admitted, policy: Optional[ApprovalPolicy], ctx: ApprovalContext, unfenced: Callable[[], Any]
+    admitted: Admitted, policy: Optional[ApprovalPolicy], ctx: ApprovalContext, unfenced: Unfence
 ) -> bool:
     """Whether an admitted call waits for a person (its tool says so, or the policy does)."""
     tool = admitted.tool
@@ -109,11 +119,11 @@ def park_batch(
     policy: Optional[ApprovalPolicy],
     calls: Sequence[Admitted],
     *,
-    events: Any,
+    events: EventSink,
     session_id: str,
     turn: int,
     default_timeout: Optional[float],
-    unfenced: Callable[[], Any],
+    unfenced: Unfence,
 ) -> Optional[ParkedBatch]:
     """Park the calls that need approval; None when none does (the fast path).
 
@@ -141,7 +151,7 @@ def park_batch(
     return ParkedBatch(slot, events, session_id, ids) if ids else None
 
 
-def _ask_policy(policy: Any, ctx: ApprovalContext, unfenced: Callable[[], Any]) -> bool:
+def _ask_policy(policy: ApprovalPolicy, ctx: ApprovalContext, unfenced: Unfence) -> bool:
     with unfenced():  # user code may block: never hold a cancel
         try:
             return bool(policy(ctx))
@@ -156,7 +166,7 @@ def dispatch_parked(
     waves: Sequence[Sequence[int]],
     run_group: Callable[[Sequence[Admitted]], list[ToolResultPart]],
     check_cancel: Callable[[], None],
-    unfenced: Callable[[], Any],
+    unfenced: Unfence,
 ) -> list[ToolResultPart]:
     """Run ``calls`` wave by wave around their approvals; results in request order.
 
