@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 _SCALARS = (str, int, float, bool, type(None), bytes)
 
 
-def _refuse(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
+def _refuse(self: object, *args: object, **kwargs: object) -> NoReturn:
     raise TypeError(f"{type(self).__name__} is immutable: make a copy with thaw() or dict()/list() to change it")
 
 
@@ -42,7 +42,7 @@ class FrozenDict(dict):  # type: ignore[type-arg]
     def __copy__(self) -> FrozenDict:
         return self
 
-    def __deepcopy__(self, memo: Any) -> FrozenDict:
+    def __deepcopy__(self, memo: object) -> FrozenDict:
         return self
 
     def __hash__(self) -> int:  # type: ignore[override]
@@ -54,7 +54,7 @@ class FrozenList(list):  # type: ignore[type-arg]
 
     __slots__ = ()
 
-    def __init__(self, value: Iterable[Any] = (), /) -> None:
+    def __init__(self, value: Iterable[object] = (), /) -> None:
         list.__init__(self, (freeze(v) for v in value))
 
     __setitem__ = __delitem__ = _refuse
@@ -67,14 +67,14 @@ class FrozenList(list):  # type: ignore[type-arg]
     def __copy__(self) -> FrozenList:
         return self
 
-    def __deepcopy__(self, memo: Any) -> FrozenList:
+    def __deepcopy__(self, memo: object) -> FrozenList:
         return self
 
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(tuple(_hashable(v) for v in self))
 
 
-def _hashable(v: Any) -> Any:
+def _hashable(v: object) -> object:
     try:
         hash(v)
     except TypeError:
@@ -82,7 +82,7 @@ def _hashable(v: Any) -> Any:
     return v
 
 
-def freeze(value: Any) -> Any:
+def freeze(value: object) -> object:
     """A deeply immutable copy of ``value`` (a frozen value is returned as it is).
 
     Mappings become ``FrozenDict``, lists and tuples ``FrozenList``; strings,
@@ -105,7 +105,7 @@ def freeze_arguments(value: Mapping[str, Any]) -> FrozenDict:
     return FrozenDict(value)
 
 
-def thaw(value: Any) -> Any:
+def thaw(value: object) -> Any:
     """A fresh, plain, mutable deep copy of ``value`` (dicts and lists all the way down)."""
     if isinstance(value, _SCALARS):
         return value

@@ -29,7 +29,7 @@ QUOTED_FIELDS = frozenset(("error", "cause", "errors", "pattern", "reason"))
 _IDS = frozenset(("session_id", "run_id"))
 
 
-def _json_safe(value: Any) -> Any:
+def _json_safe(value: object) -> object:
     if value is None or isinstance(value, (bool, int)):
         return value
     if isinstance(value, float):
@@ -512,7 +512,7 @@ class Observer:
 class CallbackObserver(Observer):
     """An observer that hands every event to one callable (``fn(event)``)."""
 
-    def __init__(self, fn: Any) -> None:
+    def __init__(self, fn: object) -> None:
         self._fn = fn
         for method in EVENT_METHODS.values():
             setattr(self, method, fn)

@@ -115,7 +115,7 @@ class _WriteTx:
         self.con.execute("BEGIN IMMEDIATE")
         return self.con
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+    def __exit__(self, et: object, ev: object, tb: object) -> None:
         if et is None:
             self.con.execute("COMMIT")
         else:
@@ -425,7 +425,7 @@ class SqliteMemoryStore:
     def __enter__(self) -> SqliteMemoryStore:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -304,7 +304,7 @@ class Interrupts:
             self._installed = True
         return self
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
+    def _on_sigint(self, signum: int, frame: object) -> None:
         self.count += 1
         if self.count > 1:
             restore_terminal()
@@ -318,7 +318,7 @@ class Interrupts:
         if self.count:
             handle.cancel("interrupted (Ctrl-C)")
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._installed:
             signal.signal(signal.SIGINT, self._previous)
 
@@ -343,7 +343,7 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-def make_client(args: argparse.Namespace, env: Mapping[str, str], *, visible: bool = False) -> Any:
+def make_client(args: argparse.Namespace, env: Mapping[str, str], *, visible: bool = False) -> object:
     """The model client the options ask for (remote providers import lazily).
 
     Raises:

@@ -176,7 +176,7 @@ def _check_options(opts: Any, request: ModelRequest) -> None:
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
-def _json_schema(fmt: Mapping[str, Any]) -> Any:
+def _json_schema(fmt: Mapping[str, Any]) -> object:
     # The OpenAI shape or a bare JSON Schema; "json_object"/"text" name no shape to fill.
     inner = fmt.get("json_schema")
     if fmt.get("type") == "json_schema" and isinstance(inner, Mapping):
@@ -194,7 +194,7 @@ def _typed_answer(plan: Plan, opts: Any, request: ModelRequest) -> Plan:
     return plan
 
 
-def _fill(schema: Any, text: str) -> Any:
+def _fill(schema: object, text: str) -> Any:
     """A value of ``schema`` from the answer's sentence: numbers get its last number, strings the sentence."""
     if not isinstance(schema, Mapping):
         return text
@@ -220,7 +220,7 @@ def _fill(schema: Any, text: str) -> Any:
     return text
 
 
-def _conversation_hash(request: ModelRequest) -> Any:
+def _conversation_hash(request: ModelRequest) -> object:
     h = hashlib.sha1()
     for m in request.messages:
         h.update(json.dumps(m.to_dict(), sort_keys=True).encode())

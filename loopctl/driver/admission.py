@@ -86,7 +86,7 @@ def unique_ids(calls: Sequence[ToolCallPart]) -> list[ToolCallPart]:
     return out
 
 
-def admit(calls: Sequence[ToolCallPart], tools: Any) -> list[Admitted]:
+def admit(calls: Sequence[ToolCallPart], tools: object) -> list[Admitted]:
     """The gate: unique ids, resolved names, frozen and validated arguments, in request order.
 
     Args:
@@ -124,7 +124,7 @@ def _admit_one(call: ToolCallPart, tools: Any) -> Admitted:
     return Admitted(call, tool, problem)
 
 
-def admit_message(message: Message, tools: Any) -> tuple[Message, list[Admitted]]:
+def admit_message(message: Message, tools: object) -> tuple[Message, list[Admitted]]:
     """A reply (or resumed message) with its calls admitted in place, and the admitted calls."""
     calls = message.tool_calls
     if not calls:
@@ -137,7 +137,7 @@ def admit_message(message: Message, tools: Any) -> tuple[Message, list[Admitted]
     return attrs.evolve(message, parts=parts), admitted
 
 
-def json_size(value: Any, limit: int) -> int:
+def json_size(value: object, limit: int) -> int:
     """The approximate length of ``value`` as JSON text; stops counting past ``limit``."""
     total = 0
     stack = [value]

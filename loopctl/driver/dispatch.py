@@ -93,7 +93,7 @@ class Dispatcher:
     def __init__(self, parts: LoopParts, resources: LoopResources) -> None:
         self.parts = parts
         self.resources = resources
-        self.sleep: Callable[[Any, float], bool] = _cancel_wait
+        self.sleep: Callable[[object, float], bool] = _cancel_wait
 
     # -- batches ---------------------------------------------------------------
 

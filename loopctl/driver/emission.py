@@ -39,7 +39,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from loopctl.driver.phases import NullScope, Phase, PhaseScope
 from loopctl.hooks import HookExecutor, RunHookContext
@@ -273,7 +273,7 @@ class RunEvents:
 
     # -- phases ------------------------------------------------------------------
 
-    def phase(self, turn: int, name: str, context_tokens: int) -> Union[NullScope, PhaseScope]:
+    def phase(self, turn: int, name: str, context_tokens: int) -> Any:
         """Open a phase; the scope sends its ``on_turn_end`` on every exit."""
         null = self._null_scope
         if null is not None:

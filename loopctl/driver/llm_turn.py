@@ -236,7 +236,7 @@ class ModelTurn(RunState):
             raise Cancelled(cancel.reason)
         return response
 
-    def _next_event(self, it: Iterator[Any]) -> Any:
+    def _next_event(self, it: Iterator[object]) -> Any:
         """The call's next event (None at its end), read unfenced; foreign errors become ``ModelError``."""
         rc = self.rc
         try:

@@ -65,7 +65,7 @@ class TokenMeter:
             self._key = key
         return self._raw + self.overhead
 
-    def figure(self, machine: Any) -> int:
+    def figure(self, machine: object) -> int:
         """The calibrated size of the conversation as the next request would send it."""
         return self.calibration.scale(self.raw(machine))
 

@@ -30,7 +30,7 @@ def decide(
     strategy: Any,
     error: str,
     call: ToolCallPart,
-    schema: Any,
+    schema: object,
     rctx: ReflectionContext,
     attempt: int,
     max_attempts: int,
@@ -51,7 +51,7 @@ def decide(
     return analysis, action
 
 
-def corrected(call: ToolCallPart, correction: Any) -> ToolCallPart:
+def corrected(call: ToolCallPart, correction: object) -> ToolCallPart:
     """Apply an input fix or a tool change; anything else (or a bad fix) is skipped."""
     if correction is None:
         return call

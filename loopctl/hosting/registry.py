@@ -64,7 +64,7 @@ class _LoopSlot:
         self.loop: Optional[BareLoop] = None
 
 
-def _positive_int(name: str, value: Any) -> int:
+def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"RunRegistry {name} must be an int >= 1, got {value!r}")
     return value
@@ -95,7 +95,7 @@ class RunRegistry:
         keep_finished_s: float = 600,
         event_buffer: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
-        session_store: Any = None,
+        session_store: object = None,
     ) -> None:
         if session_store is not None and not hasattr(session_store, "session"):
             raise ConfigError(f"RunRegistry session_store must be a session store, got {session_store!r:.80}")
@@ -117,7 +117,7 @@ class RunRegistry:
         self._ending: deque[Tuple[float, _Entry]] = deque()
         self._waiting_done: List[Tuple[float, _Entry]] = []
         self._finished: deque[Tuple[float, _Entry]] = deque()
-        self._last_on_loop: weakref.WeakKeyDictionary[Any, _Entry] = weakref.WeakKeyDictionary()
+        self._last_on_loop: weakref.WeakKeyDictionary[object, _Entry] = weakref.WeakKeyDictionary()
         self._loops: Dict[Hashable, _LoopSlot] = {}
         self._closed = False
 
@@ -131,7 +131,7 @@ class RunRegistry:
         run_id: Optional[str] = None,
         *,
         owner: Optional[Hashable] = None,
-        output_type: Any = None,
+        output_type: object = None,
         session_id: Optional[str] = None,
     ) -> str:
         """Start a run of ``loop`` on its worker thread and register it.
@@ -499,7 +499,7 @@ class RunRegistry:
     def __enter__(self) -> RunRegistry:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -224,7 +224,7 @@ def response_events(response: ModelResponse, chunk: int = 8) -> Iterator[StreamE
 _SHOWN = 120  # characters of offending arguments quoted back to the model
 
 
-def token_count(value: Any) -> int:
+def token_count(value: object) -> int:
     """A provider's token count as an int >= 0; anything else (text, negative, NaN) counts 0.
 
     Usage is informational: a server's odd value must not end a run.
@@ -242,7 +242,7 @@ def _quote(text: str) -> str:
     return f"{shown!r}{more}"
 
 
-def tool_call_part(call_id: str, name: str, arguments: Any) -> ToolCallPart:
+def tool_call_part(call_id: str, name: str, arguments: object) -> ToolCallPart:
     """A well-formed ``ToolCallPart`` from a provider's tool call.
 
     ``arguments`` is the JSON text the model sent (or an already parsed

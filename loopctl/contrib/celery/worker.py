@@ -88,7 +88,7 @@ from .task import propagation
 
 log = logging.getLogger("loopctl")
 
-def resolve_factory(spec: str) -> Callable[..., Any]:
+def resolve_factory(spec: str) -> Callable[..., object]:
     """Import ``"pkg.module:attr"`` (``attr`` may be dotted).
 
     Raises:
@@ -98,14 +98,14 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
     if not sep or not module or not attr:
         raise ConfigError(f"loop_factory must look like 'pkg.module:factory', got {spec!r}")
     try:
-        obj: Any = importlib.import_module(module)
+        obj: object = importlib.import_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot import loop_factory {spec!r}: {type(exc).__name__}: {exc}") from exc
     if not callable(obj):
         raise ConfigError(f"loop_factory {spec!r} is not callable: {obj!r:.60}")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def _build_loop(
@@ -154,7 +154,7 @@ def execute_run(
     settings: WorkerSettings,
     worker: str,
     host: Optional[WorkerHost] = None,
-    sessions: Any = None,
+    sessions: object = None,
 ) -> str:
     """Claim and execute one queued run here; returns what happened (for logs).
 

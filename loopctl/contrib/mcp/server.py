@@ -353,7 +353,7 @@ class MCPServer:
 
     # -- the connection -------------------------------------------------------------
 
-    def _connection(self, cancel: Any) -> Connection:
+    def _connection(self, cancel: object) -> Connection:
         """The live connection, opening (or reopening) it when needed.
 
         Raises:

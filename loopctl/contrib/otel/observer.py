@@ -155,7 +155,7 @@ class OTelObserver(RunSpanEvents):
 
     # -- wiring -------------------------------------------------------------------------------
 
-    def instrument(self, loop: Any) -> Any:
+    def instrument(self, loop: Any) -> object:
         """Register on ``loop`` and watch its cancel signal; returns the loop.
 
         Watching the signal puts each cancel's request time on the run's
