@@ -51,6 +51,7 @@ from loopctl.demo.wording import check_key, error_lines
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
 from loopctl.observers import CallbackObserver
+from loopctl.providers.base import ModelClient
 from loopctl.records import json_form
 from loopctl.text import json_safe, redact_value
 
@@ -223,7 +224,7 @@ class Command:
         if not self._armed:
             self.arm()
         error: Optional[LoopError] = None
-        run: Any = None
+        run: object = None
         try:
             with Interrupts() as interrupts:
                 try:
@@ -343,7 +344,7 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-def make_client(args: argparse.Namespace, env: Mapping[str, str], *, visible: bool = False) -> object:
+def make_client(args: argparse.Namespace, env: Mapping[str, str], *, visible: bool = False) -> ModelClient:
     """The model client the options ask for (remote providers import lazily).
 
     Raises:
@@ -363,7 +364,8 @@ def make_client(args: argparse.Namespace, env: Mapping[str, str], *, visible: bo
     kwargs: dict[str, Any] = {"model": args.model or env.get(var) or default}
     if args.base_url:
         kwargs["base_url"] = args.base_url
-    return cls(**kwargs)
+    client: ModelClient = cls(**kwargs)
+    return client
 
 
 def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = None,

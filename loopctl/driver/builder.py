@@ -44,6 +44,7 @@ from loopctl.hooks import HookExecutor
 from loopctl.machine import LoopMachine, MachineState
 from loopctl.messages import Message, RequestOptions
 from loopctl.observers import ModelSwitched, Observer
+from loopctl.providers.base import ModelClient
 from loopctl.providers.stream_handler import StreamHandler
 from loopctl.records import Session
 from loopctl.tools.base import Tool
@@ -72,7 +73,7 @@ class LoopSetup:
 
     def __init__(
         self,
-        client: Any,
+        client: ModelClient,
         tools: Union[ToolRegistry, Iterable[Tool]] = (),
         config: SessionConfig = SessionConfig(),
         *,

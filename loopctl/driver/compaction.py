@@ -29,6 +29,7 @@ from typing import Any, Optional
 from loopctl.driver.run_state import RunState
 from loopctl.errors import Cancelled, ContextExceeded, LoopError
 from loopctl.hooks import CompactHookContext
+from loopctl.messages import ModelRequest
 from loopctl.observers import Compaction as CompactionEvent
 from loopctl.providers.stream_handler import cancellable_complete
 
@@ -101,7 +102,7 @@ class Compaction(RunState):
             raise ContextExceeded(before, window) from failure
         return compacted
 
-    def summarize(self, request: Any) -> object:
+    def summarize(self, request: ModelRequest) -> object:
         """A cancel-aware model call for a summarizing compactor."""
         return cancellable_complete(self.parts.client, request, self.rc.cancel)
 

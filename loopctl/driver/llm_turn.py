@@ -22,6 +22,7 @@ from loopctl.context.contributors import ContributorContext
 from loopctl.context.memory import MEMORY_PREFIX, format_memory, memory_query
 from loopctl.driver.admission import admit_message
 from loopctl.driver.handle import RunContext
+from loopctl.driver.phases import Phase
 from loopctl.driver.run_state import RunState
 from loopctl.errors import (
     Cancelled,
@@ -139,7 +140,7 @@ class ModelTurn(RunState):
             parts.provider_name(),
         )
 
-    def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
+    def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Phase) -> None:
         """Calibrate, detect convergence, ``on_response``, feed the machine, the ``Turn`` record."""
         parts = self.parts
         em = self.events

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Optional
 
 from loopctl.context.tokens import ConversationMeter, TokenCounter, UsageCalibration, count_messages
+from loopctl.machine import LoopMachine
 from loopctl.messages import Message
 
 
@@ -52,7 +53,7 @@ class TokenMeter:
         self.overhead = head + sum(counter.count_text(repr(s.to_dict())) for s in schemas)
         self._overhead_of = (system_prompt, schemas)
 
-    def raw(self, machine: Any) -> int:
+    def raw(self, machine: LoopMachine) -> int:
         """Uncalibrated tokens of history + pending + overhead."""
         m = machine
         key = m.size_key
@@ -65,7 +66,7 @@ class TokenMeter:
             self._key = key
         return self._raw + self.overhead
 
-    def figure(self, machine: object) -> int:
+    def figure(self, machine: LoopMachine) -> int:
         """The calibrated size of the conversation as the next request would send it."""
         return self.calibration.scale(self.raw(machine))
 

@@ -9,28 +9,30 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Optional
 
 import attrs
 
-from loopctl.messages import ToolCallPart
+from loopctl.messages import ToolCallPart, ToolSchema
 from loopctl.tools.recovery import (
     CorrectionKind,
     Fail,
     FailureAnalysis,
     RecoveryAction,
+    RecoveryStrategy,
     ReflectionContext,
+    Reflector,
 )
 
 log = logging.getLogger("loopctl")
 
 
 def decide(
-    reflector: Any,
-    strategy: Any,
+    reflector: Reflector,
+    strategy: RecoveryStrategy,
     error: str,
     call: ToolCallPart,
-    schema: object,
+    schema: Optional[ToolSchema],
     rctx: ReflectionContext,
     attempt: int,
     max_attempts: int,

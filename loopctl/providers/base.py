@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Optional, Protocol, Union, runtime_checkable
 
 import attrs
@@ -177,7 +177,7 @@ class ModelClient(Protocol):
 class IteratorStream:
     """A ``ModelStream`` over any iterator of events (close stops it)."""
 
-    def __init__(self, events: Iterator[StreamEvent], on_close: Any = None) -> None:
+    def __init__(self, events: Iterator[StreamEvent], on_close: Optional[Callable[[], None]] = None) -> None:
         self._events = events
         self._closed = False
         self._on_close = on_close

@@ -29,8 +29,10 @@ from typing import Any, Optional
 
 import attrs
 
+from loopctl.cancel import CancelSignal
 from loopctl.errors import Cancelled, ConfigError
 from loopctl.messages import ModelRequest, ModelResponse
+from loopctl.providers.base import ModelClient
 from loopctl.providers.http import CallScope
 from loopctl.providers.turn_stream import TurnStream
 from loopctl.timeouts import clamp, seconds
@@ -111,11 +113,11 @@ class StreamHandler:
             single_attempt=True,
         )
 
-    def stream_turn(self, client: object, request: ModelRequest, cancel: object) -> TurnStream:
+    def stream_turn(self, client: ModelClient, request: ModelRequest, cancel: CancelSignal) -> TurnStream:
         """The turn's events; ``close()`` (any thread) stops a blocked read."""
         return TurnStream(self, client, request, cancel)
 
-    def complete_turn(self, client: object, request: ModelRequest, cancel: object) -> TurnStream:
+    def complete_turn(self, client: ModelClient, request: ModelRequest, cancel: CancelSignal) -> TurnStream:
         """A non-streaming call under the same retries and total deadline.
 
         Yields ``RetryWait``/``StreamAttemptReset`` around retries and, last,
@@ -124,7 +126,7 @@ class StreamHandler:
         return TurnStream(self, client, request, cancel, streaming=False)
 
 
-def cancellable_complete(client: Any, request: ModelRequest, cancel: Any) -> ModelResponse:
+def cancellable_complete(client: ModelClient, request: ModelRequest, cancel: CancelSignal) -> ModelResponse:
     """``client.complete(request)`` that a cancel interrupts (HTTP clients).
 
     The call runs in a ``CallScope`` closed by a cancel listener, so a call

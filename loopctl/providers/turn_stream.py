@@ -19,11 +19,13 @@ import time
 from collections.abc import Iterator
 from typing import Any, Callable, Optional, Protocol
 
+from loopctl.cancel import CancelSignal
 from loopctl.errors import Cancelled, LoopError, ModelError
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.providers.base import (
     HandlerEvent,
     MessageStop,
+    ModelClient,
     StreamAttemptReset,
     StreamRescue,
 )
@@ -72,7 +74,7 @@ class TurnStream:
     )
 
     def __init__(
-        self, handler: TurnSettings, client: Any, request: ModelRequest, cancel: Any, streaming: bool = True
+        self, handler: TurnSettings, client: ModelClient, request: ModelRequest, cancel: CancelSignal, streaming: bool = True
     ) -> None:
         self._h = handler
         self._client = client

@@ -41,7 +41,7 @@ MAX_ID_CHARS = 65_536
 DEFAULT_LEASE_S = 60.0
 
 
-def check_session_id(session_id: Any) -> str:
+def check_session_id(session_id: object) -> str:
     """``session_id`` if it is a usable id.
 
     Raises:
@@ -61,7 +61,7 @@ def check_session_id(session_id: Any) -> str:
     return session_id
 
 
-def check_owner(owner: Any) -> Optional[str]:
+def check_owner(owner: object) -> Optional[str]:
     """``owner`` if it is None or a non-empty ``str`` (else ``ValueError``)."""
     if owner is None:
         return None
@@ -71,7 +71,7 @@ def check_owner(owner: Any) -> Optional[str]:
     return owner
 
 
-def check_lease(lease_s: Any, clock: Any) -> float:
+def check_lease(lease_s: object, clock: object) -> float:
     """The lease length, validated with the clock (``ConfigError`` naming the bad one)."""
     if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not lease_s > 0:
         raise ConfigError(f"session lease_s must be a number > 0, got {lease_s!r}")
@@ -225,7 +225,7 @@ class SessionStore:
     def __enter__(self) -> SessionStore:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

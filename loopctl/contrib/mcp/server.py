@@ -152,7 +152,7 @@ class MCPServer:
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def connect(self) -> None:
