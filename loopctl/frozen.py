@@ -36,7 +36,7 @@ class FrozenDict(dict):  # type: ignore[type-arg]
     clear = pop = popitem = setdefault = update = _refuse
     __ior__ = _refuse
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[object, ...]:
         return (FrozenDict, (dict(self),))
 
     def __copy__(self) -> FrozenDict:
@@ -61,7 +61,7 @@ class FrozenList(list):  # type: ignore[type-arg]
     append = extend = insert = pop = remove = clear = sort = reverse = _refuse
     __iadd__ = __imul__ = _refuse
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[object, ...]:
         return (FrozenList, (list(self),))
 
     def __copy__(self) -> FrozenList:

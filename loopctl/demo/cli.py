@@ -48,11 +48,13 @@ from loopctl.demo.terminal import KeysMode, StdinLines, restore_terminal
 from loopctl.demo.tools import demo_tools
 from loopctl.demo.view import Console, LiveView, RunFacts
 from loopctl.demo.wording import check_key, error_lines
+from loopctl.driver.handle import RunHandle
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, ConfigError, LoopError
 from loopctl.observers import CallbackObserver
 from loopctl.providers.base import ModelClient
-from loopctl.records import json_form
+from loopctl.records import Run, json_form
+from loopctl.sessions import SQLiteSessionStore
 from loopctl.text import json_safe, redact_value
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -82,7 +84,7 @@ class Command:
         if schema is not None:
             self.config = attrs.evolve(self.config, output_type=schema)
         self.approvals = ApprovalPrompt(lambda text: self.note(text, "yellow"), args.yes, piped=False)
-        self.store: Any = None
+        self.store: Optional[SQLiteSessionStore] = None
         self.loop = self._make_loop(env, tty)
         self.session_note: Optional[str] = None
         name = getattr(args, "session", None)
@@ -294,7 +296,7 @@ class Interrupts:
     """
 
     def __init__(self) -> None:
-        self._handle: Any = None
+        self._handle: Optional[RunHandle] = None
         self.count = 0
         self._previous: Any = None
         self._installed = False
@@ -313,7 +315,7 @@ class Interrupts:
         if self._handle is not None:
             self._handle.cancel("interrupted (Ctrl-C)")
 
-    def attach(self, handle: Any) -> None:
+    def attach(self, handle: RunHandle) -> None:
         """The run to cancel on Ctrl-C (cancelled now if Ctrl-C came first)."""
         self._handle = handle
         if self.count:
@@ -324,7 +326,7 @@ class Interrupts:
             signal.signal(signal.SIGINT, self._previous)
 
 
-def _summary(run: Any, facts: RunFacts) -> str:
+def _summary(run: Run, facts: RunFacts) -> str:
     def n(count: int, word: str) -> str:
         return f"{count} {word}{'' if count == 1 else 's'}"
 

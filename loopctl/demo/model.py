@@ -34,6 +34,7 @@ from loopctl.messages import (
     Message,
     ModelRequest,
     ModelResponse,
+    RequestOptions,
     Role,
     StopReason,
     TextPart,
@@ -160,7 +161,7 @@ class OfflineModel:
         return f"OfflineModel(model={self._model!r}, delay={self.delay})"
 
 
-def _check_options(opts: Any, request: ModelRequest) -> None:
+def _check_options(opts: RequestOptions, request: ModelRequest) -> None:
     fmt = opts.response_format
     if fmt is not None and not isinstance(_json_schema(fmt), Mapping):
         raise ConfigError("OfflineModel honours only a json_schema response_format")
@@ -184,7 +185,7 @@ def _json_schema(fmt: Mapping[str, Any]) -> object:
     return None if fmt.get("type") in ("json_object", "text") else fmt
 
 
-def _typed_answer(plan: Plan, opts: Any, request: ModelRequest) -> Plan:
+def _typed_answer(plan: Plan, opts: RequestOptions, request: ModelRequest) -> Plan:
     """A final reply as JSON text (``response_format``) or a ``final_answer`` call (tool mode)."""
     if opts.response_format is not None:
         return Plan(json.dumps(_fill(_json_schema(opts.response_format), plan.text)))

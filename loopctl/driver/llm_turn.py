@@ -105,7 +105,7 @@ class ModelTurn(RunState):
                     out.append(Message.user(fenced))
         return out
 
-    def build_request(self, transients: Sequence[Message], options: Any) -> ModelRequest:
+    def build_request(self, transients: Sequence[Message], options: Optional[RequestOptions]) -> ModelRequest:
         """The request for this turn (one copy of the conversation)."""
         parts = self.parts
         messages = self.machine.snapshot_conversation(transients)

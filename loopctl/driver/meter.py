@@ -10,11 +10,11 @@ the calibration.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Optional
 
 from loopctl.context.tokens import ConversationMeter, TokenCounter, UsageCalibration, count_messages
 from loopctl.machine import LoopMachine
-from loopctl.messages import Message
+from loopctl.messages import Message, ToolSchema
 
 
 class TokenMeter:
@@ -27,9 +27,9 @@ class TokenMeter:
         self._conversation = ConversationMeter(counter)
         self.calibration = UsageCalibration()
         self.overhead = 0
-        self._key: Any = None  # the machine's size key at the last measure
+        self._key: Optional[tuple[int, int, int, int]] = None  # the machine's size key at the last measure
         self._raw = 0
-        self._overhead_of: Any = None  # (system prompt, schemas tuple) the overhead was counted for
+        self._overhead_of: Optional[tuple[Optional[str], Iterable[ToolSchema]]] = None  # (system prompt, schemas tuple) the overhead was counted for
 
     def set_counter(self, counter: TokenCounter) -> None:
         """Use ``counter`` from now on (before the first run)."""
@@ -38,7 +38,7 @@ class TokenMeter:
         self._key = None
         self._overhead_of = None
 
-    def begin_run(self, system_prompt: Optional[str], schemas: Iterable[Any]) -> None:
+    def begin_run(self, system_prompt: Optional[str], schemas: Iterable[ToolSchema]) -> None:
         """Fix the request overhead for the run: system prompt plus tool schemas.
 
         A loop's registry hands out the same schemas tuple until its tools

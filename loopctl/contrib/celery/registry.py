@@ -19,6 +19,7 @@ from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.registry import RunStatus
 from loopctl.messages import Message
 from loopctl.records import Run
+from loopctl.sessions.base import SessionStore
 
 from .approvals import ApprovalsMixin
 from .options import (
@@ -102,7 +103,7 @@ class CeleryRunRegistry(ApprovalsMixin):
         resume: Optional[str] = None,
         max_resumes: int = 3,
         drain_timeout: float = 30.0,
-        session_store: object = None,
+        session_store: Optional[SessionStore] = None,
     ) -> None:
         if not isinstance(redis_url, str) or not redis_url:
             raise ConfigError(f"CeleryRunRegistry redis_url must be a non-empty str, got {type(redis_url).__name__}")

@@ -70,6 +70,7 @@ from loopctl.hosting.serialization import (
 from loopctl.messages import Message
 from loopctl.observers import RunEnd
 from loopctl.records import Run
+from loopctl.sessions.base import Session, SessionStore
 
 from . import approvals as approvals
 from .bridge import Bridge, SteerFeed
@@ -109,9 +110,9 @@ def resolve_factory(spec: str) -> Callable[..., object]:
 
 
 def _build_loop(
-    claim: Claim, conversation: str, saved: Optional[Checkpoint], steer_base: int, sessions: Any = None
+    claim: Claim, conversation: str, saved: Optional[Checkpoint], steer_base: int, sessions: Optional[SessionStore] = None
 ) -> Tuple[BareLoop, SteerFeed]:
-    session: Any = None
+    session: Optional[Session] = None
     revision = 0
     stored: List[Message] = []
     if sessions is not None:
@@ -154,7 +155,7 @@ def execute_run(
     settings: WorkerSettings,
     worker: str,
     host: Optional[WorkerHost] = None,
-    sessions: object = None,
+    sessions: Optional[SessionStore] = None,
 ) -> str:
     """Claim and execute one queued run here; returns what happened (for logs).
 
