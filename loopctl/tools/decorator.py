@@ -233,7 +233,7 @@ class FunctionTool(Tool):
         except Exception as exc:
             return ToolOutput.error(f"Tool '{self.name}' raised {type(exc).__name__}: {exc}")
 
-    def __call__(self, *args: object, **kwargs: object) -> object:
+    def __call__(self, *args: object, **kwargs: object) -> Any:  # whatever the function returns
         return self.func(*args, **kwargs)
 
     def __repr__(self) -> str:
