@@ -20,7 +20,13 @@ Heuristics, stated so the figures can be judged:
   with ``str`` keys, or ``list[Any]``/``List[Any]``/``Sequence[Any]``, is a
   JSON value and does not count, nor does ``Any`` in an import;
 - a private reach-in is ``x._name`` (not a dunder) where ``x`` is not
-  ``self``, ``cls``, ``super()`` or a module brought in by ``import``.
+  ``self``, ``cls``, ``super()`` or a module brought in by ``import``, and
+  the read is not inside a class that itself declares ``_name`` (a method,
+  a class-level name, a ``__slots__`` entry or a ``self._name`` it sets):
+  privacy is per class, so ``other._items`` in ``MessagesView.__eq__`` or
+  ``parent._event`` between two ``CancelSignal`` objects is the class
+  reading its own fields, not a reach into another class. A different class
+  using the same private name inside such a class goes uncounted.
 """
 
 from __future__ import annotations
@@ -135,14 +141,29 @@ def any_uses(tree: ast.AST) -> int:
     return count
 
 
+def _same_class_reads(tree: ast.AST) -> set[int]:
+    """ids of ``x._name`` nodes inside a class that declares ``_name`` itself."""
+    ok: set[int] = set()
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        own = class_attributes(cls) | {
+            s.name for s in cls.body if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        ok |= {id(n) for n in ast.walk(cls) if isinstance(n, ast.Attribute) and n.attr in own}
+    return ok
+
+
 def reach_ins(tree: ast.AST) -> Iterator[ast.Attribute]:
     # ``os._exit``, ``sys._getframe``: a module's documented underscore names are its API.
     modules_here = {(a.asname or a.name).split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                     for a in n.names}
+    same_class = _same_class_reads(tree)
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
             continue
         name = node.attr
+        if id(node) in same_class:
+            continue
         if not name.startswith("_") or (name.startswith("__") and name.endswith("__")):
             continue
         owner = node.value

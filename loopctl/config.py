@@ -22,7 +22,7 @@ _OUTPUT_MODES = (None, "native", "tool", "prompt")
 
 
 def _int_range(lo: int, hi: Optional[int] = None) -> Any:
-    def check(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    def check(inst: object, attribute: attrs.Attribute[object], value: object) -> None:
         name = f"{type(inst).__name__}.{attribute.name}"
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{name} must be an int, got {value!r}")
@@ -33,37 +33,37 @@ def _int_range(lo: int, hi: Optional[int] = None) -> Any:
     return check
 
 
-def _bool(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def _bool(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{type(inst).__name__}.{attribute.name} must be a bool, got {value!r}")
 
 
-def _optional_str(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def _optional_str(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not isinstance(value, str):
         raise ConfigError(
             f"{type(inst).__name__}.{attribute.name} must be a str or None, got {value!r:.80}"
         )
 
 
-def _optional_seconds(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def _optional_seconds(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     seconds(value, f"{type(inst).__name__}.{attribute.name}")
 
 
-def _mode(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def _mode(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value not in _DISPATCH_MODES:
         raise ConfigError(
             f"ParallelDispatch.mode must be 'parallel' or 'sequential', got {value!r}"
         )
 
 
-def _output_mode(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def _output_mode(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value not in _OUTPUT_MODES:
         raise ConfigError(
             f"RunConfig.output_mode must be None, 'native', 'tool' or 'prompt', got {value!r}"
         )
 
 
-def type_ref(output_type: Any) -> Optional[str]:
+def type_ref(output_type: object) -> Optional[str]:
     """``"module:qualname"`` for an importable class (None for a schema dict or a local class)."""
     module = getattr(output_type, "__module__", None)
     qualname = getattr(output_type, "__qualname__", None)
@@ -107,7 +107,7 @@ def _known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if k != "version"}
 
 
-def _to_dispatch(value: Any) -> ParallelDispatch:
+def _to_dispatch(value: object) -> ParallelDispatch:
     if isinstance(value, ParallelDispatch):
         return value
     if isinstance(value, str):
@@ -172,7 +172,7 @@ class RunConfig:
     parallel: ParallelDispatch = attrs.field(factory=ParallelDispatch, converter=_to_dispatch)
     memory_top_k: int = attrs.field(default=3, validator=_int_range(0))
     reset_managers: bool = attrs.field(default=False, validator=_bool)
-    output_type: Any = None
+    output_type: object = None
     output_retries: int = attrs.field(default=2, validator=_int_range(0))
     output_mode: Optional[str] = attrs.field(default=None, validator=_output_mode)
     approval_timeout: Optional[float] = attrs.field(default=None, converter=clamp, validator=_optional_seconds)
@@ -203,7 +203,7 @@ class RunConfig:
         return cls(**fields)
 
 
-def _load_output_type(raw: Any) -> Any:
+def _load_output_type(raw: object) -> object:
     # A class travels as "module:qualname"; where it cannot be imported the answer
     # stays in its JSON form (``Run.output_value`` is then plain JSON).
     if not isinstance(raw, Mapping) or set(raw) != {"ref"}:
@@ -215,7 +215,7 @@ def _load_output_type(raw: Any) -> Any:
 
     module, _, qualname = ref.partition(":")
     try:
-        obj: Any = importlib.import_module(module)
+        obj: object = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError):

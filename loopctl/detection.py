@@ -38,7 +38,7 @@ _ACTIONS = ("warn", "stop", "ask_user")
 _answers_lock = threading.Lock()
 
 
-def _int_at_least(name: str, value: Any, low: int) -> int:
+def _int_at_least(name: str, value: object, low: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
     return value
@@ -48,7 +48,7 @@ def _int_at_least(name: str, value: Any, low: int) -> int:
 _ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
 
 
-def _canonical(input: Any) -> str:
+def _canonical(input: object) -> str:
     try:
         return _ENCODER.encode(input)
     except (TypeError, ValueError):
@@ -64,10 +64,10 @@ _Key = Union[str, tuple[tuple[str, type, Any], ...]]
 _SCALARS = frozenset({str, int, bool, type(None)})
 
 
-def _key(input: Any) -> _Key:
+def _key(input: object) -> _Key:
     if type(input) is not dict:
         return _canonical(input)
-    items: list[tuple[str, type, Any]] = []
+    items: list[tuple[str, type, object]] = []
     for k, v in input.items():
         t = type(v)
         if type(k) is not str:

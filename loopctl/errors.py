@@ -31,7 +31,7 @@ class LoopError(Exception):
         run: the finished ``Run`` record when the error ended a run, else None.
     """
 
-    run: Any = None
+    run: object = None
 
     def __init__(self, message: str = "") -> None:
         message = quote(str(message), MESSAGE_LIMIT)

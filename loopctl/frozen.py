@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 _SCALARS = (str, int, float, bool, type(None), bytes)
 
 
-def _refuse(self: Any, *args: Any, **kwargs: Any) -> NoReturn:
+def _refuse(self: object, *args: object, **kwargs: object) -> NoReturn:
     raise TypeError(f"{type(self).__name__} is immutable: make a copy with thaw() or dict()/list() to change it")
 
 
@@ -41,13 +41,13 @@ class FrozenDict(dict):  # type: ignore[type-arg]
     clear = pop = popitem = setdefault = update = _refuse
     __ior__ = _refuse
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[object, ...]:
         return (FrozenDict, (dict(self),))
 
     def __copy__(self) -> FrozenDict:
         return self
 
-    def __deepcopy__(self, memo: Any) -> FrozenDict:
+    def __deepcopy__(self, memo: object) -> FrozenDict:
         return self
 
     def __hash__(self) -> int:  # type: ignore[override]
@@ -71,20 +71,20 @@ class FrozenList(list):  # type: ignore[type-arg]
     append = extend = insert = pop = remove = clear = sort = reverse = _refuse
     __iadd__ = __imul__ = _refuse
 
-    def __reduce__(self) -> Any:
+    def __reduce__(self) -> tuple[object, ...]:
         return (FrozenList, (list(self),))
 
     def __copy__(self) -> FrozenList:
         return self
 
-    def __deepcopy__(self, memo: Any) -> FrozenList:
+    def __deepcopy__(self, memo: object) -> FrozenList:
         return self
 
     def __hash__(self) -> int:  # type: ignore[override]
         return hash(tuple(_hashable(v) for v in self))
 
 
-def _hashable(v: Any) -> Any:
+def _hashable(v: object) -> object:
     try:
         hash(v)
     except TypeError:
@@ -92,7 +92,7 @@ def _hashable(v: Any) -> Any:
     return v
 
 
-def freeze(value: Any) -> Any:
+def freeze(value: object) -> object:
     """A deeply immutable copy of ``value`` (a frozen value is returned as it is).
 
     Mappings become ``FrozenDict``, lists and tuples ``FrozenList``; strings,
@@ -115,7 +115,7 @@ def freeze_arguments(value: Mapping[str, Any]) -> FrozenDict:
     return FrozenDict(value)
 
 
-def thaw(value: Any) -> Any:
+def thaw(value: object) -> Any:
     """A fresh, plain, mutable deep copy of ``value`` (dicts and lists all the way down)."""
     if isinstance(value, _SCALARS):
         return value

@@ -41,7 +41,7 @@ class StopReason(str, enum.Enum):
         return self.value
 
 
-def _to_role(value: Any) -> Role:
+def _to_role(value: object) -> Role:
     if isinstance(value, Role):
         return value
     try:
@@ -52,7 +52,7 @@ def _to_role(value: Any) -> Role:
         ) from None
 
 
-def _to_stop_reason(value: Any) -> StopReason:
+def _to_stop_reason(value: object) -> StopReason:
     if isinstance(value, StopReason):
         return value
     try:
@@ -62,7 +62,7 @@ def _to_stop_reason(value: Any) -> StopReason:
         raise ValueError(f"unknown stop reason {value!r}: expected one of {names}") from None
 
 
-def _check_str(field: str, value: Any) -> None:
+def _check_str(field: str, value: object) -> None:
     if not isinstance(value, str):
         raise TypeError(f"{field} must be a str, got {type(value).__name__} {value!r:.60}")
 

@@ -127,7 +127,7 @@ class Run:
     start: float = attrs.field(factory=time.time)
     end: Optional[float] = None
     stop_reason: Optional[LoopError] = None
-    output_value: Any = None
+    output_value: object = None
     approvals: list[ApprovalDecision] = attrs.field(factory=list)
     subagent_usage: Usage = Usage()
 
@@ -209,7 +209,7 @@ class Run:
         )
 
 
-def json_form(value: Any) -> Any:
+def json_form(value: Any) -> object:
     """A typed answer as plain JSON values (attrs, dataclasses, enums, lists, dicts)."""
     if value is None or isinstance(value, (str, bool, int, float)):
         return value

@@ -42,7 +42,7 @@ def reply(text: str, thinking: Optional[str] = None, usage: Optional[Usage] = No
     return ModelResponse(Message(Role.ASSISTANT, tuple(parts)), StopReason.END_TURN, usage)
 
 
-def call(name: str, /, **input: Any) -> ModelResponse:
+def call(name: str, /, **input: object) -> ModelResponse:
     """A reply asking for one tool call ``name(**input)``."""
     return calls((name, input))
 

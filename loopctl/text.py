@@ -263,7 +263,7 @@ def _key_lead_start(text: str, start: int) -> int:
     return len(text)
 
 
-def redact_value(value: Any) -> Any:
+def redact_value(value: object) -> Any:
     """``value`` with every string in it (nested in mappings, lists, tuples) masked.
 
     Returns ``value`` itself when nothing needed masking.
@@ -313,7 +313,7 @@ def redact_fields(obj: T, quoted: frozenset[str] = frozenset(), skip: frozenset[
     return attrs.evolve(obj, **changes) if changes else obj  # type: ignore[misc]
 
 
-def _masked(value: Any, quoted: bool) -> Any:
+def _masked(value: object, quoted: bool) -> object:
     if type(value) is str:  # an enum's text (a str subclass) is ours, never untrusted
         return quote(value) if quoted else redact(value)
     if quoted and isinstance(value, tuple):
@@ -322,7 +322,7 @@ def _masked(value: Any, quoted: bool) -> Any:
     return redact_value(value)
 
 
-def json_safe(value: Any) -> Any:
+def json_safe(value: object) -> Any:
     """``value`` as JSON ``allow_nan=False`` accepts: a non-finite float becomes None."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None

@@ -51,7 +51,7 @@ def seconds(value: Any, field: str, *, optional: bool = True, zero: bool = False
     return min(number, TIMEOUT_MAX)
 
 
-def required_seconds(value: Any, field: str, *, zero: bool = False) -> float:
+def required_seconds(value: object, field: str, *, zero: bool = False) -> float:
     """``seconds`` for a duration that must be given (None refused).
 
     Raises:
@@ -62,7 +62,7 @@ def required_seconds(value: Any, field: str, *, zero: bool = False) -> float:
     return out
 
 
-def clamp(value: Any) -> Any:
+def clamp(value: object) -> object:
     """A converter: a finite number beyond ``TIMEOUT_MAX`` becomes ``TIMEOUT_MAX``; anything else as given."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return value

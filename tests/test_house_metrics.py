@@ -41,6 +41,24 @@ def test_a_reach_in_is_a_private_read_through_another_object() -> None:
     assert [ast.unparse(n) for n in house.reach_ins(ast.parse(source))] == ["other._d", "self.peer._e"]
 
 
+def test_a_class_reading_its_own_private_fields_is_not_a_reach_in() -> None:
+    source = (
+        "class Signal:\n"
+        "    __slots__ = ('_event',)\n"
+        "    def _fire(self): ...\n"
+        "    def view(self):\n"
+        "        v = Signal()\n"
+        "        v._event = self._event\n"
+        "        self._parent._fire()\n"
+        "        return other._state\n"
+        "class Store:\n"
+        "    def read(self, signal):\n"
+        "        return signal._event\n"
+    )
+    found = [ast.unparse(n) for n in house.reach_ins(ast.parse(source))]
+    assert found == ["other._state", "signal._event"]
+
+
 def test_class_attributes_count_fields_slots_and_self_assignments_once() -> None:
     source = (
         "class C:\n"

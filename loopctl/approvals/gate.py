@@ -13,11 +13,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Callable
+from typing import Callable, ContextManager, Protocol
 
 from loopctl.approvals.slot import ApprovalSlot
 from loopctl.approvals.values import ApprovalContext, ApprovalDecision
-from loopctl.events import ApprovalResolved
+from loopctl.events import ApprovalResolved, Event
+
+#: Releases the run's fence around blocking work (``RunContext.unfenced``).
+Unfence = Callable[[], ContextManager[object]]
+
+
+class EventSink(Protocol):
+    """Where approval events go: the run's events (only those an observer wants)."""
+
+    def wants(self, cls: type[Event]) -> bool: ...
+
+    def emit(self, event: Event) -> None: ...
+
 
 log = logging.getLogger("loopctl")
 
@@ -30,7 +42,7 @@ class ParkedBatch:
 
     __slots__ = ("slot", "events", "session_id", "ids", "decisions")
 
-    def __init__(self, slot: ApprovalSlot, events: Any, session_id: str, ids: dict[int, str]) -> None:
+    def __init__(self, slot: ApprovalSlot, events: EventSink, session_id: str, ids: dict[int, str]) -> None:
         self.slot = slot
         self.events = events
         self.session_id = session_id
@@ -41,7 +53,7 @@ class ParkedBatch:
         """True when call ``index`` waits for a person."""
         return index in self.ids
 
-    def wait_for(self, indices: Sequence[int], unfenced: Callable[[], Any]) -> None:
+    def wait_for(self, indices: Sequence[int], unfenced: Unfence) -> None:
         """Block (unfenced) until every call in ``indices`` is answered; report answers as they come.
 
         Raises:
@@ -60,19 +72,19 @@ class ParkedBatch:
         return self.decisions[self.ids[index]]
 
 
-def report(events: Any, session_id: str, run_id: str, d: ApprovalDecision) -> None:
+def report(events: EventSink, session_id: str, run_id: str, d: ApprovalDecision) -> None:
     """Fire ``on_approval_resolved`` for ``d``."""
     if events.wants(ApprovalResolved):
         events.emit(ApprovalResolved(session_id, run_id, d.call_id, d.tool, d.approved, d.by, d.reason, d.edited))
 
 
-def report_unreported(slot: ApprovalSlot, events: Any, session_id: str) -> None:
+def report_unreported(slot: ApprovalSlot, events: EventSink, session_id: str) -> None:
     """Fire ``on_approval_resolved`` for every answer not reported yet (finalize)."""
     for d in slot.take_unreported():
         report(events, session_id, slot.run_id, d)
 
 
-def ask_policy(policy: ApprovalPolicy, ctx: ApprovalContext, unfenced: Callable[[], Any]) -> bool:
+def ask_policy(policy: ApprovalPolicy, ctx: ApprovalContext, unfenced: Unfence) -> bool:
     """The policy's answer for ``ctx``, asked outside the run's fence; True when it raises (fail closed)."""
     with unfenced():  # user code may block: never hold a cancel
         try:

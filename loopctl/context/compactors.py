@@ -163,7 +163,7 @@ def _drop_orphans(messages: list[Message]) -> list[Message]:
     return out
 
 
-def _check(name: str, value: Any, low: int) -> int:
+def _check(name: str, value: object, low: int) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
     return value

@@ -185,7 +185,7 @@ class Memory(Protocol):
         ...
 
 
-def trajectory_entry(tool: str, input: Any, result: str) -> MemoryEntry:
+def trajectory_entry(tool: str, input: object, result: str) -> MemoryEntry:
     """The entry the loop stores after a successful tool call.
 
     The input (rendered as JSON) and the result are each cut to 500
@@ -200,7 +200,7 @@ def trajectory_entry(tool: str, input: Any, result: str) -> MemoryEntry:
     return MemoryEntry(text, ("trajectory", tool), "trajectory", TRAJECTORY_RELEVANCE)
 
 
-def _render(value: Any) -> str:
+def _render(value: object) -> str:
     import json
 
     try:
@@ -244,7 +244,7 @@ def memory_query(query: str) -> str:
     return text
 
 
-def is_tool_output(entry: Any) -> bool:
+def is_tool_output(entry: object) -> bool:
     """True when ``entry``'s text came from a tool's output (a trajectory)."""
     return getattr(entry, "category", None) in TOOL_OUTPUT_CATEGORIES
 
@@ -273,7 +273,7 @@ def fence_line(text: str) -> str:
             line = line[:start] + _MARKER_REPLACEMENT + line[end:]
 
 
-def format_memory(entries: Iterable[Any]) -> Optional[str]:
+def format_memory(entries: Iterable[object]) -> Optional[str]:
     """The memory message's text for recalled ``entries``, or None when there is nothing to say.
 
     ``MEMORY_PREFIX`` on the first line, one entry per line (see
@@ -319,14 +319,14 @@ def identity(entry: MemoryEntry) -> tuple[str, str, tuple[str, ...], float]:
     return (entry.category, entry.text, entry.tags, float(entry.relevance))
 
 
-def check_capacity(capacity: Any) -> int:
+def check_capacity(capacity: object) -> int:
     """Validate a store's ``capacity`` (an int >= 1)."""
     if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
         raise ConfigError(f"memory capacity must be an int >= 1, got {capacity!r}")
     return capacity
 
 
-def check_limit(limit: Any) -> int:
+def check_limit(limit: object) -> int:
     """Validate a retrieve ``limit`` (an int >= 0)."""
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
         raise ConfigError(f"retrieve limit must be an int >= 0, got {limit!r}")

@@ -365,7 +365,7 @@ class SqliteMemoryStore:
     def __enter__(self) -> SqliteMemoryStore:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional, Protocol, runtime_checkable
+from typing import Optional, Protocol, runtime_checkable
 
 from loopctl.errors import ConfigError
 from loopctl.messages import Message, TextPart, ThinkingPart, ToolCallPart, ToolResultPart
@@ -103,7 +103,7 @@ def count_messages(counter: TokenCounter, messages: Iterable[Message]) -> int:
     return sum(counter.count_message(m) for m in messages)
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     # Identities are list objects (compared by identity, never by content)
     # or epoch numbers (compared by value: equal ints need not be one object).
     return a is b or (type(a) is int and type(b) is int and a == b)
@@ -113,11 +113,11 @@ class _ListTally:
     __slots__ = ("ref", "count", "tokens")
 
     def __init__(self) -> None:
-        self.ref: Optional[Any] = None
+        self.ref: Optional[object] = None
         self.count = 0
         self.tokens = 0
 
-    def measure(self, counter: TokenCounter, items: Sequence[Message], ref: Any) -> int:
+    def measure(self, counter: TokenCounter, items: Sequence[Message], ref: object) -> int:
         n = len(items)
         count = self.count
         if n == count and ref is self.ref:  # the common case: nothing new since the last measure
@@ -151,15 +151,15 @@ class ConversationMeter:
         self,
         history: Sequence[Message],
         pending: Sequence[Message],
-        history_id: Any = None,
-        pending_id: Any = None,
+        history_id: object = None,
+        pending_id: object = None,
     ) -> int:
         """Tokens in history plus pending."""
         return self._history.measure(self.counter, history, history_id) + self._pending.measure(
             self.counter, pending, pending_id
         )
 
-    def measure_pending(self, pending: Sequence[Message], pending_id: Any = None) -> int:
+    def measure_pending(self, pending: Sequence[Message], pending_id: object = None) -> int:
         """Tokens in history, as last measured, plus ``pending``.
 
         For a caller that knows history has not changed since its last

@@ -73,7 +73,7 @@ class ApprovalPrompt(Observer):
 
     # -- the run ---------------------------------------------------------------------
 
-    def attach(self, handle: Any) -> None:
+    def attach(self, handle: object) -> None:
         """The run in flight; answers that came before it are applied now."""
         with self._lock:
             self._handle = handle

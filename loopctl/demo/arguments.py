@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 from urllib.parse import urlsplit
 
 from loopctl import __version__
@@ -96,7 +95,7 @@ def build_parser() -> _Parser:
     return parser
 
 
-def load_schema(parser: argparse.ArgumentParser, path: str) -> Any:
+def load_schema(parser: argparse.ArgumentParser, path: str) -> object:
     """The JSON Schema in ``path`` (a usage error through ``parser`` if it is not one)."""
     try:
         with open(path, encoding="utf-8") as f:

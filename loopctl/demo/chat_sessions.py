@@ -17,10 +17,11 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 from loopctl.errors import ConfigError
 from loopctl.sessions import SQLiteSessionStore
+from loopctl.sessions.base import Session
 
 DB_NAME = "sessions.db"
 
@@ -39,7 +40,7 @@ def data_dir(env: Mapping[str, str], platform: str = sys.platform) -> Path:
     return base / "loopctl"
 
 
-def open_chat_session(name: str, db: Optional[str], env: Mapping[str, str]) -> Tuple[SQLiteSessionStore, Any]:
+def open_chat_session(name: str, db: Optional[str], env: Mapping[str, str]) -> Tuple[SQLiteSessionStore, Session]:
     """The store and the session ``name`` in it (``db`` or the default file).
 
     Raises:

@@ -51,7 +51,8 @@ from loopctl.demo.wording import error_lines
 from loopctl.driver.loop import BareLoop
 from loopctl.errors import Cancelled, LoopError
 from loopctl.events import CallbackObserver
-from loopctl.records import json_form
+from loopctl.records import Run, json_form
+from loopctl.sessions import SQLiteSessionStore
 from loopctl.text import json_safe, redact_value
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -95,7 +96,7 @@ class Command:
         if schema is not None:
             self.config = attrs.evolve(self.config, output_type=schema)
         self.approvals = ApprovalPrompt(lambda text: self.note(text, "yellow"), args.yes, piped=False)
-        self.store: Any = None
+        self.store: Optional[SQLiteSessionStore] = None
         self.loop = self._make_loop(env, tty)
         self.session_note: Optional[str] = None
         name = getattr(args, "session", None)
@@ -233,7 +234,7 @@ class Command:
         if not self._lines.armed:
             self.arm()
         error: Optional[LoopError] = None
-        run: Any = None
+        run: object = None
         try:
             with Interrupts() as interrupts:
                 try:
@@ -298,7 +299,7 @@ class Command:
         close_mcp_servers(self.mcp_servers)
 
 
-def _summary(run: Any, facts: RunFacts) -> str:
+def _summary(run: Run, facts: RunFacts) -> str:
     def n(count: int, word: str) -> str:
         return f"{count} {word}{'' if count == 1 else 's'}"
 

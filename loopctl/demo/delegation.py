@@ -9,12 +9,13 @@ calls indented under the parent's ``calculator`` call.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from loopctl.config import SessionConfig
 from loopctl.demo.arithmetic import CALCULATOR
 from loopctl.demo.tools import AddTool, LookupTool, MultiplyTool
 from loopctl.driver.loop import BareLoop
+from loopctl.providers.base import ModelClient
 from loopctl.tools.base import Tool
 
 CALCULATOR_DESCRIPTION = (
@@ -24,7 +25,7 @@ CALCULATOR_DESCRIPTION = (
 
 
 def delegating_tools(
-    make_client: Callable[[], Any], delay: float = 0.0, approval_policy: Optional[Callable[[Any], bool]] = None
+    make_client: Callable[[], ModelClient], delay: float = 0.0, approval_policy: Optional[Callable[[object], bool]] = None
 ) -> list[Tool]:
     """``lookup`` plus the ``calculator`` sub-agent (a loop with ``add`` and ``multiply``).
 

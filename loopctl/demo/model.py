@@ -34,6 +34,7 @@ from loopctl.messages import (
     Message,
     ModelRequest,
     ModelResponse,
+    RequestOptions,
     Role,
     StopReason,
     TextPart,
@@ -160,7 +161,7 @@ class OfflineModel:
         return f"OfflineModel(model={self._model!r}, delay={self.delay})"
 
 
-def _check_options(opts: Any, request: ModelRequest) -> None:
+def _check_options(opts: RequestOptions, request: ModelRequest) -> None:
     fmt = opts.response_format
     if fmt is not None and not isinstance(_json_schema(fmt), Mapping):
         raise ConfigError("OfflineModel honours only a json_schema response_format")
@@ -176,7 +177,7 @@ def _check_options(opts: Any, request: ModelRequest) -> None:
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
-def _json_schema(fmt: Mapping[str, Any]) -> Any:
+def _json_schema(fmt: Mapping[str, Any]) -> object:
     # The OpenAI shape or a bare JSON Schema; "json_object"/"text" name no shape to fill.
     inner = fmt.get("json_schema")
     if fmt.get("type") == "json_schema" and isinstance(inner, Mapping):
@@ -184,7 +185,7 @@ def _json_schema(fmt: Mapping[str, Any]) -> Any:
     return None if fmt.get("type") in ("json_object", "text") else fmt
 
 
-def _typed_answer(plan: Plan, opts: Any, request: ModelRequest) -> Plan:
+def _typed_answer(plan: Plan, opts: RequestOptions, request: ModelRequest) -> Plan:
     """A final reply as JSON text (``response_format``) or a ``final_answer`` call (tool mode)."""
     if opts.response_format is not None:
         return Plan(json.dumps(_fill(_json_schema(opts.response_format), plan.text)))
@@ -194,7 +195,7 @@ def _typed_answer(plan: Plan, opts: Any, request: ModelRequest) -> Plan:
     return plan
 
 
-def _fill(schema: Any, text: str) -> Any:
+def _fill(schema: object, text: str) -> Any:
     """A value of ``schema`` from the answer's sentence: numbers get its last number, strings the sentence."""
     if not isinstance(schema, Mapping):
         return text
@@ -220,7 +221,7 @@ def _fill(schema: Any, text: str) -> Any:
     return text
 
 
-def _conversation_hash(request: ModelRequest) -> Any:
+def _conversation_hash(request: ModelRequest) -> object:
     h = hashlib.sha1()
     for m in request.messages:
         h.update(json.dumps(m.to_dict(), sort_keys=True).encode())

@@ -77,7 +77,7 @@ class KeysMode:
                 pass
             self.active = False
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._restore()
         if self._restore in _RESTORERS:
             _RESTORERS.remove(self._restore)

@@ -55,7 +55,7 @@ def format_number(value: Number) -> str:
     return str(value)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 

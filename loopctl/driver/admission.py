@@ -39,6 +39,7 @@ import attrs
 
 from loopctl.frozen import FrozenDict, freeze_arguments, thaw
 from loopctl.messages import Message, ToolCallPart
+from loopctl.tools.registry import ToolRegistry
 
 #: The largest arguments (characters of JSON) a call may carry to a tool.
 MAX_ARGUMENT_CHARS = 1_000_000
@@ -86,7 +87,7 @@ def unique_ids(calls: Sequence[ToolCallPart]) -> list[ToolCallPart]:
     return out
 
 
-def admit(calls: Sequence[ToolCallPart], tools: Any) -> list[Admitted]:
+def admit(calls: Sequence[ToolCallPart], tools: ToolRegistry) -> list[Admitted]:
     """The gate: unique ids, resolved names, frozen and validated arguments, in request order.
 
     Args:
@@ -96,7 +97,7 @@ def admit(calls: Sequence[ToolCallPart], tools: Any) -> list[Admitted]:
     return [_admit_one(c, tools) for c in unique_ids(calls)]
 
 
-def _admit_one(call: ToolCallPart, tools: Any) -> Admitted:
+def _admit_one(call: ToolCallPart, tools: ToolRegistry) -> Admitted:
     if type(call.input) is FrozenDict:  # admitted before: the same value, checked again below
         frozen: FrozenDict = call.input
     else:
@@ -124,7 +125,7 @@ def _admit_one(call: ToolCallPart, tools: Any) -> Admitted:
     return Admitted(call, tool, problem)
 
 
-def admit_message(message: Message, tools: Any) -> tuple[Message, list[Admitted]]:
+def admit_message(message: Message, tools: ToolRegistry) -> tuple[Message, list[Admitted]]:
     """A reply (or resumed message) with its calls admitted in place, and the admitted calls."""
     calls = message.tool_calls
     if not calls:
@@ -137,7 +138,7 @@ def admit_message(message: Message, tools: Any) -> tuple[Message, list[Admitted]
     return attrs.evolve(message, parts=parts), admitted
 
 
-def json_size(value: Any, limit: int) -> int:
+def json_size(value: object, limit: int) -> int:
     """The approximate length of ``value`` as JSON text; stops counting past ``limit``."""
     total = 0
     stack = [value]

@@ -33,12 +33,12 @@ a retry whose correction changes the call and needs approval is not run
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import attrs
 
 from loopctl.approvals import ApprovalContext, denial_text
-from loopctl.approvals.gate import ApprovalPolicy, ParkedBatch, ask_policy
+from loopctl.approvals.gate import ApprovalPolicy, EventSink, ParkedBatch, Unfence, ask_policy
 from loopctl.approvals.slot import ApprovalSlot
 from loopctl.driver.admission import Admitted
 from loopctl.events import ApprovalRequested
@@ -46,7 +46,7 @@ from loopctl.messages import ToolResultPart
 
 
 def needs_approval(
-    admitted: Admitted, policy: Optional[ApprovalPolicy], ctx: ApprovalContext, unfenced: Callable[[], Any]
+    admitted: Admitted, policy: Optional[ApprovalPolicy], ctx: ApprovalContext, unfenced: Unfence
 ) -> bool:
     """Whether an admitted call waits for a person (its tool says so, or the policy does)."""
     tool = admitted.tool
@@ -62,11 +62,11 @@ def park_batch(
     policy: Optional[ApprovalPolicy],
     calls: Sequence[Admitted],
     *,
-    events: Any,
+    events: EventSink,
     session_id: str,
     turn: int,
     default_timeout: Optional[float],
-    unfenced: Callable[[], Any],
+    unfenced: Unfence,
 ) -> Optional[ParkedBatch]:
     """Park the calls that need approval; None when none does (the fast path).
 
@@ -100,7 +100,7 @@ def dispatch_parked(
     waves: Sequence[Sequence[int]],
     run_group: Callable[[Sequence[Admitted]], list[ToolResultPart]],
     check_cancel: Callable[[], None],
-    unfenced: Callable[[], Any],
+    unfenced: Unfence,
 ) -> list[ToolResultPart]:
     """Run ``calls`` wave by wave around their approvals; results in request order.
 

@@ -44,6 +44,7 @@ from loopctl.events import ModelSwitched, Observer
 from loopctl.events.hooks import HookExecutor
 from loopctl.machine import LoopMachine, MachineState
 from loopctl.messages import Message, RequestOptions
+from loopctl.providers.base import ModelClient
 from loopctl.providers.stream_handler import StreamHandler
 from loopctl.records import Session
 from loopctl.tools.base import Tool
@@ -72,7 +73,7 @@ class LoopSetup:
 
     def __init__(
         self,
-        client: Any,
+        client: ModelClient,
         tools: Union[ToolRegistry, Iterable[Tool]] = (),
         config: SessionConfig = SessionConfig(),
         *,
@@ -180,7 +181,7 @@ class LoopSetup:
         return self._machine
 
     @property
-    def client(self) -> Any:
+    def client(self) -> object:
         """The model client."""
         return self._parts.client
 
@@ -265,7 +266,7 @@ class LoopSetup:
         self._evolve(memory=memory)
         return self
 
-    def with_context_manager(self: _L, manager: Any) -> _L:
+    def with_context_manager(self: _L, manager: object) -> _L:
         """Replace the default ``ContextManager`` (None disables compaction)."""
         self._configurable("with_context_manager")
         if manager is not None and hasattr(manager, "counter"):
@@ -417,7 +418,7 @@ class LoopSetup:
 
     if not TYPE_CHECKING:  # hidden from type checkers: new code uses the ``with_*`` names
 
-        def __getattr__(self, name: str) -> Any:
+        def __getattr__(self, name: str) -> object:
             """The other ``set_*`` names of earlier releases: they warn, then call ``with_*``."""
             return old_setter(self, name)
 

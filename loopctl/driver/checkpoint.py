@@ -20,13 +20,18 @@ error saying it was interrupted and its effect is unknown (at most once).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Callable, Dict, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Optional
 
 import attrs
 
 from loopctl.driver.admission import admit_message
 from loopctl.messages import Message, ToolResultPart
 from loopctl.records import Turn
+
+if TYPE_CHECKING:
+    from loopctl.machine import AnswerCheck, LoopMachine
+    from loopctl.records import Run
+    from loopctl.tools.registry import ToolRegistry
 
 #: The error text an interrupted, non-idempotent call comes back with.
 INTERRUPTED = "the call was interrupted by a worker failure; its effect is unknown"
@@ -72,7 +77,13 @@ class ResumePoint:
     clean: bool = False
 
 
-def snapshot(machine: Any, turns: Any, answered: Any, base_epoch: int, after: str) -> Optional[Checkpoint]:
+def snapshot(
+    machine: LoopMachine,
+    turns: Sequence[Turn],
+    answered: Sequence[ToolResultPart],
+    base_epoch: int,
+    after: str,
+) -> Optional[Checkpoint]:
     """The run's state now (None once the machine is terminal: the run's end is its record).
 
     Args:
@@ -96,7 +107,7 @@ def snapshot(machine: Any, turns: Any, answered: Any, base_epoch: int, after: st
     )
 
 
-def answers_for(point: ResumePoint, tools: Any) -> Dict[str, ToolResultPart]:
+def answers_for(point: ResumePoint, tools: ToolRegistry) -> Dict[str, ToolResultPart]:
     """The pre-answers of the awaited wave a resumed run starts with.
 
     A call with a committed result gets it; a call to a tool that is gone
@@ -134,7 +145,7 @@ class DurableRun:
         self.base_epoch = base_epoch
         self.answered: list[ToolResultPart] = []  # the awaited wave's settled results
 
-    def boundary(self, machine: Any, turns: Any, after: str) -> None:
+    def boundary(self, machine: LoopMachine, turns: Sequence[Turn], after: str) -> None:
         """Hand the run's state to the sink (run thread, fenced)."""
         if after == "model":
             self.answered = []
@@ -142,13 +153,19 @@ class DurableRun:
         if point is not None:
             self.sink(point)
 
-    def settle(self, machine: Any, turns: Any, results: Sequence[ToolResultPart]) -> None:
+    def settle(self, machine: LoopMachine, turns: Sequence[Turn], results: Sequence[ToolResultPart]) -> None:
         """Results of the awaited wave settled (the dispatcher): checkpoint them."""
         self.answered.extend(results)
         self.boundary(machine, turns, "call")
 
 
-def restore(point: ResumePoint, machine: Any, run: Any, tools: Any, answer_check: Any) -> Dict[str, ToolResultPart]:
+def restore(
+    point: ResumePoint,
+    machine: LoopMachine,
+    run: Run,
+    tools: ToolRegistry,
+    answer_check: Optional[AnswerCheck],
+) -> Dict[str, ToolResultPart]:
     """Put the machine where the checkpoint left the run; returns the wave's pre-answers."""
     cp = point.checkpoint
     if cp is None:

@@ -30,6 +30,7 @@ from loopctl.driver.run_state import RunState
 from loopctl.errors import Cancelled, ContextExceeded, LoopError
 from loopctl.events import Compaction as CompactionEvent
 from loopctl.events.hooks import CompactHookContext
+from loopctl.messages import ModelRequest
 from loopctl.providers.stream_handler import cancellable_complete
 
 log = logging.getLogger("loopctl")
@@ -87,7 +88,7 @@ class Compaction(RunState):
             with rc.unfenced():
                 hooks.post_compact(hook_ctx, after)
 
-    def _call_manager(self, manager: Any, messages: Any, options: dict[str, Any], before: int, window: int) -> Any:
+    def _call_manager(self, manager: Any, messages: object, options: dict[str, Any], before: int, window: int) -> Any:
         """The manager's pass, unfenced; a foreign failure is ``ContextExceeded`` chained to it."""
         with self.rc.unfenced():
             try:
@@ -101,12 +102,12 @@ class Compaction(RunState):
             raise ContextExceeded(before, window) from failure
         return compacted
 
-    def summarize(self, request: Any) -> Any:
+    def summarize(self, request: ModelRequest) -> object:
         """A cancel-aware model call for a summarizing compactor."""
         return cancellable_complete(self.parts.client, request, self.rc.cancel)
 
 
-def _takes_scale(manager: Any) -> bool:
+def _takes_scale(manager: object) -> bool:
     from loopctl.context.manager import ContextManager
 
     return isinstance(manager, ContextManager)

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from loopctl.approvals import ApprovalContext
 from loopctl.approvals.gate import ParkedBatch
+from loopctl.cancel import CancelSignal
 from loopctl.driver.admission import Admitted, admit
 from loopctl.driver.approval_gate import dispatch_parked, needs_approval, park_batch
 from loopctl.driver.recovery import corrected, plan_retry
@@ -72,7 +73,7 @@ _RUN, _BLOCKED, _GATED = 0, 1, 2
 _trajectory_entry: Any = None  # loopctl.context.memory.trajectory_entry, imported on first use
 
 
-def _cancel_wait(cancel: Any, delay: float) -> bool:
+def _cancel_wait(cancel: CancelSignal, delay: float) -> bool:
     return bool(cancel.wait(bounded(delay)))
 
 
@@ -88,7 +89,7 @@ class Dispatcher:
     def __init__(self, parts: LoopParts, resources: LoopResources) -> None:
         self.parts = parts
         self.resources = resources
-        self.sleep: Callable[[Any, float], bool] = _cancel_wait
+        self.sleep: Callable[[CancelSignal, float], bool] = _cancel_wait
 
     # -- batches ---------------------------------------------------------------
 

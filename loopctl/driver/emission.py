@@ -39,7 +39,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from loopctl.driver.phases import NullScope, Phase, PhaseScope
 from loopctl.events import (
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from loopctl.driver.handle import RunContext
 
 log = logging.getLogger("loopctl")
+_T = TypeVar("_T")
 
 Listener = Callable[[Any], None]
 _Item = tuple[Callable[[Any], None], Any, Optional[contextvars.Context]]
@@ -87,7 +88,7 @@ def overridden(klass: type) -> tuple[tuple[type[Event], str], ...]:
     return found
 
 
-def handled(observer: Any) -> tuple[tuple[type[Event], str], ...]:
+def handled(observer: object) -> tuple[tuple[type[Event], str], ...]:
     """The events ``observer`` handles: its class's overrides, then its own attributes.
 
     An ``on_*`` callable set on the instance counts (``CallbackObserver``);
@@ -163,7 +164,9 @@ class Emitter:
                     EVENT_METHODS[type(event)],
                 )
 
-    def deliver(self, fn: Callable[[Any], None], arg: Any, fence: Any, handoff: bool = False) -> None:
+    def deliver(
+        self, fn: Callable[[_T], None], arg: _T, fence: Optional[RunContext], handoff: bool = False
+    ) -> None:
         """Call ``fn(arg)`` after everything queued before it, one call at a time.
 
         Args:
@@ -188,7 +191,7 @@ class Emitter:
         else:
             self._deliver_then_drain(fn, arg)
 
-    def _deliver_then_drain(self, fn: Callable[[Any], None], arg: Any) -> None:
+    def _deliver_then_drain(self, fn: Callable[[_T], None], arg: _T) -> None:
         try:
             fn(arg)
         finally:

@@ -22,6 +22,7 @@ from loopctl.context.contributors import ContributorContext
 from loopctl.context.memory import MEMORY_PREFIX, format_memory, memory_query
 from loopctl.driver.admission import admit_message
 from loopctl.driver.handle import RunContext
+from loopctl.driver.phases import Phase
 from loopctl.driver.run_state import RunState
 from loopctl.errors import (
     Cancelled,
@@ -104,7 +105,7 @@ class ModelTurn(RunState):
                     out.append(Message.user(fenced))
         return out
 
-    def build_request(self, transients: Sequence[Message], options: Any) -> ModelRequest:
+    def build_request(self, transients: Sequence[Message], options: Optional[RequestOptions]) -> ModelRequest:
         """The request for this turn (one copy of the conversation)."""
         parts = self.parts
         messages = self.machine.snapshot_conversation(transients)
@@ -139,7 +140,7 @@ class ModelTurn(RunState):
             parts.provider_name(),
         )
 
-    def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Any) -> None:
+    def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Phase) -> None:
         """Calibrate, detect convergence, ``on_response``, feed the machine, the ``Turn`` record."""
         parts = self.parts
         em = self.events
@@ -236,7 +237,7 @@ class ModelTurn(RunState):
             raise Cancelled(cancel.reason)
         return response
 
-    def _next_event(self, it: Iterator[Any]) -> Any:
+    def _next_event(self, it: Iterator[object]) -> Any:
         """The call's next event (None at its end), read unfenced; foreign errors become ``ModelError``."""
         rc = self.rc
         try:

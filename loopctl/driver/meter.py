@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Optional
 
 from loopctl.context.tokens import ConversationMeter, TokenCounter, UsageCalibration, count_messages
-from loopctl.messages import Message
+from loopctl.machine import LoopMachine
+from loopctl.messages import Message, ToolSchema
 
 
 class TokenMeter:
@@ -27,12 +28,12 @@ class TokenMeter:
         self._conversation = ConversationMeter(counter)
         self.calibration = UsageCalibration()
         self.overhead = 0
-        self._key: Any = None  # the machine's size key at the last measure
+        self._key: Optional[tuple[int, int, int, int]] = None  # the machine's size key at the last measure
         self._raw = 0
         # The system prompt and schemas tuple the overhead was counted for
         # (two slots, not a tuple: one object fewer for the collector to walk).
         self._overhead_prompt: Optional[str] = None
-        self._overhead_schemas: Any = None
+        self._overhead_schemas: Optional[Iterable[ToolSchema]] = None
 
     def set_counter(self, counter: TokenCounter) -> None:
         """Use ``counter`` from now on (before the first run)."""
@@ -41,7 +42,7 @@ class TokenMeter:
         self._key = None
         self._overhead_schemas = None
 
-    def begin_run(self, system_prompt: Optional[str], schemas: Iterable[Any]) -> None:
+    def begin_run(self, system_prompt: Optional[str], schemas: Iterable[ToolSchema]) -> None:
         """Fix the request overhead for the run: system prompt plus tool schemas.
 
         A loop's registry hands out the same schemas tuple until its tools
@@ -58,7 +59,7 @@ class TokenMeter:
         self._overhead_prompt = system_prompt
         self._overhead_schemas = schemas
 
-    def raw(self, machine: Any) -> int:
+    def raw(self, machine: LoopMachine) -> int:
         """Uncalibrated tokens of history + pending + overhead."""
         m = machine
         key = m.size_key
@@ -71,7 +72,7 @@ class TokenMeter:
             self._key = key
         return self._raw + self.overhead
 
-    def figure(self, machine: Any) -> int:
+    def figure(self, machine: LoopMachine) -> int:
         """The calibrated size of the conversation as the next request would send it."""
         return self.calibration.scale(self.raw(machine))
 

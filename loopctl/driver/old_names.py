@@ -8,7 +8,7 @@ calls its ``with_*`` form, returning None as it used to.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Callable
 
 DEPRECATED_SETTERS = {
     name: "with_" + name[4:]
@@ -20,7 +20,7 @@ DEPRECATED_SETTERS = {
 }
 
 
-def old_setter(owner: Any, name: str) -> Callable[[Any], None]:
+def old_setter(owner: object, name: str) -> Callable[[object], None]:
     """``owner``'s deprecated setter ``name`` (it warns now, once per lookup).
 
     Raises:
@@ -34,7 +34,7 @@ def old_setter(owner: Any, name: str) -> Callable[[Any], None]:
     )
     configure = getattr(owner, target)
 
-    def setter(value: Any) -> None:
+    def setter(value: object) -> None:
         configure(value)
 
     return setter

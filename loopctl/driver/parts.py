@@ -50,7 +50,7 @@ class LoopParts:
     session_config: SessionConfig
     counter: TokenCounter
     # A ``ContextManager`` or any object with its ``compact(messages, **options)``.
-    context_manager: Any
+    context_manager: object
     stream_handler: StreamHandler
     loop_detector: Optional[LoopDetector]
     convergence: Optional[ConvergenceDetector]

@@ -58,7 +58,7 @@ class PhaseScope:
         self.events.open_phase = self.phase
         return self.phase
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
+    def __exit__(self, et: Any, ev: object, tb: object) -> Literal[False]:
         phase = self.phase
         if phase.closed or (et is not None and not issubclass(et, Exception)):
             return False  # closed by finalize, or unwinding an abandoned body
@@ -83,10 +83,10 @@ class NullScope:
     def __init__(self) -> None:
         self.phase = NullPhase()
 
-    def __enter__(self) -> Any:
+    def __enter__(self) -> NullPhase:
         return self.phase
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
+    def __exit__(self, et: object, ev: object, tb: object) -> Literal[False]:
         return False
 
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import attrs
 
-from loopctl.messages import ToolCallPart
+from loopctl.messages import ToolCallPart, ToolSchema
 from loopctl.tools.recovery import (
     MAX_RETRIES,
     CorrectionKind,
@@ -22,7 +22,9 @@ from loopctl.tools.recovery import (
     FailureAnalysis,
     NoopReflector,
     RecoveryAction,
+    RecoveryStrategy,
     ReflectionContext,
+    Reflector,
     Retry,
 )
 
@@ -57,11 +59,11 @@ def plan_retry(parts: LoopParts, run: RunState, turn: int, st: CallState) -> Opt
 
 
 def decide(
-    reflector: Any,
-    strategy: Any,
+    reflector: Reflector,
+    strategy: RecoveryStrategy,
     error: str,
     call: ToolCallPart,
-    schema: Any,
+    schema: Optional[ToolSchema],
     rctx: ReflectionContext,
     attempt: int,
     max_attempts: int,
@@ -82,7 +84,7 @@ def decide(
     return analysis, action
 
 
-def corrected(call: ToolCallPart, correction: Any) -> ToolCallPart:
+def corrected(call: ToolCallPart, correction: object) -> ToolCallPart:
     """Apply an input fix or a tool change; anything else (or a bad fix) is skipped."""
     if correction is None:
         return call

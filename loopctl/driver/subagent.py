@@ -33,8 +33,9 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Optional
 
+from loopctl.cancel import CancelSignal
 from loopctl.config import RunConfig
-from loopctl.driver.handle import RunContext, current_run
+from loopctl.driver.handle import RunContext, RunHandle, current_run
 from loopctl.driver.subagent_events import TapForward, forwarder_for
 from loopctl.driver.subagent_runs import SETTLE_S, SubagentRun, enter
 from loopctl.errors import ConfigError, LoopBusy, LoopError
@@ -67,7 +68,7 @@ class SubagentTool(Tool):
         description: str,
         keep_history: bool = False,
         config: Optional[RunConfig] = None,
-        output_type: Any = None,
+        output_type: object = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip() or "/" in name:
             raise ConfigError(f"a sub-agent name must be a non-empty str without '/', got {name!r:.60}")
@@ -94,7 +95,7 @@ class SubagentTool(Tool):
             "additionalProperties": False,
         }
 
-    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> object:
         """Run the sub-agent on ``input["task"]`` and answer with its output."""
         cancel = ctx.cancel
         if not self._take_turn(cancel):
@@ -106,7 +107,7 @@ class SubagentTool(Tool):
                 self._busy = False
                 self._turn.notify_all()  # a waiter that was cancelled meanwhile takes no turn
 
-    def _take_turn(self, cancel: Any) -> bool:
+    def _take_turn(self, cancel: CancelSignal) -> bool:
         """Wait for the previous call to end; False if ``cancel`` fires first."""
         turn = self._turn
         with turn:
@@ -144,7 +145,7 @@ class SubagentTool(Tool):
             return f"Sub-agent '{self.name}' refused: delegation deeper than {MAX_DEPTH} levels"
         return None
 
-    def _delegate(self, task: str, cancel: Any) -> ToolOutput:
+    def _delegate(self, task: str, cancel: CancelSignal) -> ToolOutput:
         parent = current_run()
         ancestors, path = _LINEAGE.get()
         chain = ancestors + (weakref.ref(parent),) if parent is not None else ancestors
@@ -177,7 +178,7 @@ class SubagentTool(Tool):
         parent: Optional[RunContext],
         chain: tuple[weakref.ref[RunContext], ...],
         path: tuple[str, ...],
-    ) -> Any:
+    ) -> RunHandle:
         """Start the run, its events forwarded to ``parent``'s (the caller's lineage in its context)."""
         driver = parent.driver if parent is not None else None
         tap: Optional[TapForward] = None
@@ -190,14 +191,15 @@ class SubagentTool(Tool):
         try:
             if not self.keep_history:
                 self._fresh_conversation()
-            return self.loop.start(task, self.config, run_id, output_type=self.output_type, tap=tap)
+            handle: RunHandle = self.loop.start(task, self.config, run_id, output_type=self.output_type, tap=tap)
+            return handle
         except BaseException:
             self._forwarder.unlink(run_id)
             raise
         finally:
             _LINEAGE.reset(token)
 
-    def _await(self, handle: Any, active: Optional[SubagentRun], cancel: Any) -> ToolOutput:
+    def _await(self, handle: RunHandle, active: Optional[SubagentRun], cancel: CancelSignal) -> ToolOutput:
         """Wait for the run (the caller's cancel fires its cancel), settle it, answer."""
 
         def on_cancel() -> None:
@@ -217,7 +219,7 @@ class SubagentTool(Tool):
                 self.loop.steering().take_leftovers()  # nobody above to hand them to
         return self._answer(handle)
 
-    def _answer(self, handle: Any) -> ToolOutput:
+    def _answer(self, handle: RunHandle) -> ToolOutput:
         try:
             run = handle.result()
         except LoopError as exc:

@@ -71,7 +71,7 @@ class Forwarder(Observer):
     def __init__(self) -> None:
         self._links: dict[str, _Link] = {}
 
-    def link(self, run_id: str, events: Any, name: str) -> None:
+    def link(self, run_id: str, events: object, name: str) -> None:
         """Forward the events of run ``run_id`` to ``events`` under ``name``."""
         with _lock:
             self._links[run_id] = _Link(events, name)
@@ -98,7 +98,7 @@ class Forwarder(Observer):
 for _method in set(EVENT_METHODS.values()):
     setattr(Forwarder, _method, Forwarder.forward)
 
-_FORWARDERS: weakref.WeakKeyDictionary[Any, Forwarder] = weakref.WeakKeyDictionary()
+_FORWARDERS: weakref.WeakKeyDictionary[object, Forwarder] = weakref.WeakKeyDictionary()
 
 
 def forwarder_for(loop: Any) -> Forwarder:

@@ -13,13 +13,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 import attrs
 
 from loopctl.driver.handle import RunContext, RunHandle
 from loopctl.driver.subagent_events import join_path
-from loopctl.messages import Usage
+from loopctl.messages import Message, Usage
+
+if TYPE_CHECKING:
+    from loopctl.approvals import PendingApproval
+    from loopctl.driver.builder import LoopSetup
+    from loopctl.driver.signals import RunSteering
+    from loopctl.records import Run
 
 #: How long a cancelled run's finalize waits for its sub-agent runs to end (seconds).
 SETTLE_S = 1.0
@@ -31,11 +37,18 @@ class SubagentRun:
 
     __slots__ = ("name", "loop", "run_id", "handle", "done", "record", "steering", "settled", "owner")
 
-    def __init__(self, name: str, loop: Any, run_id: str, record: Any = None, steering: Any = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        loop: LoopSetup,
+        run_id: str,
+        record: Optional[Run] = None,
+        steering: Optional[RunSteering] = None,
+    ) -> None:
         self.name = name
         self.loop = loop
         self.run_id = run_id
-        self.handle: Any = None  # set once ``start`` has returned
+        self.handle: Optional[RunHandle] = None  # set once ``start`` has returned
         self.done = threading.Event()  # set once the call is over (the tool returns)
         self.record = record  # the calling run's Run: its sub-agent usage grows here
         self.steering = steering  # the calling run's RunSteering: leftovers come back to it
@@ -50,7 +63,7 @@ class SubagentRun:
         else:
             self.done.set()
 
-    def settle_once(self, handle: Any = None) -> None:
+    def settle_once(self, handle: Optional[RunHandle] = None) -> None:
         """Once the run has ended: its usage into the caller's record, its leftovers back."""
         if handle is None:
             handle = self.handle
@@ -64,7 +77,7 @@ class SubagentRun:
         if self.record is not None:
             _add_usage(self.record, handle.record.usage)
 
-    def current(self) -> Any:
+    def current(self) -> Optional[RunHandle]:
         """The run's handle; before ``start`` returned, one made from the loop's run in flight.
 
         The run may park an approval (or take guidance) before the starting
@@ -88,7 +101,14 @@ class SubagentRuns:
         self._lock = threading.Lock()
         self._active: list[SubagentRun] = []
 
-    def add(self, name: str, loop: Any, run_id: str, record: Any = None, steering: Any = None) -> SubagentRun:
+    def add(
+        self,
+        name: str,
+        loop: LoopSetup,
+        run_id: str,
+        record: Optional[Run] = None,
+        steering: Optional[RunSteering] = None,
+    ) -> SubagentRun:
         """Note a sub-agent run about to start (its handle is set once it has)."""
         active = SubagentRun(name, loop, run_id, record, steering)
         active.owner = self
@@ -103,7 +123,7 @@ class SubagentRuns:
                 self._active.remove(active)
         active.done.set()
 
-    def _snapshot(self) -> list[tuple[SubagentRun, Any]]:
+    def _snapshot(self) -> list[tuple[SubagentRun, RunHandle]]:
         with self._lock:
             active = list(self._active)
         out = []
@@ -127,7 +147,7 @@ class SubagentRuns:
                 return
             active.settle_once(handle)
 
-    def pending_approvals(self) -> list[Any]:
+    def pending_approvals(self) -> list[PendingApproval]:
         """Calls the sub-agent runs have parked, each with its path and this run's id."""
         out = []
         for active, handle in self._snapshot():
@@ -150,7 +170,7 @@ class SubagentRuns:
         name, _, rest = path.partition("/")
         return any(h.deny(call_id, reason, by=by, subagent=rest) for a, h in self._snapshot() if a.name == name)
 
-    def steer(self, to: str, message: Any) -> bool:
+    def steer(self, to: str, message: Union[Message, str]) -> bool:
         """Guidance for the sub-agent run at path ``to``; False when none is in flight."""
         if not isinstance(to, str) or not to:
             raise ValueError(f"a sub-agent path must be a non-empty str like 'research', got {to!r:.60}")
@@ -173,7 +193,7 @@ def runs_of(rc: RunContext) -> SubagentRuns:
         return runs  # type: ignore[no-any-return]
 
 
-def enter(rc: RunContext, name: str, loop: Any, run_id: str) -> Optional[SubagentRun]:
+def enter(rc: RunContext, name: str, loop: LoopSetup, run_id: str) -> Optional[SubagentRun]:
     """Note a sub-agent run about to start under ``rc``; None once ``rc`` is ending.
 
     Noted first, ``ending`` read second; ``finalize`` sets ``ending`` first,
@@ -189,7 +209,7 @@ def enter(rc: RunContext, name: str, loop: Any, run_id: str) -> Optional[Subagen
     return active
 
 
-def _add_usage(run: Any, usage: Usage) -> None:
+def _add_usage(run: Run, usage: Usage) -> None:
     if usage.input_tokens or usage.output_tokens:
         with _lock:
             sub = run.subagent_usage

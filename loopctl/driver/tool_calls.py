@@ -42,7 +42,7 @@ class CallState:
         self.out = _NO_OUTPUT
         self.ms = 0.0
         self.resolved = call.name
-        self.correction: Any = None
+        self.correction: object = None
         self.interrupted = False
         self.refusal: Optional[str] = None  # why a corrected retry may not run
 

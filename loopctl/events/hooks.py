@@ -192,7 +192,7 @@ class HookExecutor:
         self.hooks.append(hook)
         return self
 
-    def _safe(self, hook: Hook, name: str, *args: Any) -> Any:
+    def _safe(self, hook: Hook, name: str, *args: object) -> Any:
         try:
             return getattr(hook, name)(*args)
         except Exception:

@@ -69,7 +69,7 @@ class RunStatus:
     ended_at: Optional[float]
     resumes: int = 0
     resume_cause: Optional[str] = None
-    output_value: Any = None
+    output_value: object = None
     pending_approvals: Tuple[PendingApproval, ...] = ()
     approvals: Tuple[ApprovalDecision, ...] = ()
 

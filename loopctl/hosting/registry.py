@@ -86,7 +86,7 @@ class RunRegistry:
         keep_finished_s: float = 600,
         event_buffer: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
-        session_store: Any = None,
+        session_store: object = None,
     ) -> None:
         if session_store is not None and not hasattr(session_store, "session"):
             raise ConfigError(f"RunRegistry session_store must be a session store, got {session_store!r:.80}")
@@ -112,7 +112,7 @@ class RunRegistry:
         run_id: Optional[str] = None,
         *,
         owner: Optional[Hashable] = None,
-        output_type: Any = None,
+        output_type: object = None,
         session_id: Optional[str] = None,
     ) -> str:
         """Start a run of ``loop`` on its worker thread and register it.
@@ -431,7 +431,7 @@ class RunRegistry:
     def __enter__(self) -> RunRegistry:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -54,7 +54,7 @@ def _check_version(data: Mapping[str, Any], what: str) -> None:
         )
 
 
-def _mapping(data: Any, what: str) -> Mapping[str, Any]:
+def _mapping(data: object, what: str) -> Mapping[str, Any]:
     if not isinstance(data, Mapping):
         raise SchemaError(f"{what} must be a dict, got {type(data).__name__} {data!r:.60}")
     return data
@@ -63,7 +63,7 @@ def _mapping(data: Any, what: str) -> Mapping[str, Any]:
 # -- events --------------------------------------------------------------------------
 
 
-def _load_usage(value: Any) -> Optional[Usage]:
+def _load_usage(value: object) -> Optional[Usage]:
     return None if value is None else Usage.from_dict(_mapping(value, "usage"))
 
 
@@ -71,11 +71,11 @@ def _load_messages(value: Any) -> Tuple[Message, ...]:
     return tuple(message_from_dict(m) for m in value)
 
 
-def _load_stop_reason(value: Any) -> Optional[StopReason]:
+def _load_stop_reason(value: object) -> Optional[StopReason]:
     return None if value is None else StopReason(value)
 
 
-def _load_input(value: Any) -> Any:
+def _load_input(value: object) -> object:
     # ToolCallReceived.input is a dict; RunStart.input is a str: keep the shape.
     return dict(value) if isinstance(value, Mapping) else value
 
@@ -84,29 +84,29 @@ def _load_float(value: Any) -> float:
     return float(value)
 
 
-def _load_int(value: Any) -> int:
+def _load_int(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
         raise ValueError(f"expected an int, got {value!r}")
     return int(value)
 
 
-def _load_strs(value: Any) -> Tuple[str, ...]:
+def _load_strs(value: object) -> Tuple[str, ...]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise TypeError("expected a list of strings")
     return tuple(value)
 
 
-def _load_opt_int(value: Any) -> Optional[int]:
+def _load_opt_int(value: object) -> Optional[int]:
     return None if value is None else _load_int(value)
 
 
-def _load_opt_str(value: Any) -> Optional[str]:
+def _load_opt_str(value: object) -> Optional[str]:
     if value is not None and not isinstance(value, str):
         raise TypeError(f"expected a string or null, got {type(value).__name__}")
     return value
 
 
-_BY_NAME: Dict[str, Callable[[Any], Any]] = {
+_BY_NAME: Dict[str, Callable[[object], object]] = {
     "usage": _load_usage,
     "messages": _load_messages,
     "stop_reason": _load_stop_reason,
@@ -231,7 +231,7 @@ def status_to_dict(status: Any) -> Dict[str, Any]:
     return dict(status.to_dict())
 
 
-def status_from_dict(data: Mapping[str, Any]) -> Any:
+def status_from_dict(data: Mapping[str, Any]) -> object:
     """Rebuild a ``RunStatus``.
 
     Raises:
@@ -260,7 +260,7 @@ Serializable = Union[
     Message, Usage, Turn, Run, RunConfig, SessionConfig, ParallelDispatch, Event, LoopError
 ]
 
-_KINDS: Dict[str, Tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+_KINDS: Dict[str, Tuple[Callable[[Any], object], Callable[[Any], object]]] = {
     "message": (Message.to_dict, message_from_dict),
     "usage": (Usage.to_dict, Usage.from_dict),
     "turn": (Turn.to_dict, Turn.from_dict),
@@ -290,7 +290,7 @@ _TYPE_KINDS: Tuple[Tuple[Union[type, Tuple[type, ...]], str], ...] = (
 )
 
 
-def _kind_of(obj: Any) -> str:
+def _kind_of(obj: object) -> str:
     for cls, kind in _TYPE_KINDS:
         if isinstance(obj, cls):
             return kind
@@ -299,7 +299,7 @@ def _kind_of(obj: Any) -> str:
     raise SchemaError(f"cannot serialize {type(obj).__name__}: {obj!r:.60}")
 
 
-def dump(obj: Any) -> Dict[str, Any]:
+def dump(obj: object) -> Dict[str, Any]:
     """``{"version": 1, "kind": <kind>, "data": <the object's dict>}``.
 
     Kinds: message, part, usage, turn, run, run_config, session_config,
@@ -312,7 +312,7 @@ def dump(obj: Any) -> Dict[str, Any]:
     return {"version": SCHEMA_VERSION, "kind": kind, "data": _KINDS[kind][0](obj)}
 
 
-def load(envelope: Mapping[str, Any]) -> Any:
+def load(envelope: Mapping[str, Any]) -> object:
     """The object a ``dump`` envelope holds (equal to the dumped one).
 
     Raises:
@@ -334,12 +334,12 @@ def load(envelope: Mapping[str, Any]) -> Any:
         raise SchemaError(f"bad {kind} data {envelope['data']!r:.120}: {exc}") from exc
 
 
-def dumps(obj: Any) -> str:
+def dumps(obj: object) -> str:
     """``dump(obj)`` as compact JSON text (standard JSON: a non-finite number is ``null``)."""
     return json.dumps(json_safe(dump(obj)), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
-def loads(text: Union[str, bytes]) -> Any:
+def loads(text: Union[str, bytes]) -> object:
     """The object in ``dumps`` output.
 
     Raises:

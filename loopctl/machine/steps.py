@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Any, Optional, Protocol, Union
+from typing import Optional, Protocol, Union
 
 import attrs
 
@@ -57,7 +57,7 @@ class Completed:
     """
 
     final_text: str
-    value: Any = None
+    value: object = None
 
 
 @attrs.frozen
@@ -66,7 +66,7 @@ class AnswerVerdict:
 
     ok: bool
     text: str
-    value: Any = None
+    value: object = None
     errors: tuple[str, ...] = ()
 
 

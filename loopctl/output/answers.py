@@ -14,7 +14,7 @@ The reading and the re-asking are the machine's (``OutputCheck``).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Optional
 
 import attrs
 
@@ -27,7 +27,7 @@ from loopctl.output import FINAL_TOOL, OUTPUT_MODES, OutputCheck, OutputSpec
 DEFAULT_MODE = "tool"
 
 
-def client_output_mode(client: Any) -> str:
+def client_output_mode(client: object) -> str:
     """The client's preferred mode: the first of its ``output_modes``, else ``"tool"``."""
     modes = getattr(client, "output_modes", None)
     if isinstance(modes, (tuple, list)) and modes and modes[0] in OUTPUT_MODES:
@@ -35,7 +35,7 @@ def client_output_mode(client: Any) -> str:
     return DEFAULT_MODE
 
 
-def answer_check(config: RunConfig, client: Any, tool_names: frozenset[str]) -> Optional[OutputCheck]:
+def answer_check(config: RunConfig, client: object, tool_names: frozenset[str]) -> Optional[OutputCheck]:
     """The run's ``OutputCheck``, or None when it wants plain text.
 
     Raises:

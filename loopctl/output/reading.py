@@ -28,7 +28,7 @@ class OutputReading:
     """What a reply read as: ``ok`` with ``value``, or ``errors`` to show the model."""
 
     ok: bool
-    value: Any = None
+    value: object = None
     errors: tuple[str, ...] = ()
     text: str = ""
 
@@ -77,7 +77,7 @@ def read_reply(spec: OutputSpec, text: str, truncated: bool = False) -> OutputRe
     return read_value(spec, value, text)
 
 
-def read_value(spec: OutputSpec, value: Any, text: str, unwrapped: bool = False) -> OutputReading:
+def read_value(spec: OutputSpec, value: object, text: str, unwrapped: bool = False) -> OutputReading:
     """Validate and convert an already decoded value (a final-answer tool's input, say)."""
     if spec.wrapped and not unwrapped:
         if isinstance(value, Mapping) and set(value) == {"result"}:

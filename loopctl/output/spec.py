@@ -47,7 +47,7 @@ class OutputSpec:
         strict_problem: why OpenAI's strict mode cannot take the schema, or None.
     """
 
-    type: Any
+    type: object
     name: str
     description: str
     schema: Mapping[str, Any]
@@ -56,7 +56,7 @@ class OutputSpec:
     _compiled: Compiled = attrs.field(repr=False)
 
     @classmethod
-    def of(cls, output_type: Any) -> OutputSpec:
+    def of(cls, output_type: object) -> OutputSpec:
         """Compile ``output_type``.
 
         Raises:
@@ -113,7 +113,7 @@ class OutputSpec:
             "fence) that follows this JSON Schema:\n" + json.dumps(self.wire_schema, sort_keys=True)
         )
 
-    def from_json(self, value: Any) -> Any:
+    def from_json(self, value: object) -> object:
         """The caller's type rebuilt from its JSON form (``records.json_form``).
 
         A value that does not fit the schema (an older type, a hand-edited
@@ -126,7 +126,7 @@ class OutputSpec:
         except Exception:  # the user's class refused it: keep the JSON
             return value
 
-    def convert(self, value: Any) -> Any:
+    def convert(self, value: object) -> object:
         """The validated wire value as the caller's type (unwrapped)."""
         if self.wrapped and isinstance(value, Mapping):
             value = value.get(_WRAP_KEY)
@@ -134,7 +134,7 @@ class OutputSpec:
         return value if conv is None else conv(value)
 
 
-def rebuild_value(output_type: Any, value: Any) -> Any:
+def rebuild_value(output_type: object, value: object) -> object:
     """A stored answer's JSON form as ``output_type`` where it can be built, else as it is.
 
     For an answer that crossed a process boundary (``Run.from_dict``): a
@@ -163,7 +163,7 @@ def _wire_name(name: str) -> str:
     return cleaned or "answer"
 
 
-def _strict_problem(schema: Any, path: str) -> Optional[str]:
+def _strict_problem(schema: object, path: str) -> Optional[str]:
     """The first construct OpenAI's strict mode refuses, named with its path; None if none."""
     if not isinstance(schema, Mapping):
         return None

@@ -100,7 +100,7 @@ _DELTAS = {
 }
 
 
-def _usage(data: Any) -> Optional[Usage]:
+def _usage(data: object) -> Optional[Usage]:
     if not isinstance(data, Mapping):
         return None
     # Cached prompt tokens are part of what the request put in the window.
@@ -112,7 +112,7 @@ def _usage(data: Any) -> Optional[Usage]:
     return None if inp == 0 and out == 0 else Usage(inp, out)
 
 
-def _error_event(payload: Any, label: str) -> ModelError:
+def _error_event(payload: object, label: str) -> ModelError:
     err = payload.get("error") if isinstance(payload, Mapping) else None
     if not isinstance(err, Mapping):
         err = {}
@@ -358,20 +358,20 @@ class AnthropicClient(HTTPClientBase):
             self._apply_options(body, opts, {t.name for t in tools})
         return body
 
-    def _native_tool_choice(self, choice: str) -> Any:
+    def _native_tool_choice(self, choice: str) -> object:
         if choice in ("auto", "none"):
             return {"type": choice}
         if choice == "required":
             return {"type": "any"}
         return {"type": "tool", "name": choice}
 
-    def _native_response_format(self, fmt: Mapping[str, Any]) -> tuple[str, Any]:
+    def _native_response_format(self, fmt: Mapping[str, Any]) -> tuple[str, object]:
         inner = fmt.get("json_schema")
         if fmt.get("type") == "json_schema" and isinstance(inner, Mapping) and "properties" not in fmt:
             fmt = inner.get("schema") or {}  # the OpenAI shape (a typed run's "native" mode)
         return "output_config", {"format": {"type": "json_schema", "schema": dict(fmt)}}
 
-    def _response_from_json(self, data: Any) -> ModelResponse:
+    def _response_from_json(self, data: object) -> ModelResponse:
         label = f"{self.provider} ({self._model})"
         if not isinstance(data, Mapping):
             raise model_error(f"{label}: response is not a JSON object", kind=PROTOCOL)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Optional, Protocol, Union, runtime_checkable
 
 import attrs
@@ -177,7 +177,7 @@ class ModelClient(Protocol):
 class IteratorStream:
     """A ``ModelStream`` over any iterator of events (close stops it)."""
 
-    def __init__(self, events: Iterator[StreamEvent], on_close: Any = None) -> None:
+    def __init__(self, events: Iterator[StreamEvent], on_close: Optional[Callable[[], None]] = None) -> None:
         self._events = events
         self._closed = False
         self._on_close = on_close
@@ -224,7 +224,7 @@ def response_events(response: ModelResponse, chunk: int = 8) -> Iterator[StreamE
 _SHOWN = 120  # characters of offending arguments quoted back to the model
 
 
-def token_count(value: Any) -> int:
+def token_count(value: object) -> int:
     """A provider's token count as an int >= 0; anything else (text, negative, NaN) counts 0.
 
     Usage is informational: a server's odd value must not end a run.
@@ -242,7 +242,7 @@ def _quote(text: str) -> str:
     return f"{shown!r}{more}"
 
 
-def tool_call_part(call_id: str, name: str, arguments: Any) -> ToolCallPart:
+def tool_call_part(call_id: str, name: str, arguments: object) -> ToolCallPart:
     """A well-formed ``ToolCallPart`` from a provider's tool call.
 
     ``arguments`` is the JSON text the model sent (or an already parsed

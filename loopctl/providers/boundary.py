@@ -234,7 +234,7 @@ def raise_mapped(exc: BaseException, call: CallInfo, *, deadline_hit: bool = Fal
 # -- JSON from the wire ------------------------------------------------------------
 
 
-def parse_json(text: str, label: str, what: str) -> Any:
+def parse_json(text: str, label: str, what: str) -> object:
     """Parse one JSON document from the wire.
 
     Raises:
@@ -249,9 +249,9 @@ def parse_json(text: str, label: str, what: str) -> Any:
         raise model_error(f"{label}: malformed JSON in {what}: {text[:200]!r}", kind=PROTOCOL) from exc
 
 
-def value_depth_exceeds(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+def value_depth_exceeds(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
     """True when a parsed JSON value nests lists/dicts deeper than ``limit`` (no recursion)."""
-    todo: list[tuple[Any, int]] = [(value, 0)]
+    todo: list[tuple[object, int]] = [(value, 0)]
     while todo:
         item, depth = todo.pop()
         if isinstance(item, (dict, list)):

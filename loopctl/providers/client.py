@@ -125,7 +125,7 @@ class HTTPClientBase:
     def _parser(self) -> StreamParser:
         raise NotImplementedError
 
-    def _response_from_json(self, data: Any) -> ModelResponse:
+    def _response_from_json(self, data: object) -> ModelResponse:
         raise NotImplementedError
 
     # -- the calls
@@ -169,11 +169,11 @@ class HTTPClientBase:
                 raise ConfigError(f"RequestOptions.extra_body must be a dict, got {opts.extra_body!r:.80}")
             body.update(opts.extra_body)
 
-    def _native_tool_choice(self, choice: str) -> Any:
+    def _native_tool_choice(self, choice: str) -> object:
         """The wire form of a validated tool choice (auto/none/required or a tool name)."""
         raise NotImplementedError
 
-    def _native_response_format(self, fmt: Mapping[str, Any]) -> tuple[str, Any]:
+    def _native_response_format(self, fmt: Mapping[str, Any]) -> tuple[str, object]:
         """The body key and wire form of a JSON Schema response format."""
         raise NotImplementedError
 
@@ -221,12 +221,12 @@ class HTTPClientBase:
         def open_response(scope: CallScope) -> requests.Response:
             return self._post(body, scope, call, True)
 
-        def on_json(data: Any) -> Iterator[StreamEvent]:
+        def on_json(data: object) -> Iterator[StreamEvent]:
             return response_events(self._reply_from_json(data, call.label))
 
         return SSEStream(open_response, self._parser(), call, on_json, self.stream_hint)
 
-    def _reply_from_json(self, data: Any, label: str) -> ModelResponse:
+    def _reply_from_json(self, data: object, label: str) -> ModelResponse:
         """``_response_from_json`` with JSON of the wrong shape turned into ``ModelError``.
 
         Like ``feed_checked`` for streams: the parsers index into provider

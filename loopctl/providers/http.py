@@ -83,7 +83,7 @@ class CallScope:
         self.closed = False
         self.deadline = deadline
 
-    def attach(self, sock: Any) -> None:
+    def attach(self, sock: object) -> None:
         """Track ``sock``; shut it at once if the scope is already closed."""
         if sock is None:
             return
@@ -132,7 +132,7 @@ class _Binding:
         _local.scope = self._scope
         return self._scope
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         _local.scope = self._prev
 
 
@@ -141,7 +141,7 @@ def current_scope() -> Optional[CallScope]:
     return getattr(_local, "scope", None)
 
 
-def _report_sock(conn: Any) -> None:
+def _report_sock(conn: object) -> None:
     scope: Optional[CallScope] = getattr(_local, "scope", None)
     if scope is not None:
         scope.attach(getattr(conn, "sock", None))
@@ -152,7 +152,7 @@ class _TrackedHTTPConnection(HTTPConnection):
         super().connect()
         _report_sock(self)
 
-    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+    def getresponse(self, *args: object, **kwargs: object) -> Any:
         _report_sock(self)  # a reused keep-alive connection never calls connect()
         return super().getresponse(*args, **kwargs)
 
@@ -162,7 +162,7 @@ class _TrackedHTTPSConnection(HTTPSConnection):
         super().connect()
         _report_sock(self)
 
-    def getresponse(self, *args: Any, **kwargs: Any) -> Any:
+    def getresponse(self, *args: object, **kwargs: object) -> Any:
         _report_sock(self)
         return super().getresponse(*args, **kwargs)
 
@@ -196,7 +196,7 @@ def make_session() -> requests.Session:
     return s
 
 
-def _sock_of(resp: requests.Response) -> Any:
+def _sock_of(resp: requests.Response) -> object:
     """Best-effort socket of a response from a session we did not make."""
     raw = resp.raw
     conn = getattr(raw, "_connection", None)
@@ -241,7 +241,7 @@ def check_deadline(scope: CallScope, call: CallInfo) -> None:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> object:
     # NaN and infinities are not JSON: they go as null.
     if isinstance(value, float):
         return value if math.isfinite(value) else None
@@ -329,7 +329,7 @@ def response_status_error(resp: requests.Response, label: str) -> ModelError:
     return status_error(resp.status_code, resp.reason or "", body, resp.headers.get("retry-after"), label)
 
 
-def read_json(resp: requests.Response, scope: CallScope, call: CallInfo, limit: int = RESPONSE_BODY_LIMIT) -> Any:
+def read_json(resp: requests.Response, scope: CallScope, call: CallInfo, limit: int = RESPONSE_BODY_LIMIT) -> object:
     """Read a whole JSON body (at most ``limit`` bytes), cancellable via ``scope``.
 
     Each read waits at most the client's read timeout, and never past the

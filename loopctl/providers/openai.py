@@ -80,7 +80,7 @@ FINISH_REASONS = {
 _TOOL_CHOICES = ("auto", "none", "required")
 INVALID_TOOL_NAME = "invalid_tool_call"  # the wire name of a replayed call that had none
 
-def _usage(data: Any) -> Optional[Usage]:
+def _usage(data: object) -> Optional[Usage]:
     if not isinstance(data, Mapping):
         return None
     inp = token_count(data.get("prompt_tokens") or data.get("input_tokens"))
@@ -92,7 +92,7 @@ def _new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _stream_error(payload: Any, label: str) -> ModelError:
+def _stream_error(payload: object, label: str) -> ModelError:
     err = payload.get("error") if isinstance(payload, Mapping) else None
     if isinstance(err, Mapping):
         msg = str(err.get("message") or err.get("type") or err)[:1000]
@@ -187,7 +187,7 @@ class OpenAIStreamParser:
             self._usage = _usage(usage) or self._usage
         return out
 
-    def _tool_fragment(self, tc: Any, out: list[StreamEvent]) -> None:
+    def _tool_fragment(self, tc: object, out: list[StreamEvent]) -> None:
         if not isinstance(tc, Mapping):
             return
         fn = tc.get("function") or {}
@@ -367,12 +367,12 @@ class OpenAIClient(HTTPClientBase):
             self._apply_options(body, opts, {t.name for t in tools})
         return body
 
-    def _native_tool_choice(self, choice: str) -> Any:
+    def _native_tool_choice(self, choice: str) -> object:
         if choice in _TOOL_CHOICES:
             return choice
         return {"type": "function", "function": {"name": choice}}
 
-    def _native_response_format(self, fmt: Mapping[str, Any]) -> tuple[str, Any]:
+    def _native_response_format(self, fmt: Mapping[str, Any]) -> tuple[str, object]:
         if fmt.get("type") in ("json_schema", "json_object", "text") and "properties" not in fmt:
             return "response_format", dict(fmt)  # already the native shape
         return "response_format", {
@@ -380,7 +380,7 @@ class OpenAIClient(HTTPClientBase):
             "json_schema": {"name": _schema_name(fmt), "schema": dict(fmt), "strict": True},
         }
 
-    def _response_from_json(self, data: Any) -> ModelResponse:
+    def _response_from_json(self, data: object) -> ModelResponse:
         label = f"{self.provider} ({self._model})"
         if not isinstance(data, Mapping):
             raise model_error(f"{label}: response is not a JSON object", kind=PROTOCOL)

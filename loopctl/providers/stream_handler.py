@@ -29,26 +29,28 @@ from typing import Any, Optional
 
 import attrs
 
+from loopctl.cancel import CancelSignal
 from loopctl.errors import Cancelled, ConfigError
 from loopctl.messages import ModelRequest, ModelResponse
+from loopctl.providers.base import ModelClient
 from loopctl.providers.http import CallScope
 from loopctl.providers.turn_stream import TurnStream
 from loopctl.timeouts import clamp, seconds
 
 
 def _seconds(optional: bool) -> Any:
-    def check(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    def check(inst: object, attribute: attrs.Attribute[object], value: object) -> None:
         seconds(value, f"StreamHandler.{attribute.name}", optional=optional, zero=True)
 
     return check
 
 
-def _count(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def _count(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"StreamHandler.{attribute.name} must be an int >= 0, got {value!r}")
 
 
-def _fraction(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+def _fraction(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ConfigError(f"StreamHandler.{attribute.name} must be between 0 and 1, got {value!r}")
 
@@ -111,11 +113,11 @@ class StreamHandler:
             single_attempt=True,
         )
 
-    def stream_turn(self, client: Any, request: ModelRequest, cancel: Any) -> TurnStream:
+    def stream_turn(self, client: ModelClient, request: ModelRequest, cancel: CancelSignal) -> TurnStream:
         """The turn's events; ``close()`` (any thread) stops a blocked read."""
         return TurnStream(self, client, request, cancel)
 
-    def complete_turn(self, client: Any, request: ModelRequest, cancel: Any) -> TurnStream:
+    def complete_turn(self, client: ModelClient, request: ModelRequest, cancel: CancelSignal) -> TurnStream:
         """A non-streaming call under the same retries and total deadline.
 
         Yields ``RetryWait``/``StreamAttemptReset`` around retries and, last,
@@ -124,7 +126,7 @@ class StreamHandler:
         return TurnStream(self, client, request, cancel, streaming=False)
 
 
-def cancellable_complete(client: Any, request: ModelRequest, cancel: Any) -> ModelResponse:
+def cancellable_complete(client: ModelClient, request: ModelRequest, cancel: CancelSignal) -> ModelResponse:
     """``client.complete(request)`` that a cancel interrupts (HTTP clients).
 
     The call runs in a ``CallScope`` closed by a cancel listener, so a call

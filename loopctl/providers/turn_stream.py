@@ -17,13 +17,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any, Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol
 
+from loopctl.cancel import CancelSignal
 from loopctl.errors import Cancelled, LoopError, ModelError
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.providers.base import (
     HandlerEvent,
     MessageStop,
+    ModelClient,
+    ModelStream,
     StreamAttemptReset,
     StreamRescue,
 )
@@ -72,7 +75,7 @@ class TurnStream:
     )
 
     def __init__(
-        self, handler: TurnSettings, client: Any, request: ModelRequest, cancel: Any, streaming: bool = True
+        self, handler: TurnSettings, client: ModelClient, request: ModelRequest, cancel: CancelSignal, streaming: bool = True
     ) -> None:
         self._h = handler
         self._client = client
@@ -84,7 +87,7 @@ class TurnStream:
         # Made once a first attempt failed (most calls never retry); set under the
         # lock, as close() reads it, so a backoff wait never misses a close.
         self._sleep: Optional[CancelAwareSleep] = None
-        self._stream: Any = None
+        self._stream: Optional[ModelStream] = None
         self._scope: Optional[CallScope] = None
         self._total_deadline: Optional[float] = None
         self.attempts = 0
@@ -119,7 +122,7 @@ class TurnStream:
 
     # -- one attempt -------------------------------------------------------------
 
-    def _open(self) -> Any:
+    def _open(self) -> ModelStream:
         try:
             stream = self._client.stream(self._request)
         except LoopError:

@@ -41,7 +41,7 @@ MAX_ID_CHARS = 65_536
 DEFAULT_LEASE_S = 60.0
 
 
-def check_session_id(session_id: Any) -> str:
+def check_session_id(session_id: object) -> str:
     """``session_id`` if it is a usable id.
 
     Raises:
@@ -61,7 +61,7 @@ def check_session_id(session_id: Any) -> str:
     return session_id
 
 
-def check_owner(owner: Any) -> Optional[str]:
+def check_owner(owner: object) -> Optional[str]:
     """``owner`` if it is None or a non-empty ``str`` (else ``ValueError``)."""
     if owner is None:
         return None
@@ -71,7 +71,7 @@ def check_owner(owner: Any) -> Optional[str]:
     return owner
 
 
-def check_lease(lease_s: Any, clock: Any) -> float:
+def check_lease(lease_s: object, clock: object) -> float:
     """The lease length, validated with the clock (``ConfigError`` naming the bad one)."""
     if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not lease_s > 0:
         raise ConfigError(f"session lease_s must be a number > 0, got {lease_s!r}")
@@ -193,6 +193,15 @@ class SessionStore:
         """
         return Session(self, check_session_id(session_id), check_owner(owner))
 
+    @property
+    def backend(self) -> SessionBackend:
+        """The backend this store's sessions and leases read and write through."""
+        return self._backend
+
+    def now(self) -> float:
+        """The store's clock: leases are timed by it, not by the wall clock."""
+        return self._clock()
+
     def list(self, owner: Optional[str] = None) -> List[SessionInfo]:
         """The stored sessions, most recently written first: ``owner``'s, or all when None."""
         return self._backend.infos(check_owner(owner))
@@ -216,7 +225,7 @@ class SessionStore:
     def __enter__(self) -> SessionStore:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -242,7 +251,7 @@ class Session:
 
     def load(self) -> Tuple[int, List[Message]]:
         """(revision, messages) read in one snapshot."""
-        revision, owner, rows = self.store._backend.load(self.id)
+        revision, owner, rows = self.store.backend.load(self.id)
         if revision and owner != self.owner:
             raise KeyError(f"unknown session {self.id[:80]!r}")
         return revision, decode_messages(self.id, rows)
@@ -261,8 +270,8 @@ class Session:
         """
         store = self.store
         token = uuid.uuid4().hex if holder is None else check_session_id(holder)
-        now = store._clock()
-        if not store._backend.acquire(self.id, self.owner, token, now, now + store.lease_s):
+        now = store.now()
+        if not store.backend.acquire(self.id, self.owner, token, now, now + store.lease_s):
             raise SessionBusy(self.id)
         return SessionLease(self, token)
 
@@ -288,7 +297,7 @@ class SessionLease:
         every = store.lease_s / 3.0
         while not self._stop.wait(every):
             try:
-                held = store._backend.renew(self.session.id, self.token, store._clock() + store.lease_s)
+                held = store.backend.renew(self.session.id, self.token, store.now() + store.lease_s)
             except Exception:  # a store hiccup: try again next time, the lease has slack
                 log.warning("renewing the lease of a session failed; retrying", exc_info=True)
                 continue
@@ -312,7 +321,7 @@ class SessionLease:
         rows = [encode_message(m) for m in messages]
         session = self.session
         store = session.store
-        revision = store._backend.write(session.id, session.owner, self.token, store._clock(), rows, replace)
+        revision = store.backend.write(session.id, session.owner, self.token, store.now(), rows, replace)
         if revision is None:
             self.lost = True
             raise SessionBusy(session.id, "this run's lease expired and another run took the session")
@@ -326,7 +335,7 @@ class SessionLease:
         self._stop.set()
         thread.join()
         try:
-            self.session.store._backend.release(self.session.id, self.token)
+            self.session.store.backend.release(self.session.id, self.token)
         except Exception:  # the lease then lapses on its own
             log.warning("releasing the lease of a session failed; it expires by itself", exc_info=True)
 

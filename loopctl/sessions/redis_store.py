@@ -94,7 +94,7 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
@@ -117,7 +117,7 @@ class _RedisBackend(SessionBackend):
         owner_key = f"{self._prefix}:owner:{_digest(owner or '')}"
         return h, [f"{base}:lease", f"{base}:meta", f"{base}:msgs", f"{base}:removed", f"{self._prefix}:all", owner_key]
 
-    def _call(self, what: str, fn: Callable[[], Any]) -> Any:
+    def _call(self, what: str, fn: Callable[[], object]) -> Any:
         try:
             return fn()
         except LoopError:
@@ -128,7 +128,7 @@ class _RedisBackend(SessionBackend):
     def load(self, session_id: str) -> Tuple[int, Optional[str], List[Any]]:
         _, keys = self._keys(session_id)
 
-        def read() -> Any:
+        def read() -> object:
             pipe = self._r.pipeline(transaction=True)
             pipe.hmget(keys[1], "revision", "owner")
             pipe.lrange(keys[2], 0, -1)
@@ -171,7 +171,7 @@ class _RedisBackend(SessionBackend):
             index = f"{self._prefix}:all" if owner is None else f"{self._prefix}:owner:{_digest(owner)}"
             hashes = [_text(h) for h in self._call("list", lambda: self._r.zrevrange(index, 0, -1))]
 
-        def read() -> Any:
+        def read() -> object:
             pipe = self._r.pipeline(transaction=False)
             for h in hashes:
                 pipe.hmget(f"{self._prefix}:{h}:meta", "id", "owner", "revision", "updated")

@@ -234,7 +234,7 @@ def _common_prefix(old: List[str], new: List[str]) -> int:
     return n
 
 
-def _retry_locked(fn: Callable[[], Any], timeout: float) -> None:
+def _retry_locked(fn: Callable[[], object], timeout: float) -> None:
     """Run ``fn``, retrying while another connection sets up the same new file.
 
     Switching the journal mode can fail at once with "database is locked",

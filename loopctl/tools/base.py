@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional, Union
 
 import attrs
 
+from loopctl.cancel import CancelSignal
 from loopctl.messages import ToolSchema
 from loopctl.text import clean_text
 from loopctl.tools.validation import check
@@ -72,7 +73,7 @@ class ToolContext:
     turn: int
     call_id: str
     _temp_source: TempDirSource = attrs.field(alias="temp_dir", repr=False)
-    cancel: Any
+    cancel: CancelSignal
     extras: dict[str, Any] = attrs.field(factory=dict)
     _temp_resolved: bool = attrs.field(default=False, init=False, repr=False)
 
@@ -93,7 +94,7 @@ class ToolContext:
         self._temp_resolved = True
 
 
-def to_output(value: Any) -> ToolOutput:
+def to_output(value: object) -> ToolOutput:
     """Convert a tool's return value: str as is, ToolOutput as given, else JSON.
 
     attrs instances become objects, Enum members their values, sets sorted
@@ -117,14 +118,14 @@ def to_output(value: Any) -> ToolOutput:
         return ToolOutput(str(value))
 
 
-def _dumps(value: Any) -> str:
+def _dumps(value: object) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_default)
 
 
 _NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 
-def _finite(value: Any, path: set[int]) -> Any:
+def _finite(value: object, path: set[int]) -> object:
     """``value`` with non-finite floats as strings (containers copied, cycles refused)."""
     if isinstance(value, float):
         return value if math.isfinite(value) else _NON_FINITE[repr(float(value))]
@@ -143,7 +144,7 @@ def _finite(value: Any, path: set[int]) -> Any:
         path.discard(id(value))
 
 
-def _json_default(value: Any) -> Any:
+def _json_default(value: Any) -> object:
     if attrs.has(type(value)):
         return {f.name: getattr(value, f.name) for f in attrs.fields(type(value))}
     if isinstance(value, enum.Enum):
@@ -181,7 +182,7 @@ class Tool:
     timeout: Optional[float] = None
     requires_approval: bool = False
     approval_timeout: Optional[float] = None
-    source: Any = None
+    source: object = None
 
     def input_schema(self) -> Mapping[str, Any]:
         """The JSON Schema of the input (an object schema)."""
@@ -208,7 +209,7 @@ class Tool:
         """
         return check(self.input_schema(), input)
 
-    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> object:
         """Run the tool; return str, ``ToolOutput`` or any JSON-able value."""
         raise NotImplementedError(f"tool {self.name!r} does not implement call()")
 

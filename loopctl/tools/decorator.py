@@ -43,7 +43,7 @@ from loopctl.tools.validation import check, compile_schema
 ResourceKey = Union[str, Callable[[Mapping[str, Any]], Optional[str]]]
 F = TypeVar("F", bound=Callable[..., Any])
 
-def _is_context(hint: Any) -> bool:
+def _is_context(hint: object) -> bool:
     if hint is ToolContext:
         return True
     if typing.get_origin(hint) is typing.Union:
@@ -81,7 +81,7 @@ class FunctionTool(Tool):
 
     def __init__(
         self,
-        func: Callable[..., Any],
+        func: Callable[..., object],
         *,
         name: Optional[str] = None,
         description: Optional[str] = None,
@@ -127,7 +127,7 @@ class FunctionTool(Tool):
         self._build(func, doc, where, localns)
 
     def _build(
-        self, func: Callable[..., Any], doc: Optional[str], where: str, localns: Optional[Mapping[str, Any]]
+        self, func: Callable[..., object], doc: Optional[str], where: str, localns: Optional[Mapping[str, Any]]
     ) -> None:
         try:
             sig = inspect.signature(func)
@@ -139,7 +139,7 @@ class FunctionTool(Tool):
         required: list[str] = []
         convs: list[tuple[str, Optional[Converter]]] = []
         self._context_param: Optional[str] = None
-        extra: Any = False
+        extra: object = False
         extra_conv: Optional[Converter] = None
         for pname, p in sig.parameters.items():
             pwhere = f"{where}, parameter {pname!r}"
@@ -222,7 +222,7 @@ class FunctionTool(Tool):
         """The keyword arguments for the function (``input`` must be valid)."""
         return self._conversion.apply(input)
 
-    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> object:
         """Convert ``input`` and call the function (the context injected if asked for)."""
         kwargs = self.convert(input)
         if self._context_param is not None:
@@ -247,7 +247,7 @@ class FunctionTool(Tool):
         except Exception as exc:
             return ToolOutput.error(f"Tool '{self.name}' raised {type(exc).__name__}: {exc}")
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> Any:  # whatever the function returns
         return self.func(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -288,7 +288,7 @@ def tool(
 
 
 def tool(
-    func: Optional[Callable[..., Any]] = None,
+    func: Optional[Callable[..., object]] = None,
     *,
     name: Optional[str] = None,
     description: Optional[str] = None,
@@ -299,7 +299,7 @@ def tool(
     requires_approval: bool = False,
     approval_timeout: Optional[float] = None,
     idempotent: bool = False,
-) -> Any:
+) -> object:
     """Turn a typed, documented function into a ``Tool``.
 
     Use bare (``@tool``) or with options (``@tool(name="search", concurrency_safe=True)``).
@@ -341,7 +341,7 @@ def tool(
     if func is not None:
         return FunctionTool(func, localns=_caller_locals(), **options)  # type: ignore[arg-type]
 
-    def decorate(f: Callable[..., Any]) -> FunctionTool:
+    def decorate(f: Callable[..., object]) -> FunctionTool:
         return FunctionTool(f, localns=_caller_locals(), **options)  # type: ignore[arg-type]
 
     return decorate

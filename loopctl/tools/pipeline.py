@@ -56,7 +56,7 @@ class DispatchContext:
     registry: Optional[ToolRegistry] = None
 
     @property
-    def cancel(self) -> Any:
+    def cancel(self) -> object:
         """The run's cancel signal (None when there is no tool context)."""
         return self.tool_context.cancel if self.tool_context is not None else None
 
@@ -110,12 +110,12 @@ def core_dispatch(registry: ToolRegistry, ctx: DispatchContext) -> ToolOutput:
     return invoke_tool(tool, ctx.input, ctx.tool_context)
 
 
-def _as_layer(mw: Any) -> Callable[[DispatchContext, Next], ToolOutput]:
+def _as_layer(mw: object) -> Callable[[DispatchContext, Next], ToolOutput]:
     fn = getattr(mw, "dispatch", None)
     if callable(fn):
         return fn  # type: ignore[no-any-return]
     if callable(mw):
-        return mw  # type: ignore[no-any-return]
+        return mw
     raise ConfigError(f"middleware must have dispatch(ctx, next) or be callable(ctx, next), got {mw!r:.80}")
 
 

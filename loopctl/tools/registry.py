@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from loopctl.errors import ConfigError
 from loopctl.messages import ToolSchema
@@ -115,7 +115,7 @@ class ToolRegistry:
         self._asks = None
         return tool
 
-    def unregister(self, name: str, *, source: Any = None) -> bool:
+    def unregister(self, name: str, *, source: object = None) -> bool:
         """Remove the tool named ``name``; False when there is none.
 
         With ``source``, only a tool of that source is removed (a source

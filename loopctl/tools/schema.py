@@ -37,7 +37,7 @@ SUPPORTED = (
 )
 
 #: ``json_default``'s answer for a default a schema cannot show.
-NO_DEFAULT: Any = object()
+NO_DEFAULT: object = object()
 
 _UNION_TYPE = getattr(types, "UnionType", None)  # ``int | None`` on Python >= 3.10
 _NoneType = type(None)
@@ -52,18 +52,18 @@ class Compiled:
     optional: bool = False
 
 
-def type_name(hint: Any) -> str:
+def type_name(hint: object) -> str:
     """A readable name for an annotation (for error messages)."""
     if isinstance(hint, type) and not typing.get_args(hint):
         return hint.__qualname__
     return repr(hint).replace("typing.", "")
 
 
-def _to_int(v: Any) -> Any:
+def _to_int(v: object) -> object:
     return int(v) if isinstance(v, float) else v
 
 
-def _to_float(v: Any) -> Any:
+def _to_float(v: object) -> object:
     return float(v) if isinstance(v, int) else v
 
 
@@ -153,28 +153,28 @@ def compile_annotation(
 
 
 def _optional(conv: Converter) -> Converter:
-    def convert(v: Any) -> Any:
+    def convert(v: object) -> object:
         return None if v is None else conv(v)
 
     return convert
 
 
 def _each_item(conv: Converter) -> Converter:
-    def convert(v: Any) -> Any:
+    def convert(v: Any) -> object:
         return [conv(x) for x in v]
 
     return convert
 
 
 def _each_value(conv: Converter) -> Converter:
-    def convert(v: Any) -> Any:
+    def convert(v: Any) -> object:
         return {k: conv(x) for k, x in v.items()}
 
     return convert
 
 
 def _compile_union(
-    args: tuple[Any, ...], where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
+    args: tuple[object, ...], where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
 ) -> Compiled:
     members = [a for a in args if a is not _NoneType]
     optional = len(members) < len(args)
@@ -191,7 +191,7 @@ def _compile_union(
     if all(c is None for _, c in pairs):
         return Compiled({"anyOf": branches}, None, optional)
 
-    def convert(v: Any) -> Any:
+    def convert(v: object) -> object:
         if v is None:
             return None
         for accept, conv in pairs:
@@ -202,7 +202,7 @@ def _compile_union(
     return Compiled({"anyOf": branches}, convert, optional)
 
 
-def _compile_literal(hint: Any, args: tuple[Any, ...], where: str) -> Compiled:
+def _compile_literal(hint: object, args: tuple[object, ...], where: str) -> Compiled:
     for a in args:
         if not (a is None or isinstance(a, (str, int, float, bool))):
             raise ConfigError(
@@ -219,7 +219,7 @@ def _compile_literal(hint: Any, args: tuple[Any, ...], where: str) -> Compiled:
 
 
 def _compile_list(
-    args: tuple[Any, ...], where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
+    args: tuple[object, ...], where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
 ) -> Compiled:
     if not args or args[0] is Any:
         return Compiled({"type": "array"})
@@ -232,7 +232,7 @@ def _compile_list(
 
 
 def _compile_dict(
-    hint: Any, args: tuple[Any, ...], where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
+    hint: object, args: tuple[object, ...], where: str, seen: tuple[type, ...], localns: Optional[Mapping[str, Any]]
 ) -> Compiled:
     if not args:
         return Compiled({"type": "object"})
@@ -277,7 +277,7 @@ def _compile_attrs(
     return _compile_fields(cls, where, seen, localns, fields, cls)
 
 
-def _is_typeddict(hint: Any) -> bool:
+def _is_typeddict(hint: object) -> bool:
     # typing.is_typeddict arrived in Python 3.10; the attributes say the same on 3.9.
     return (
         isinstance(hint, type)
@@ -317,9 +317,9 @@ def _object_schema(cls: type, props: dict[str, Any], required: list[str]) -> dic
 
 
 def _keyword_converter(
-    build: Callable[..., Any], convs: list[tuple[str, Optional[Converter]]]
+    build: Callable[..., object], convs: list[tuple[str, Optional[Converter]]]
 ) -> Converter:
-    def convert(v: Mapping[str, Any]) -> Any:
+    def convert(v: Mapping[str, Any]) -> object:
         kwargs = {}
         for key, conv in convs:
             if key in v:
@@ -336,10 +336,10 @@ class _Field:
 
     key: str  # the JSON key, and the constructor's keyword
     name: str  # the attribute's name (for its hint, its docs and error messages)
-    hint: Any
+    hint: object
     description: Optional[str]
     required: bool
-    default: Any  # NO_DEFAULT when the schema shows none
+    default: object  # NO_DEFAULT when the schema shows none
 
 
 def _compile_fields(
@@ -348,7 +348,7 @@ def _compile_fields(
     seen: tuple[type, ...],
     localns: Optional[Mapping[str, Any]],
     fields: list[_Field],
-    build: Callable[..., Any],
+    build: Callable[..., object],
 ) -> Compiled:
     docs = _attrs_field_docs(cls)
     props: dict[str, Any] = {}
@@ -403,7 +403,7 @@ def _compile_typeddict(
     return _compile_fields(cls, where, seen, localns, fields, dict)
 
 
-def json_default(value: Any) -> Any:
+def json_default(value: object) -> object:
     """A default as it appears in a schema, or ``NO_DEFAULT`` when not JSON-able."""
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
@@ -419,7 +419,7 @@ def json_default(value: Any) -> Any:
 
 
 def resolve_hints(
-    fn: Callable[..., Any], where: str, localns: Optional[Mapping[str, Any]] = None
+    fn: Callable[..., object], where: str, localns: Optional[Mapping[str, Any]] = None
 ) -> dict[str, Any]:
     """``typing.get_type_hints`` with a clear error (string annotations included).
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 _MAX_PROBLEMS = 5
 
 
-def json_type(value: Any) -> str:
+def json_type(value: object) -> str:
     """The JSON type name of a decoded value (``"string"``, ``"integer"``, ...)."""
     if value is None:
         return "null"
@@ -39,7 +39,7 @@ def json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _is_type(value: Any, name: str) -> bool:
+def _is_type(value: object, name: str) -> bool:
     if name == "string":
         return isinstance(value, str)
     if name == "integer":
@@ -59,12 +59,12 @@ def _is_type(value: Any, name: str) -> bool:
     return True  # an unknown type name constrains nothing
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     # 1 == True in Python; in JSON they differ.
     return a == b and isinstance(a, bool) == isinstance(b, bool)
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -90,7 +90,7 @@ def _label(path: str) -> str:
     return f"field '{path}'"
 
 
-def _walk(schema: Mapping[str, Any], value: Any, path: str, out: list[str]) -> None:
+def _walk(schema: Mapping[str, Any], value: object, path: str, out: list[str]) -> None:
     if len(out) >= _MAX_PROBLEMS:
         return
     branches = schema.get("anyOf") or schema.get("oneOf")
@@ -171,13 +171,13 @@ def _walk_array(schema: Mapping[str, Any], value: Any, path: str, out: list[str]
                 return
 
 
-def _first(schema: Mapping[str, Any], value: Any) -> Optional[str]:
+def _first(schema: Mapping[str, Any], value: object) -> Optional[str]:
     out: list[str] = []
     _walk(schema, value, "value", out)
     return out[0] if out else None
 
 
-def problems(schema: Mapping[str, Any], value: Any, root: str = "value") -> list[str]:
+def problems(schema: Mapping[str, Any], value: object, root: str = "value") -> list[str]:
     """Every problem (at most five) of a whole value against ``schema``; ``[]`` when valid.
 
     Paths start at ``root`` (``value.items[2].name``), so a person or a model
@@ -203,7 +203,7 @@ def check(schema: Mapping[str, Any], value: Any) -> Optional[str]:
 
 Accept = Callable[[Any], bool]
 
-def _is_integer(v: Any) -> bool:
+def _is_integer(v: object) -> bool:
     if type(v) is int:
         return True
     return _is_type(v, "integer")
@@ -220,7 +220,7 @@ _TYPE_TESTS: dict[str, Accept] = {
 }
 
 
-def _always(v: Any) -> bool:
+def _always(v: object) -> bool:
     return True
 
 
@@ -251,7 +251,7 @@ def compile_schema(schema: Mapping[str, Any]) -> Accept:
     text = _compile_bounds(schema, "minLength", "maxLength")
     num = _compile_bounds(schema, "minimum", "maximum")
 
-    def accept(v: Any) -> bool:
+    def accept(v: object) -> bool:
         for test in tests:
             if not test(v):
                 return False
@@ -271,7 +271,7 @@ def compile_schema(schema: Mapping[str, Any]) -> Accept:
     return accept
 
 
-def _compile_bounds(schema: Mapping[str, Any], lo_key: str, hi_key: str) -> Optional[Callable[[Any], bool]]:
+def _compile_bounds(schema: Mapping[str, Any], lo_key: str, hi_key: str) -> Optional[Callable[[object], bool]]:
     lo, hi = schema.get(lo_key), schema.get(hi_key)
     if lo is None and hi is None:
         return None
@@ -320,7 +320,7 @@ def _compile_array(schema: Mapping[str, Any]) -> Optional[Accept]:
     return accept
 
 
-def matches(schema: Mapping[str, Any], value: Any) -> bool:
+def matches(schema: Mapping[str, Any], value: object) -> bool:
     """True when ``value`` satisfies ``schema`` (used to pick a union branch)."""
     return _first(schema, value) is None
 

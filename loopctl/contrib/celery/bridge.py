@@ -56,7 +56,7 @@ class SteerFeed:
         self._pending = list(pending)
         self._refused: List[Message] = []
 
-    def contribute(self, ctx: Any) -> None:
+    def contribute(self, ctx: object) -> None:
         """Open the feed on the first call (on the run's thread); never adds a message."""
         if self._ready:
             return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Dict
+from typing import Dict
 
 from loopctl.config import RunConfig
 from loopctl.errors import Cancelled, LoopError
@@ -44,7 +44,7 @@ def status_from_fields(run_id: str, fields: Dict[str, str]) -> RunStatus:
     )
 
 
-def _output_value(fields: Dict[str, str]) -> Any:
+def _output_value(fields: Dict[str, str]) -> object:
     # A typed run's answer, in its JSON form, from the stored final Run.
     raw = fields.get("run")
     if not raw:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, Callable, Union
+from typing import Callable, Union
 
 from loopctl.config import type_ref
 from loopctl.errors import ConfigError
@@ -17,7 +17,7 @@ from loopctl.output import OutputSpec
 RESUME_MODES = ("on_worker_loss", "never")
 
 
-def factory_spec(factory: Union[str, Callable[..., Any]]) -> str:
+def factory_spec(factory: Union[str, Callable[..., object]]) -> str:
     if isinstance(factory, str):
         module, sep, attr = factory.partition(":")
         if sep and module and attr:
@@ -32,7 +32,7 @@ def factory_spec(factory: Union[str, Callable[..., Any]]) -> str:
     )
 
 
-def resume_mode_of(value: Any) -> str:
+def resume_mode_of(value: object) -> str:
     if value is None or value == "never":
         return ""
     if value == "on_worker_loss":
@@ -40,13 +40,13 @@ def resume_mode_of(value: Any) -> str:
     raise ConfigError(f"CeleryRunRegistry resume must be None, 'on_worker_loss' or 'never', got {value!r}")
 
 
-def max_resumes_of(value: Any) -> int:
+def max_resumes_of(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"CeleryRunRegistry max_resumes must be an int >= 0, got {value!r}")
     return value
 
 
-def number(name: str, value: Any, minimum: float) -> float:
+def number(name: str, value: object, minimum: float) -> float:
     if (
         isinstance(value, bool)
         or not isinstance(value, (int, float))
@@ -60,7 +60,7 @@ def number(name: str, value: Any, minimum: float) -> float:
 __all__ = ["RESUME_MODES", "factory_spec", "max_resumes_of", "number", "resume_mode_of"]
 
 
-def check_portable_output(output_type: Any) -> None:
+def check_portable_output(output_type: object) -> None:
     """Refuse, before queueing, an answer type a worker could not rebuild."""
     if output_type is None:
         return

@@ -29,7 +29,7 @@ from .fields import run_from_fields, status_from_fields
 from .redis import TERMINAL, RedisBackend
 
 
-def check_owner(owner: Any) -> Optional[str]:
+def check_owner(owner: object) -> Optional[str]:
     """``owner`` as stored with a run: a non-empty str, or None for no owner."""
     if owner is None or (isinstance(owner, str) and owner):
         return owner

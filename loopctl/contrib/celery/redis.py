@@ -179,7 +179,7 @@ class RedisBackend:
                 f"redis at {self.url} failed during {what}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _run(self, name: str, run_id: str, *args: Any, client: Any = None) -> Any:
+    def _run(self, name: str, run_id: str, *args: object, client: object = None) -> Any:
         with self.guard(name):
             return self._scripts[name](
                 keys=[self.run_key(run_id)], args=[self.prefix, run_id, *args], client=client
@@ -391,7 +391,7 @@ class RedisBackend:
         return client.pubsub(ignore_subscribe_messages=False)
 
 
-def dumps(data: Any) -> str:
+def dumps(data: object) -> str:
     """Compact, standard JSON text (a non-finite number is ``null``)."""
     return json.dumps(json_safe(data), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 

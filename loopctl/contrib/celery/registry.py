@@ -19,6 +19,7 @@ from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.registry import RunStatus
 from loopctl.messages import Message
 from loopctl.records import Run
+from loopctl.sessions.base import SessionStore
 
 from .approvals import ApprovalsMixin
 from .options import (
@@ -104,9 +105,9 @@ class CeleryRunRegistry(ApprovalsMixin):
 
     def __init__(
         self,
-        app: Any,
+        app: object,
         redis_url: str,
-        loop_factory: Union[str, Callable[..., Any]],
+        loop_factory: Union[str, Callable[..., object]],
         *,
         prefix: str = "loopctl",
         queue: Optional[str] = None,
@@ -119,7 +120,7 @@ class CeleryRunRegistry(ApprovalsMixin):
         resume: Optional[str] = None,
         max_resumes: int = 3,
         drain_timeout: float = 30.0,
-        session_store: Any = None,
+        session_store: Optional[SessionStore] = None,
     ) -> None:
         if not isinstance(redis_url, str) or not redis_url:
             raise ConfigError(f"CeleryRunRegistry redis_url must be a non-empty str, got {type(redis_url).__name__}")
@@ -173,7 +174,7 @@ class CeleryRunRegistry(ApprovalsMixin):
         *,
         resume: Optional[str] = None,
         max_resumes: Optional[int] = None,
-        output_type: Any = None,
+        output_type: object = None,
         owner: Optional[str] = None,
     ) -> str:
         """Queue a run of the conversation on the workers.
@@ -399,7 +400,7 @@ class CeleryRunRegistry(ApprovalsMixin):
         )
 
     @property
-    def app(self) -> Any:
+    def app(self) -> object:
         """The Celery app the registry sends runs with."""
         return self._app
 
@@ -432,7 +433,7 @@ class CeleryRunRegistry(ApprovalsMixin):
     def __enter__(self) -> CeleryRunRegistry:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -35,7 +35,7 @@ def connect_signals(registries: MutableMapping[str, Any], task_name: str) -> Non
             return
         from celery import signals
 
-        def on_task_received(sender: Any = None, request: Any = None, **_: Any) -> None:
+        def on_task_received(sender: object = None, request: object = None, **_: object) -> None:
             if request is None or getattr(request, "name", None) != task_name:
                 return
             kwargs = getattr(request, "kwargs", None) or {}
@@ -46,18 +46,18 @@ def connect_signals(registries: MutableMapping[str, Any], task_name: str) -> Non
                 except LoopError as exc:  # the lease resends it if this worker dies
                     log.warning("could not note the reservation of run %s: %s", kwargs["run_id"], exc)
 
-        def on_worker_ready(sender: Any = None, **_: Any) -> None:
+        def on_worker_ready(sender: object = None, **_: object) -> None:
             app = getattr(sender, "app", None)
             for reg in list(registries.values()):
                 if reg.app is app:
                     reg.start_sweeper()
 
-        def on_worker_shutting_down(how: Any = None, **_: Any) -> None:
+        def on_worker_shutting_down(how: object = None, **_: object) -> None:
             if how == "Warm":
                 for reg in list(registries.values()):
                     reg.drain()
 
-        def on_worker_shutdown(**_: Any) -> None:
+        def on_worker_shutdown(**_: object) -> None:
             for reg in list(registries.values()):
                 reg.stop_sweeper()
 

@@ -36,7 +36,7 @@ class Executor(Protocol):
 
 #: prefix -> this process's registry with that prefix (weakly held).
 REGISTRIES: weakref.WeakValueDictionary[str, Executor] = weakref.WeakValueDictionary()
-_TASKS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_TASKS: weakref.WeakKeyDictionary[object, object] = weakref.WeakKeyDictionary()
 _TASKS_LOCK = threading.Lock()
 
 

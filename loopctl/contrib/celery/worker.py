@@ -70,6 +70,7 @@ from loopctl.hosting.serialization import (
 )
 from loopctl.messages import Message
 from loopctl.records import Run
+from loopctl.sessions.base import Session, SessionStore
 
 from . import approvals as approvals
 from .bridge import Bridge, SteerFeed
@@ -88,7 +89,7 @@ from .task import propagation
 
 log = logging.getLogger("loopctl")
 
-def resolve_factory(spec: str) -> Callable[..., Any]:
+def resolve_factory(spec: str) -> Callable[..., object]:
     """Import ``"pkg.module:attr"`` (``attr`` may be dotted).
 
     Raises:
@@ -98,14 +99,14 @@ def resolve_factory(spec: str) -> Callable[..., Any]:
     if not sep or not module or not attr:
         raise ConfigError(f"loop_factory must look like 'pkg.module:factory', got {spec!r}")
     try:
-        obj: Any = importlib.import_module(module)
+        obj: object = importlib.import_module(module)
         for part in attr.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot import loop_factory {spec!r}: {type(exc).__name__}: {exc}") from exc
     if not callable(obj):
         raise ConfigError(f"loop_factory {spec!r} is not callable: {obj!r:.60}")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def _build_loop(
@@ -116,7 +117,7 @@ def _build_loop(
     sessions: Any = None,
     owner: Optional[str] = None,
 ) -> Tuple[BareLoop, SteerFeed]:
-    session: Any = None
+    session: Optional[Session] = None
     revision = 0
     stored: List[Message] = []
     if sessions is not None:
@@ -160,7 +161,7 @@ def execute_run(
     settings: WorkerSettings,
     worker: str,
     host: Optional[WorkerHost] = None,
-    sessions: Any = None,
+    sessions: Optional[SessionStore] = None,
 ) -> str:
     """Claim and execute one queued run here; returns what happened (for logs).
 

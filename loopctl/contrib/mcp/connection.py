@@ -76,7 +76,7 @@ class WatchedReadStream:
         self._inner = inner
         self._on_end = on_end
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._inner, name)
 
     async def receive(self) -> Any:
@@ -103,7 +103,7 @@ class WatchedReadStream:
         await self._inner.__aenter__()
         return self
 
-    async def __aexit__(self, *exc: Any) -> Any:
+    async def __aexit__(self, *exc: object) -> Any:
         return await self._inner.__aexit__(*exc)
 
 
@@ -209,7 +209,7 @@ class Connection:
         if error is not None and not ready.done():  # pragma: no cover - set above
             raise error
 
-    async def _on_message(self, message: Any) -> None:
+    async def _on_message(self, message: object) -> None:
         if isinstance(message, types.ToolListChangedNotification):
             self._on_tools_changed()
         elif isinstance(message, Exception):

@@ -24,7 +24,7 @@ import itertools
 import json
 import mimetypes
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import mcp_types as types
 
@@ -41,7 +41,7 @@ def result_output(result: types.CallToolResult, temp_dir: Optional[Path] = None)
     return ToolOutput("\n\n".join(pieces), bool(result.is_error))
 
 
-def block_text(block: Any, temp_dir: Optional[Path] = None) -> str:
+def block_text(block: object, temp_dir: Optional[Path] = None) -> str:
     """One content block as text (see the module docstring)."""
     if isinstance(block, types.TextContent):
         return block.text

@@ -15,7 +15,7 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Coroutine
-from typing import Any, Callable, Optional, TypeVar
+from typing import Callable, Optional, TypeVar
 
 from loopctl.text import install_log_filter
 
@@ -73,7 +73,7 @@ class LoopThread:
         except RuntimeError:  # pragma: no cover - loop already shutting down
             pass
 
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    def submit(self, coro: Coroutine[object, object, T]) -> concurrent.futures.Future[T]:
         """Run ``coro`` on the loop; a future the calling thread can wait on.
 
         Raises:
@@ -85,7 +85,7 @@ class LoopThread:
                 raise RuntimeError(f"MCP loop {self.name} is closed")
             return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def call_soon(self, fn: Callable[[], Any]) -> None:
+    def call_soon(self, fn: Callable[[], object]) -> None:
         """Run ``fn()`` on the loop thread soon (a no-op once stopped)."""
         with self._lock:
             if not self._stopped:

@@ -25,7 +25,7 @@ import concurrent.futures
 import logging
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional, TypeVar, Union
 
@@ -152,7 +152,7 @@ class MCPServer:
             raise
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def connect(self) -> None:
@@ -278,7 +278,7 @@ class MCPServer:
         registry.add_refresher(refresh)
         return added
 
-    def _run(self, coro: Any, what: str) -> Any:
+    def _run(self, coro: Coroutine[object, object, T], what: str) -> T:
         thread = self._thread
         if thread is None:  # pragma: no cover - a connection implies a thread
             coro.close()
@@ -353,7 +353,7 @@ class MCPServer:
 
     # -- the connection -------------------------------------------------------------
 
-    def _connection(self, cancel: Any) -> Connection:
+    def _connection(self, cancel: object) -> Connection:
         """The live connection, opening (or reopening) it when needed.
 
         Raises:

@@ -25,7 +25,7 @@ HTTP_TIMEOUT_S = 30.0
 HTTP_READ_TIMEOUT_S = 300.0
 
 
-def _hidden(value: Any) -> str:
+def _hidden(value: object) -> str:
     return "<hidden>" if value else "None"
 
 

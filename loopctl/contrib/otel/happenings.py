@@ -88,11 +88,11 @@ class RunSpanEvents(Observer):
             },
         )
 
-    def on_approval_requested(self, event: Any) -> None:
+    def on_approval_requested(self, event: object) -> None:
         """A tool call waits for a person's approval."""
         self._run_event(run_key(event), cv.EV_APPROVAL_REQUESTED, _approval_attrs(event))
 
-    def on_approval_resolved(self, event: Any) -> None:
+    def on_approval_resolved(self, event: object) -> None:
         """A pending approval was granted or denied."""
         attrs = _approval_attrs(event)
         approved = getattr(event, "approved", None)
@@ -101,7 +101,7 @@ class RunSpanEvents(Observer):
         self._run_event(run_key(event), cv.EV_APPROVAL_RESOLVED, attrs)
 
 
-def _approval_attrs(event: Any) -> dict[str, Any]:
+def _approval_attrs(event: object) -> dict[str, Any]:
     attrs: dict[str, Any] = {}
     call_id = getattr(event, "call_id", None)
     tool = getattr(event, "tool", None)

@@ -116,8 +116,8 @@ class OTelObserver(ChatSpanEvents):
     def __init__(
         self,
         *,
-        tracer_provider: Any = None,
-        meter_provider: Any = None,
+        tracer_provider: Optional[trace.TracerProvider] = None,
+        meter_provider: Optional[metrics.MeterProvider] = None,
         agent_name: str = "loopctl",
         provider_name: Optional[str] = None,
         record_content: bool = False,
@@ -148,7 +148,7 @@ class OTelObserver(ChatSpanEvents):
 
     # -- wiring -------------------------------------------------------------------------------
 
-    def instrument(self, loop: Any) -> Any:
+    def instrument(self, loop: Any) -> object:
         """Register on ``loop`` and watch its cancel signal; returns the loop.
 
         Watching the signal puts each cancel's request time on the run's
@@ -229,7 +229,7 @@ class OTelObserver(ChatSpanEvents):
             note_run_span(run_id, span)  # a durable run's checkpoints carry it
         self._metrics.runs_started.add(1, {cv.AGENT_NAME: self.agent_name})
 
-    def _subagent_parent(self, run_id: str, path: str) -> Any:
+    def _subagent_parent(self, run_id: str, path: str) -> Optional[otel_context.Context]:
         """The context of the ``execute_tool`` span whose call runs the sub-agent at ``path``.
 
         The calling run's open attempt of the tool named like the sub-agent

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import attrs
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
 
 from loopctl.events import TurnEnd
 from loopctl.text import json_safe
@@ -74,7 +74,7 @@ class RunState:
         "live",
     )
 
-    def __init__(self, span: Any, session_id: str, provider: Optional[str]) -> None:
+    def __init__(self, span: Span, session_id: str, provider: Optional[str]) -> None:
         self.span = span
         self.parent = trace.set_span_in_context(span)  # every child's explicit parent
         self.session_id = session_id
@@ -92,7 +92,7 @@ class RunState:
         self.failed_chat: Optional[tuple[ChatCall, int, TurnEnd]] = None
         # Attempts whose span was made before they ended: a sub-agent run's
         # span needed it as its parent. (call id, attempt) -> the open span.
-        self.live: dict[tuple[str, int], Any] = {}
+        self.live: dict[tuple[str, int], Span] = {}
 
 
 def is_cancel(error: Optional[str]) -> bool:
@@ -121,7 +121,7 @@ class ToolEnd:
 class SpanWriter:
     """Makes the finished child spans of a run and records the GenAI metrics."""
 
-    def __init__(self, tracer: Any, instruments: Instruments, record_content: bool) -> None:
+    def __init__(self, tracer: Tracer, instruments: Instruments, record_content: bool) -> None:
         self.tracer = tracer
         self.metrics = instruments
         self.record_content = record_content
@@ -267,10 +267,12 @@ class SpanWriter:
             span.set_status(Status(StatusCode.ERROR, text))
         span.end(end_time=max(start_ns, end_ns))
 
-    def open_tool(self, st: RunState, call_id: str, attempt: int, opened: OpenTool) -> Any:
+    def open_tool(self, st: RunState, call_id: str, attempt: int, opened: OpenTool) -> Span:
         """Start an attempt's span now, before it ends (``tool`` finishes it)."""
         start_ns, turn, tool = opened
-        attrs = {cv.OPERATION_NAME: cv.OP_TOOL, cv.TOOL_NAME: tool, cv.TOOL_CALL_ID: call_id, cv.TURN: turn}
+        attrs: dict[str, Union[str, int]] = {
+            cv.OPERATION_NAME: cv.OP_TOOL, cv.TOOL_NAME: tool, cv.TOOL_CALL_ID: call_id, cv.TURN: turn
+        }
         return self.tracer.start_span(
             f"{cv.OP_TOOL} {tool}", context=st.parent, kind=SpanKind.INTERNAL, attributes=attrs, start_time=start_ns
         )
@@ -304,7 +306,7 @@ class SpanWriter:
 NO_RESULT = "the call ended without a result (blocked before it ran)"
 
 
-def record_error(span: Any, kind: str, error: Optional[str], now: int, record_content: bool = False) -> None:
+def record_error(span: Span, kind: str, error: Optional[str], now: int, record_content: bool = False) -> None:
     """Error status plus the conventions' ``exception`` event (text only as ``cv.error_message`` allows)."""
     text = cv.error_message(kind, error, record_content)
     span.set_status(Status(StatusCode.ERROR, text))
