@@ -16,8 +16,9 @@ import contextvars
 import threading
 import uuid
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional, Union
 
 import attrs
 
@@ -38,9 +39,15 @@ from loopctl.errors import (
     MaxTurnsExceeded,
     release_frames,
 )
+from loopctl.events import Event
 from loopctl.machine import Completed, Failed, MaxTurnsReached
+from loopctl.messages import Message
 from loopctl.output.answers import answer_check
+from loopctl.providers.base import ModelClient
 from loopctl.records import Run
+from loopctl.sessions.base import Session
+from loopctl.tools.base import Tool
+from loopctl.tools.registry import ToolRegistry
 
 #: The config of a run started without one: shared, as it is immutable.
 _DEFAULT_CONFIG = RunConfig()
@@ -86,17 +93,17 @@ class BareLoop(LoopSetup):
     @classmethod
     def from_history(
         cls,
-        client: Any,
-        tools: Any = (),
+        client: ModelClient,
+        tools: Union[ToolRegistry, Iterable[Tool]] = (),
         config: SessionConfig = SessionConfig(),
-        history: Any = (),
+        history: Iterable[Message] = (),
     ) -> BareLoop:
         """A loop that resumes a conversation from stored messages."""
         return cls(client, tools, config, history=history)
 
     _link: Optional[SessionLink] = None
 
-    def with_session(self, session: Any, *, revision: Optional[int] = None) -> BareLoop:
+    def with_session(self, session: Session, *, revision: Optional[int] = None) -> BareLoop:
         """Keep this loop's conversation in a stored session (``loopctl.sessions``).
 
         The stored conversation is loaded when the first run starts; each
@@ -123,7 +130,7 @@ class BareLoop(LoopSetup):
         return self
 
     @property
-    def stored_session(self) -> Any:
+    def stored_session(self) -> Optional[Session]:
         """The session given to ``with_session`` (None when the conversation lives in memory only)."""
         return None if self._link is None else self._link.session
 
@@ -135,7 +142,7 @@ class BareLoop(LoopSetup):
         config: Optional[RunConfig] = None,
         run_id: Optional[str] = None,
         *,
-        output_type: Any = None,
+        output_type: object = None,
     ) -> Run:
         """Run the agent on ``input`` and block until it ends.
 
@@ -177,10 +184,10 @@ class BareLoop(LoopSetup):
         config: Optional[RunConfig] = None,
         run_id: Optional[str] = None,
         *,
-        tap: Optional[Callable[[Any], None]] = None,
+        tap: Optional[Callable[[Event], None]] = None,
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
-        output_type: Any = None,
+        output_type: object = None,
     ) -> RunHandle:
         """Start the run on a named worker thread and return its handle.
 
@@ -209,10 +216,10 @@ class BareLoop(LoopSetup):
         config: Optional[RunConfig],
         run_id: Optional[str],
         waiter: bool,
-        tap: Optional[Callable[[Any], None]] = None,
+        tap: Optional[Callable[[Event], None]] = None,
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
-        output_type: Any = None,
+        output_type: object = None,
     ) -> RunContext:
         if not isinstance(input, str):
             raise TypeError(f"run input must be a str, got {type(input).__name__}")
@@ -350,7 +357,7 @@ class BareLoop(LoopSetup):
         *,
         keep_history: bool = False,
         config: Optional[RunConfig] = None,
-        output_type: Any = None,
+        output_type: object = None,
     ) -> SubagentTool:
         """This loop as a sub-agent: a ``Tool`` whose one argument is ``task`` (str).
 
@@ -400,7 +407,7 @@ class BareLoop(LoopSetup):
     def __enter__(self) -> BareLoop:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:
