@@ -15,14 +15,18 @@ import contextvars
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Union
 
 from loopctl.approvals import PendingApproval
 from loopctl.approvals.slot import ApprovalSlot
-from loopctl.cancel import Flag
+from loopctl.cancel import CancelSignal, Flag
 from loopctl.errors import LoopError
 from loopctl.records import Run
 from loopctl.timeouts import bounded
+
+if TYPE_CHECKING:
+    from loopctl.events import Event
+    from loopctl.messages import Message
 
 #: The run whose body (or tool call) executes in this context: set in each
 #: run's copied context, so a tool reaches the run that called it. A weak
@@ -77,7 +81,9 @@ class RunContext:
         "__weakref__",
     )
 
-    def __init__(self, run: Run, cancel: Any, waiter: bool, tap: Any = None) -> None:
+    def __init__(
+        self, run: Run, cancel: CancelSignal, waiter: bool, tap: Optional[Callable[[Event], None]] = None
+    ) -> None:
         self.lock = threading.Lock()
         self.abandoned = False
         self.finished = False
@@ -89,7 +95,7 @@ class RunContext:
         self.cancel = cancel  # the run's view of the loop's CancelSignal
         self.waiter = waiter
         self.listener: Optional[Callable[[], None]] = None
-        self.model_call: Any = None  # the model call in flight (closed by the run's cancel listener)
+        self.model_call: object = None  # the model call in flight (closed by the run's cancel listener)
         self.tap = tap
         self.thread: Optional[threading.Thread] = None
         self.context: Optional[contextvars.Context] = None
@@ -97,11 +103,11 @@ class RunContext:
         self.tools_abandoned = False  # set when a cancel abandoned them
         self.inline_tool = False  # a call runs on the run's own thread now (lock-free flag)
         self.inline_counted = False  # that call was counted as abandoned
-        self.driver: Any = None  # the run's RunDriver
+        self.driver: Any = None  # the run's RunDriver (whose module imports this one)
         # The run's approval slot; closed by a cancel or by finalize.
         self.approvals = ApprovalSlot(run, cancel)
         # The sub-agent runs its tool calls have in flight (made on first use).
-        self.subagents: Any = None
+        self.subagents: Any = None  # a SubagentRuns (whose module imports this one)
 
     def unfenced(self) -> RunContext:
         """``with rc.unfenced(): blocking()``: the fence is released meanwhile, so the waiter may take over.
@@ -114,7 +120,7 @@ class RunContext:
     def __enter__(self) -> None:
         self.lock.release()
 
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> Literal[False]:
+    def __exit__(self, et: object, ev: object, tb: object) -> Literal[False]:
         self.lock.acquire()
         if self.abandoned:
             self.lock.release()
@@ -149,6 +155,12 @@ class RunContext:
             driver.take_over()
 
 
+class RunCanceller(Protocol):
+    """The loop as its run handles see it: it cancels one run, never a later one."""
+
+    def _cancel_run(self, rc: RunContext, reason: Optional[str]) -> bool: ...
+
+
 class RunHandle:
     """A run on its worker thread (from ``BareLoop.start``).
 
@@ -157,7 +169,7 @@ class RunHandle:
 
     __slots__ = ("_rc", "_loop")
 
-    def __init__(self, rc: RunContext, loop: Any) -> None:
+    def __init__(self, rc: RunContext, loop: RunCanceller) -> None:
         self._rc = rc
         self._loop = loop  # the run's loop: its ``_cancel_run(rc, reason)`` cancels only this run
 
@@ -283,7 +295,7 @@ class RunHandle:
             )
         return places[0] if places else None
 
-    def steer_subagent(self, to: str, message: Any) -> bool:
+    def steer_subagent(self, to: str, message: Union[Message, str]) -> bool:
         """Offer guidance to the sub-agent run in flight at path ``to`` (any thread).
 
         ``to`` is a sub-agent's name, or a path (``"research/search"``) for

@@ -16,8 +16,9 @@ import contextvars
 import threading
 import uuid
 import weakref
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional, Union
 
 import attrs
 
@@ -38,12 +39,32 @@ from loopctl.errors import (
     MaxTurnsExceeded,
     release_frames,
 )
+from loopctl.events import Event
 from loopctl.machine import Completed, Failed, MaxTurnsReached
+from loopctl.messages import Message
 from loopctl.output.answers import answer_check
+from loopctl.output.check import OutputCheck
+from loopctl.providers.base import ModelClient
 from loopctl.records import Run
+from loopctl.sessions.base import Session
+from loopctl.tools.base import Tool
+from loopctl.tools.registry import ToolRegistry
 
 #: The config of a run started without one: shared, as it is immutable.
 _DEFAULT_CONFIG = RunConfig()
+
+
+def _run_config(input: object, config: Optional[RunConfig], output_type: object) -> RunConfig:
+    """The run's config (``output_type`` applied) once ``input`` and ``config`` are valid."""
+    if not isinstance(input, str):
+        raise TypeError(f"run input must be a str, got {type(input).__name__}")
+    if config is None:
+        config = _DEFAULT_CONFIG
+    elif not isinstance(config, RunConfig):
+        raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
+    if output_type is not None:
+        config = attrs.evolve(config, output_type=output_type)
+    return config
 
 
 class RunThread(threading.Thread):
@@ -86,17 +107,17 @@ class BareLoop(LoopSetup):
     @classmethod
     def from_history(
         cls,
-        client: Any,
-        tools: Any = (),
+        client: ModelClient,
+        tools: Union[ToolRegistry, Iterable[Tool]] = (),
         config: SessionConfig = SessionConfig(),
-        history: Any = (),
+        history: Iterable[Message] = (),
     ) -> BareLoop:
         """A loop that resumes a conversation from stored messages."""
         return cls(client, tools, config, history=history)
 
     _link: Optional[SessionLink] = None
 
-    def with_session(self, session: Any, *, revision: Optional[int] = None) -> BareLoop:
+    def with_session(self, session: Session, *, revision: Optional[int] = None) -> BareLoop:
         """Keep this loop's conversation in a stored session (``loopctl.sessions``).
 
         The stored conversation is loaded when the first run starts; each
@@ -123,7 +144,7 @@ class BareLoop(LoopSetup):
         return self
 
     @property
-    def stored_session(self) -> Any:
+    def stored_session(self) -> Optional[Session]:
         """The session given to ``with_session`` (None when the conversation lives in memory only)."""
         return None if self._link is None else self._link.session
 
@@ -135,7 +156,7 @@ class BareLoop(LoopSetup):
         config: Optional[RunConfig] = None,
         run_id: Optional[str] = None,
         *,
-        output_type: Any = None,
+        output_type: object = None,
     ) -> Run:
         """Run the agent on ``input`` and block until it ends.
 
@@ -177,10 +198,10 @@ class BareLoop(LoopSetup):
         config: Optional[RunConfig] = None,
         run_id: Optional[str] = None,
         *,
-        tap: Optional[Callable[[Any], None]] = None,
+        tap: Optional[Callable[[Event], None]] = None,
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
-        output_type: Any = None,
+        output_type: object = None,
     ) -> RunHandle:
         """Start the run on a named worker thread and return its handle.
 
@@ -209,22 +230,25 @@ class BareLoop(LoopSetup):
         config: Optional[RunConfig],
         run_id: Optional[str],
         waiter: bool,
-        tap: Optional[Callable[[Any], None]] = None,
+        tap: Optional[Callable[[Event], None]] = None,
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
-        output_type: Any = None,
+        output_type: object = None,
     ) -> RunContext:
-        if not isinstance(input, str):
-            raise TypeError(f"run input must be a str, got {type(input).__name__}")
-        if config is None:
-            config = _DEFAULT_CONFIG
-        elif not isinstance(config, RunConfig):
-            raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
-        if output_type is not None:
-            config = attrs.evolve(config, output_type=output_type)
+        config = _run_config(input, config, output_type)
         check = answer_check(config, self._parts.client, self._parts.tools.name_set())
         rid = run_id if run_id is not None else uuid.uuid4().hex
-        run = Run(id=rid, input=input, config=config)
+        durable = checkpoint is not None or resume is not None
+        rc = self._admit(Run(id=rid, input=input, config=config), waiter, tap, durable)
+        rc.lock.acquire()  # the body's fence: released only while it blocks
+        steering = self._equip(rc, tap, check, checkpoint, resume)
+        self._spawn(rc, steering)
+        return rc
+
+    def _admit(
+        self, run: Run, waiter: bool, tap: Optional[Callable[[Event], None]], durable: bool
+    ) -> RunContext:
+        """The run becomes the loop's run in flight (or ``LoopBusy``/``LoopError``, nothing changed)."""
         with self._busy:
             if self._closed:
                 raise LoopError("this loop is closed")
@@ -235,14 +259,23 @@ class BareLoop(LoopSetup):
                 # up only when no run is in flight here (SessionBusy: nothing changed).
                 # A durable run's lease is named by its run id, so the run,
                 # resumed elsewhere after a crash, takes its lapsed lease back.
-                durable = checkpoint is not None or resume is not None
-                self._link.open(self._machine, rid if durable else None)
+                self._link.open(self._machine, run.id if durable else None)
             rc = RunContext(run, self._cancel.view(), waiter, tap)
             self._active = rc
             self._started = True
-            self._last_config = config
-        rc.lock.acquire()  # the body's fence: released only while it blocks
-        events = RunEvents(self._emitter, rid, tap, rc, self._parts.window())
+            self._last_config = run.config
+        return rc
+
+    def _equip(
+        self,
+        rc: RunContext,
+        tap: Optional[Callable[[Event], None]],
+        check: Optional[OutputCheck],
+        checkpoint: Optional[Callable[[Checkpoint], None]],
+        resume: Optional[ResumePoint],
+    ) -> RunSteering:
+        """The admitted run's driver, events and steering (nothing runs yet)."""
+        events = RunEvents(self._emitter, rc.run.id, tap, rc, self._parts.window())
         steering = RunSteering(self._steering)
         rc.driver = RunDriver(
             rc,
@@ -263,12 +296,15 @@ class BareLoop(LoopSetup):
             rc.driver.durable = DurableRun(checkpoint, self._machine.history_epoch)
         rc.driver.resume_point = resume
         rc.driver.link = self._link
+        return steering
 
+    def _spawn(self, rc: RunContext, steering: RunSteering) -> None:
+        """Start the run's thread; if no thread can start, undo the admission."""
         rc.listener = rc.on_cancel  # a bound method of the run, not a closure made per run
         ctx = contextvars.copy_context()
         ctx.run(CURRENT_RUN.set, weakref.ref(rc))  # the run's tools (a sub-agent's, say) find their run
         rc.context = ctx
-        thread = RunThread(rc, name=f"loopctl-run-{rid[:12]}")
+        thread = RunThread(rc, name=f"loopctl-run-{rc.run.id[:12]}")
         rc.thread = thread
         # Listen before the body can run: a run that ends at once must find its
         # listener there to remove. A cancel that already fired calls it now;
@@ -292,7 +328,6 @@ class BareLoop(LoopSetup):
         except BaseException:  # e.g. Ctrl-C inside start()'s wait: the body IS running
             self._cancel_run(rc, "interrupted")
             raise
-        return rc
 
     def _release(self, rc: RunContext, error: Optional[LoopError]) -> None:
         """Finalize's last step: give the session's lease back, re-arm the cancel signal, free the loop."""
@@ -350,7 +385,7 @@ class BareLoop(LoopSetup):
         *,
         keep_history: bool = False,
         config: Optional[RunConfig] = None,
-        output_type: Any = None,
+        output_type: object = None,
     ) -> SubagentTool:
         """This loop as a sub-agent: a ``Tool`` whose one argument is ``task`` (str).
 
@@ -400,7 +435,7 @@ class BareLoop(LoopSetup):
     def __enter__(self) -> BareLoop:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

@@ -66,6 +66,7 @@ from loopctl.messages import (
 )
 from loopctl.output import OutputCheck
 from loopctl.output.answers import answer_system, answer_tools, shape_options, shape_request
+from loopctl.records import Run
 
 if TYPE_CHECKING:
     from loopctl.cancel import CancelSignal
@@ -371,38 +372,46 @@ class RunDriver(ModelTurn, Compaction):
             if error is None and self.link is not None:
                 error = self.link.save(self.machine)  # a failed write fails the run
             run = rc.run
-            run.end = time.time()
+            run.end = end = time.time()
             run.stop_reason = error
-            m = self.machine
-            parts = self.parts
-            if error is None:
-                m.commit_pending()
-                if parts.memory is not None:
-                    try:
-                        parts.memory.consolidate()
-                    except Exception:
-                        log.exception("memory consolidate failed after run %s", run.id)
-            else:
-                m.discard_pending()
-                scrub_error(error)  # the run's error and its causes leave masked, whoever made them
-                error.run = run
-            if parts.loop_detector is not None:
-                parts.loop_detector.consume_pending_stop()
-            em = self.events
-            report_unreported(rc.approvals, em, em.session_id)
-            phase = em.open_phase
-            if phase is not None:  # a phase cut short (cancel, an escape): close it, failed
-                em.close_phase(phase, str(error) if error is not None else "run ended", _class_name(error))
-            em.run_end(
-                run.input,
-                error is None,
-                None if error is None else str(error),
-                run.turn_count,
-                (run.end - run.start) * 1000.0,
-                _class_name(error),
-            )
+            self._settle(run, error)
+            self._report_end(run, error, end)
         finally:
             self.owner._release(rc, error)
+
+    def _settle(self, run: Run, error: Optional[LoopError]) -> None:
+        """Finalize's step 2-3: keep or drop the run's pending messages; clear a stop never fired."""
+        m = self.machine
+        parts = self.parts
+        if error is None:
+            m.commit_pending()
+            if parts.memory is not None:
+                try:
+                    parts.memory.consolidate()
+                except Exception:
+                    log.exception("memory consolidate failed after run %s", run.id)
+        else:
+            m.discard_pending()
+            scrub_error(error)  # the run's error and its causes leave masked, whoever made them
+            error.run = run
+        if parts.loop_detector is not None:
+            parts.loop_detector.consume_pending_stop()
+
+    def _report_end(self, run: Run, error: Optional[LoopError], end: float) -> None:
+        """Finalize's step 4: unreported approvals, a phase cut short, then ``run_end``."""
+        em = self.events
+        report_unreported(self.rc.approvals, em, em.session_id)
+        phase = em.open_phase
+        if phase is not None:  # a phase cut short (cancel, an escape): close it, failed
+            em.close_phase(phase, str(error) if error is not None else "run ended", _class_name(error))
+        em.run_end(
+            run.input,
+            error is None,
+            None if error is None else str(error),
+            run.turn_count,
+            (end - run.start) * 1000.0,
+            _class_name(error),
+        )
 
 
 def _class_name(error: Optional[BaseException]) -> Optional[str]:

@@ -21,10 +21,11 @@ and gives the lease back as the loop is freed (``close``). The rules:
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Optional
 
 from loopctl.errors import LoopError
 from loopctl.machine import LoopMachine
+from loopctl.sessions.base import Session, SessionLease
 
 log = logging.getLogger("loopctl")
 
@@ -32,12 +33,12 @@ log = logging.getLogger("loopctl")
 class SessionLink:
     """The session of a loop, the store revision its history matches, and the live lease."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Session) -> None:
         self.session = session
         self.revision: Optional[int] = None  # the store revision the loop's history matches
         self.epoch = -1  # the machine's history epoch and length at that revision
         self.length = 0
-        self.lease: Any = None
+        self.lease: Optional[SessionLease] = None
 
     def adopt(self, revision: int) -> None:
         """The loop's starting history continues the store at ``revision`` (read by its host).

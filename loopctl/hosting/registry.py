@@ -38,12 +38,12 @@ import weakref
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
-from loopctl.approvals import PendingApproval
 from loopctl.config import RunConfig
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.conversations import ConversationLoops
 from loopctl.hosting.entry import RunStatus, _Entry, _status, join_run_threads
 from loopctl.hosting.following import follow_entry
+from loopctl.hosting.registry_approvals import RegistryApprovals
 from loopctl.hosting.retirement import FinishedRuns
 from loopctl.hosting.session_attach import attach_session, run_on_session
 from loopctl.messages import Message
@@ -61,7 +61,7 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
-class RunRegistry:
+class RunRegistry(RegistryApprovals):
     """Runs started in one process, addressed by id from any thread.
 
     Args:
@@ -242,68 +242,6 @@ class RunRegistry:
         if handle is None or entry.ended or handle.done():
             return False
         return handle.cancel(reason)
-
-    # -- approvals -----------------------------------------------------------------
-
-    def pending_approvals(self, run_id: str, *, owner: Optional[Hashable] = None) -> List[PendingApproval]:
-        """The run's tool calls waiting for a person's answer (empty once it ended).
-
-        Raises:
-            KeyError: unknown ``run_id``, or another ``owner``'s run.
-        """
-        handle = self._get(run_id, owner).handle
-        return [] if handle is None else handle.pending_approvals()  # None: finished and compacted
-
-    def approve(
-        self,
-        run_id: str,
-        call_id: str,
-        *,
-        by: Optional[str] = None,
-        arguments: Optional[Dict[str, Any]] = None,
-        owner: Optional[Hashable] = None,
-        subagent: Optional[str] = None,
-    ) -> bool:
-        """Let the run's waiting call run, optionally with edited ``arguments``.
-
-        ``subagent`` says which run of the tree the call waits in (``""``
-        the run itself, a sub-agent's path); None: wherever it waits, if
-        that is one place only (else ``ValueError``).
-
-        Returns:
-            True when this answer was taken; False when the call is not
-            waiting (unknown id, answered already, or the run ended).
-
-        Raises:
-            KeyError: unknown ``run_id``, or another ``owner``'s run.
-            ValueError: ``arguments`` do not fit the tool's schema (the
-                message names the field); the call stays pending.
-        """
-        handle = self._get(run_id, owner).handle
-        return False if handle is None else handle.approve(call_id, by=by, arguments=arguments, subagent=subagent)
-
-    def deny(
-        self,
-        run_id: str,
-        call_id: str,
-        reason: str,
-        *,
-        by: Optional[str] = None,
-        owner: Optional[Hashable] = None,
-        subagent: Optional[str] = None,
-    ) -> bool:
-        """Refuse the run's waiting call; the model reads "the user denied this call: <reason>".
-
-        ``subagent`` says where the call waits, as for ``approve``.
-
-        Returns:
-            True when this answer was taken; False when the call is not waiting.
-
-        Raises:
-            KeyError: unknown ``run_id``, or another ``owner``'s run.
-        """
-        handle = self._get(run_id, owner).handle
-        return False if handle is None else handle.deny(call_id, reason, by=by, subagent=subagent)
 
     # -- looking at runs -------------------------------------------------------------
 

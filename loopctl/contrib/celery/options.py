@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
-from loopctl.config import type_ref
+import attrs
+
+from loopctl.config import RunConfig, type_ref
 from loopctl.errors import ConfigError
 from loopctl.output import OutputSpec
 
@@ -57,8 +59,6 @@ def number(name: str, value: object, minimum: float) -> float:
     return float(value)
 
 
-__all__ = ["RESUME_MODES", "factory_spec", "max_resumes_of", "number", "resume_mode_of"]
-
 
 def check_portable_output(output_type: object) -> None:
     """Refuse, before queueing, an answer type a worker could not rebuild."""
@@ -70,3 +70,23 @@ def check_portable_output(output_type: object) -> None:
             f"output_type {output_type!r:.80} cannot travel to a worker: use a class defined "
             "at module level (importable by the workers) or a JSON Schema dict"
         )
+
+
+def checked_run(
+    conversation: object, input: object, config: Optional[RunConfig], output_type: object
+) -> Optional[RunConfig]:
+    """The run's config (with ``output_type`` set) once the arguments are valid and portable to a worker."""
+    if not isinstance(conversation, str) or not conversation:
+        raise ConfigError(f"conversation must be a non-empty str, got {conversation!r:.60}")
+    if not isinstance(input, str):
+        raise TypeError(f"run input must be a str, got {type(input).__name__}")
+    if config is not None and not isinstance(config, RunConfig):
+        raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
+    if output_type is not None:
+        config = attrs.evolve(config or RunConfig(), output_type=output_type)
+    if config is not None:
+        check_portable_output(config.output_type)
+    return config
+
+
+__all__ = ["RESUME_MODES", "checked_run", "factory_spec", "max_resumes_of", "number", "resume_mode_of"]

@@ -12,8 +12,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-import attrs
-
 from loopctl.config import RunConfig
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.registry import RunStatus
@@ -23,7 +21,7 @@ from loopctl.sessions.base import SessionStore
 
 from .approvals import ApprovalsMixin
 from .options import (
-    check_portable_output,
+    checked_run,
     factory_spec,
     max_resumes_of,
     number,
@@ -43,23 +41,6 @@ from .redis import QueuedRun, RedisBackend, RegistryUnavailable, WorkerLost, dum
 from .sweeper import Sweeper
 from .task import REGISTRIES, TASK_NAME, propagation, task_for
 from .worker import WorkerHost, WorkerSettings, execute_run
-
-
-def _checked_run(
-    conversation: object, input: object, config: Optional[RunConfig], output_type: Any
-) -> Optional[RunConfig]:
-    """The run's config (with ``output_type`` set) once the arguments are valid and portable to a worker."""
-    if not isinstance(conversation, str) or not conversation:
-        raise ConfigError(f"conversation must be a non-empty str, got {conversation!r:.60}")
-    if not isinstance(input, str):
-        raise TypeError(f"run input must be a str, got {type(input).__name__}")
-    if config is not None and not isinstance(config, RunConfig):
-        raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
-    if output_type is not None:
-        config = attrs.evolve(config or RunConfig(), output_type=output_type)
-    if config is not None:
-        check_portable_output(config.output_type)
-    return config
 
 
 class CeleryRunRegistry(ApprovalsMixin):
@@ -209,7 +190,7 @@ class CeleryRunRegistry(ApprovalsMixin):
             RegistryUnavailable: Redis or the broker could not be reached
                 (a run recorded before the broker failed is failed at once).
         """
-        config = _checked_run(conversation, input, config, output_type)
+        config = checked_run(conversation, input, config, output_type)
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")

@@ -154,6 +154,24 @@ def _build_loop(
     return loop, feed
 
 
+def _claim(
+    backend: RedisBackend, run_id: str, settings: WorkerSettings, worker: str
+) -> Optional[Tuple[str, Bridge, Claim]]:
+    """The run claimed here (its fencing token, its listening bridge, the claim); None: not queued any more."""
+    token = uuid.uuid4().hex
+    bridge = Bridge(backend, run_id)
+    try:
+        claim = backend.claim(run_id, token, settings.ttl_ms, worker)
+    except BaseException:
+        bridge.close()
+        raise
+    if claim is None:
+        bridge.close()
+        return None
+    bridge.cursor = len(claim.steers)
+    return token, bridge, claim
+
+
 def execute_run(
     backend: RedisBackend,
     run_id: str,
@@ -179,17 +197,10 @@ def execute_run(
     """
     if backend.state(run_id) != "queued":
         return "skipped"  # a duplicate message (cheap: no subscription); the claim re-checks
-    token = uuid.uuid4().hex
-    bridge = Bridge(backend, run_id)
-    try:
-        claim = backend.claim(run_id, token, settings.ttl_ms, worker)
-    except BaseException:
-        bridge.close()
-        raise
-    if claim is None:
-        bridge.close()
+    claimed = _claim(backend, run_id, settings, worker)
+    if claimed is None:
         return "skipped"
-    bridge.cursor = len(claim.steers)
+    token, bridge, claim = claimed
     writer = EventWriter(
         backend, run_id, token, attrs.evolve(settings, event_buffer=claim.event_buffer), claim.seq
     )
