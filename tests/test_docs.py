@@ -122,9 +122,9 @@ def test_every_environment_variable_read_is_listed_in_one_place() -> None:
     names: set[str] = set()
     for path in [*(ROOT / "loopctl").rglob("*.py"), *(ROOT / "examples").rglob("*.py")]:
         names.update(read.findall(path.read_text(encoding="utf-8")))
-    from loopctl.demo import cli, wording
+    from loopctl.demo import clients, wording
 
-    names.update(var for var, _ in cli._DEFAULT_MODELS.values())
+    names.update(var for var, _ in clients._DEFAULT_MODELS.values())
     names.update(v for _, *env in wording.PROVIDER_ENV.values() for v in env)
     text = (ROOT / "docs" / "running.md").read_text(encoding="utf-8")
     section = text.split("## Environment variables", 1)[1]
