@@ -8,10 +8,17 @@ waking from their model calls. The budgets are counted on public API with
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from object_budget import IDLE_LOOP_BUDGET, RUN_IN_FLIGHT_BUDGET, measure
 
 K = 100
+# The budgets are CPython 3.11+ figures: there an instance keeps its attributes
+# inline, while 3.9 and 3.10 give many instances a tracked __dict__ of their own.
+NEW_LAYOUT = pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="object budgets are set for CPython >= 3.11's inline attributes"
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +30,14 @@ def _worst(counter: object) -> str:
     return ", ".join(f"{name} {n / K:.1f}" for name, n in counter.most_common(8))  # type: ignore[attr-defined]
 
 
+@NEW_LAYOUT
 def test_idle_loop_within_budget(counts: dict[str, object]) -> None:
     per_loop = counts["per_loop"]
     assert isinstance(per_loop, float)
     assert per_loop <= IDLE_LOOP_BUDGET, f"{per_loop:.1f} tracked objects per idle loop: {_worst(counts['loop_types'])}"
 
 
+@NEW_LAYOUT
 def test_run_in_flight_within_budget(counts: dict[str, object]) -> None:
     per_run = counts["per_run"]
     assert isinstance(per_run, float)

@@ -11,10 +11,13 @@ import pytest
 from support import WAIT
 
 from loopctl import BareLoop, tool
-from loopctl.contrib.mcp import MCPServer
 from loopctl.observers import ApprovalRequested, Observer
 from loopctl.testing import ScriptedClient, call, reply
 from loopctl.tools import ToolConflict, ToolRegistry
+
+pytest.importorskip("mcp")  # the [mcp] extra needs Python >= 3.10
+
+from loopctl.contrib.mcp import MCPServer  # noqa: E402
 
 NAMES = str(Path(__file__).resolve().parent / "mcp_servers" / "names_server.py")
 
