@@ -2,75 +2,11 @@
 
 A stable alias of ``loopctl.events`` (where each event is declared once):
 ``from loopctl.observers import Observer, RunEnd`` and
-``from loopctl.events import Observer, RunEnd`` name the same classes.
+``from loopctl.events import Observer, RunEnd`` name the same classes. The
+names are the events package's own list, so the two can never drift apart.
 """
 
 from __future__ import annotations
 
-from loopctl.events import (
-    EVENT_METHODS,
-    EVENT_TYPES,
-    EVENTS,
-    ApprovalRequested,
-    ApprovalResolved,
-    AttemptReset,
-    CallbackObserver,
-    Compaction,
-    ConvergenceDetected,
-    Event,
-    Fallback,
-    LoopDetectedEvent,
-    ModelSwitched,
-    Observer,
-    OutputValidationFailed,
-    Response,
-    RetryScheduled,
-    RunEnd,
-    RunResumed,
-    RunStart,
-    SteeringDelivered,
-    StreamFailure,
-    StreamSuccess,
-    TextDelta,
-    ThinkingDelta,
-    ToolCallReceived,
-    ToolInputDelta,
-    ToolPost,
-    ToolPre,
-    TurnEnd,
-    TurnStart,
-)
-
-__all__ = [
-    "EVENT_METHODS",
-    "EVENTS",
-    "EVENT_TYPES",
-    "ApprovalRequested",
-    "ApprovalResolved",
-    "AttemptReset",
-    "CallbackObserver",
-    "Compaction",
-    "ConvergenceDetected",
-    "Event",
-    "Fallback",
-    "LoopDetectedEvent",
-    "ModelSwitched",
-    "Observer",
-    "OutputValidationFailed",
-    "Response",
-    "RetryScheduled",
-    "RunEnd",
-    "RunResumed",
-    "RunStart",
-    "SteeringDelivered",
-    "StreamFailure",
-    "StreamSuccess",
-    "TextDelta",
-    "ThinkingDelta",
-    "ToolCallReceived",
-    "ToolInputDelta",
-    "ToolPost",
-    "ToolPre",
-    "TurnEnd",
-    "TurnStart",
-]
+from loopctl.events import *  # noqa: F403
+from loopctl.events import __all__ as __all__  # noqa: PLC0414
