@@ -26,7 +26,7 @@ from loopctl.contrib.otel.observer import OTelObserver
 from loopctl.driver.emission import Emitter, RunEvents, handled, overridden
 from loopctl.driver.subagent_events import Forwarder
 from loopctl.hosting.entry import _Entry
-from loopctl.hosting.registry import RunRegistry
+from loopctl.hosting.following import follow_entry
 from loopctl.hosting.serialization import event_from_dict
 from loopctl.messages import Message, StopReason, Usage
 from loopctl.observers import (
@@ -124,7 +124,7 @@ def registry_gaps(events: Iterable[type[Event]]) -> list[type[Event]]:
         sent.append(sample(RunEnd, loop.session.id))  # the stream ends at run_end
         for ev in sent:
             entry.tap(ev)
-        got = [d for _, d in RunRegistry._follow(entry, 0, 0.0)]
+        got = [d for _, d in follow_entry(entry, 0, 0.0)]
     finally:
         loop.close()
     gaps = []

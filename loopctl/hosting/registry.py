@@ -333,9 +333,7 @@ class RunRegistry(RegistryApprovals):
             KeyError: unknown ``run_id``, or another ``owner``'s run (at once,
                 not on first ``next``).
         """
-        return self._follow(self._get(run_id, owner), max(0, int(after)), timeout)
-
-    _follow = staticmethod(follow_entry)
+        return follow_entry(self._get(run_id, owner), max(0, int(after)), timeout)
 
     # -- housekeeping ----------------------------------------------------------------
 
