@@ -179,7 +179,7 @@ class Dispatcher:
             if kind == _BLOCKED:
                 return st.result()
             if kind == _RUN:
-                self._execute_inline(rc, turn, st)
+                self._execute_inline(run, turn, st)
                 if st.interrupted:
                     self._check_interrupted(rc, (st,))
                 if rc.cancel.is_cancelled():
@@ -189,16 +189,16 @@ class Dispatcher:
                 return st.result()
             self._prepare_retry(run, turn, st, retry)
 
-    def _execute_inline(self, rc: RunContext, turn: int, st: CallState) -> None:
+    def _execute_inline(self, run: RunState, turn: int, st: CallState) -> None:
         """Run the attempt on the run's thread, unfenced (a cancel may abandon it)."""
-        rc.inline_tool = True
+        run.inline_tool = True
         try:
-            with rc.unfenced():
+            with run.rc.unfenced():
                 self._execute(turn, st)
         finally:
-            rc.inline_tool = False
-            if rc.tools_abandoned:  # rare: the run was abandoned meanwhile
-                self.resources.inline_ended(rc)
+            run.inline_tool = False
+            if run.tools_abandoned:  # rare: the run was abandoned meanwhile
+                self.resources.inline_ended(run)
 
     def _plan_waves(self, calls: Sequence[Admitted], limit: int) -> list[list[int]]:
         return plan_waves(calls, limit)
@@ -237,7 +237,7 @@ class Dispatcher:
             # Past the bound on abandoned tool threads: no new threads; the
             # wave's calls run one by one on the run's thread.
             for st in states:
-                self._execute_inline(rc, turn, st)
+                self._execute_inline(run, turn, st)
                 if st.interrupted or rc.cancel.is_cancelled():
                     return
             return
@@ -249,11 +249,11 @@ class Dispatcher:
             try:
                 if st.ctx is not None and st.ctx.cancel.is_cancelled():
                     return  # cancelled while it waited for a worker: never start it
-                resources.tool_started(rc)
+                resources.tool_started(run)
                 try:
                     self._execute(turn, st)
                 finally:
-                    resources.tool_ended(rc)
+                    resources.tool_ended(run)
             finally:
                 with lock:
                     remaining[0] -= 1

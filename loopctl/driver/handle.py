@@ -15,7 +15,7 @@ import contextvars
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol, Union
 
 from loopctl.approvals import PendingApproval
 from loopctl.approvals.slot import ApprovalSlot
@@ -25,7 +25,6 @@ from loopctl.records import Run
 from loopctl.timeouts import bounded
 
 if TYPE_CHECKING:
-    from loopctl.events import Event
     from loopctl.messages import Message
 
 #: The run whose body (or tool call) executes in this context: set in each
@@ -66,24 +65,15 @@ class RunContext:
         "error",
         "cancel",
         "waiter",
-        "listener",
-        "model_call",
-        "tap",
         "thread",
         "context",
-        "tools_running",
-        "tools_abandoned",
-        "inline_tool",
-        "inline_counted",
         "driver",
         "approvals",
         "subagents",
         "__weakref__",
     )
 
-    def __init__(
-        self, run: Run, cancel: CancelSignal, waiter: bool, tap: Optional[Callable[[Event], None]] = None
-    ) -> None:
+    def __init__(self, run: Run, cancel: CancelSignal, waiter: bool) -> None:
         self.lock = threading.Lock()
         self.abandoned = False
         self.finished = False
@@ -94,15 +84,8 @@ class RunContext:
         self.error: Optional[LoopError] = None
         self.cancel = cancel  # the run's view of the loop's CancelSignal
         self.waiter = waiter
-        self.listener: Optional[Callable[[], None]] = None
-        self.model_call: object = None  # the model call in flight (closed by the run's cancel listener)
-        self.tap = tap
         self.thread: Optional[threading.Thread] = None
         self.context: Optional[contextvars.Context] = None
-        self.tools_running = 0  # pool calls executing now (guarded by the loop's tally lock)
-        self.tools_abandoned = False  # set when a cancel abandoned them
-        self.inline_tool = False  # a call runs on the run's own thread now (lock-free flag)
-        self.inline_counted = False  # that call was counted as abandoned
         self.driver: Any = None  # the run's RunDriver (whose module imports this one)
         # The run's approval slot; closed by a cancel or by finalize.
         self.approvals = ApprovalSlot(run, cancel)
@@ -133,7 +116,8 @@ class RunContext:
         Closes the model call in flight and wakes the waiter; a started run
         (no waiter) is finalized on a short-lived thread of its own.
         """
-        close = getattr(self.model_call, "close", None)
+        driver = self.driver  # None once the run's work has ended
+        close = getattr(getattr(driver, "model_call", None), "close", None)
         if close is not None:  # a call published after this read sees the flag itself
             close()
         self.wake.set()

@@ -259,7 +259,7 @@ class ModelTurn(RunState):
         parts, rc, em = self.parts, self.rc, self.events
         call = parts.stream_handler.complete_turn(parts.client, request, rc.cancel)
         cancel = rc.cancel
-        rc.model_call = call  # before the call starts: a cancel from now on closes it
+        self.model_call = call  # before the call starts: a cancel from now on closes it
         try:
             try:
                 with rc.unfenced():
@@ -286,7 +286,7 @@ class ModelTurn(RunState):
                 elif type(ev) is StreamAttemptReset:
                     em.attempt_reset(turn, ev.attempt)
         finally:
-            rc.model_call = None
+            self.model_call = None
         raise Cancelled(cancel.reason)  # ended without a reply: only a close (cancel) does that
 
     def _stream_turn(self, turn: int, request: ModelRequest, answer_tool: Optional[str]) -> ModelResponse:
@@ -301,7 +301,7 @@ class ModelTurn(RunState):
         # do, through the same mask (a key split across pieces is masked whole).
         em.text_sink = None if streamer is None else _sink(rc, streamer)
         it = iter(events)
-        rc.model_call = events  # before the call starts: a cancel from now on closes it
+        self.model_call = events  # before the call starts: a cancel from now on closes it
         try:
             while True:
                 ev = self._next_event(it)
@@ -336,7 +336,7 @@ class ModelTurn(RunState):
             if not rc.cancel.is_cancelled():
                 em.flush_deltas()  # on an error the phase's close lets go of them instead
         finally:
-            rc.model_call = None
+            self.model_call = None
             em.text_sink = None
         if rc.cancel.is_cancelled():
             raise Cancelled(rc.cancel.reason)

@@ -239,15 +239,13 @@ class BareLoop(LoopSetup):
         check = answer_check(config, self._parts.client, self._parts.tools.name_set())
         rid = run_id if run_id is not None else uuid.uuid4().hex
         durable = checkpoint is not None or resume is not None
-        rc = self._admit(Run(id=rid, input=input, config=config), waiter, tap, durable)
+        rc = self._admit(Run(id=rid, input=input, config=config), waiter, durable)
         rc.lock.acquire()  # the body's fence: released only while it blocks
         steering = self._equip(rc, tap, check, checkpoint, resume)
         self._spawn(rc, steering)
         return rc
 
-    def _admit(
-        self, run: Run, waiter: bool, tap: Optional[Callable[[Event], None]], durable: bool
-    ) -> RunContext:
+    def _admit(self, run: Run, waiter: bool, durable: bool) -> RunContext:
         """The run becomes the loop's run in flight (or ``LoopBusy``/``LoopError``, nothing changed)."""
         with self._busy:
             if self._closed:
@@ -260,7 +258,7 @@ class BareLoop(LoopSetup):
                 # A durable run's lease is named by its run id, so the run,
                 # resumed elsewhere after a crash, takes its lapsed lease back.
                 self._link.open(self._machine, run.id if durable else None)
-            rc = RunContext(run, self._cancel.view(), waiter, tap)
+            rc = RunContext(run, self._cancel.view(), waiter)
             self._active = rc
             self._started = True
             self._last_config = run.config
@@ -300,7 +298,6 @@ class BareLoop(LoopSetup):
 
     def _spawn(self, rc: RunContext, steering: RunSteering) -> None:
         """Start the run's thread; if no thread can start, undo the admission."""
-        rc.listener = rc.on_cancel  # a bound method of the run, not a closure made per run
         ctx = contextvars.copy_context()
         ctx.run(CURRENT_RUN.set, weakref.ref(rc))  # the run's tools (a sub-agent's, say) find their run
         rc.context = ctx
@@ -309,7 +306,9 @@ class BareLoop(LoopSetup):
         # Listen before the body can run: a run that ends at once must find its
         # listener there to remove. A cancel that already fired calls it now;
         # the takeover then waits on the fence until the body has handled it.
-        self._cancel.add_listener(rc.listener)
+        # The listener is the run's bound method, not a closure made per run;
+        # removal compares equal, so a fresh bound method removes it.
+        self._cancel.add_listener(rc.on_cancel)
         # Open the steering slot here, not on the run's thread: guidance
         # offered the moment start() has returned is then this run's (it
         # lands at the first boundary), never refused while the thread spins up.
@@ -318,7 +317,7 @@ class BareLoop(LoopSetup):
             thread.start()
         except RuntimeError:  # "can't start new thread": nothing is running
             steering.close()
-            self._cancel.remove_listener(rc.listener)
+            self._cancel.remove_listener(rc.on_cancel)
             if self._link is not None:
                 self._link.close()  # the lease goes back: no run holds the session
             rc.lock.release()
@@ -333,9 +332,7 @@ class BareLoop(LoopSetup):
         """Finalize's last step: give the session's lease back, re-arm the cancel signal, free the loop."""
         if self._link is not None:
             self._link.close()  # before the loop is free, so a follow-up run can take it
-        if rc.listener is not None:
-            self._cancel.remove_listener(rc.listener)
-            rc.listener = None  # it closes over rc: keep no cycle past the run
+        self._cancel.remove_listener(rc.on_cancel)  # it holds rc: keep no cycle past the run
         rc.error = error
         with self._busy:
             self._cancel.reset()  # last: one cancel = one cancelled run

@@ -25,9 +25,8 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
-from loopctl.driver.handle import RunContext
 from loopctl.driver.tempdir import ManagedTempDir
 
 log = logging.getLogger("loopctl")
@@ -44,6 +43,15 @@ def _shutdown(box: list[Optional[ThreadPoolExecutor]]) -> None:
     box[0] = None
     if pool is not None:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+class ToolWork(Protocol):
+    """One run's tally of its tool calls (the run's state), kept under the loop's tally lock."""
+
+    tools_running: int
+    tools_abandoned: bool
+    inline_tool: bool
+    inline_counted: bool
 
 
 class LoopResources:
@@ -69,36 +77,36 @@ class LoopResources:
         """Tool calls of cancelled runs that are still running (their threads are stuck)."""
         return self._abandoned
 
-    def tool_started(self, rc: RunContext) -> None:
-        """A call of ``rc``'s run starts executing (any thread)."""
+    def tool_started(self, run: ToolWork) -> None:
+        """A call of ``run``'s run starts executing (any thread)."""
         with self._tally:
-            rc.tools_running += 1
-            if rc.tools_abandoned:  # started after its run was given up: stuck all the same
+            run.tools_running += 1
+            if run.tools_abandoned:  # started after its run was given up: stuck all the same
                 self._abandoned += 1
 
-    def tool_ended(self, rc: RunContext) -> None:
-        """A call of ``rc``'s run stopped executing (any thread)."""
+    def tool_ended(self, run: ToolWork) -> None:
+        """A call of ``run``'s run stopped executing (any thread)."""
         with self._tally:
-            rc.tools_running -= 1
-            if rc.tools_abandoned:
+            run.tools_running -= 1
+            if run.tools_abandoned:
                 self._abandoned -= 1
 
-    def inline_ended(self, rc: RunContext) -> None:
+    def inline_ended(self, run: ToolWork) -> None:
         """An inline call (on the run's thread) of an abandoned run returned: uncount it."""
         with self._tally:
-            if rc.inline_counted:
-                rc.inline_counted = False
+            if run.inline_counted:
+                run.inline_counted = False
                 self._abandoned -= 1
 
-    def abandon(self, rc: RunContext) -> None:
-        """``rc``'s run was cancelled away from its tools: count them, retire the pool."""
+    def abandon(self, run: ToolWork) -> None:
+        """``run``'s run was cancelled away from its tools: count them, retire the pool."""
         with self._tally:
             # Written before ``inline_tool`` is read; the run's thread writes
             # ``inline_tool`` before it reads this: one of the two sees the other.
-            rc.tools_abandoned = True
-            stuck = rc.tools_running
-            if rc.inline_tool:
-                rc.inline_counted = True
+            run.tools_abandoned = True
+            stuck = run.tools_running
+            if run.inline_tool:
+                run.inline_counted = True
                 stuck += 1
             before = self._abandoned
             self._abandoned = before + stuck

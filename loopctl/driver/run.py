@@ -148,7 +148,7 @@ class RunDriver(ModelTurn, Compaction):
             if rc.finished or rc.ending:
                 return
             rc.abandoned = True
-            self.resources.abandon(rc)
+            self.resources.abandon(self)
             self.events.take_over()  # observers may be blocked: never deliver on this thread
             err = Cancelled(self.loop_cancel.reason)
             self.set_error_state(err)
@@ -362,10 +362,10 @@ class RunDriver(ModelTurn, Compaction):
             rc.ending = True
         if rc.subagents is not None:  # a cancel cut a delegation short: let its runs end first
             rc.subagents.settle()
-        if error is not None and not rc.tools_abandoned:
+        if error is not None and not self.tools_abandoned:
             # The body itself ends a run whose cancel woke it from a wave before
             # the takeover could: the tools it gave up on are abandoned all the same.
-            self.resources.abandon(rc)
+            self.resources.abandon(self)
         try:
             self.steering.close()
             rc.approvals.close(RUN_ENDED)

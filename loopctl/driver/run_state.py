@@ -10,7 +10,9 @@ durable checkpoint sink are lent the same object.
 The state shared with the run's waiter and handle (the fence, the done and
 wake flags, the approval slot) is ``RunContext`` (handle.py): it outlives
 the run's work, so the handle keeps only it and everything below is freed
-when the run ends.
+when the run ends. What only the run's work needs (the model call in flight,
+the tally of its tool calls) lives here, reached from the context through
+its ``driver`` while the run lasts.
 """
 
 from __future__ import annotations
@@ -105,6 +107,14 @@ class RunState:
         self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
         self.deferred_tokens = 0  # the extras' cost a deferred turn reserves for the compaction
         self.gathers = False  # contributors or memory: transient extras to gather each turn
+        # The model call in flight: the run's cancel listener closes it (any thread).
+        self.model_call: object = None
+        # The run's tool work, counted under the loop's tally lock (resources.py)
+        # so a cancel that abandons the run knows how many calls it leaves behind.
+        self.tools_running = 0  # pool calls executing now
+        self.tools_abandoned = False  # set when a cancel abandoned them
+        self.inline_tool = False  # a call runs on the run's own thread now (lock-free flag)
+        self.inline_counted = False  # that call was counted as abandoned
 
     def boundary(self, after: str) -> None:
         """The run's one checkpoint seam: after each model turn, settled call and tool phase.
