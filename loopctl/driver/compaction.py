@@ -39,6 +39,8 @@ log = logging.getLogger("loopctl")
 class Compaction(RunState):
     """The run's compaction pass (handler 3) and the model call a summarizing compactor makes."""
 
+    __slots__ = ()
+
     def run_compaction(self, reason: str, deferred_tokens: int) -> None:
         """Compact the conversation and feed the outcome to the machine."""
         parts, m, meter, rc, events = self.parts, self.machine, self.meter, self.rc, self.events

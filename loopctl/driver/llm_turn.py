@@ -71,6 +71,8 @@ def turn_query(run_input: str, turn: int, conversation: Sequence[Message]) -> st
 class ModelTurn(RunState):
     """The run's model turn: extras, request, the call (failures reported), the reply recorded."""
 
+    __slots__ = ()
+
     def gather_transients(self, turn: int, query: str) -> list[Message]:
         """Contributor messages in registration order, then one memory message.
 

@@ -80,6 +80,8 @@ log = logging.getLogger("loopctl")
 class RunDriver(ModelTurn, Compaction):
     """One run: what it does, in timeline order (its state is ``RunState``)."""
 
+    __slots__ = ("dispatcher",)
+
     def __init__(
         self,
         rc: RunContext,

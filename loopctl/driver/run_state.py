@@ -61,7 +61,19 @@ class RunState:
 
     Set after construction, before the run's thread starts: ``durable`` (a
     host's checkpoint sink), ``resume_point`` and ``link`` (a stored session).
+    Slotted: thousands may be in flight, and a slotted object is one object
+    for the collector to walk, never an object plus its dict.
     """
+
+    __slots__ = (
+        "rc", "parts", "machine", "meter", "events", "steering", "session",
+        "busy", "loop_cancel", "owner", "resources", "answer_check",
+        "run_input", "config", "session_id", "parallel", "policy",
+        "durable", "resume_point", "link", "tool_names", "base_options",
+        "llm_phase", "deferred_tokens", "gathers", "model_call",
+        "tools_running", "tools_abandoned", "inline_tool", "inline_counted",
+        "__weakref__",
+    )
 
     def __init__(
         self,
