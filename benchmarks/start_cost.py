@@ -1,0 +1,197 @@
+"""Starting many runs: N ``start()`` calls against N plain thread starts, nothing else going on.
+
+``concurrency.py`` times its starts while earlier runs already get their
+replies, call their tools and end (its start phase is longer than the
+shortest model latency), so its "start cost" row also carries the
+collector's and the GIL's cost of everything else in flight. This
+benchmark isolates the starting itself:
+
+- loopctl: N times, build a fresh ``BareLoop`` (one tool, a scripted model)
+  and ``RunRegistry.start`` it; each run goes as far as its first model
+  call and parks there (the model waits on the loop's cancel signal);
+- the floor: N times, start a plain ``threading.Thread`` that parks on its
+  own ``threading.Event``;
+- timed from the first start to the last ``start()`` returning; then every
+  run is cancelled (every thread released) and joined, outside the timing.
+
+Each side runs in a fresh child process on the interpreter's default GC,
+the two alternating, ``--repeat`` times (default 3); the medians are
+reported. Figures: start cost (target <= 2x plain threads), CPU per start
+(user and kernel, ``getrusage``), and the time spent in cyclic-GC
+collections during the starts.
+
+    python benchmarks/start_cost.py              # 10,000 starts
+    python benchmarks/start_cost.py --runs 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from run_all import report  # noqa: E402
+
+
+class GcClock:
+    """Time spent in cyclic-GC collections, and how many were full ones."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.full = 0
+        self._t = 0.0
+        gc.callbacks.append(self._tick)
+
+    def _tick(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+            return
+        self.total += time.perf_counter() - self._t
+        self.full += info.get("generation") == 2
+
+
+def _cpu() -> tuple[float, float]:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime, ru.ru_stime
+
+
+def _measure(start_one: Any, n: int) -> dict[str, float]:
+    clock = GcClock()
+    u0, s0 = _cpu()
+    t0 = time.perf_counter()
+    for i in range(n):
+        start_one(i)
+    wall = time.perf_counter() - t0
+    u1, s1 = _cpu()
+    gc.callbacks.remove(clock._tick)
+    return {"wall": wall, "user": u1 - u0, "system": s1 - s0, "gc": clock.total, "gc_full": clock.full}
+
+
+def floor_child(n: int) -> dict[str, float]:
+    events = [threading.Event() for _ in range(n)]
+    threads: list[threading.Thread] = []
+
+    def start_one(i: int) -> None:
+        t = threading.Thread(target=events[i].wait, name=f"floor-{i}", daemon=True)
+        t.start()
+        threads.append(t)
+
+    out = _measure(start_one, n)
+    for ev in events:
+        ev.set()
+    for t in threads:
+        t.join()
+    return out
+
+
+def loopctl_child(n: int) -> dict[str, float]:
+    from loopctl import BareLoop, Cancelled, ModelRequest, ModelResponse
+    from loopctl.hosting.registry import RunRegistry
+    from loopctl.testing import ScriptedClient
+    from loopctl.tools import tool
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    class Parked:
+        """The model call: waits on the loop's cancel signal (a cancel ends it)."""
+
+        def __init__(self) -> None:
+            self.loop: Any = None
+
+        def __call__(self, request: ModelRequest) -> ModelResponse:
+            self.loop.cancel_signal().wait()
+            raise Cancelled("cancelled while waiting for the model")
+
+    def make() -> BareLoop:
+        parked = Parked()
+        loop = BareLoop(ScriptedClient([parked]), [add])
+        parked.loop = loop
+        return loop
+
+    registry = RunRegistry(max_active=n + 1, keep_finished_s=600)
+    # Warm-up, outside the timing: imports and first-use costs of one whole run.
+    warm = registry.start(make(), "warm up")
+    registry.cancel(warm)
+    try:
+        registry.result(warm, timeout=60)
+    except Cancelled:
+        pass
+    ids: list[str] = []
+
+    def start_one(i: int) -> None:
+        ids.append(registry.start(make(), "what is i + 1?", run_id=f"run-{i:06d}"))
+
+    out = _measure(start_one, n)
+    for rid in ids:
+        registry.cancel(rid)
+    for rid in ids:
+        try:
+            registry.result(rid, timeout=120)
+        except Cancelled:
+            pass
+    registry.close()
+    return out
+
+
+def child(kind: str, n: int) -> dict[str, float]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", kind, "--runs", str(n)], capture_output=True, text=True, env=env
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{kind} child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10_000, help="starts per side (default 10,000)")
+    parser.add_argument("--repeat", type=int, default=3, help="child processes per side (default 3)")
+    parser.add_argument("--child", choices=["floor", "loopctl"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    n = args.runs
+    if args.child is not None:
+        out = floor_child(n) if args.child == "floor" else loopctl_child(n)
+        print(json.dumps(out), flush=True)
+        return
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"{n} starts per side, each run parked in its first model call; default GC; "
+          f"{args.repeat} child processes per side; load average {load:.1f} on {os.cpu_count()} CPUs")
+    sides: dict[str, list[dict[str, float]]] = {"floor": [], "loopctl": []}
+    for _ in range(args.repeat):
+        for kind in ("floor", "loopctl"):
+            r = child(kind, n)
+            sides[kind].append(r)
+            print(f"  {kind:>7}: {r['wall']:.2f} s, CPU user {r['user']:.2f} s system {r['system']:.2f} s, "
+                  f"GC {r['gc']:.2f} s ({int(r['gc_full'])} full)")
+
+    def med(kind: str, key: str) -> float:
+        return statistics.median(r[key] for r in sides[kind])
+
+    report(f"start cost, {n} start() calls vs {n} thread starts", med("loopctl", "wall"), med("floor", "wall"),
+           unit="s", target="<= 2x")
+    report(f"CPU per start, user (N={n})", med("loopctl", "user") / n * 1e6, med("floor", "user") / n * 1e6,
+           unit="us")
+    report(f"CPU per start, kernel (N={n})", med("loopctl", "system") / n * 1e6,
+           med("floor", "system") / n * 1e6, unit="us")
+    report(f"GC time during the starts (N={n})", med("loopctl", "gc"), med("floor", "gc"), unit="s")
+
+
+if __name__ == "__main__":
+    main()
