@@ -21,12 +21,11 @@
    re-measuring the context.
 
 Run: ``python benchmarks/parallel_tools.py`` (from the repo root; < 60 s);
-``--smoke`` runs every path once in a few seconds (its figures mean little).
+``--smoke``: one repeat, 40 dispatch rounds, in a few seconds (its figures mean little).
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import itertools
 import statistics
@@ -47,7 +46,7 @@ from loopctl.testing import ScriptedClient, calls, reply  # noqa: E402
 from loopctl.tools import tool  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 
 N = 8
 SLEEP_S = 0.100
@@ -200,10 +199,7 @@ def overhead(rounds: int, e2e_runs: int) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true",
-                        help="one repeat and a few dozen rounds: checks that it runs, the figures mean little")
-    smoke = parser.parse_args(argv).smoke
+    smoke = smoke_requested(__doc__.splitlines()[0], argv)
     t0 = time.perf_counter()
     wall_time(1 if smoke else REPEATS)
     overhead(SMOKE_ROUNDS if smoke else OVERHEAD_ROUNDS, 3 if smoke else 50)
