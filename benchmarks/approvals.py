@@ -18,7 +18,7 @@ tool's start from Redis. Floor: one Redis hop between two connections (an
 
 Targets: p99 <= 5 ms in-process, <= 50 ms through Celery + Redis. Prints
 ``RESULT`` lines (p50 and p99 against the floor's). Run from the repo root:
-``python benchmarks/approvals.py`` (< 60 s).
+``python benchmarks/approvals.py`` (< 60 s; ``--smoke``: 10 and 5 approvals).
 """
 
 from __future__ import annotations
@@ -31,14 +31,15 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, List
+from typing import Any, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 
 from loopctl import BareLoop, RunConfig, tool  # noqa: E402
 from loopctl.observers import ApprovalRequested, Observer  # noqa: E402
@@ -46,6 +47,7 @@ from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
 
 N = 300
 N_CELERY = 60
+SMOKE_N, SMOKE_N_CELERY = 10, 5  # --smoke
 WAIT = 30.0
 
 
@@ -188,7 +190,10 @@ def through_celery() -> tuple[List[float], List[float]]:
         stop_all(started)
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    global N, N_CELERY
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        N, N_CELERY = SMOKE_N, SMOKE_N_CELERY
     gc.freeze()
     floor = event_floor()
     lat = in_process()

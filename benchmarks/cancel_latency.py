@@ -13,7 +13,8 @@ notes when ``run()`` raised ``Cancelled``:
 
 The floor is the same hand-off with nothing in between: one thread sets an
 Event, another wakes from ``wait()``. Prints p50 / p99 / max (µs) per phase
-and the p99 against the 100 ms bound. Run from the repo root; < 60 s.
+and the p99 against the 100 ms bound. Run from the repo root; < 60 s
+(``--smoke``: 10 cancels per phase).
 
 Objects alive after the imports are frozen (``gc.freeze()``) first: a full
 collection over them (~34k objects, 7-30 ms on a loaded 2-core machine)
@@ -29,13 +30,14 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from run_all import report as result_line  # noqa: E402
+from run_all import smoke_requested  # noqa: E402
 
 from loopctl import BareLoop, Cancelled, ModelError, StopReason, Tool  # noqa: E402
 from loopctl.cancel import CancelSignal  # noqa: E402
@@ -53,6 +55,7 @@ from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
 from tests.support import WAIT, Gate, join_run_threads  # noqa: E402
 
 N = 200
+SMOKE_N = 10  # cancels per phase with --smoke
 
 
 class Window(Gate):
@@ -276,7 +279,10 @@ def report(name: str, xs: Optional[list[float]]) -> None:
                     target="<= 100 ms")
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    global N
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        N = SMOKE_N
     if os.environ.get("GC") != "default":
         gc.collect()
         gc.freeze()

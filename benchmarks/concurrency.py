@@ -54,7 +54,8 @@ The machine may be shared: wall-clock figures (wall, cancel latency) move
 with the load; CPU figures are steadier. Run:
 ``python benchmarks/concurrency.py`` (10,000 runs, mean 5 s: ~1 min with
 ``--gc off`` or ``--gc tuned``, minutes with the GC on), ``--quick`` (1,000 runs: ~40 s,
-what ``run_all.py`` runs), or ``--runs N --mean S``.
+what ``run_all.py`` runs), ``--smoke`` (50 runs, mean 0.1 s: a few seconds, to check that it
+runs), or ``--runs N --mean S``.
 """
 
 from __future__ import annotations
@@ -70,12 +71,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from run_all import report  # noqa: E402
+from run_all import SMOKE_HELP, report  # noqa: E402
 
 SEED = 22
 CANCEL_SHARE = 0.10
@@ -95,6 +97,8 @@ def apply_gc_mode() -> None:
         gc.freeze()
         gc.set_threshold(*TUNED_THRESHOLDS)
 FRESH_RUNS = 400
+#: --smoke: runs, mean latency (s), fresh-loop runs.
+SMOKE_RUNS, SMOKE_MEAN, SMOKE_FRESH_RUNS = 50, 0.1, 20
 
 
 def plan(n: int, mean: float) -> tuple[list[tuple[float, float]], dict[int, float]]:
@@ -356,12 +360,13 @@ def fresh_loop_us(BareLoop: Any, ScriptedClient: Any, call: Any, reply: Any, add
 # -- the parent ----------------------------------------------------------------------------------
 
 
-def child(kind: str, n: int, mean: float, gc_mode: str) -> dict[str, Any]:
+def child(kind: str, n: int, mean: float, gc_mode: str, smoke: bool) -> dict[str, Any]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--runs", str(n), "--mean", str(mean), "--gc", gc_mode],
+        [sys.executable, __file__, "--child", kind, "--runs", str(n), "--mean", str(mean), "--gc", gc_mode,
+         *(["--smoke"] if smoke else [])],
         capture_output=True, text=True, env=env,
     )
     if proc.returncode != 0:
@@ -376,20 +381,24 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=None, help="concurrent runs (default 10,000; --quick 1,000)")
-    parser.add_argument("--mean", type=float, default=5.0, help="mean model latency, s (default 5)")
+    parser.add_argument("--mean", type=float, default=None, help="mean model latency, s (default 5)")
     parser.add_argument("--quick", action="store_true", help="1,000 runs")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"{SMOKE_HELP}: {SMOKE_RUNS} runs, mean {SMOKE_MEAN:g} s, {SMOKE_FRESH_RUNS} fresh loops")
     parser.add_argument("--gc", choices=["on", "off", "tuned"], default="on",
                         help="off: gc.disable() in both children during the runs; "
                              "tuned: gc.freeze() and TUNED_THRESHOLDS (docs/running.md)")
     parser.add_argument("--child", choices=["floor", "loopctl"], help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    global GC_MODE
+    args = parser.parse_args(argv)
+    global GC_MODE, FRESH_RUNS
     GC_MODE = args.gc
-    n = args.runs or (1_000 if args.quick else 10_000)
-    mean = args.mean
+    if args.smoke:
+        FRESH_RUNS = SMOKE_FRESH_RUNS
+    n = args.runs or (SMOKE_RUNS if args.smoke else 1_000 if args.quick else 10_000)
+    mean = args.mean if args.mean is not None else SMOKE_MEAN if args.smoke else 5.0
     if args.child == "floor":
         return floor_child(n, mean)
     if args.child == "loopctl":
@@ -400,8 +409,8 @@ def main() -> None:
     print(f"{n} concurrent runs (model -> tool -> answer), latency {mean:g} s +-50 %, "
           f"{len(cancels)} cancelled mid-flight; cyclic GC {args.gc}; "
           f"load average {load:.1f} on {os.cpu_count()} CPUs")
-    fl = child("floor", n, mean, args.gc)
-    lc = child("loopctl", n, mean, args.gc)
+    fl = child("floor", n, mean, args.gc, args.smoke)
+    lc = child("loopctl", n, mean, args.gc, args.smoke)
     failed = sum(lc["failed"].values())
     for why, count in lc["failed"].items():
         print(f"FAILED {count} runs: {why}")

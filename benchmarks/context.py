@@ -18,7 +18,8 @@
    ``sum(len(m) for m in texts)`` over all 10,000 texts (one pass over the
    conversation, the least any compaction must do).
 
-Run: ``python benchmarks/context.py`` (from the repo root; < 60 s). Besides the prose it
+Run: ``python benchmarks/context.py`` (from the repo root; < 60 s; ``--smoke``: 20 turns,
+two compactions). Besides the prose it
 prints ``RESULT`` lines (figure | value | floor | ratio) for ``benchmarks/run_all.py``.
 """
 
@@ -28,8 +29,9 @@ import gc
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -44,11 +46,12 @@ from loopctl.machine import LoopMachine  # noqa: E402
 from loopctl.messages import Message, ToolCallPart, ToolResultPart  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 
 SIZES = (100, 1_000, 10_000)
 TURNS = 400
 COMPACT_REPEATS = 15
+SMOKE_TURNS, SMOKE_REPEATS = 20, 2  # --smoke
 
 
 def conversation(n: int) -> list[Message]:
@@ -145,7 +148,10 @@ def compaction(n: int) -> tuple[float, float, int]:
     return t, floor, len(out)
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    global TURNS, COMPACT_REPEATS
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        TURNS, COMPACT_REPEATS = SMOKE_TURNS, SMOKE_REPEATS
     print(f"per-turn measure (2 new messages a turn; median of {TURNS} turns)")
     print(f"{'N':>7} {'meter':>10} {'floor':>10} {'ratio':>7} {'full recount of N':>18}")
     rows = []

@@ -23,7 +23,8 @@ Figures, each beside its floor measured in this run with the in-process
 
 Output: prose, plus ``RESULT <figure> | <value> | <floor> | <ratio>`` lines
 (``run_all.report``: values with their units).
-Run: ``python benchmarks/distributed.py`` (from the repo root; < 60 s).
+Run: ``python benchmarks/distributed.py`` (from the repo root; < 60 s; ``--smoke``: 16 runs,
+5 cancels, two steered runs of 12 turns).
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 
 from tests.celery_support import CeleryWorker, RedisServer, missing_requirements, stop_all  # noqa: E402
 
@@ -53,6 +55,8 @@ WORKERS = 2
 CANCEL_SAMPLES = 60
 STEER_RUNS = 3
 STEER_TURNS = 24
+#: --smoke: RUNS, CANCEL_SAMPLES, STEER_RUNS, STEER_TURNS (the workers and turns as above).
+SMOKE = (16, 5, 2, 12)
 SEED = 10
 
 
@@ -262,7 +266,10 @@ class Bench:
         return slot, req
 
 
-def main() -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    global RUNS, CANCEL_SAMPLES, STEER_RUNS, STEER_TURNS
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        RUNS, CANCEL_SAMPLES, STEER_RUNS, STEER_TURNS = SMOKE
     reason = missing_requirements()
     if reason is not None:
         print(f"SKIP distributed benchmark: {reason}")

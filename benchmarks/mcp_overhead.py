@@ -15,7 +15,8 @@ both alike; the p50 of each over all rounds is reported, with the
 difference (the cost of the thread hand-off) in prose. A second figure is
 cancel latency: from ``ctx.cancel.cancel()`` to ``invoke`` returning on a
 call the server blocks on, against the bare ``Event`` hand-off. Needs the
-``mcp`` extra. Run from the repo root; < 60 s.
+``mcp`` extra. Run from the repo root; < 60 s (``--smoke``: one round of 10 calls,
+5 cancels).
 """
 
 from __future__ import annotations
@@ -26,23 +27,26 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from run_all import report as result_line  # noqa: E402
+from run_all import smoke_requested  # noqa: E402
 
 from loopctl.cancel import CancelSignal  # noqa: E402
 from loopctl.tools.base import ToolContext  # noqa: E402
 
 try:
     from loopctl.contrib.mcp import MCPServer
-except ImportError:  # pragma: no cover - the [mcp] extra is missing
-    print("skipped: needs the [mcp] extra (pip install 'loopctl[mcp]', Python >= 3.10)")
-    sys.exit(0)
+except ImportError:  # the [mcp] extra is missing: main() says so (importing must still work)
+    MCPServer = None  # type: ignore[assignment,misc]
 
 SERVER = str(Path(__file__).resolve().parent.parent / "tests" / "mcp_servers" / "suite_server.py")
 ROUNDS, CALLS, WARMUP, CANCELS = 4, 150, 20, 40
+SMOKE = (1, 10, 3, 5)  # the same with --smoke
 
 
 async def sdk_round(n: int) -> list[float]:
@@ -107,7 +111,13 @@ def event_handoff(n: int) -> list[float]:
     return out
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    global ROUNDS, CALLS, WARMUP, CANCELS
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        ROUNDS, CALLS, WARMUP, CANCELS = SMOKE
+    if MCPServer is None:
+        print("skipped: needs the [mcp] extra (pip install 'loopctl[mcp]', Python >= 3.10)")
+        return
     sdk: list[float] = []
     ours: list[float] = []
     with MCPServer.stdio(sys.executable, [SERVER], name="bench") as server:

@@ -15,7 +15,8 @@ same events to a do-nothing observer, plus the same telemetry written by
 hand (per turn one ``chat`` and one ``execute_tool`` span with the same
 attributes, children of a run span, and the three histogram records).
 
-Run: ``python benchmarks/otel_overhead.py`` (from the repo root; < 60 s).
+Run: ``python benchmarks/otel_overhead.py`` (from the repo root; < 60 s; ``--smoke``: 20
+turns, once).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -35,7 +36,7 @@ from opentelemetry.sdk.metrics import MeterProvider  # noqa: E402
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader  # noqa: E402
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult  # noqa: E402
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 from turn_overhead import Noop, run_bodies, script  # noqa: E402
 
 from loopctl import BareLoop, Observer, RunConfig  # noqa: E402
@@ -44,6 +45,7 @@ from loopctl.testing import ScriptedClient  # noqa: E402
 
 N = 300
 REPEATS = 9
+SMOKE_N, SMOKE_REPEATS = 20, 1  # --smoke
 TARGET_US = 20.0
 
 
@@ -155,7 +157,10 @@ def best(fn: Callable[[], float]) -> float:
     return min(samples)
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    global N, REPEATS
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        N, REPEATS = SMOKE_N, SMOKE_REPEATS
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"one run of {N} tool turns, non-streaming; CPU time, best of {REPEATS}; load average {load:.1f}")
     run_once(20, None)  # warm-up: imports, first-run costs

@@ -20,7 +20,8 @@
    8) for a whole run, which adds building the results message and
    re-measuring the context.
 
-Run: ``python benchmarks/parallel_tools.py`` (from the repo root; < 60 s).
+Run: ``python benchmarks/parallel_tools.py`` (from the repo root; < 60 s);
+``--smoke``: one repeat, 40 dispatch rounds, in a few seconds (its figures mean little).
 """
 
 from __future__ import annotations
@@ -30,31 +31,31 @@ import itertools
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loopctl import BareLoop, ParallelDispatch, RunConfig  # noqa: E402
-from loopctl.driver.dispatch import ToolRun  # noqa: E402
-from loopctl.driver.emission import RunEvents  # noqa: E402
-from loopctl.driver.handle import RunContext  # noqa: E402
+from loopctl.driver.run import RunDriver  # noqa: E402
 from loopctl.messages import ToolCallPart  # noqa: E402
 from loopctl.observers import Event, TurnEnd  # noqa: E402
-from loopctl.records import Run  # noqa: E402
 from loopctl.testing import ScriptedClient, calls, reply  # noqa: E402
 from loopctl.tools import tool  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 
 N = 8
 SLEEP_S = 0.100
 REPEATS = 7
 OVERHEAD_ROUNDS = 3000
+SMOKE_ROUNDS = 40
 PARALLEL = RunConfig(parallel=ParallelDispatch("parallel", N))
 _seq = itertools.count()
+T = TypeVar("T")
 
 
 @tool(concurrency_safe=True)
@@ -83,21 +84,21 @@ def tools_phase_seconds(loop: BareLoop, name: str) -> float:
     return end.duration_ms / 1000.0
 
 
-def wall_time() -> None:
+def wall_time(repeats: int) -> None:
     pool = ThreadPoolExecutor(N)
     list(pool.map(lambda _: None, range(N)))  # warm the workers
     floors, ours = [], []
     with BareLoop(ScriptedClient([]), [nap]) as loop:
         loop.set_turn_mode("non_streaming")
         tools_phase_seconds(loop, "nap")  # warm the loop's pool
-        for _ in range(REPEATS):
+        for _ in range(repeats):
             t0 = time.perf_counter()
             list(pool.map(lambda _: time.sleep(SLEEP_S), range(N)))
             floors.append(time.perf_counter() - t0)
             ours.append(tools_phase_seconds(loop, "nap"))
     pool.shutdown()
     f, o = statistics.median(floors), statistics.median(ours)
-    print(f"8 x 100 ms tool, one turn (median of {REPEATS}):")
+    print(f"8 x 100 ms tool, one turn (median of {repeats}):")
     print(f"  floor ThreadPoolExecutor.map : {f:.4f} s  ({f / SLEEP_S:.3f}x ideal)")
     print(f"  loopctl tool phase           : {o:.4f} s  ({o / SLEEP_S:.3f}x ideal, {o / f:.3f}x floor)"
           f"  target <= 1.10x ideal: {'ok' if o / SLEEP_S <= 1.10 else 'MISSED'}")
@@ -117,37 +118,74 @@ def per_call(fn: Callable[[], Any], rounds: int, per: int) -> float:
     return statistics.median(samples)
 
 
-def overhead() -> None:
-    loop = BareLoop(ScriptedClient([]), [noop])
-    run = Run(id="bench", input="bench", config=PARALLEL)
-    rc = RunContext(run, loop.cancel_signal().view(), True)
-    rc.lock.acquire()  # the run's fence, as the body holds it
-    dispatcher = loop._dispatcher
-    events = RunEvents(loop._emitter, run.id, None, rc, None)
-    tool_run = ToolRun(rc, events, run.input, PARALLEL.parallel, loop.session.id)
-    rounds = OVERHEAD_ROUNDS // 4
+def in_run(loop: BareLoop, measure: Callable[[RunDriver], T]) -> T:
+    """``measure(driver)`` on a real run's own thread, with the run's fence held, before its steps.
+
+    The dispatcher is driven the way the run's tool phase drives it: on the
+    run's thread, lent the run itself (``dispatcher.dispatch(run, turn,
+    calls)``), so no run internals are built by hand. The run then goes on
+    to its one scripted reply and ends as usual.
+    """
+    out: list[T] = []
+    failed: list[BaseException] = []
+    orig = RunDriver.body
+
+    def body(driver: RunDriver) -> None:
+        try:
+            out.append(measure(driver))
+        except BaseException as exc:  # re-raised on the caller's thread below
+            failed.append(exc)
+        orig(driver)
+
+    loop.client.extend([reply("done")])  # type: ignore[attr-defined]
+    RunDriver.body = body  # type: ignore[method-assign]
+    try:
+        loop.run("bench", PARALLEL)
+    finally:
+        RunDriver.body = orig  # type: ignore[method-assign]
+    if failed:
+        raise failed[0]
+    return out[0]
+
+
+def overhead(rounds: int, e2e_runs: int) -> None:
+    rounds_lone = rounds
+    rounds_wave = max(1, rounds // 4)
     # Distinct inputs, so the default loop detector sees no repetition (it stays on).
-    waves = iter([[ToolCallPart(f"c{k}.{i}", "noop", {"i": k * N + i}) for i in range(N)] for k in range(rounds * 5)])
-    lones = iter([[ToolCallPart(f"c{k}", "noop", {"i": k})] for k in range(OVERHEAD_ROUNDS * 10)])
+    ids = itertools.count()
+
+    def wave() -> list[ToolCallPart]:
+        return [ToolCallPart(f"c{k}", "noop", {"i": k}) for k in itertools.islice(ids, N)]
+
+    def lone() -> list[ToolCallPart]:
+        k = next(ids)
+        return [ToolCallPart(f"c{k}", "noop", {"i": k})]
+
+    def dispatching(make: Callable[[], list[ToolCallPart]], rounds: int, per: int) -> Callable[[RunDriver], float]:
+        def measure(run: RunDriver) -> float:
+            batches = iter([make() for _ in range(rounds * 5)])  # built outside the timing
+            return per_call(lambda: run.dispatcher.dispatch(run, 0, next(batches)), rounds, per)
+
+        return measure
+
     pool = ThreadPoolExecutor(N)
     items = list(range(N))
-
-    floor_map = per_call(lambda: list(pool.map(trivial, items)), rounds, N)
-    wave_us = per_call(lambda: dispatcher.dispatch(tool_run, 0, next(waves)), rounds, N)
-    floor_submit = per_call(lambda: pool.submit(trivial, 0).result(), OVERHEAD_ROUNDS, 1)
-    floor_plain = per_call(lambda: trivial(0), OVERHEAD_ROUNDS * 10, 1)
-    lone_us = per_call(lambda: dispatcher.dispatch(tool_run, 0, next(lones)), OVERHEAD_ROUNDS, 1)
-    detector, loop._parts.loop_detector = loop._parts.loop_detector, None
-    bare_us = per_call(lambda: dispatcher.dispatch(tool_run, 0, next(lones)), OVERHEAD_ROUNDS, 1)
-    loop._parts.loop_detector = detector
+    floor_map = per_call(lambda: list(pool.map(trivial, items)), rounds_wave, N)
+    floor_submit = per_call(lambda: pool.submit(trivial, 0).result(), rounds_lone, 1)
+    floor_plain = per_call(lambda: trivial(0), rounds_lone * 10, 1)
     pool.shutdown()
-    rc.lock.release()
-    loop.close()
+    with BareLoop(ScriptedClient([]), [noop]) as loop:
+        loop.set_turn_mode("non_streaming")
+        wave_us = in_run(loop, dispatching(wave, rounds_wave, N))
+        lone_us = in_run(loop, dispatching(lone, rounds_lone, 1))
+    with BareLoop(ScriptedClient([]), [noop]).with_loop_detector(None) as bare:
+        bare.set_turn_mode("non_streaming")
+        bare_us = in_run(bare, dispatching(lone, rounds_lone, 1))
 
     with BareLoop(ScriptedClient([]), [noop]) as e2e:
         e2e.set_turn_mode("non_streaming")
         tools_phase_seconds(e2e, "noop")
-        phase_us = statistics.median(tools_phase_seconds(e2e, "noop") for _ in range(50)) / N * 1e6
+        phase_us = statistics.median(tools_phase_seconds(e2e, "noop") for _ in range(e2e_runs)) / N * 1e6
 
     print("dispatch overhead per call, trivial tool:")
     print(f"  wave of 8    : {wave_us:7.1f} us/call   floor pool.map(8 items): {floor_map:6.1f} us/item"
@@ -160,10 +198,11 @@ def overhead() -> None:
     print(f"  end to end tool phase, wave of 8 (results message + re-measure): {phase_us:.1f} us/call")
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    smoke = smoke_requested(__doc__.splitlines()[0], argv)
     t0 = time.perf_counter()
-    wall_time()
-    overhead()
+    wall_time(1 if smoke else REPEATS)
+    overhead(SMOKE_ROUNDS if smoke else OVERHEAD_ROUNDS, 3 if smoke else 50)
     print(f"(benchmark took {time.perf_counter() - t0:.1f} s)")
 
 

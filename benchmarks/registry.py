@@ -25,7 +25,7 @@ whose tap puts ``(t, event)`` on a ``queue.SimpleQueue`` read by the
 consumer thread (the least a hand-rolled registry could do). Both modes
 stamp the time in the tap the same way (the registry's tap is wrapped for
 this benchmark only). Each mode runs in a fresh child process, so peak RSS
-is its own. Run: ``python benchmarks/registry.py [--runs N]`` (< 60 s).
+is its own. Run: ``python benchmarks/registry.py [--runs N]`` (< 60 s; ``--smoke``: 10 runs).
 """
 
 from __future__ import annotations
@@ -39,12 +39,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from run_all import SMOKE_HELP  # noqa: E402
 from run_all import report as result_line  # noqa: E402
 
 from loopctl import BareLoop  # noqa: E402
@@ -56,6 +57,7 @@ from loopctl.tools import Tool, ToolContext  # noqa: E402
 
 TURNS = 10
 SEED = 9
+SMOKE_RUNS = 10  # --smoke
 
 
 class Work(Tool):
@@ -200,15 +202,16 @@ def in_child(mode: str, n: int) -> dict[str, Any]:
     return result
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--smoke", action="store_true", help=f"{SMOKE_HELP}: {SMOKE_RUNS} runs")
     ap.add_argument("--child", choices=("bare", "registry"))
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child, args.runs)))
         return
-    n = args.runs
+    n = SMOKE_RUNS if args.smoke else args.runs
     floor = in_child("bare", n)
     reg = in_child("registry", n)
     for r in (floor, reg):
@@ -229,7 +232,8 @@ def main() -> None:
     print(f"{'figure':46} {'registry':>12} {'floor':>12} {'ratio':>7}")
     for label, unit, get in rows:
         a, b = get(reg), get(floor)
-        print(f"{label:46} {a:9.2f} {unit:<3}{b:9.2f} {unit:<3}{a / b:6.2f}x")
+        ratio = a / b if b else float("nan")  # a few runs (--smoke) may add no RSS at all
+        print(f"{label:46} {a:9.2f} {unit:<3}{b:9.2f} {unit:<3}{ratio:6.2f}x")
         result_line(f"registry {label} vs bare BareLoop.start", a, b, unit=unit)
     print(
         f"peak RSS of the process: registry {reg['rss_peak_mb']:.0f} MiB, floor {floor['rss_peak_mb']:.0f} MiB"

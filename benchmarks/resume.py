@@ -21,7 +21,8 @@ every sample has at least two live workers to resume on.
 
 Output: prose, plus ``RESULT <figure> | <value> | <floor> | <ratio>`` lines.
 Run: ``python benchmarks/resume.py`` (from the repo root; about a minute;
-``LOOPCTL_RESUME_SAMPLES`` sets the number of kills, default 15).
+``LOOPCTL_RESUME_SAMPLES`` sets the number of kills, default 15; ``--smoke``: one kill, two
+workers).
 """
 
 from __future__ import annotations
@@ -32,18 +33,21 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, List
+from typing import Any, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 
 from tests.celery_support import CeleryWorker, RedisServer, missing_requirements, stop_all  # noqa: E402
 
 SAMPLES = int(os.environ.get("LOOPCTL_RESUME_SAMPLES", "15"))
 WAIT = 60.0
+WORKERS = 3
+SMOKE_SAMPLES, SMOKE_WORKERS = 1, 2  # --smoke: one kill, one worker left to resume on
 
 
 def pct(xs: List[float], p: float) -> float:
@@ -55,7 +59,10 @@ def result(name: str, value_s: float, floor_s: float) -> None:
     report(f"{name}, vs the heartbeat TTL", value_s * 1000.0, floor_s * 1000.0, "ms")
 
 
-def main() -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    global SAMPLES, WORKERS
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        SAMPLES, WORKERS = SMOKE_SAMPLES, SMOKE_WORKERS
     reason = missing_requirements()
     if reason is not None:
         print(f"skipped: {reason}")
@@ -78,7 +85,7 @@ def main() -> int:
                 workers.append(w)
                 started.append(w)
 
-        for _ in range(3):
+        for _ in range(WORKERS):
             add()
         app = celery_app.make_app(url)
         reg = celery_app.make_registry(app, url, "tests.celery_app:make_durable_loop", resume="on_worker_loss")
@@ -124,7 +131,7 @@ def main() -> int:
             t.join()
         ttl = celery_app.HEARTBEAT_TTL
         print(
-            f"{SAMPLES} kill -9s of the worker holding a durable run (3 workers, heartbeat TTL {ttl} s): "
+            f"{SAMPLES} kill -9s of the worker holding a durable run ({WORKERS} workers, heartbeat TTL {ttl} s): "
             f"resumed p50 {pct(resumed, 50):.2f} s, p99 {pct(resumed, 99):.2f} s; "
             f"completed p50 {pct(completed, 50):.2f} s"
         )

@@ -24,6 +24,11 @@ shown below the table.
     python benchmarks/run_all.py                   # all of them
     python benchmarks/run_all.py cancel_latency    # some of them
     python benchmarks/run_all.py --show-output     # and every benchmark's own output
+    python benchmarks/run_all.py --smoke           # each in its tiny mode: does it run?
+
+Every benchmark takes ``--smoke``: a tiny run of every path, a few seconds
+each, that checks it still runs end to end; its figures mean little
+(``tests/test_benchmarks_smoke.py`` runs them so).
 
 Exit code 1 if any benchmark failed or timed out. A missed target is not a
 failure (the figures depend on the machine and its load): the table says
@@ -51,6 +56,15 @@ ROOT = HERE.parent
 PREFIX = "RESULT "
 #: Arguments for benchmarks whose full run is too long for this table.
 ARGS = {"concurrency": ("--quick",)}
+SMOKE = "--smoke"
+SMOKE_HELP = "a tiny run of every path, in seconds: checks that it runs (its figures mean little)"
+
+
+def smoke_requested(description: str, argv: Optional[Sequence[str]] = None) -> bool:
+    """Parse a benchmark's command line, which takes only ``--smoke``; True if it was given."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument(SMOKE, action="store_true", help=SMOKE_HELP)
+    return bool(parser.parse_args(argv).smoke)
 
 
 def plain(x: float) -> str:
@@ -168,15 +182,15 @@ def discover(names: Sequence[str] = ()) -> list[Path]:
     return [p for p in found if p.stem in wanted]
 
 
-def run_one(script: Path, timeout: float) -> Outcome:
-    """Run one benchmark script in a subprocess from the repo root."""
+def run_one(script: Path, timeout: float, smoke: bool = False) -> Outcome:
+    """Run one benchmark script in a subprocess from the repo root (``smoke``: in its tiny mode)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
-            [sys.executable, str(script), *ARGS.get(script.stem, ())], cwd=ROOT, env=env, capture_output=True, text=True,
-            timeout=timeout,
+            [sys.executable, str(script), *((SMOKE,) if smoke else ARGS.get(script.stem, ()))], cwd=ROOT, env=env,
+            capture_output=True, text=True, timeout=timeout,
         )
     except subprocess.TimeoutExpired as exc:
         out = _text(exc.stdout) + _text(exc.stderr)
@@ -310,11 +324,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("names", nargs="*", help="benchmarks to run (default: all)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per benchmark (default 120)")
     parser.add_argument("--show-output", action="store_true", help="print every benchmark's own output")
+    parser.add_argument(SMOKE, action="store_true", help="run each benchmark in its tiny mode (" + SMOKE_HELP + ")")
     args = parser.parse_args(argv)
     outcomes = []
     for script in discover(args.names):
         print(f"running {script.name} ...", file=sys.stderr, flush=True)
-        outcome = run_one(script, args.timeout)
+        outcome = run_one(script, args.timeout, smoke=args.smoke)
         print(f"  {outcome.status} in {outcome.seconds:.1f}s", file=sys.stderr, flush=True)
         outcomes.append(outcome)
     print(f"python {sys.version.split()[0]} on {sys.platform}, {os.cpu_count()} CPUs")

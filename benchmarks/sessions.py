@@ -16,7 +16,7 @@ set against the same run without one (p50).
 
 The Redis rows need ``redis-server`` and redis-py (a private server is
 started, persistence off); without them only the SQLite rows are printed.
-Run: ``python benchmarks/sessions.py`` (a few seconds).
+Run: ``python benchmarks/sessions.py`` (a few seconds; ``--smoke``: 2 runs a thread).
 """
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, Callable, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 
 from loopctl import BareLoop, Message  # noqa: E402
 from loopctl.sessions import RedisSessionStore, SQLiteSessionStore  # noqa: E402
@@ -44,6 +45,7 @@ from tests.celery_support import RedisServer, missing_requirements  # noqa: E402
 
 THREADS = 8
 RUNS = 25
+SMOKE_RUNS = 2  # runs per thread with --smoke
 ROWS = [encode_message(Message.user("what is 12 + 30?")), encode_message(Message.assistant("42"))]
 
 
@@ -158,7 +160,10 @@ def measure(name: str, store: SessionStore, floor: List[float]) -> None:
     report(f"{name} whole run p50 with a session vs without", statistics.median(runs), statistics.median(bare), "ms")
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    global RUNS
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        RUNS = SMOKE_RUNS
     with tempfile.TemporaryDirectory(prefix="loopctl-bench-sessions-") as tmp:
         floor = floor_sqlite(str(Path(tmp) / "floor.db"))
         store = SQLiteSessionStore(Path(tmp) / "sessions.db")

@@ -16,7 +16,8 @@ Two read patterns: 16 KiB reads (one TLS record, what ``read1`` returns
 from a provider over HTTPS on a busy stream) and one event per read (a model
 streaming tokens slower than the network, where the server flushes each
 event). Every figure is the best of several rounds.
-Run: ``python benchmarks/sse_throughput.py`` (about 20 s).
+Run: ``python benchmarks/sse_throughput.py`` (about 20 s; ``--smoke``: a 256 KiB stream,
+once).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import json
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Sequence
+from typing import Any, Callable, Optional
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -35,11 +37,12 @@ from loopctl.providers.openai import OpenAIStreamParser  # noqa: E402
 from loopctl.providers.reader import StreamReader  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 
 TARGET = 8 * 1024 * 1024
 READ = 16 * 1024
 ROUNDS = 5
+SMOKE_TARGET, SMOKE_ROUNDS = 256 * 1024, 1  # --smoke: a 256 KiB stream, once
 FLOOR_DELTAS_PER_S = 100_000.0
 WORDS = ["the", " quick", " brown", " fox", " jumps", " over", " lazy", " dog", ",", " and", " 42", "\n"]
 
@@ -157,7 +160,10 @@ def best(fn: Callable[[list[bytes]], int], chunks: list[bytes]) -> tuple[float, 
     return min(times), result
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    global TARGET, ROUNDS
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        TARGET, ROUNDS = SMOKE_TARGET, SMOKE_ROUNDS
     print(f"python {sys.version.split()[0]}, best of {ROUNDS} rounds; floor {FLOOR_DELTAS_PER_S:,.0f} deltas/s")
     for name, make, parser in (("openai", openai_stream, OpenAIStreamParser),
                                ("anthropic", anthropic_stream, AnthropicStreamParser)):

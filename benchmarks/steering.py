@@ -19,7 +19,8 @@ undrained (the steering cap), so most pushes of a race are refused; the
 figures count accepted and refused pushes alike, and the accepted share is
 printed and reported beside them.
 
-Run: ``python benchmarks/steering.py`` (from the repo root; < 60 s). Besides the prose it
+Run: ``python benchmarks/steering.py`` (from the repo root; < 60 s; ``--smoke``: 10 turns,
+3,000 pushes a thread, once). Besides the prose it
 prints ``RESULT`` lines (figure | value | floor | ratio) for ``benchmarks/run_all.py``.
 """
 
@@ -31,8 +32,9 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -48,13 +50,14 @@ from loopctl import (  # noqa: E402
 from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 
 TURNS = 200
 TOOL_S = 0.010
 THREADS = 4
 M = 25_000
 REPEATS = 5
+SMOKE_TURNS, SMOKE_M, SMOKE_REPEATS = 10, 3_000, 1  # --smoke: past the cap too
 
 
 def _pct(xs: list[float], p: float) -> float:
@@ -281,7 +284,10 @@ def throughput(kind: str) -> None:
                accepted[name] / REPEATS, total, "pushes", better="higher")
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    global TURNS, M, REPEATS
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        TURNS, M, REPEATS = SMOKE_TURNS, SMOKE_M, SMOKE_REPEATS
     t0 = time.perf_counter()
     latency("streaming")
     latency("non_streaming")

@@ -12,7 +12,7 @@ The floor is the same hand-off written by hand: four threads, each waiting
 on its own Event; the cancel sets the first, each woken thread sets the
 next (a cancel travelling down the tree), and the figure is when the last
 one woke. Prints p50 / p99 / max (ms) and the p99 against the 100 ms
-bound. Run from the repo root; a few seconds.
+bound. Run from the repo root; a few seconds (``--smoke``: 10 cancels).
 """
 
 from __future__ import annotations
@@ -22,17 +22,19 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 
 from loopctl import BareLoop, Cancelled, ModelRequest, ModelResponse, ToolContext, tool  # noqa: E402
 from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
 
 N = 200
+SMOKE_N = 10  # cancels with --smoke
 DEPTH = 3
 WAIT = 10.0
 BOUND_MS = 100.0
@@ -132,7 +134,10 @@ def show(label: str, xs: list[float]) -> None:
     print(f"  {label:<34} p50 {statistics.median(xs):8.3f} ms   p99 {p99(xs):8.3f} ms   max {max(xs):8.3f} ms")
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    global N
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        N = SMOKE_N
     gc.freeze()  # what the imports made is not this benchmark's to collect
     top, tree = measure_tree()
     floor = measure_floor()

@@ -25,7 +25,8 @@ When smolagents is installed, a peer row: the marginal CPU per turn
 in the same run; target: loopctl within 0.15x of smolagents.
 
 Run: ``python benchmarks/turn_overhead.py`` (from the repo root; < 60 s).
-Set ``PROFILE=1`` to print the top cProfile costs of one N=1000 run.
+Set ``PROFILE=1`` to print the top cProfile costs of one N=1000 run. ``--smoke``: N = 10,
+20, 40, once each.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from run_all import report  # noqa: E402
+from run_all import report, smoke_requested  # noqa: E402
 
 from loopctl import BareLoop, Message, ModelRequest, RunConfig, Tool, ToolResultPart  # noqa: E402
 from loopctl.driver.run import RunDriver  # noqa: E402
@@ -62,6 +63,8 @@ def run_bodies(wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]]) -
 
 SIZES = (50, 200, 1000)
 REPEATS = 9
+#: --smoke: small runs, once each, and the smolagents row at its smallest.
+SMOKE_SIZES, SMOKE_REPEATS, SMOKE_SMOL_SIZES = (10, 20, 40), 1, (10, 20)
 
 
 class Noop(Tool):
@@ -270,7 +273,10 @@ def profile(n: int = 1000) -> None:
     stats.sort_stats("cumulative").print_stats(30)
 
 
-def main() -> None:
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    global SIZES, REPEATS, SMOL_SIZES, SMOL_REPEATS
+    if smoke_requested(__doc__.splitlines()[0], argv):
+        SIZES, REPEATS, SMOL_SIZES, SMOL_REPEATS = SMOKE_SIZES, SMOKE_REPEATS, SMOKE_SMOL_SIZES, 1
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"one run of N tool turns, non-streaming, no observers; best of {REPEATS}; "
