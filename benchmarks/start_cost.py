@@ -22,6 +22,7 @@ collections during the starts.
 
     python benchmarks/start_cost.py              # 10,000 starts
     python benchmarks/start_cost.py --runs 2000
+    python benchmarks/start_cost.py --smoke      # 200 starts, to check it runs
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from run_all import report  # noqa: E402
+from run_all import SMOKE, SMOKE_HELP, report  # noqa: E402
 
 
 class GcClock:
@@ -61,21 +62,24 @@ class GcClock:
         self.full += info.get("generation") == 2
 
 
-def _cpu() -> tuple[float, float]:
+def _cpu() -> tuple[float, float, int, int, int]:
+    """User and kernel CPU, minor page faults, voluntary and involuntary context switches so far."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime, ru.ru_stime
+    return ru.ru_utime, ru.ru_stime, ru.ru_minflt, ru.ru_nvcsw, ru.ru_nivcsw
 
 
 def _measure(start_one: Any, n: int) -> dict[str, float]:
     clock = GcClock()
-    u0, s0 = _cpu()
+    before = _cpu()
     t0 = time.perf_counter()
     for i in range(n):
         start_one(i)
     wall = time.perf_counter() - t0
-    u1, s1 = _cpu()
+    after = _cpu()
     gc.callbacks.remove(clock._tick)
-    return {"wall": wall, "user": u1 - u0, "system": s1 - s0, "gc": clock.total, "gc_full": clock.full}
+    user, system, faults, vcsw, ivcsw = (b - a for a, b in zip(before, after))
+    return {"wall": wall, "user": user, "system": system, "faults": faults, "vcsw": vcsw, "ivcsw": ivcsw,
+            "gc": clock.total, "gc_full": clock.full}
 
 
 def floor_child(n: int) -> dict[str, float]:
@@ -163,8 +167,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=10_000, help="starts per side (default 10,000)")
     parser.add_argument("--repeat", type=int, default=3, help="child processes per side (default 3)")
+    parser.add_argument(SMOKE, action="store_true", help=SMOKE_HELP + " (200 starts, once per side)")
     parser.add_argument("--child", choices=["floor", "loopctl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.smoke:
+        args.runs, args.repeat = 200, 1
     n = args.runs
     if args.child is not None:
         out = floor_child(n) if args.child == "floor" else loopctl_child(n)
@@ -179,7 +186,8 @@ def main() -> None:
             r = child(kind, n)
             sides[kind].append(r)
             print(f"  {kind:>7}: {r['wall']:.2f} s, CPU user {r['user']:.2f} s system {r['system']:.2f} s, "
-                  f"GC {r['gc']:.2f} s ({int(r['gc_full'])} full)")
+                  f"GC {r['gc']:.2f} s ({int(r['gc_full'])} full); per start: {r['faults'] / n:.1f} page faults, "
+                  f"{r['vcsw'] / n:.2f} voluntary and {r['ivcsw'] / n:.2f} involuntary context switches")
 
     def med(kind: str, key: str) -> float:
         return statistics.median(r[key] for r in sides[kind])

@@ -288,7 +288,14 @@ class RequestOptions:
 
     def is_empty(self) -> bool:
         """True when no option is set."""
-        return all(getattr(self, f.name) is None for f in attrs.fields(RequestOptions))
+        return (
+            self.model is None
+            and self.max_tokens is None
+            and self.temperature is None
+            and self.tool_choice is None
+            and self.response_format is None
+            and self.extra_body is None
+        )
 
     def with_model(self, model: Optional[str]) -> RequestOptions:
         """A copy with the model override replaced."""

@@ -57,6 +57,9 @@ if TYPE_CHECKING:
     from loopctl.tools.pipeline import ToolPipelineBuilder
 
 _TURN_MODES = ("streaming", "non_streaming")
+#: The default model-call settings: frozen, so every loop shares one value
+#: (one object less per loop for the collector, nothing to build per loop).
+_DEFAULT_STREAM_HANDLER = StreamHandler()
 
 _L = TypeVar("_L", bound="LoopSetup")
 
@@ -94,7 +97,7 @@ class LoopSetup:
                 compact_threshold=config.compact_threshold,
                 counter=counter,
             ),
-            stream_handler=StreamHandler(),
+            stream_handler=_DEFAULT_STREAM_HANDLER,
             loop_detector=LoopDetector(),
             convergence=ConvergenceDetector(),
         )

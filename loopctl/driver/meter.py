@@ -17,6 +17,27 @@ from loopctl.context.tokens import ConversationMeter, TokenCounter, UsageCalibra
 from loopctl.machine import LoopMachine
 from loopctl.messages import Message, ToolSchema
 
+#: Each tool schema's JSON text, by the schema's identity: a tool hands every
+#: loop the same schema object, so a fresh loop's first run counts its tools
+#: without encoding them again. Bounded; a stale entry is never returned
+#: (the identity is checked against the schema it was made from).
+_SCHEMA_JSON: dict[int, tuple[ToolSchema, str]] = {}
+_SCHEMA_JSON_MAX = 512
+
+
+def _schema_json(schema: ToolSchema) -> str:
+    """``schema`` as the request sends it (JSON, never ``repr``)."""
+    hit = _SCHEMA_JSON.get(id(schema))
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    # JSON, as the request sends it; and not repr(): a container's repr
+    # leaves a recursion-guard dict on the run's thread for its lifetime.
+    text = json.dumps(schema.to_dict(), default=str)
+    if len(_SCHEMA_JSON) >= _SCHEMA_JSON_MAX:
+        _SCHEMA_JSON.clear()
+    _SCHEMA_JSON[id(schema)] = (schema, text)
+    return text
+
 
 class TokenMeter:
     """Measures what a request costs, in calibrated tokens (one per loop)."""
@@ -53,9 +74,7 @@ class TokenMeter:
             return
         counter = self.counter
         head = counter.count_message(Message.system(system_prompt)) if system_prompt else 0
-        # JSON, as the request sends it; and not repr(): a container's repr
-        # leaves a recursion-guard dict on the run's thread for its lifetime.
-        self.overhead = head + sum(counter.count_text(json.dumps(s.to_dict(), default=str)) for s in schemas)
+        self.overhead = head + sum(counter.count_text(_schema_json(s)) for s in schemas)
         self._overhead_prompt = system_prompt
         self._overhead_schemas = schemas
 
