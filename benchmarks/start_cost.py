@@ -6,9 +6,11 @@ shortest model latency), so its "start cost" row also carries the
 collector's and the GIL's cost of everything else in flight. This
 benchmark isolates the starting itself:
 
-- loopctl: N times, build a fresh ``BareLoop`` (one tool, a scripted model)
-  and ``RunRegistry.start`` it; each run goes as far as its first model
-  call and parks there (the model waits on the loop's cancel signal);
+- loopctl: N ``RunRegistry.start`` calls, each on a fresh ``BareLoop`` (one
+  tool, a scripted model) built before the timing; each run goes as far as
+  its first model call and parks there (the model waits on the loop's
+  cancel signal). A second row builds each loop inside the timing, as a
+  web server that makes one per conversation does (no target);
 - the floor: N times, start a plain ``threading.Thread`` that parks on its
   own ``threading.Event``;
 - timed from the first start to the last ``start()`` returning; then every
@@ -99,7 +101,7 @@ def floor_child(n: int) -> dict[str, float]:
     return out
 
 
-def loopctl_child(n: int) -> dict[str, float]:
+def loopctl_child(n: int, build_inside: bool) -> dict[str, float]:
     from loopctl import BareLoop, Cancelled, ModelRequest, ModelResponse
     from loopctl.hosting.registry import RunRegistry
     from loopctl.testing import ScriptedClient
@@ -135,9 +137,16 @@ def loopctl_child(n: int) -> dict[str, float]:
     except Cancelled:
         pass
     ids: list[str] = []
+    if build_inside:
 
-    def start_one(i: int) -> None:
-        ids.append(registry.start(make(), "what is i + 1?", run_id=f"run-{i:06d}"))
+        def start_one(i: int) -> None:
+            ids.append(registry.start(make(), "what is i + 1?", run_id=f"run-{i:06d}"))
+
+    else:
+        loops = [make() for _ in range(n)]
+
+        def start_one(i: int) -> None:
+            ids.append(registry.start(loops[i], "what is i + 1?", run_id=f"run-{i:06d}"))
 
     out = _measure(start_one, n)
     for rid in ids:
@@ -168,24 +177,24 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10_000, help="starts per side (default 10,000)")
     parser.add_argument("--repeat", type=int, default=3, help="child processes per side (default 3)")
     parser.add_argument(SMOKE, action="store_true", help=SMOKE_HELP + " (200 starts, once per side)")
-    parser.add_argument("--child", choices=["floor", "loopctl"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["floor", "loopctl", "loopctl-build"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
         args.runs, args.repeat = 200, 1
     n = args.runs
     if args.child is not None:
-        out = floor_child(n) if args.child == "floor" else loopctl_child(n)
+        out = floor_child(n) if args.child == "floor" else loopctl_child(n, args.child == "loopctl-build")
         print(json.dumps(out), flush=True)
         return
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{n} starts per side, each run parked in its first model call; default GC; "
           f"{args.repeat} child processes per side; load average {load:.1f} on {os.cpu_count()} CPUs")
-    sides: dict[str, list[dict[str, float]]] = {"floor": [], "loopctl": []}
+    sides: dict[str, list[dict[str, float]]] = {"floor": [], "loopctl": [], "loopctl-build": []}
     for _ in range(args.repeat):
-        for kind in ("floor", "loopctl"):
+        for kind in ("floor", "loopctl", "loopctl-build"):
             r = child(kind, n)
             sides[kind].append(r)
-            print(f"  {kind:>7}: {r['wall']:.2f} s, CPU user {r['user']:.2f} s system {r['system']:.2f} s, "
+            print(f"  {kind:>13}: {r['wall']:.2f} s, CPU user {r['user']:.2f} s system {r['system']:.2f} s, "
                   f"GC {r['gc']:.2f} s ({int(r['gc_full'])} full); per start: {r['faults'] / n:.1f} page faults, "
                   f"{r['vcsw'] / n:.2f} voluntary and {r['ivcsw'] / n:.2f} involuntary context switches")
 
@@ -194,6 +203,8 @@ def main() -> None:
 
     report(f"start cost, {n} start() calls vs {n} thread starts", med("loopctl", "wall"), med("floor", "wall"),
            unit="s", target="<= 2x")
+    report(f"build a loop and start it, {n} times, vs {n} thread starts", med("loopctl-build", "wall"),
+           med("floor", "wall"), unit="s")
     report(f"CPU per start, user (N={n})", med("loopctl", "user") / n * 1e6, med("floor", "user") / n * 1e6,
            unit="us")
     report(f"CPU per start, kernel (N={n})", med("loopctl", "system") / n * 1e6,
