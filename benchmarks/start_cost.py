@@ -44,24 +44,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from concurrency import GcClock  # noqa: E402
 from run_all import SMOKE, SMOKE_HELP, report  # noqa: E402
-
-
-class GcClock:
-    """Time spent in cyclic-GC collections, and how many were full ones."""
-
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.full = 0
-        self._t = 0.0
-        gc.callbacks.append(self._tick)
-
-    def _tick(self, phase: str, info: dict[str, Any]) -> None:
-        if phase == "start":
-            self._t = time.perf_counter()
-            return
-        self.total += time.perf_counter() - self._t
-        self.full += info.get("generation") == 2
 
 
 def _cpu() -> tuple[float, float, int, int, int]:
