@@ -119,7 +119,7 @@ def thaw(value: object) -> Any:
     """A fresh, plain, mutable deep copy of ``value`` (dicts and lists all the way down)."""
     if isinstance(value, _SCALARS):
         return value
-    if isinstance(value, Mapping):
+    if isinstance(value, dict) or isinstance(value, Mapping):  # a dict (frozen ones too) skips the ABC check
         return {k: thaw(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [thaw(v) for v in value]

@@ -270,6 +270,8 @@ def redact_value(value: object) -> Any:
     """
     if type(value) is str:  # a str subclass (an enum's value) is ours, never untrusted
         return redact(value)
+    if isinstance(value, _PLAIN):  # before the Mapping ABC check, which is slow
+        return value
     if isinstance(value, Mapping):
         items = [(k, redact_value(v)) for k, v in value.items()]
         if all(v is value[k] for k, v in items):

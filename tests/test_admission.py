@@ -365,3 +365,51 @@ def test_a_resumed_wave_with_a_repeated_id_passes_the_gate_and_each_call_is_appr
     assert [c.id for c in sent[-2].tool_calls] == ["c1", "c1-2"]
     assert [r.tool_call_id for r in sent[-1].tool_results] == ["c1", "c1-2"]
     assert len(run.approvals) == 2
+
+
+def test_each_call_of_a_reply_passes_the_gate_once_and_a_bad_one_is_still_refused() -> None:
+    """The dispatcher takes the verdicts the gate gave the reply's calls; it does not validate them again."""
+    from collections.abc import Mapping
+    from typing import Optional
+
+    from loopctl.tools import Tool, ToolOutput
+
+    checked: list[dict[str, Any]] = []
+
+    class Counted(Tool):
+        name = "counted"
+        description = "Echoes n; counts how often its arguments are validated."
+        concurrency_safe = True
+
+        def input_schema(self) -> dict[str, Any]:
+            return {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+        def validate(self, input: Mapping[str, Any]) -> Optional[str]:
+            checked.append(dict(input))
+            return None if isinstance(input.get("n"), int) else "n must be an integer"
+
+        def call(self, input: Mapping[str, Any], ctx: Any) -> object:
+            return f"n={input['n']}"
+
+        def invoke(self, input: Mapping[str, Any], ctx: Any) -> ToolOutput:
+            # Its own invoke does not validate again: only the gate's checks are counted.
+            if not isinstance(input.get("n"), int):
+                return ToolOutput.error("n must be an integer")
+            return ToolOutput(str(self.call(input, ctx)))
+
+    for rounds in range(1, 6):
+        checked.clear()
+        waves = [
+            calls_reply(*((f"c{t}-{i}", "counted", {"n": t * 10 + i}) for i in range(t % 3 + 1)))
+            for t in range(rounds)
+        ]
+        bad = calls_reply(("x", "counted", {"n": "not a number"}))
+        loop = BareLoop(ScriptedClient([*waves, bad, reply("done")]), [Counted()])
+        run = loop.run("go", RunConfig(parallel=ParallelDispatch(max_concurrency=4)))
+        expected = [{"n": t * 10 + i} for t in range(rounds) for i in range(t % 3 + 1)] + [{"n": "not a number"}]
+        assert checked == expected  # once each, in request order
+        results = [p for m in loop.machine.history for p in m.tool_results]
+        assert [r.is_error for r in results] == [False] * (len(expected) - 1) + [True]
+        assert "n must be an integer" in results[-1].output
+        assert run.output == "done"
+        loop.close()

@@ -157,7 +157,7 @@ class ModelTurn(RunState):
             em.emit(StreamSuccess(em.session_id, em.run_id, turn, model, usage, parts.provider_name()))
         # The gate first: the conversation and the record hold the admitted calls
         # (ids unique in the turn, arguments frozen), as the dispatcher and approvals do.
-        message, _ = admit_message(response.message, parts.tools)
+        message, self.admitted = admit_message(response.message, parts.tools)
         if message is not response.message:
             response = attrs.evolve(response, message=message)
         calls = message.tool_calls  # both are computed properties: read once

@@ -36,6 +36,7 @@ from loopctl.output import OutputCheck
 
 if TYPE_CHECKING:
     from loopctl.cancel import CancelSignal
+    from loopctl.driver.admission import Admitted
     from loopctl.driver.resources import LoopResources
     from loopctl.driver.session_link import SessionLink
     from loopctl.records import Session
@@ -71,7 +72,7 @@ class RunState:
         "run_input", "config", "session_id", "parallel", "policy",
         "durable", "resume_point", "link", "tool_names", "base_options",
         "llm_phase", "deferred_tokens", "gathers", "model_call",
-        "tools_running", "tools_abandoned", "inline_tool", "inline_counted",
+        "tools_running", "tools_abandoned", "inline_tool", "inline_counted", "admitted",
         "__weakref__",
     )
 
@@ -127,6 +128,9 @@ class RunState:
         self.tools_abandoned = False  # set when a cancel abandoned them
         self.inline_tool = False  # a call runs on the run's own thread now (lock-free flag)
         self.inline_counted = False  # that call was counted as abandoned
+        # The last reply's calls as the admission gate passed them, for the
+        # dispatcher to take (once) instead of admitting the same calls again.
+        self.admitted: Optional[Sequence[Admitted]] = None
 
     def boundary(self, after: str) -> None:
         """The run's one checkpoint seam: after each model turn, settled call and tool phase.

@@ -264,7 +264,7 @@ def compile_schema(schema: Mapping[str, Any]) -> Accept:
             return True
         if isinstance(v, (list, tuple)):
             return arr is None or arr(v)
-        if isinstance(v, Mapping):
+        if isinstance(v, dict) or isinstance(v, Mapping):  # a dict (frozen ones too) skips the ABC check
             return obj is None or obj(v)
         return True
 
