@@ -413,3 +413,17 @@ def test_each_call_of_a_reply_passes_the_gate_once_and_a_bad_one_is_still_refuse
         assert "n must be an integer" in results[-1].output
         assert run.output == "done"
         loop.close()
+
+
+def test_the_gate_rebuilds_calls_messages_and_replies_with_every_field() -> None:
+    """The gate builds these values field by field (faster than ``attrs.evolve``): a new field must be added there.
+
+    When this fails, add the new field where ``driver/admission.py`` builds a
+    ``ToolCallPart`` and a ``Message``, and ``driver/llm_turn.py``'s
+    ``record_reply`` a ``ModelResponse``.
+    """
+    import attrs
+
+    assert [f.name for f in attrs.fields(ToolCallPart)] == ["id", "name", "input", "invalid"]
+    assert [f.name for f in attrs.fields(Message)] == ["role", "parts"]
+    assert [f.name for f in attrs.fields(ModelResponse)] == ["message", "stop_reason", "usage", "model"]

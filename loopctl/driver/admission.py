@@ -114,7 +114,7 @@ def _admit_one(call: ToolCallPart, tools: ToolRegistry) -> Admitted:
                 why = f"the arguments of '{call.name[:80]}' are nested too deeply; send a flatter call"
         if why is not None:  # the call cannot run: the model gets the reason as a soft error
             return Admitted(ToolCallPart(call.id, call.name, FrozenDict(), why), None, why)
-        call = attrs.evolve(call, input=frozen)
+        call = ToolCallPart(call.id, call.name, frozen, call.invalid)  # not attrs.evolve: the hot path
     tool = tools.get(call.name) if call.name else None
     problem: Optional[str] = None
     if tool is not None and call.invalid is None:
@@ -135,7 +135,7 @@ def admit_message(message: Message, tools: ToolRegistry) -> tuple[Message, list[
         return message, admitted
     it = iter(a.call for a in admitted)
     parts = tuple(next(it) if type(p) is ToolCallPart else p for p in message.parts)
-    return attrs.evolve(message, parts=parts), admitted
+    return Message(message.role, parts), admitted
 
 
 def json_size(value: object, limit: int) -> int:

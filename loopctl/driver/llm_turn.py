@@ -16,8 +16,6 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
 
-import attrs
-
 from loopctl.context.contributors import ContributorContext
 from loopctl.context.memory import MEMORY_PREFIX, format_memory, memory_query
 from loopctl.driver.admission import admit_message
@@ -158,8 +156,8 @@ class ModelTurn(RunState):
         # The gate first: the conversation and the record hold the admitted calls
         # (ids unique in the turn, arguments frozen), as the dispatcher and approvals do.
         message, self.admitted = admit_message(response.message, parts.tools)
-        if message is not response.message:
-            response = attrs.evolve(response, message=message)
+        if message is not response.message:  # not attrs.evolve: every reply with calls comes here
+            response = ModelResponse(message, response.stop_reason, response.usage, response.model)
         calls = message.tool_calls  # both are computed properties: read once
         text = message.text
         if not calls and parts.convergence is not None:
