@@ -138,6 +138,25 @@ def admit_message(message: Message, tools: ToolRegistry) -> tuple[Message, list[
     return Message(message.role, parts), admitted
 
 
+def taken(admitted: Optional[Sequence[Admitted]], calls: Sequence[ToolCallPart]) -> Optional[list[Admitted]]:
+    """The gate's verdicts on ``calls`` when these very objects passed it with the reply, else None.
+
+    The reply's calls are admitted as it arrives (record_reply); the ones
+    dispatched are those objects, in order (some may have been answered
+    already). A call that is not one of them goes through the gate here.
+    """
+    if not admitted:
+        return None
+    by_call = {id(a.call): a for a in admitted}
+    out = []
+    for c in calls:
+        a = by_call.get(id(c))
+        if a is None or a.call is not c:
+            return None
+        out.append(a)
+    return out
+
+
 def json_size(value: object, limit: int) -> int:
     """The approximate length of ``value`` as JSON text; stops counting past ``limit``."""
     total = 0
@@ -164,4 +183,4 @@ def json_size(value: object, limit: int) -> int:
     return total
 
 
-__all__ = ["MAX_ARGUMENT_CHARS", "Admitted", "admit", "admit_message", "json_size", "unique_ids"]
+__all__ = ["MAX_ARGUMENT_CHARS", "Admitted", "admit", "admit_message", "json_size", "taken", "unique_ids"]

@@ -57,8 +57,7 @@ if TYPE_CHECKING:
     from loopctl.tools.pipeline import ToolPipelineBuilder
 
 _TURN_MODES = ("streaming", "non_streaming")
-#: The default model-call settings: frozen, so every loop shares one value
-#: (one object less per loop for the collector, nothing to build per loop).
+#: The default model-call settings: frozen, so every loop shares one (nothing to build, to collect).
 _DEFAULT_STREAM_HANDLER = StreamHandler()
 
 _L = TypeVar("_L", bound="LoopSetup")

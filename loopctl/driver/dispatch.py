@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from loopctl.approvals import ApprovalContext
 from loopctl.approvals.gate import ParkedBatch
 from loopctl.cancel import CancelSignal
-from loopctl.driver.admission import Admitted, admit
+from loopctl.driver.admission import Admitted, admit, taken
 from loopctl.driver.approval_gate import dispatch_parked, needs_approval, park_batch
 from loopctl.driver.recovery import corrected, plan_retry
 from loopctl.driver.tool_calls import CallState, plan_waves, result_hash
@@ -78,25 +78,6 @@ def _cancel_wait(cancel: CancelSignal, delay: float) -> bool:
 
 
 
-def _taken(admitted: Optional[Sequence[Admitted]], calls: Sequence[ToolCallPart]) -> Optional[list[Admitted]]:
-    """The gate's verdicts on ``calls`` when these very objects passed it with the reply, else None.
-
-    The reply's calls are admitted as it arrives (record_reply); the ones
-    dispatched are those objects, in order (some may have been answered
-    already). A call that is not one of them goes through the gate here.
-    """
-    if not admitted:
-        return None
-    by_call = {id(a.call): a for a in admitted}
-    out = []
-    for c in calls:
-        a = by_call.get(id(c))
-        if a is None or a.call is not c:
-            return None
-        out.append(a)
-    return out
-
-
 class Dispatcher:
     """Runs one turn's tool calls; holds the loop's parts and resources, not the loop.
 
@@ -125,7 +106,7 @@ class Dispatcher:
         admitted, run.admitted = run.admitted, None
         if not calls:
             return []
-        return self._dispatch_admitted(run, turn, _taken(admitted, calls) or admit(calls, self.parts.tools))
+        return self._dispatch_admitted(run, turn, taken(admitted, calls) or admit(calls, self.parts.tools))
 
     def _dispatch_admitted(self, run: RunState, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         parallel = run.parallel
