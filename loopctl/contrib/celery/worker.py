@@ -66,7 +66,6 @@ from loopctl.events import RunEnd
 from loopctl.hosting.serialization import (
     history_from_dict,
     history_to_dict,
-    message_from_dict,
 )
 from loopctl.messages import Message
 from loopctl.records import Run
@@ -85,6 +84,7 @@ from .durable import (
 )
 from .events import EventWriter, WorkerSettings
 from .redis import Claim, RedisBackend, RegistryUnavailable, dumps
+from .steers import steer_from_json
 from .task import propagation
 
 log = logging.getLogger("loopctl")
@@ -143,7 +143,7 @@ def _build_loop(
                 f"({len(history)} messages); build the loop with "
                 "BareLoop.from_history(client, tools, config, history)"
             )
-        pending = [message_from_dict(json.loads(s)) for s in claim.steers[steer_base:]]
+        pending = [steer_from_json(s) for s in claim.steers[steer_base:]]
         feed = SteerFeed(loop.steering(), pending)
         loop.with_contributor(feed)
         if session is not None:
