@@ -2,7 +2,7 @@
 
 The parent's model is a pure function of the request (like ``celery_app``'s):
 its first reply hands the run's input, unchanged, to the ``research``
-sub-agent (a ``celery_app.make_loop`` loop, so the plan's gates, tools and
+sub-agent (again, up to the plan's ``delegations``, default 1) (a ``celery_app.make_loop`` loop, so the plan's gates, tools and
 approvals apply inside the sub-agent); once the tool result is in, it
 answers ``delegated: <result>``. ``make_delegating_timed_loop`` also
 signals, on Redis, each guidance its parent's or its sub-agent's steering
@@ -16,15 +16,15 @@ from typing import List, Union
 
 from loopctl import BareLoop, Message, ModelRequest, ModelResponse, SessionConfig
 from loopctl.testing import ScriptedClient, call, reply
-from tests.celery_app import make_loop, make_timed_loop, signals
+from tests.celery_app import _plan_in, make_loop, make_timed_loop, signals
 
 
 def _delegate(request: ModelRequest) -> ModelResponse:
     messages = list(request.messages)
     results = [p for m in messages for p in m.tool_results]
-    if results:
-        return reply(f"delegated: {results[-1].output}")
     task = next(m.text for m in messages if m.role == "user")
+    if len(results) >= _plan_in(task).get("delegations", 1):
+        return reply(f"delegated: {results[-1].output}")
     return call("research", task=task)
 
 

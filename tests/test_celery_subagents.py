@@ -40,6 +40,12 @@ if REASON is None:
 
     from loopctl import Cancelled, Message
     from loopctl.contrib.celery import CeleryRunRegistry
+    from loopctl.contrib.celery.steers import (
+        check_target,
+        settled_prefix,
+        steer_from_json,
+        steer_json,
+    )
     from loopctl.errors import ConfigError
     from tests import celery_app
     from tests.celery_app import plan_text
@@ -216,3 +222,47 @@ def test_steer_to_checks_the_owner_and_the_path(cluster: Cluster) -> None:
     reg.result(rid, timeout=WAIT, owner="alice")
     assert reg.steer(rid, "late", owner="alice", to="research") is False
     assert reg.leftovers(rid, owner="alice") == []
+
+
+def test_a_durable_runs_checkpoint_counts_sub_agent_guidance_as_taken(cluster: Cluster) -> None:
+    # The checkpoint's steer count is where a resumed run starts feeding guidance again: the
+    # sub-agent's guidance before the parent's own must not make a resume feed the parent's twice.
+    reg = cluster.registry(TIMED)
+    conv, tag = uid(), uid()
+    plan = plan_text(tag, turns=2, gate=[0], record=True, delegations=2)
+    rid = reg.start(conv, plan, resume="on_worker_loss")
+    assert cluster.entered(tag) == 0  # the first delegation's sub-agent run
+    assert reg.steer(rid, "sub first", to="research") is True
+    assert cluster.accepted(conv + "-research") == "sub first"
+    assert reg.steer(rid, "parent second") is True
+    assert cluster.accepted(conv) == "parent second"
+    cluster.release(tag, 0)
+    # The second delegation starts after the checkpoint of the parent's turn 1 (write-ahead).
+    assert cluster.entered(tag) == 0
+    checkpoint = json.loads(cluster.sig.hget(f"loopctl:run:{rid}", "ckpt"))
+    assert (checkpoint["after"], checkpoint["steers"]) == ("model", 2)
+    cluster.release(tag, 0)
+    run = reg.result(rid, timeout=WAIT)
+    assert run.output == f"delegated: done {tag} turn=1 steers=0"
+    assert [(r["turn"], r["steers"]) for r in cluster.requests(tag)] == [
+        (0, []), (1, ["sub first"]), (0, []), (1, []),
+    ]
+    assert steering_events(reg, rid) == [("research", 1, ["sub first"]), ("", 1, ["parent second"])]
+    assert json.loads(cluster.sig.hget(f"loopctl:run:{rid}", "ckpt"))["steers"] == 2
+    assert reg.leftovers(rid) == []
+
+
+def test_the_stored_steer_form_carries_the_target_and_reads_old_entries() -> None:
+    m = Message.user("go")
+    assert steer_from_json(steer_json(m)) == (m, None)
+    assert steer_from_json(steer_json(m, "research/search")) == (m, "research/search")
+    assert steer_from_json(json.dumps(m.to_dict())) == (m, None)  # stored before targets existed
+    with pytest.raises(ConfigError, match="'a//b'"):
+        steer_from_json(json.dumps({"to": "a//b", "message": m.to_dict()}))
+    assert check_target(None) is None and check_target("a/b") == "a/b"
+    # One flag per steer taken: True settled when taken (for a sub-agent), False the run's own.
+    assert settled_prefix([], 0) == 0
+    assert settled_prefix([False, False], 1) == 1
+    assert settled_prefix([True, False, True, False], 1) == 3
+    assert settled_prefix([True, False, True, False], 2) == 4
+    assert settled_prefix([False, True], 0) == 0

@@ -28,7 +28,7 @@ from loopctl.messages import Message
 
 from .approvals import answer_here
 from .redis import RedisBackend, RegistryUnavailable
-from .steers import Steer, steer_from_json
+from .steers import Steer, settled_prefix, steer_from_json
 
 try:
     from redis.exceptions import RedisError
@@ -58,6 +58,7 @@ class SteerFeed:
         self._ready = False
         self._pending = list(pending)
         self._refused: List[Message] = []
+        self._settled = [to is not None for _, to in pending]  # per steer taken (see settled_prefix)
         self.handle: Optional[RunHandle] = None  # set once the run is started (sub-agent guidance)
 
     def contribute(self, ctx: object) -> None:
@@ -71,9 +72,11 @@ class SteerFeed:
                 self._push(pending)
         return None
 
-    def deliver(self, steers: List[Steer]) -> None:
-        """Hand guidance to the run (the bridge thread)."""
+    def deliver(self, taken: List[Optional[Steer]]) -> None:
+        """Hand guidance to the run (the bridge thread); None stands for a malformed steer taken."""
         with self._lock:
+            self._settled.extend(s is None or s[1] is not None for s in taken)
+            steers = [s for s in taken if s is not None]
             if self._ready:
                 self._push(steers)
             else:
@@ -96,6 +99,11 @@ class SteerFeed:
             handle.run_id if handle is not None else "(not started)", to[:80],
         )
         return False
+
+    def settled(self, delivered: int) -> int:
+        """How many steers taken here need no feeding again, once ``delivered`` of the run's own are in."""
+        with self._lock:
+            return settled_prefix(self._settled, delivered)
 
     def leftovers(self) -> List[Message]:
         """Everything accepted for the run and never delivered (after the run ended)."""
@@ -259,12 +267,13 @@ class Bridge:
     def _deliver(self, raw: List[str]) -> None:
         feed = self._feed
         assert feed is not None
-        steers: List[Steer] = []
+        steers: List[Optional[Steer]] = []
         for text in raw:
             try:
                 steers.append(steer_from_json(text))
             except (ValueError, LoopError):
                 log.error("run %s: dropped a malformed steer %r", self._run_id, text[:80])
+                steers.append(None)  # taken all the same: a resumed run must not read it again
         feed.deliver(steers)
 
     def _catch_up(self, handle: RunHandle) -> None:

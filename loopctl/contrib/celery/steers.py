@@ -10,7 +10,7 @@ a ``to`` key, so the two forms cannot be confused.
 from __future__ import annotations
 
 import json
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 from loopctl.errors import ConfigError
 from loopctl.hosting.serialization import message_from_dict
@@ -56,4 +56,24 @@ def steer_from_json(text: str) -> Steer:
     return message_from_dict(data), None
 
 
-__all__ = ["Steer", "check_target", "steer_from_json", "steer_json"]
+def settled_prefix(settled: Sequence[bool], delivered: int) -> int:
+    """How many steers, from the first one taken, never need feeding again.
+
+    ``settled`` holds one flag per steer taken, in index order: True for
+    one settled when taken (guidance handed on to a sub-agent, or a
+    malformed one dropped), False for the run's own guidance, which is
+    settled once the run's conversation holds it. The run drains its own
+    guidance in push order, so its first ``delivered`` are the settled ones.
+    A resumed run feeds again every steer after this prefix.
+    """
+    n = 0
+    for done in settled:
+        if not done:
+            if delivered <= 0:
+                break
+            delivered -= 1
+        n += 1
+    return n
+
+
+__all__ = ["Steer", "check_target", "settled_prefix", "steer_from_json", "steer_json"]

@@ -308,7 +308,7 @@ def _launch(
         loop = st.loop
         if claim.cancel:
             loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
-        sink = checkpointer(loop, writer, st.steer_base, host, handed, run_id) if durable else None
+        sink = checkpointer(loop, writer, st.steer_base, host, handed, run_id, st.feed.settled) if durable else None
         point = ResumePoint(saved, claim.resumes, claim.cause, clean) if claim.resumes > 0 else None
         # A resumed run continues the trace its checkpoint carries (the run thread copies it).
         with _resumed_trace(claim.checkpoint if point is not None else ""):
