@@ -28,6 +28,7 @@ from tests.celery_support import (  # noqa: E402
     CeleryWorker,
     RedisServer,
     missing_requirements,
+    release_held,
     stop_all,
     wait_signal,
 )
@@ -62,8 +63,8 @@ class Cluster:
         self.sig = redis.Redis.from_url(self.url, decode_responses=True, socket_timeout=30)
         self.made: List[CeleryRunRegistry] = []
 
-    def registry(self, factory: str = FACTORY) -> CeleryRunRegistry:
-        reg = celery_app.make_registry(self.app, self.url, factory)
+    def registry(self, factory: str = FACTORY, **kw: Any) -> CeleryRunRegistry:
+        reg = celery_app.make_registry(self.app, self.url, factory, **kw)
         self.made.append(reg)
         return reg
 
@@ -204,6 +205,21 @@ def test_steer_to_no_subagent_in_flight_comes_back_as_leftovers_never_to_the_par
     assert steering_events(reg, rid) == [("", 1, ["marker"])]
     assert reg.leftovers(rid) == [Message.user("for nobody"), Message.user("for a grandchild")]
     assert reg.steer(rid, "after the end", to="research") is False
+
+
+def test_steer_to_a_subagent_before_pickup_is_a_leftover_and_the_parents_lands_first(cluster: Cluster) -> None:
+    held = f"held-{uid()}"  # no worker consumes it until the task message is moved
+    reg = cluster.registry(TIMED, queue=held)
+    conv, tag = uid(), uid()
+    rid = reg.start(conv, plan_text(tag, turns=2, record=True))
+    assert reg.steer(rid, "early for research", to="research") is True
+    assert reg.steer(rid, "early for the parent") is True
+    assert release_held(cluster.sig, held) == 1
+    run = reg.result(rid, timeout=WAIT)
+    assert run.output == f"delegated: done {tag} turn=1 steers=0"
+    assert [r["steers"] for r in cluster.requests(tag)] == [[], []]
+    assert steering_events(reg, rid) == [("", 0, ["early for the parent"])]
+    assert reg.leftovers(rid) == [Message.user("early for research")]  # no sub-agent ran yet
 
 
 def test_steer_to_checks_the_owner_and_the_path(cluster: Cluster) -> None:

@@ -46,7 +46,7 @@ class SteerFeed:
     preparation) the pending guidance is pushed, so it is in the first
     request; from then on the bridge pushes directly. Guidance for a
     sub-agent (a target path) goes to ``handle.steer_subagent`` instead of
-    the run's slot. A push the slot refuses (the run is ending), and
+    the run's slot, as soon as the run is started (``attach``). A push the slot refuses (the run is ending), and
     guidance whose sub-agent is not in flight, are kept in ``refused``: never
     given to the run itself. ``leftovers`` gives pending + sealed + refused:
     push order, each message once.
@@ -72,6 +72,14 @@ class SteerFeed:
                 self._push(pending)
         return None
 
+    def attach(self, handle: RunHandle) -> None:
+        """The run is started: guidance for its sub-agents goes out from now on, without waiting."""
+        with self._lock:
+            self.handle = handle
+            pending = self._pending
+            self._pending = [s for s in pending if s[1] is None]
+            self._push([s for s in pending if s[1] is not None])
+
     def deliver(self, taken: List[Optional[Steer]]) -> None:
         """Hand guidance to the run (the bridge thread); None stands for a malformed steer taken."""
         with self._lock:
@@ -79,8 +87,9 @@ class SteerFeed:
             steers = [s for s in taken if s is not None]
             if self._ready:
                 self._push(steers)
-            else:
-                self._pending.extend(steers)
+            else:  # a sub-agent's run has its own slot: only the run's own guidance waits
+                self._push([s for s in steers if s[1] is not None])
+                self._pending.extend(s for s in steers if s[1] is None)
 
     def _push(self, steers: List[Steer]) -> None:
         push = self._steering.push
@@ -164,7 +173,7 @@ class Bridge:
         """Start the bridge thread for the running run."""
         self._handle = handle
         self._feed = feed
-        feed.handle = handle
+        feed.attach(handle)
         t = threading.Thread(
             target=self._main, name=f"loopctl-celery-bridge-{self._run_id[:12]}", daemon=True
         )

@@ -19,8 +19,10 @@
    the first request); a stored cancel is applied before ``start``, so it
    ends that run and no other.
 4. The bridge thread (``loopctl-celery-bridge-<id>``) turns a cancel into
-   the ``RunHandle``'s cancel and a steer into ``steering.push``; a push the
-   slot refuses (the run is ending) is kept as a leftover.
+   the ``RunHandle``'s cancel and a steer into ``steering.push`` (one with a
+   sub-agent path into ``RunHandle.steer_subagent``); a push the slot
+   refuses (the run is ending), or one whose sub-agent is not in flight, is
+   kept as a leftover.
 5. After the run: both threads are stopped and joined, and ONE Lua step
    appends ``run_end``, writes the terminal state and the ``Run``, returns
    as leftovers the sealed and refused guidance plus every steer the bridge
