@@ -46,10 +46,11 @@ class SteerFeed:
     preparation) the pending guidance is pushed, so it is in the first
     request; from then on the bridge pushes directly. Guidance for a
     sub-agent (a target path) goes to ``handle.steer_subagent`` instead of
-    the run's slot, as soon as the run is started (``attach``). A push the slot refuses (the run is ending), and
-    guidance whose sub-agent is not in flight, are kept in ``refused``: never
-    given to the run itself. ``leftovers`` gives pending + sealed + refused:
-    push order, each message once.
+    the run's slot, as soon as the run is started (``attach``). A push the
+    slot refuses (the run is ending), and guidance whose sub-agent is not in
+    flight, are kept in ``refused``: never given to the run itself.
+    ``leftovers`` gives pending + sealed + refused: push order, each message
+    once.
     """
 
     def __init__(self, steering: Steering, pending: List[Steer]) -> None:
