@@ -26,7 +26,9 @@ The guarantees are the in-process registry's:
 - Every accepted steer is delivered once or returned once by
   ``leftovers(run_id)``: accepted before pickup -> delivered at the first
   boundary; refused by the ending run, sealed undelivered, or never read by
-  the worker -> a leftover, in push order.
+  the worker -> a leftover, in push order. A steer for a sub-agent
+  (``to=``) goes to that sub-agent's run in flight on the worker; with none
+  in flight when the worker reads it, it is a leftover, never the parent's.
 - Events: a per-run Redis stream bounded by ``event_buffer`` with the same
   ``(seq, dict)`` contract, ``after=`` resume and ``gap`` events.
 - At-most-once: the worker claims a queued run atomically, so a redelivered

@@ -15,7 +15,7 @@ the run's slot is open, then pushes it (see its docstring).
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import threading
 import time
@@ -24,11 +24,11 @@ from typing import Any, List, Optional
 from loopctl.driver.handle import RunHandle
 from loopctl.driver.signals import Steering
 from loopctl.errors import LoopError
-from loopctl.hosting.serialization import message_from_dict
 from loopctl.messages import Message
 
 from .approvals import answer_here
 from .redis import RedisBackend, RegistryUnavailable
+from .steers import Steer, settled_prefix, steer_from_json
 
 try:
     from redis.exceptions import RedisError
@@ -44,17 +44,23 @@ class SteerFeed:
     Before the run's slot is open, guidance waits here (``pending``). The
     first time the driver consults contributors (turn 0's request
     preparation) the pending guidance is pushed, so it is in the first
-    request; from then on the bridge pushes directly. A push the slot
-    refuses (the run is ending) is kept in ``refused``. ``leftovers`` gives
-    pending + sealed + refused: push order, each message once.
+    request; from then on the bridge pushes directly. Guidance for a
+    sub-agent (a target path) goes to ``handle.steer_subagent`` instead of
+    the run's slot, as soon as the run is started (``attach``). A push the
+    slot refuses (the run is ending), and guidance whose sub-agent is not in
+    flight, are kept in ``refused``: never given to the run itself.
+    ``leftovers`` gives pending + sealed + refused: push order, each message
+    once.
     """
 
-    def __init__(self, steering: Steering, pending: List[Message]) -> None:
+    def __init__(self, steering: Steering, pending: List[Steer]) -> None:
         self._steering = steering
         self._lock = threading.Lock()
         self._ready = False
         self._pending = list(pending)
         self._refused: List[Message] = []
+        self._settled = [to is not None for _, to in pending]  # per steer taken (see settled_prefix)
+        self.handle: Optional[RunHandle] = None  # set once the run is started (sub-agent guidance)
 
     def contribute(self, ctx: object) -> None:
         """Open the feed on the first call (on the run's thread); never adds a message."""
@@ -67,25 +73,53 @@ class SteerFeed:
                 self._push(pending)
         return None
 
-    def deliver(self, messages: List[Message]) -> None:
-        """Hand guidance to the run (the bridge thread)."""
+    def attach(self, handle: RunHandle) -> None:
+        """The run is started: guidance for its sub-agents goes out from now on, without waiting."""
         with self._lock:
-            if self._ready:
-                self._push(messages)
-            else:
-                self._pending.extend(messages)
+            self.handle = handle
+            pending = self._pending
+            self._pending = [s for s in pending if s[1] is None]
+            self._push([s for s in pending if s[1] is not None])
 
-    def _push(self, messages: List[Message]) -> None:
+    def deliver(self, taken: List[Optional[Steer]]) -> None:
+        """Hand guidance to the run (the bridge thread); None stands for a malformed steer taken."""
+        with self._lock:
+            self._settled.extend(s is None or s[1] is not None for s in taken)
+            steers = [s for s in taken if s is not None]
+            if self._ready:
+                self._push(steers)
+            else:  # a sub-agent's run has its own slot: only the run's own guidance waits
+                self._push([s for s in steers if s[1] is not None])
+                self._pending.extend(s for s in steers if s[1] is None)
+
+    def _push(self, steers: List[Steer]) -> None:
         push = self._steering.push
-        for m in messages:
-            if not push(m):
+        for m, to in steers:
+            if not (push(m) if to is None else self._to_subagent(to, m)):
                 self._refused.append(m)
+
+    def _to_subagent(self, to: str, message: Message) -> bool:
+        handle = self.handle
+        # A path the run cannot address is kept, as for no sub-agent in flight.
+        with contextlib.suppress(ValueError, LoopError):
+            if handle is not None and handle.steer_subagent(to, message):
+                return True
+        log.info(
+            "run %s: no sub-agent %r in flight; its guidance is kept for the run's leftovers",
+            handle.run_id if handle is not None else "(not started)", to[:80],
+        )
+        return False
+
+    def settled(self, delivered: int) -> int:
+        """How many steers taken here need no feeding again, once ``delivered`` of the run's own are in."""
+        with self._lock:
+            return settled_prefix(self._settled, delivered)
 
     def leftovers(self) -> List[Message]:
         """Everything accepted for the run and never delivered (after the run ended)."""
         with self._lock:
             self._ready = True  # nothing may wait in pending after this
-            out = self._pending + self._steering.take_leftovers() + self._refused
+            out = [m for m, _ in self._pending] + self._steering.take_leftovers() + self._refused
             self._pending, self._refused = [], []
             return out
 
@@ -140,6 +174,7 @@ class Bridge:
         """Start the bridge thread for the running run."""
         self._handle = handle
         self._feed = feed
+        feed.attach(handle)
         t = threading.Thread(
             target=self._main, name=f"loopctl-celery-bridge-{self._run_id[:12]}", daemon=True
         )
@@ -242,13 +277,14 @@ class Bridge:
     def _deliver(self, raw: List[str]) -> None:
         feed = self._feed
         assert feed is not None
-        msgs: List[Message] = []
+        steers: List[Optional[Steer]] = []
         for text in raw:
             try:
-                msgs.append(message_from_dict(json.loads(text)))
+                steers.append(steer_from_json(text))
             except (ValueError, LoopError):
                 log.error("run %s: dropped a malformed steer %r", self._run_id, text[:80])
-        feed.deliver(msgs)
+                steers.append(None)  # taken all the same: a resumed run must not read it again
+        feed.deliver(steers)
 
     def _catch_up(self, handle: RunHandle) -> None:
         """Apply a stored cancel and take the unread steers (best effort)."""

@@ -126,14 +126,20 @@ def run_trace(run_id: str) -> Optional[Dict[str, str]]:
 
 def checkpointer(
     loop: BareLoop, writer: EventWriter, steer_base: int, host: Optional[WorkerHost], handed: threading.Event,
-    run_id: str = "",
+    run_id: str = "", settled: Optional[Callable[[int], int]] = None,
 ) -> Callable[[Checkpoint], None]:
-    """The run's checkpoint sink (its thread): queue the state; hand back if draining."""
+    """The run's checkpoint sink (its thread): queue the state; hand back if draining.
+
+    ``settled`` maps the count of the run's own guidance delivered to the
+    count of steers, from ``steer_base`` on, a resume must not feed again
+    (default: the same count, when every steer is the run's own).
+    """
 
     def sink(cp: Checkpoint) -> None:
         hand = host is not None and host.draining.is_set() and not handed.is_set()
         trace = run_trace(run_id) if run_id else None
-        text = checkpoint_to_json(cp, steer_base + writer.delivered, clean=hand, trace=trace)
+        done = writer.delivered if settled is None else settled(writer.delivered)
+        text = checkpoint_to_json(cp, steer_base + done, clean=hand, trace=trace)
         # Write-ahead for at-most-once: the model's calls are durable before any
         # of them starts, or a crash now would ask (and run) them again.
         written = writer.checkpoint(text, confirm=cp.after == "model" and not hand)

@@ -20,13 +20,14 @@ import attrs
 
 from loopctl.errors import ConfigError
 from loopctl.hosting.registry import RunStatus
-from loopctl.hosting.serialization import history_from_dict, message_from_dict
+from loopctl.hosting.serialization import history_from_dict
 from loopctl.messages import Message
 from loopctl.records import Run
 
 from .approvals import decisions_of, read_pending
 from .fields import run_from_fields, status_from_fields
 from .redis import TERMINAL, RedisBackend
+from .steers import steer_from_json
 
 
 def check_owner(owner: object) -> Optional[str]:
@@ -78,7 +79,7 @@ def wait_result(
 def leftovers_of(backend: RedisBackend, run_id: str, owner: Optional[str] = None) -> List[Message]:
     """The run's accepted, undelivered guidance (``KeyError`` for an unknown run)."""
     fields_of(backend, run_id, owner)
-    return [message_from_dict(json.loads(s)) for s in backend.leftovers(run_id)]
+    return [steer_from_json(s)[0] for s in backend.leftovers(run_id)]
 
 
 def list_statuses(backend: RedisBackend, owner: Optional[str] = None, all_owners: bool = False) -> List[RunStatus]:

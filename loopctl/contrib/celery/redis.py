@@ -14,7 +14,8 @@ from the prefix, so Redis Cluster is not supported):
 - ``P:run:ID`` hash (state, conv, input, config, factory, token, worker,
   times, progress, output, error, the final ``Run`` as JSON, ``seq``)
 - ``P:run:ID:ev`` stream of events, entry id ``0-<seq>``, field ``d`` (JSON)
-- ``P:run:ID:steer`` list of accepted steers (message JSON), in order
+- ``P:run:ID:steer`` list of accepted steers (message JSON; ``{"to", "message"}``
+  for a sub-agent, see ``steers``), in order
 - ``P:run:ID:left`` list of the run's leftovers (message JSON)
 - ``P:run:ID:done`` list that gets one item when the run is terminal
 - ``P:run:ID:hb`` heartbeat (expires after the TTL); ``P:run:ID:ctl`` channel

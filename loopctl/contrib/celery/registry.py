@@ -38,6 +38,7 @@ from .reads import (
     wait_result,
 )
 from .redis import QueuedRun, RedisBackend, RegistryUnavailable, WorkerLost, dumps
+from .steers import check_target, steer_json
 from .sweeper import Sweeper
 from .task import REGISTRIES, TASK_NAME, propagation, task_for
 from .worker import WorkerHost, WorkerSettings, execute_run
@@ -252,15 +253,27 @@ class CeleryRunRegistry(ApprovalsMixin):
 
     # -- driving a run ---------------------------------------------------------------------
 
-    def steer(self, run_id: str, message: Union[Message, str], *, owner: Optional[str] = None) -> bool:
+    def steer(
+        self, run_id: str, message: Union[Message, str], *, owner: Optional[str] = None, to: Optional[str] = None
+    ) -> bool:
         """Offer guidance to the run; False once it has ended.
 
         Accepted guidance is delivered at the run's next turn boundary (at
         its first, if the run has not started yet) or returned by
         ``leftovers(run_id)`` once the run has ended.
 
+        With ``to`` (a sub-agent's name, or a path like ``"research/search"``)
+        the worker hosting the run hands it to that sub-agent's run in
+        flight, to land at its next turn boundary. Whether such a run is in
+        flight is only known on the worker, so True still means "accepted
+        for the run": guidance whose sub-agent is not in flight when the
+        worker reads it (not started yet, or already ended) is never given
+        to the parent; it is returned by ``leftovers(run_id)`` once the run
+        has ended, like guidance the sub-agent's run never reached.
+
         Raises:
             KeyError: unknown ``run_id``, or another ``owner``'s run.
+            ConfigError: ``to`` is not a non-empty str of "/"-separated names.
             RegistryUnavailable: Redis could not be reached.
         """
         if isinstance(message, str):
@@ -269,8 +282,9 @@ class CeleryRunRegistry(ApprovalsMixin):
             raise TypeError(
                 f"steer takes a Message or str, got {type(message).__name__}: {message!r:.60}"
             )
+        target = check_target(to)
         self._fields(run_id, owner)  # a run's owner never changes: checked once, before acting
-        got = self._backend.steer(run_id, dumps(message.to_dict()))
+        got = self._backend.steer(run_id, steer_json(message, target))
         if got < 0:
             raise KeyError(f"unknown run id {run_id!r}")
         return got == 1

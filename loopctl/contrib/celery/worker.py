@@ -19,8 +19,10 @@
    the first request); a stored cancel is applied before ``start``, so it
    ends that run and no other.
 4. The bridge thread (``loopctl-celery-bridge-<id>``) turns a cancel into
-   the ``RunHandle``'s cancel and a steer into ``steering.push``; a push the
-   slot refuses (the run is ending) is kept as a leftover.
+   the ``RunHandle``'s cancel and a steer into ``steering.push`` (one with a
+   sub-agent path into ``RunHandle.steer_subagent``); a push the slot
+   refuses (the run is ending), or one whose sub-agent is not in flight, is
+   kept as a leftover.
 5. After the run: both threads are stopped and joined, and ONE Lua step
    appends ``run_end``, writes the terminal state and the ``Run``, returns
    as leftovers the sealed and refused guidance plus every steer the bridge
@@ -66,7 +68,6 @@ from loopctl.events import RunEnd
 from loopctl.hosting.serialization import (
     history_from_dict,
     history_to_dict,
-    message_from_dict,
 )
 from loopctl.messages import Message
 from loopctl.records import Run
@@ -85,6 +86,7 @@ from .durable import (
 )
 from .events import EventWriter, WorkerSettings
 from .redis import Claim, RedisBackend, RegistryUnavailable, dumps
+from .steers import steer_from_json
 from .task import propagation
 
 log = logging.getLogger("loopctl")
@@ -143,7 +145,7 @@ def _build_loop(
                 f"({len(history)} messages); build the loop with "
                 "BareLoop.from_history(client, tools, config, history)"
             )
-        pending = [message_from_dict(json.loads(s)) for s in claim.steers[steer_base:]]
+        pending = [steer_from_json(s) for s in claim.steers[steer_base:]]
         feed = SteerFeed(loop.steering(), pending)
         loop.with_contributor(feed)
         if session is not None:
@@ -308,7 +310,7 @@ def _launch(
         loop = st.loop
         if claim.cancel:
             loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
-        sink = checkpointer(loop, writer, st.steer_base, host, handed, run_id) if durable else None
+        sink = checkpointer(loop, writer, st.steer_base, host, handed, run_id, st.feed.settled) if durable else None
         point = ResumePoint(saved, claim.resumes, claim.cause, clean) if claim.resumes > 0 else None
         # A resumed run continues the trace its checkpoint carries (the run thread copies it).
         with _resumed_trace(claim.checkpoint if point is not None else ""):
