@@ -1,10 +1,10 @@
-"""Starting many runs: N ``start()`` calls against N plain thread starts, nothing else going on.
+"""Starting many runs: N ``RunRegistry.start()`` calls against N plain thread starts, nothing else in flight.
 
 ``concurrency.py`` times its starts while earlier runs already get their
 replies, call their tools and end (its start phase is longer than the
 shortest model latency), so its "start cost" row also carries the
-collector's and the GIL's cost of everything else in flight. This
-benchmark isolates the starting itself:
+collector's and the GIL's cost of everything else in flight. Here nothing
+is in flight but the runs being started:
 
 - loopctl: N ``RunRegistry.start`` calls, each on a fresh ``BareLoop`` (one
   tool, a scripted model) built before the timing; each run goes as far as
@@ -13,11 +13,14 @@ benchmark isolates the starting itself:
   web server that makes one per conversation does (no target);
 - the floor: N times, start a plain ``threading.Thread`` that parks on its
   own ``threading.Event``;
-- timed from the first start to the last ``start()`` returning; then every
-  run is cancelled (every thread released) and joined, outside the timing.
+- timed from the first start to the last ``start()`` returning (the runs
+  started earlier work up to their first model call meanwhile, on the
+  same GIL: that is part of starting a run), and to the moment every run
+  waits on its model (every thread has started); then every run is
+  cancelled (every thread released) and joined, outside the timing.
 
-Each side runs in a fresh child process on the interpreter's default GC,
-the two alternating, ``--repeat`` times (default 3); the medians are
+Each kind runs in a fresh child process on the interpreter's default GC,
+the three taking turns, ``--repeat`` times (default 3); the medians are
 reported. Figures: start cost (target <= 2x plain threads), CPU per start
 (user and kernel, ``getrusage``), and the time spent in cyclic-GC
 collections during the starts.
@@ -54,7 +57,22 @@ def _cpu() -> tuple[float, float, int, int, int]:
     return ru.ru_utime, ru.ru_stime, ru.ru_minflt, ru.ru_nvcsw, ru.ru_nivcsw
 
 
-def _measure(start_one: Any, n: int) -> dict[str, float]:
+class Arrivals:
+    """Counts the runs (threads) that reached their parking place; ``all_in`` is set by the last."""
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self.lock = threading.Lock()
+        self.all_in = threading.Event()
+
+    def arrive(self) -> None:
+        with self.lock:
+            self.left -= 1
+            if self.left == 0:
+                self.all_in.set()
+
+
+def _measure(start_one: Any, n: int, arrivals: Arrivals) -> dict[str, float]:
     clock = GcClock()
     before = _cpu()
     t0 = time.perf_counter()
@@ -62,22 +80,30 @@ def _measure(start_one: Any, n: int) -> dict[str, float]:
         start_one(i)
     wall = time.perf_counter() - t0
     after = _cpu()
+    if not arrivals.all_in.wait(600):
+        raise SystemExit("not every run reached its first model call")
+    parked = time.perf_counter() - t0
     gc.callbacks.remove(clock._tick)
     user, system, faults, vcsw, ivcsw = (b - a for a, b in zip(before, after))
-    return {"wall": wall, "user": user, "system": system, "faults": faults, "vcsw": vcsw, "ivcsw": ivcsw,
-            "gc": clock.total, "gc_full": clock.full}
+    return {"wall": wall, "parked": parked, "user": user, "system": system, "faults": faults, "vcsw": vcsw,
+            "ivcsw": ivcsw, "gc": clock.total, "gc_full": clock.full}
 
 
 def floor_child(n: int) -> dict[str, float]:
     events = [threading.Event() for _ in range(n)]
     threads: list[threading.Thread] = []
+    arrivals = Arrivals(n)
+
+    def body(ev: threading.Event) -> None:
+        arrivals.arrive()
+        ev.wait()
 
     def start_one(i: int) -> None:
-        t = threading.Thread(target=events[i].wait, name=f"floor-{i}", daemon=True)
+        t = threading.Thread(target=body, args=(events[i],), name=f"floor-{i}", daemon=True)
         t.start()
         threads.append(t)
 
-    out = _measure(start_one, n)
+    out = _measure(start_one, n, arrivals)
     for ev in events:
         ev.set()
     for t in threads:
@@ -103,6 +129,8 @@ def loopctl_child(n: int, build_inside: bool) -> dict[str, float]:
             self.loop: Any = None
 
         def __call__(self, request: ModelRequest) -> ModelResponse:
+            if arrivals is not None:
+                arrivals.arrive()
             self.loop.cancel_signal().wait()
             raise Cancelled("cancelled while waiting for the model")
 
@@ -112,6 +140,7 @@ def loopctl_child(n: int, build_inside: bool) -> dict[str, float]:
         parked.loop = loop
         return loop
 
+    arrivals: Any = None  # the warm-up run is not counted
     registry = RunRegistry(max_active=n + 1, keep_finished_s=600)
     # Warm-up, outside the timing: imports and first-use costs of one whole run.
     warm = registry.start(make(), "warm up")
@@ -121,6 +150,7 @@ def loopctl_child(n: int, build_inside: bool) -> dict[str, float]:
     except Cancelled:
         pass
     ids: list[str] = []
+    arrivals = Arrivals(n)
     if build_inside:
 
         def start_one(i: int) -> None:
@@ -132,7 +162,7 @@ def loopctl_child(n: int, build_inside: bool) -> dict[str, float]:
         def start_one(i: int) -> None:
             ids.append(registry.start(loops[i], "what is i + 1?", run_id=f"run-{i:06d}"))
 
-    out = _measure(start_one, n)
+    out = _measure(start_one, n, arrivals)
     for rid in ids:
         registry.cancel(rid)
     for rid in ids:
@@ -185,8 +215,10 @@ def main() -> None:
     def med(kind: str, key: str) -> float:
         return statistics.median(r[key] for r in sides[kind])
 
-    report(f"start cost, {n} start() calls vs {n} thread starts", med("loopctl", "wall"), med("floor", "wall"),
-           unit="s", target="<= 2x")
+    report(f"start cost, {n} RunRegistry.start() calls vs {n} thread starts", med("loopctl", "wall"),
+           med("floor", "wall"), unit="s", target="<= 2x")
+    report(f"until all {n} runs wait on their model vs all {n} threads started", med("loopctl", "parked"),
+           med("floor", "parked"), unit="s")
     report(f"build a loop and start it, {n} times, vs {n} thread starts", med("loopctl-build", "wall"),
            med("floor", "wall"), unit="s")
     report(f"CPU per start, user (N={n})", med("loopctl", "user") / n * 1e6, med("floor", "user") / n * 1e6,

@@ -427,3 +427,31 @@ def test_the_gate_rebuilds_calls_messages_and_replies_with_every_field() -> None
     assert [f.name for f in attrs.fields(ToolCallPart)] == ["id", "name", "input", "invalid"]
     assert [f.name for f in attrs.fields(Message)] == ["role", "parts"]
     assert [f.name for f in attrs.fields(ModelResponse)] == ["message", "stop_reason", "usage", "model"]
+
+
+def test_a_tool_unregistered_between_the_reply_and_its_dispatch_does_not_run() -> None:
+    """The reply's verdicts are reused only while the registry still maps each name to the tool they named."""
+    from loopctl.observers import Response
+
+    ran: list[int] = []
+
+    @tool
+    def gone(n: int) -> str:
+        """Records that it ran."""
+        ran.append(n)
+        return "ran"
+
+    class Unregisters(Observer):
+        def __init__(self, loop: BareLoop) -> None:
+            self.loop = loop
+
+        def on_response(self, event: Response) -> None:
+            self.loop.tools.unregister("gone")
+
+    loop = BareLoop(ScriptedClient([calls_reply(("c1", "gone", {"n": 1})), reply("done")]), [gone])
+    loop.register_observer(Unregisters(loop))
+    assert loop.run("go").output == "done"
+    assert ran == []
+    results = [p for m in loop.machine.history for p in m.tool_results]
+    assert len(results) == 1 and results[0].is_error and "gone" in results[0].output
+    loop.close()

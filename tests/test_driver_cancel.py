@@ -925,15 +925,9 @@ def test_abandoned_tool_threads_are_counted_and_logged_past_the_threshold(
     class Owner:
         pass
 
-    class Tally:  # a run's tool tally (the run's state holds these four)
-        tools_running = 0
-        tools_abandoned = False
-        inline_tool = False
-        inline_counted = False
-
     owner = Owner()
     res = res_mod.LoopResources(owner, "sessionid")
-    rc = Tally()
+    rc = res_mod.ToolTally()
     n = res_mod.ABANDONED_WARN_EVERY
     for _ in range(n):
         res.tool_started(rc)

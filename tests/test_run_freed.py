@@ -19,7 +19,7 @@ import pytest
 
 from loopctl import BareLoop, Cancelled, ModelError, ModelRequest, ModelResponse
 from loopctl.hosting.registry import RunRegistry
-from loopctl.testing import ScriptedClient, call, reply
+from loopctl.testing import ScriptedClient, call, calls, reply
 from loopctl.tools import tool
 
 
@@ -125,3 +125,41 @@ def test_a_failed_run_is_freed_though_its_error_is_kept(gc_off: None) -> None:
         del loop, handle
         assert {k: r() is None for k, r in refs.items()} == {"loop": True, "context": True}
         assert "model down" in str(caught.value)  # the error itself outlives its run
+
+
+def test_a_cancelled_runs_state_is_freed_while_its_abandoned_tools_still_run(gc_off: None) -> None:
+    """A parallel wave's stuck calls hold only the run's tool tally, never the run's state and its collaborators."""
+    from loopctl import ParallelDispatch, RunConfig
+    from loopctl.tools import Tool, ToolContext
+
+    class Stuck(Tool):
+        name = "stuck"
+        description = "Ignores cancel until released."
+        concurrency_safe = True
+
+        def __init__(self) -> None:
+            self.release = threading.Event()
+            self.entered = threading.Semaphore(0)
+
+        def call(self, input: Any, ctx: ToolContext) -> str:
+            self.entered.release()
+            self.release.wait(10)
+            return "late"
+
+    for _ in range(10):
+        stuck = Stuck()
+        wave = calls(("stuck", {}), ("stuck", {}))
+        loop = BareLoop(ScriptedClient([wave, reply("never")]), [stuck])
+        handle = loop.start("go", RunConfig(parallel=ParallelDispatch(max_concurrency=2)))
+        for _ in range(2):
+            assert stuck.entered.acquire(timeout=10)  # both calls run on the pool, stuck
+        driver = weakref.ref(handle._rc.driver)
+        assert handle.cancel("stop") is True
+        with pytest.raises(Cancelled):
+            handle.result(timeout=10)
+        handle._rc.thread.join(10)
+        assert loop.abandoned_tool_threads == 2
+        del handle
+        assert driver() is None  # freed now, while both calls are still stuck
+        stuck.release.set()
+        loop.close()

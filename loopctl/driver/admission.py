@@ -138,12 +138,15 @@ def admit_message(message: Message, tools: ToolRegistry) -> tuple[Message, list[
     return Message(message.role, parts), admitted
 
 
-def taken(admitted: Optional[Sequence[Admitted]], calls: Sequence[ToolCallPart]) -> Optional[list[Admitted]]:
+def taken(
+    admitted: Optional[Sequence[Admitted]], calls: Sequence[ToolCallPart], tools: ToolRegistry
+) -> Optional[list[Admitted]]:
     """The gate's verdicts on ``calls`` when these very objects passed it with the reply, else None.
 
     The reply's calls are admitted as it arrives (record_reply); the ones
     dispatched are those objects, in order (some may have been answered
-    already). A call that is not one of them goes through the gate here.
+    already). A call that is not one of them, or whose name the registry no
+    longer maps to the tool it was admitted for, goes through the gate again.
     """
     if not admitted:
         return None
@@ -151,7 +154,7 @@ def taken(admitted: Optional[Sequence[Admitted]], calls: Sequence[ToolCallPart])
     out = []
     for c in calls:
         a = by_call.get(id(c))
-        if a is None or a.call is not c:
+        if a is None or a.call is not c or (tools.get(c.name) if c.name else None) is not a.tool:
             return None
         out.append(a)
     return out

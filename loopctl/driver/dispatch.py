@@ -106,7 +106,7 @@ class Dispatcher:
         admitted, run.admitted = run.admitted, None
         if not calls:
             return []
-        return self._dispatch_admitted(run, turn, taken(admitted, calls) or admit(calls, self.parts.tools))
+        return self._dispatch_admitted(run, turn, taken(admitted, calls, self.parts.tools) or admit(calls, self.parts.tools))
 
     def _dispatch_admitted(self, run: RunState, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         parallel = run.parallel
@@ -192,14 +192,15 @@ class Dispatcher:
 
     def _execute_inline(self, run: RunState, turn: int, st: CallState) -> None:
         """Run the attempt on the run's thread, unfenced (a cancel may abandon it)."""
-        run.inline_tool = True
+        tally = run.tool_tally()
+        tally.inline = True
         try:
             with run.rc.unfenced():
                 self._execute(turn, st)
         finally:
-            run.inline_tool = False
-            if run.tools_abandoned:  # rare: the run was abandoned meanwhile
-                self.resources.inline_ended(run)
+            tally.inline = False
+            if tally.abandoned:  # rare: the run was abandoned meanwhile
+                self.resources.inline_ended(tally)
 
     def _plan_waves(self, calls: Sequence[Admitted], limit: int) -> list[list[int]]:
         return plan_waves(calls, limit)
@@ -242,6 +243,7 @@ class Dispatcher:
                 if st.interrupted or rc.cancel.is_cancelled():
                     return
             return
+        tally = run.tool_tally()  # what the pool's threads hold: never the run itself
         lock = threading.Lock()
         all_done = threading.Event()
         remaining = [len(states)]
@@ -250,11 +252,11 @@ class Dispatcher:
             try:
                 if st.ctx is not None and st.ctx.cancel.is_cancelled():
                     return  # cancelled while it waited for a worker: never start it
-                resources.tool_started(run)
+                resources.tool_started(tally)
                 try:
                     self._execute(turn, st)
                 finally:
-                    resources.tool_ended(run)
+                    resources.tool_ended(tally)
             finally:
                 with lock:
                     remaining[0] -= 1

@@ -117,7 +117,7 @@ class RunContext:
         (no waiter) is finalized on a short-lived thread of its own.
         """
         driver = self.driver  # None once the run's work has ended
-        close = getattr(getattr(driver, "model_call", None), "close", None)
+        close = None if driver is None else getattr(driver.model_call, "close", None)
         if close is not None:  # a call published after this read sees the flag itself
             close()
         self.wake.set()

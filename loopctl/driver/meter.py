@@ -17,10 +17,12 @@ from loopctl.context.tokens import ConversationMeter, TokenCounter, UsageCalibra
 from loopctl.machine import LoopMachine
 from loopctl.messages import Message, ToolSchema
 
-#: Each tool schema's JSON text, by the schema's identity: a tool hands every
-#: loop the same schema object, so a fresh loop's first run counts its tools
-#: without encoding them again. Bounded; a stale entry is never returned
-#: (the identity is checked against the schema it was made from).
+#: Each tool schema's JSON text, by the schema's identity: a ``@tool``
+#: function hands every loop the same schema object, so a fresh loop's first
+#: run counts it without encoding it again (a tool that makes a new schema
+#: per registry is encoded per loop, as without the cache). Bounded; a stale
+#: entry is never returned (the identity is checked against the schema it
+#: was made from).
 _SCHEMA_JSON: dict[int, tuple[ToolSchema, str]] = {}
 _SCHEMA_JSON_MAX = 512
 

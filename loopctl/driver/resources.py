@@ -25,7 +25,7 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Optional
 
 from loopctl.driver.tempdir import ManagedTempDir
 
@@ -45,13 +45,21 @@ def _shutdown(box: list[Optional[ThreadPoolExecutor]]) -> None:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-class ToolWork(Protocol):
-    """One run's tally of its tool calls (the run's state), kept under the loop's tally lock."""
+class ToolTally:
+    """One run's tool calls, counted under its loop's tally lock (made when the run's first call runs).
 
-    tools_running: int
-    tools_abandoned: bool
-    inline_tool: bool
-    inline_counted: bool
+    Its own small object, not fields of the run: the pool threads of an
+    abandoned wave hold it until their stuck calls return, and must not keep
+    the rest of the run alive meanwhile.
+    """
+
+    __slots__ = ("running", "abandoned", "inline", "inline_counted")
+
+    def __init__(self) -> None:
+        self.running = 0  # pool calls executing now
+        self.abandoned = False  # set when a cancel abandoned the run's calls
+        self.inline = False  # a call runs on the run's own thread now (a lock-free flag)
+        self.inline_counted = False  # that inline call was counted as abandoned
 
 
 class LoopResources:
@@ -77,36 +85,36 @@ class LoopResources:
         """Tool calls of cancelled runs that are still running (their threads are stuck)."""
         return self._abandoned
 
-    def tool_started(self, run: ToolWork) -> None:
-        """A call of ``run``'s run starts executing (any thread)."""
+    def tool_started(self, tally: ToolTally) -> None:
+        """A call of the run's starts executing (any thread)."""
         with self._tally:
-            run.tools_running += 1
-            if run.tools_abandoned:  # started after its run was given up: stuck all the same
+            tally.running += 1
+            if tally.abandoned:  # started after its run was given up: stuck all the same
                 self._abandoned += 1
 
-    def tool_ended(self, run: ToolWork) -> None:
-        """A call of ``run``'s run stopped executing (any thread)."""
+    def tool_ended(self, tally: ToolTally) -> None:
+        """A call of the run's stopped executing (any thread)."""
         with self._tally:
-            run.tools_running -= 1
-            if run.tools_abandoned:
+            tally.running -= 1
+            if tally.abandoned:
                 self._abandoned -= 1
 
-    def inline_ended(self, run: ToolWork) -> None:
+    def inline_ended(self, tally: ToolTally) -> None:
         """An inline call (on the run's thread) of an abandoned run returned: uncount it."""
         with self._tally:
-            if run.inline_counted:
-                run.inline_counted = False
+            if tally.inline_counted:
+                tally.inline_counted = False
                 self._abandoned -= 1
 
-    def abandon(self, run: ToolWork) -> None:
-        """``run``'s run was cancelled away from its tools: count them, retire the pool."""
+    def abandon(self, tally: ToolTally) -> None:
+        """the run's was cancelled away from its tools: count them, retire the pool."""
         with self._tally:
-            # Written before ``inline_tool`` is read; the run's thread writes
-            # ``inline_tool`` before it reads this: one of the two sees the other.
-            run.tools_abandoned = True
-            stuck = run.tools_running
-            if run.inline_tool:
-                run.inline_counted = True
+            # Written before ``inline`` is read; the run's thread writes
+            # ``inline`` before it reads this: one of the two sees the other.
+            tally.abandoned = True
+            stuck = tally.running
+            if tally.inline:
+                tally.inline_counted = True
                 stuck += 1
             before = self._abandoned
             self._abandoned = before + stuck
@@ -169,4 +177,4 @@ class LoopResources:
         self._temp.close()
 
 
-__all__ = ["ABANDONED_WARN_EVERY", "MAX_ABANDONED_TOOL_THREADS", "LoopResources"]
+__all__ = ["ABANDONED_WARN_EVERY", "MAX_ABANDONED_TOOL_THREADS", "LoopResources", "ToolTally"]

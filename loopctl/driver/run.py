@@ -150,7 +150,8 @@ class RunDriver(ModelTurn, Compaction):
             if rc.finished or rc.ending:
                 return
             rc.abandoned = True
-            self.resources.abandon(self)
+            if self.tally is not None:  # none: no tool call has run yet
+                self.resources.abandon(self.tally)
             self.events.take_over()  # observers may be blocked: never deliver on this thread
             err = Cancelled(self.loop_cancel.reason)
             self.set_error_state(err)
@@ -364,10 +365,11 @@ class RunDriver(ModelTurn, Compaction):
             rc.ending = True
         if rc.subagents is not None:  # a cancel cut a delegation short: let its runs end first
             rc.subagents.settle()
-        if error is not None and not self.tools_abandoned:
+        tally = self.tally
+        if error is not None and tally is not None and not tally.abandoned:
             # The body itself ends a run whose cancel woke it from a wave before
             # the takeover could: the tools it gave up on are abandoned all the same.
-            self.resources.abandon(self)
+            self.resources.abandon(tally)
         try:
             self.steering.close()
             rc.approvals.close(RUN_ENDED)

@@ -28,6 +28,7 @@ from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import RunContext
 from loopctl.driver.meter import TokenMeter
 from loopctl.driver.parts import LoopParts
+from loopctl.driver.resources import LoopResources, ToolTally
 from loopctl.driver.signals import RunSteering
 from loopctl.errors import LoopError
 from loopctl.machine import LoopMachine, MachinePolicy
@@ -37,7 +38,6 @@ from loopctl.output import OutputCheck
 if TYPE_CHECKING:
     from loopctl.cancel import CancelSignal
     from loopctl.driver.admission import Admitted
-    from loopctl.driver.resources import LoopResources
     from loopctl.driver.session_link import SessionLink
     from loopctl.records import Session
 
@@ -72,7 +72,7 @@ class RunState:
         "run_input", "config", "session_id", "parallel", "policy",
         "durable", "resume_point", "link", "tool_names", "base_options",
         "llm_phase", "deferred_tokens", "gathers", "model_call",
-        "tools_running", "tools_abandoned", "inline_tool", "inline_counted", "admitted",
+        "tally", "admitted",
         "__weakref__",
     )
 
@@ -122,15 +122,20 @@ class RunState:
         self.gathers = False  # contributors or memory: transient extras to gather each turn
         # The model call in flight: the run's cancel listener closes it (any thread).
         self.model_call: object = None
-        # The run's tool work, counted under the loop's tally lock (resources.py)
-        # so a cancel that abandons the run knows how many calls it leaves behind.
-        self.tools_running = 0  # pool calls executing now
-        self.tools_abandoned = False  # set when a cancel abandoned them
-        self.inline_tool = False  # a call runs on the run's own thread now (lock-free flag)
-        self.inline_counted = False  # that call was counted as abandoned
+        # The run's tool calls as the loop's tally lock counts them, so a cancel
+        # that abandons the run knows how many it leaves behind (made by the
+        # first call, on the run's thread while it holds the fence).
+        self.tally: Optional[ToolTally] = None
         # The last reply's calls as the admission gate passed them, for the
         # dispatcher to take (once) instead of admitting the same calls again.
         self.admitted: Optional[Sequence[Admitted]] = None
+
+    def tool_tally(self) -> ToolTally:
+        """The run's tool tally, made on first use (with the fence held)."""
+        tally = self.tally
+        if tally is None:
+            tally = self.tally = ToolTally()
+        return tally
 
     def boundary(self, after: str) -> None:
         """The run's one checkpoint seam: after each model turn, settled call and tool phase.
