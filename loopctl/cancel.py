@@ -105,6 +105,14 @@ class Flag:
         return self._fired
 
 
+def _notify(listeners: tuple[Callable[[], None], ...]) -> None:
+    for fn in listeners:
+        try:
+            fn()
+        except Exception:  # a listener must never break cancel()
+            log.exception("cancel listener %r raised", fn)
+
+
 class CancelSignal:
     """A resettable, thread-safe cancel flag with waiters and listeners.
 
@@ -124,12 +132,26 @@ class CancelSignal:
 
     def cancel(self, reason: Optional[str] = None) -> None:
         """Fire the signal (idempotent); wakes every waiter and listener."""
-        if self._parent is not None:
-            self._parent._fire(self._event, reason)
-        else:
-            self._fire(None, reason)
+        _notify(self._set(reason))
 
-    def _fire(self, expected: Optional[Flag], reason: Optional[str]) -> None:
+    def fire(self, reason: Optional[str] = None) -> Callable[[], None]:
+        """Fire the flag now; the listeners run when the returned callable is called.
+
+        For a caller that must fire under a lock of its own, which a listener
+        may wait for: the flag is set before ``fire`` returns (so whoever
+        checks it under that lock sees it), and the listeners are called
+        after the lock is released. ``cancel()`` is ``fire()()``.
+        """
+        owed = self._set(reason)
+        return lambda: _notify(owed)
+
+    def _set(self, reason: Optional[str]) -> tuple[Callable[[], None], ...]:
+        if self._parent is not None:
+            return self._parent._fire(self._event, reason)
+        return self._fire(None, reason)
+
+    def _fire(self, expected: Optional[Flag], reason: Optional[str]) -> tuple[Callable[[], None], ...]:
+        """Set the flag; the listeners owed a call (none if it was already set)."""
         # A view fires its parent only while the parent still holds the view's
         # flag, checked and set under one lock: a signal re-armed since (the
         # next run's) is never touched; the view's own flag still fires.
@@ -138,17 +160,12 @@ class CancelSignal:
             if expected is not None and event is not expected:
                 if not expected.is_set():
                     expected.fire(reason)
-                return
+                return ()
             if event.is_set():
-                return
+                return ()
             event.fire(reason)
             held = self._listeners
-            listeners = tuple(held) if isinstance(held, list) else () if held is None else (held,)
-        for fn in listeners:
-            try:
-                fn()
-            except Exception:  # a listener must never break cancel()
-                log.exception("cancel listener %r raised", fn)
+            return tuple(held) if isinstance(held, list) else () if held is None else (held,)
 
     def is_cancelled(self) -> bool:
         """True once the signal has fired (until the loop re-arms it)."""

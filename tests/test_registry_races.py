@@ -375,3 +375,36 @@ def test_sixteen_threads_starting_steering_cancelling_two_hundred_runs(seed: int
         reg.close()
     after = {t for t in threading.enumerate() if t.name.startswith("loopctl-")} - before
     assert not [t.name for t in after if t.is_alive()]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_cancel_racing_the_runs_end_that_says_true_ends_it_cancelled(seed: int) -> None:
+    """``cancel()`` is True exactly when the run ends ``Cancelled``: it never reports reaching a run that completed."""
+    rng = random.Random(seed)
+    reg = RunRegistry()
+    outcomes: Counter[str] = Counter()
+    try:
+        for i in range(60):
+            answered = threading.Event()
+
+            def answer(request: ModelRequest, answered: threading.Event = answered) -> ModelResponse:
+                answered.set()
+                return reply("done")
+
+            loop = BareLoop(ScriptedClient([answer]))
+            rid = reg.start(loop, "hi", run_id=f"e{seed}-{i}")
+            assert answered.wait(WAIT)
+            spin(rng.randrange(2_000))  # the cancel lands anywhere around the end
+            said = reg.cancel(rid)
+            try:
+                reg.result(rid, timeout=WAIT)
+                state = "completed"
+            except Cancelled:
+                state = "cancelled"
+            assert (said, state) in ((True, "cancelled"), (False, "completed")), (i, said, state)
+            assert reg.status(rid).state == state
+            outcomes[state] += 1
+            check_ended_once(reg, rid)
+    finally:
+        reg.close()
+    assert sum(outcomes.values()) == 60

@@ -152,10 +152,10 @@ class LoopSetup:
         with self._busy:
             if self._active is not rc or rc.ending:
                 return False
-        # Fired through the run's own view, outside the lock (listeners may
-        # wait for the run): if the run ended meanwhile and the signal was
-        # re-armed, only that run's flag fires, never the next run's.
-        rc.cancel.cancel(reason)
+            # Set under the lock the body takes to reach its end (so a run this
+            # reached ends cancelled), through its own view (never the next run's).
+            notify = rc.cancel.fire(reason)
+        notify()  # the listeners outside the lock: they may wait for the run
         return True
 
     def is_cancelled(self) -> bool:

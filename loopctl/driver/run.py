@@ -190,6 +190,8 @@ class RunDriver(ModelTurn, Compaction):
             else:
                 with self.busy:
                     rc.ending = True  # from here a cancel no longer reaches this run
+                if cancel.is_cancelled():  # one that reached it just before: the run ends cancelled
+                    raise Cancelled(cancel.reason)
                 outcome = m.conclude(policy)
                 if type(outcome) is Completed:
                     run.output = outcome.final_text
