@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import Any, Callable, Optional
 
@@ -359,3 +359,16 @@ def collect_stream(client: Any, request: ModelRequest) -> tuple[list[Any], Any]:
     finally:
         stream.close()
     return events, acc.build()
+
+
+def error_chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and every exception in its ``__cause__`` / ``__context__`` chain, each once."""
+    seen: set[int] = set()
+    todo: list[Optional[BaseException]] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        todo += [e.__cause__, e.__context__]

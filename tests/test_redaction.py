@@ -18,7 +18,6 @@ import json
 import logging
 import pickle
 import traceback
-from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import attrs
@@ -34,7 +33,7 @@ from fakeserver import (
     openai_stream,
     sse,
 )
-from support import Recorder
+from support import Recorder, error_chain
 
 from loopctl import BareLoop, LoopError
 from loopctl.demo.cli import main as cli_main
@@ -132,18 +131,6 @@ def assert_clean(where: str, text: Any) -> None:
     for marker in SECRETS:
         lines = [ln for ln in blob.splitlines() if marker in ln]
         assert not lines, f"a secret leaks through {where}: {lines[:5]}"
-
-
-def error_chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    todo: list[Optional[BaseException]] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo += [e.__cause__, e.__context__]
 
 
 def assert_error_clean(exc: BaseException) -> None:

@@ -20,12 +20,12 @@ import json
 import logging
 import pickle
 import traceback
-from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import attrs
 import pytest
 from fakeserver import FakeServer, Item, Reply, Stream, openai_stream
+from support import error_chain
 
 from loopctl import BareLoop, LoopError, tool
 from loopctl.demo.cli import main as cli_main
@@ -108,20 +108,8 @@ def _clean(where: str, text: Any) -> None:
     assert not lines, f"a secret leaks through {where}: {lines[:3]}"
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    todo: list[Optional[BaseException]] = [exc]
-    while todo:
-        e = todo.pop()
-        if e is None or id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        todo += [e.__cause__, e.__context__]
-
-
 def _error_outlets(error: LoopError) -> None:
-    for e in _chain(error):
+    for e in error_chain(error):
         _clean(f"str() of {type(e).__name__}", str(e))
         _clean(f"repr() of {type(e).__name__}", repr(e))
         for name, value in vars(e).items():
