@@ -86,14 +86,14 @@ class LoopResources:
         return self._abandoned
 
     def tool_started(self, tally: ToolTally) -> None:
-        """A call of the run's starts executing (any thread)."""
+        """One of the run's calls starts executing (any thread)."""
         with self._tally:
             tally.running += 1
             if tally.abandoned:  # started after its run was given up: stuck all the same
                 self._abandoned += 1
 
     def tool_ended(self, tally: ToolTally) -> None:
-        """A call of the run's stopped executing (any thread)."""
+        """One of the run's calls stopped executing (any thread)."""
         with self._tally:
             tally.running -= 1
             if tally.abandoned:
@@ -107,7 +107,7 @@ class LoopResources:
                 self._abandoned -= 1
 
     def abandon(self, tally: ToolTally) -> None:
-        """the run's was cancelled away from its tools: count them, retire the pool."""
+        """The run was cancelled away from its tools: count the stuck calls, retire the pool."""
         with self._tally:
             # Written before ``inline`` is read; the run's thread writes
             # ``inline`` before it reads this: one of the two sees the other.
