@@ -166,7 +166,7 @@ def parse(output: str) -> list[Row]:
             rows.append(Row(line[len(PREFIX):].strip(), "?", "?", "?"))
             continue
         extra = {k: v.strip() for k, _, v in (f.partition(" ") for f in fields[4:])}
-        rows.append(Row(*fields[:4], target=extra.get("target", ""), better=extra.get("better", "")))
+        rows.append(Row(fields[0], fields[1], fields[2], fields[3], target=extra.get("target", ""), better=extra.get("better", "")))
     return rows
 
 

@@ -13,6 +13,15 @@ is in flight but the runs being started:
   web server that makes one per conversation does (no target);
 - the floor: N times, start a plain ``threading.Thread`` that parks on its
   own ``threading.Event``;
+- a second floor, what any run pays: N plain threads that each do a run's
+  own work before they park (``work_us`` of Python, a calibrated loop, and
+  ``objects`` tracked objects kept alive), both measured first by a
+  calibration child: ``RunRegistry.start()`` one at a time with the
+  collector off, the user CPU per start above a plain thread start's, and
+  the tracked objects a started run adds, its loop included. Against it,
+  the rest of loopctl's start cost is loopctl's; between it and the plain
+  floor is the cost of a thread that works before it parks (the thread that
+  started it waits for the GIL once more, and the collector walks more);
 - timed from the first start to the last ``start()`` returning (the runs
   started earlier work up to their first model call meanwhile, on the
   same GIL: that is part of starting a run), and to the moment every run
@@ -111,6 +120,129 @@ def floor_child(n: int) -> dict[str, float]:
     return out
 
 
+def _spin_per_us() -> float:
+    """Iterations of ``_spin``'s loop per microsecond of this interpreter (best of 5)."""
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        _spin(200_000)
+        best = min(best, time.perf_counter() - t)
+    return 200_000 / (best * 1e6)
+
+
+def _spin(iterations: int) -> int:
+    x = 0
+    for i in range(iterations):
+        x += i
+    return x
+
+
+def work_floor_child(n: int, work_us: float, objects: int) -> dict[str, float]:
+    """Plain threads that do a run's work before parking: ``work_us`` of Python, ``objects`` kept alive."""
+    events = [threading.Event() for _ in range(n)]
+    threads: list[threading.Thread] = []
+    arrivals = Arrivals(n)
+    iterations = round(work_us * _spin_per_us())
+    links = max(objects - 20, 0)  # the thread and its Event already count about 20
+
+    def body(ev: threading.Event) -> None:
+        _spin(iterations)
+        held: list[Any] = []
+        for _ in range(links):
+            held = [held]  # a chain: each object refers to the one before, as a run's do
+        arrivals.arrive()
+        ev.wait()
+
+    def start_one(i: int) -> None:
+        t = threading.Thread(target=body, args=(events[i],), name=f"work-floor-{i}", daemon=True)
+        t.start()
+        threads.append(t)
+
+    out = _measure(start_one, n, arrivals)
+    for ev in events:
+        ev.set()
+    for t in threads:
+        t.join()
+    return out
+
+
+def calibrate_child(n: int) -> dict[str, float]:
+    """A run's own work up to its first model call, one start at a time, collector off.
+
+    ``work_us``: user CPU per ``RunRegistry.start()`` (the start and the run's
+    work up to its model call) above a plain thread start's; ``objects``:
+    tracked objects a started run adds, loop included (it is built per run).
+    """
+    from loopctl import BareLoop, Cancelled, ModelRequest, ModelResponse
+    from loopctl.hosting.registry import RunRegistry
+    from loopctl.testing import ScriptedClient
+    from loopctl.tools import tool
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    arrived = threading.Semaphore(0)
+
+    class Parked:
+        def __init__(self) -> None:
+            self.loop: Any = None
+
+        def __call__(self, request: ModelRequest) -> ModelResponse:
+            arrived.release()
+            self.loop.cancel_signal().wait()
+            raise Cancelled("cancelled while waiting for the model")
+
+    def make() -> BareLoop:
+        parked = Parked()
+        loop = BareLoop(ScriptedClient([parked]), [add])
+        parked.loop = loop
+        return loop
+
+    registry = RunRegistry(max_active=n + 1, keep_finished_s=600)
+    gc.collect()
+    gc.disable()
+    ids = [registry.start(make(), "warm up")]
+    arrived.acquire()
+    loops = [make() for _ in range(n)]
+    count0 = len(gc.get_objects())
+    u0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    for i in range(n):
+        ids.append(registry.start(loops[i], "what is i + 1?", run_id=f"run-{i:06d}"))
+        arrived.acquire()
+    user = resource.getrusage(resource.RUSAGE_SELF).ru_utime - u0
+    objects = (len(gc.get_objects()) - count0) / n
+    del loops
+    events = [threading.Event() for _ in range(n)]
+    u0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+    def park(ev: threading.Event) -> None:
+        arrived.release()
+        ev.wait()
+
+    for ev in events:
+        t = threading.Thread(target=park, args=(ev,), name="calibration-floor", daemon=True)
+        t.start()
+        arrived.acquire()
+    plain = resource.getrusage(resource.RUSAGE_SELF).ru_utime - u0
+    for ev in events:
+        ev.set()
+    for rid in ids:
+        registry.cancel(rid)
+    registry.close()
+    gc.enable()
+    idle = _idle_loop_objects(make)
+    return {"work_us": max(user - plain, 0.0) / n * 1e6, "objects": objects + idle}
+
+
+def _idle_loop_objects(make: Any) -> float:
+    gc.collect()
+    before = len(gc.get_objects())
+    loops = [make() for _ in range(200)]
+    gc.collect()
+    return (len(gc.get_objects()) - before) / len(loops)
+
+
 def loopctl_child(n: int, build_inside: bool) -> dict[str, float]:
     from loopctl import BareLoop, Cancelled, ModelRequest, ModelResponse
     from loopctl.hosting.registry import RunRegistry
@@ -174,12 +306,12 @@ def loopctl_child(n: int, build_inside: bool) -> dict[str, float]:
     return out
 
 
-def child(kind: str, n: int) -> dict[str, float]:
+def child(kind: str, n: int, *extra: str) -> dict[str, float]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, __file__, "--child", kind, "--runs", str(n)], capture_output=True, text=True, env=env
+        [sys.executable, __file__, "--child", kind, "--runs", str(n), *extra], capture_output=True, text=True, env=env
     )
     if proc.returncode != 0:
         raise SystemExit(f"{kind} child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
@@ -191,22 +323,38 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10_000, help="starts per side (default 10,000)")
     parser.add_argument("--repeat", type=int, default=3, help="child processes per side (default 3)")
     parser.add_argument(SMOKE, action="store_true", help=SMOKE_HELP + " (200 starts, once per side)")
-    parser.add_argument("--child", choices=["floor", "loopctl", "loopctl-build"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["floor", "work-floor", "calibrate", "loopctl", "loopctl-build"],
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--work-us", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--objects", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.smoke:
         args.runs, args.repeat = 200, 1
     n = args.runs
     if args.child is not None:
-        out = floor_child(n) if args.child == "floor" else loopctl_child(n, args.child == "loopctl-build")
+        if args.child == "floor":
+            out = floor_child(n)
+        elif args.child == "work-floor":
+            out = work_floor_child(n, args.work_us, args.objects)
+        elif args.child == "calibrate":
+            out = calibrate_child(min(n, 1000))
+        else:
+            out = loopctl_child(n, args.child == "loopctl-build")
         print(json.dumps(out), flush=True)
         return
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{n} starts per side, each run parked in its first model call; default GC; "
           f"{args.repeat} child processes per side; load average {load:.1f} on {os.cpu_count()} CPUs")
-    sides: dict[str, list[dict[str, float]]] = {"floor": [], "loopctl": [], "loopctl-build": []}
+    work = child("calibrate", n)
+    print(f"  a run's own work up to its first model call (one start at a time, collector off): "
+          f"{work['work_us']:.0f} us of Python above a thread start's, {work['objects']:.0f} tracked objects "
+          f"(its loop included)")
+    work_args = ("--work-us", f"{work['work_us']:.1f}", "--objects", str(round(work["objects"])))
+    kinds = ("floor", "work-floor", "loopctl", "loopctl-build")
+    sides: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     for _ in range(args.repeat):
-        for kind in ("floor", "loopctl", "loopctl-build"):
-            r = child(kind, n)
+        for kind in kinds:
+            r = child(kind, n, *(work_args if kind == "work-floor" else ()))
             sides[kind].append(r)
             print(f"  {kind:>13}: {r['wall']:.2f} s, CPU user {r['user']:.2f} s system {r['system']:.2f} s, "
                   f"GC {r['gc']:.2f} s ({int(r['gc_full'])} full); per start: {r['faults'] / n:.1f} page faults, "
@@ -221,6 +369,10 @@ def main() -> None:
            med("floor", "parked"), unit="s")
     report(f"build a loop and start it, {n} times, vs {n} thread starts", med("loopctl-build", "wall"),
            med("floor", "wall"), unit="s")
+    report(f"start cost, {n} RunRegistry.start() calls vs {n} threads doing a run's work before they park",
+           med("loopctl", "wall"), med("work-floor", "wall"), unit="s")
+    report(f"{n} threads doing a run's work before they park vs {n} plain thread starts",
+           med("work-floor", "wall"), med("floor", "wall"), unit="s")
     report(f"CPU per start, user (N={n})", med("loopctl", "user") / n * 1e6, med("floor", "user") / n * 1e6,
            unit="us")
     report(f"CPU per start, kernel (N={n})", med("loopctl", "system") / n * 1e6,

@@ -73,6 +73,10 @@ _Item = tuple[Callable[[Any], None], Any, Optional[contextvars.Context]]
 #: reads the answer back. Weak keys: a class made at run time is not kept alive.
 _OVERRIDES: weakref.WeakKeyDictionary[type, tuple[tuple[type[Event], str], ...]] = weakref.WeakKeyDictionary()
 _METHOD_NAMES = frozenset(EVENT_METHODS.values())
+#: Shared sets of event classes: a run whose loop has no observer, or whose
+#: host taps every event, holds one of these instead of a set of its own.
+_NO_EVENTS: frozenset[type[Event]] = frozenset()
+_EVERY_EVENT: frozenset[type[Event]] = frozenset(EVENT_METHODS)
 
 
 def overridden(klass: type) -> tuple[tuple[type[Event], str], ...]:
@@ -130,6 +134,7 @@ class Emitter:
         self._queue: deque[_Item] = deque()
         self._qlock = threading.Lock()
         self._delivering = False
+        self._listened: frozenset[type[Event]] = _NO_EVENTS  # kept by add_observer
 
     def add_observer(self, observer: Observer) -> None:
         """Register ``observer`` (duplicates are called twice)."""
@@ -138,6 +143,7 @@ class Emitter:
             fn = getattr(observer, name)
             self._table[cls] = self._table[cls] + (fn,)
             self._labels[id(fn)] = _label(observer, fn)
+        self._listened = frozenset(cls for cls, fns in self._table.items() if fns) or _NO_EVENTS
 
     def observes(self, cls: type[Event]) -> bool:
         """True when an observer listens to events of ``cls``."""
@@ -145,7 +151,7 @@ class Emitter:
 
     def listened(self) -> frozenset[type[Event]]:
         """The event classes some observer listens to (fixed while a run is in flight)."""
-        return frozenset(cls for cls, fns in self._table.items() if fns)
+        return self._listened
 
     @property
     def is_delivering(self) -> bool:
@@ -239,7 +245,7 @@ class RunEvents:
         # Observers are fixed while a run is in flight, and so is the tap:
         # the event types anyone listens to, decided once per run.
         self._observed = emitter.listened()
-        self._wanted = frozenset(EVENT_METHODS) if tap is not None else self._observed
+        self._wanted = _EVERY_EVENT if tap is not None else self._observed
         self._null_scope: Optional[NullScope] = None if self.wants(TurnEnd) else NullScope()
 
     def wants(self, cls: type[Event]) -> bool:
