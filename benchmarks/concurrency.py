@@ -37,6 +37,9 @@ Figures, each beside the floor's:
   switches per run (``ru_nvcsw``, ``ru_nivcsw``): where a GIL convoy shows.
 
 Take the default-GC rows at N = 2,000, 5,000 and 10,000 with ``--runs N``.
+``--rate R`` starts R runs per second on both sides instead of all at once
+(the ideal then counts each run from its turn to start), as a web process
+gets them from its requests.
 
 What it showed (issue 22): with the temp dir made lazily and finished runs
 compacted, 1,000 runs meet every target; at 10,000 runs in flight a full
@@ -49,6 +52,17 @@ a host can make collections rare: with ``--gc tuned`` (``gc.freeze()``
 after start-up, ``TUNED_THRESHOLDS``; docs/running.md) the same 10,000
 runs finish in about 1.26x the ideal on a loaded machine, 0.7 ms of CPU
 per run, cancel p99 about 6 ms.
+
+What it showed (issue 28, 2 shared cores, Python 3.13): 2,000 runs 1.04x the
+plain threads; 5,000 runs 1.07x, or 1.4x to 2.4x when a full collection
+lands in a burst of replies; 10,000 runs 2.1x (3.7x with ``--gc off``: the
+burst of starts outlasts the shortest latency and saturates the GIL), and
+still 1.47x to 1.54x with the starts paced at 500 or 1,000 a second. A run
+costs about 1.3 to 1.6 ms of Python over its life (plain threads: 0.15 to
+0.3 ms), so one interpreter completes at most some 600 of them a second;
+past that, or in a long collection, every reply leaves a thread waiting
+for the GIL. docs/running.md has the figures and the design that removes
+the thread per waiting run.
 
 The machine may be shared: wall-clock figures (wall, cancel latency) move
 with the load; CPU figures are steadier. Run:
@@ -87,6 +101,16 @@ GC_MODE = "on"  # --gc: on (Python's defaults), off (gc.disable()), tuned (docs/
 #: make young collections rarer and full ones (which walk every run in
 #: flight while holding the GIL) rarer still.
 TUNED_THRESHOLDS = (50_000, 20, 100)
+#: --rate: starts per second on both sides (0: as fast as one thread can).
+START_RATE = 0.0
+
+
+def pace(t0: float, i: int, pause: threading.Event) -> None:
+    """With ``--rate``, wait until run ``i``'s turn to start (``i / rate`` seconds after ``t0``)."""
+    if START_RATE > 0:
+        left = t0 + i / START_RATE - time.perf_counter()
+        if left > 0:
+            pause.wait(left)
 
 
 def apply_gc_mode() -> None:
@@ -229,7 +253,9 @@ def floor_child(n: int, mean: float) -> None:
     cpu0 = usage()
     t0 = time.perf_counter()
     started = []
+    pause = threading.Event()
     for i in range(n):
+        pace(t0, i, pause)
         t = threading.Thread(target=body, args=(i,), name=f"floor-{i}", daemon=True)
         t.start()
         started.append(time.perf_counter())
@@ -291,7 +317,9 @@ def loopctl_child(n: int, mean: float) -> None:
     gcc = GcClock()
     cpu0 = usage()
     t0 = time.perf_counter()
+    pause = threading.Event()
     for i in range(n):
+        pace(t0, i, pause)
         ids.append(registry.start(make(i), "what is i + 1?", run_id=f"run-{i:06d}"))
         started.append(time.perf_counter())
     starts = time.perf_counter() - t0
@@ -360,13 +388,13 @@ def fresh_loop_us(BareLoop: Any, ScriptedClient: Any, call: Any, reply: Any, add
 # -- the parent ----------------------------------------------------------------------------------
 
 
-def child(kind: str, n: int, mean: float, gc_mode: str, smoke: bool) -> dict[str, Any]:
+def child(kind: str, n: int, mean: float, gc_mode: str, smoke: bool, rate: float = 0.0) -> dict[str, Any]:
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
     proc = subprocess.run(
         [sys.executable, __file__, "--child", kind, "--runs", str(n), "--mean", str(mean), "--gc", gc_mode,
-         *(["--smoke"] if smoke else [])],
+         "--rate", str(rate), *(["--smoke"] if smoke else [])],
         capture_output=True, text=True, env=env,
     )
     if proc.returncode != 0:
@@ -391,10 +419,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--gc", choices=["on", "off", "tuned"], default="on",
                         help="off: gc.disable() in both children during the runs; "
                              "tuned: gc.freeze() and TUNED_THRESHOLDS (docs/running.md)")
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="starts per second on both sides, as requests would bring them "
+                             "(default 0: all N as fast as one thread can)")
     parser.add_argument("--child", choices=["floor", "loopctl"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    global GC_MODE, FRESH_RUNS
+    global GC_MODE, FRESH_RUNS, START_RATE
     GC_MODE = args.gc
+    START_RATE = args.rate
     if args.smoke:
         FRESH_RUNS = SMOKE_FRESH_RUNS
     n = args.runs or (SMOKE_RUNS if args.smoke else 1_000 if args.quick else 10_000)
@@ -404,13 +436,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.child == "loopctl":
         return loopctl_child(n, mean)
     lat, cancels = plan(n, mean)
-    ideal = max(sum(lat[i]) for i in range(n) if i not in cancels)
+    ideal = max(sum(lat[i]) + (i / args.rate if args.rate > 0 else 0.0) for i in range(n) if i not in cancels)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"{n} concurrent runs (model -> tool -> answer), latency {mean:g} s +-50 %, "
           f"{len(cancels)} cancelled mid-flight; cyclic GC {args.gc}; "
+          f"{f'{args.rate:g} starts/s' if args.rate > 0 else 'started in one burst'}; "
           f"load average {load:.1f} on {os.cpu_count()} CPUs")
-    fl = child("floor", n, mean, args.gc, args.smoke)
-    lc = child("loopctl", n, mean, args.gc, args.smoke)
+    fl = child("floor", n, mean, args.gc, args.smoke, args.rate)
+    lc = child("loopctl", n, mean, args.gc, args.smoke, args.rate)
     failed = sum(lc["failed"].values())
     for why, count in lc["failed"].items():
         print(f"FAILED {count} runs: {why}")
@@ -427,6 +460,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(f"fresh loop 2-turn run: median {lc['fresh_us']:.0f} us, best {lc['fresh_best_us']:.0f} us "
           f"(hand-written {lc['fresh_floor_us']:.0f} us; target < 400)")
     tag = f"N={n}" + (", default GC" if GC_MODE == "on" else f", GC {GC_MODE}")
+    tag += f", {args.rate:g} starts/s" if args.rate > 0 else ""
     report(f"wall vs plain threads {tag}", lc["wall"], fl["wall"], unit="s", target="<= 1.3x")
     report(f"wall / ideal {tag}", lc["wall"] / ideal, fl["wall"] / ideal, unit="x ideal",
            target="<= 1.2 x ideal")
