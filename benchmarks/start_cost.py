@@ -98,17 +98,34 @@ def _measure(start_one: Any, n: int, arrivals: Arrivals) -> dict[str, float]:
             "ivcsw": ivcsw, "gc": clock.total, "gc_full": clock.full}
 
 
-def floor_child(n: int) -> dict[str, float]:
+def floor_child(n: int, work_us: float = 0.0, objects: int = 0) -> dict[str, float]:
+    """N plain threads that park on their own Event; with ``work_us``/``objects``, after a run's work.
+
+    The work: ``work_us`` of Python (a calibrated loop), then ``objects``
+    tracked objects kept alive while the thread is parked.
+    """
     events = [threading.Event() for _ in range(n)]
     threads: list[threading.Thread] = []
     arrivals = Arrivals(n)
+    iterations = round(work_us * _spin_per_us()) if work_us > 0 else 0
+    links = max(objects - 20, 0)  # the thread and its Event already count about 20
+    name = "work-floor" if iterations or links else "floor"
 
-    def body(ev: threading.Event) -> None:
+    def park(ev: threading.Event) -> None:
         arrivals.arrive()
         ev.wait()
 
+    def work_then_park(ev: threading.Event) -> None:
+        _spin(iterations)
+        held: list[Any] = []
+        for _ in range(links):
+            held = [held]  # a chain: each object refers to the one before, as a run's do
+        park(ev)  # ``held`` stays alive while parked
+
+    body = work_then_park if name == "work-floor" else park
+
     def start_one(i: int) -> None:
-        t = threading.Thread(target=body, args=(events[i],), name=f"floor-{i}", daemon=True)
+        t = threading.Thread(target=body, args=(events[i],), name=f"{name}-{i}", daemon=True)
         t.start()
         threads.append(t)
 
@@ -135,35 +152,6 @@ def _spin(iterations: int) -> int:
     for i in range(iterations):
         x += i
     return x
-
-
-def work_floor_child(n: int, work_us: float, objects: int) -> dict[str, float]:
-    """Plain threads that do a run's work before parking: ``work_us`` of Python, ``objects`` kept alive."""
-    events = [threading.Event() for _ in range(n)]
-    threads: list[threading.Thread] = []
-    arrivals = Arrivals(n)
-    iterations = round(work_us * _spin_per_us())
-    links = max(objects - 20, 0)  # the thread and its Event already count about 20
-
-    def body(ev: threading.Event) -> None:
-        _spin(iterations)
-        held: list[Any] = []
-        for _ in range(links):
-            held = [held]  # a chain: each object refers to the one before, as a run's do
-        arrivals.arrive()
-        ev.wait()
-
-    def start_one(i: int) -> None:
-        t = threading.Thread(target=body, args=(events[i],), name=f"work-floor-{i}", daemon=True)
-        t.start()
-        threads.append(t)
-
-    out = _measure(start_one, n, arrivals)
-    for ev in events:
-        ev.set()
-    for t in threads:
-        t.join()
-    return out
 
 
 def calibrate_child(n: int) -> dict[str, float]:
@@ -335,7 +323,7 @@ def main() -> None:
         if args.child == "floor":
             out = floor_child(n)
         elif args.child == "work-floor":
-            out = work_floor_child(n, args.work_us, args.objects)
+            out = floor_child(n, args.work_us, args.objects)
         elif args.child == "calibrate":
             out = calibrate_child(min(n, 1000))
         else:
