@@ -69,6 +69,26 @@ def test_names_that_merely_look_like_keys_are_left_alone() -> None:
     assert redact("key-3ax6xnjp29jd6fds4gc373sgvjxteol0") == "<redacted>"
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_the_quick_check_before_the_key_pattern_never_skips_a_key(seed: int) -> None:
+    # redact() runs the key pattern only on texts holding "k-", "key-" or
+    # "earer": on texts built from key fragments and near misses it must
+    # mask exactly what the bare pattern masks, and mask every key it meets.
+    from loopctl.text import _KEY_SHAPES, REDACTED, redact, redact_key_shapes
+
+    rng = random.Random(seed)
+    bits = ["sk-", "sk-ant-", "pk-", "rk-", "key-", "Bearer ", "bearer\t", "earer ", "k-", "ey-", "-", "_", " ",
+            "a", "Z", "7", "ABCDEFGHIJ", "0123456789", "risk-free", "task", ".", "~", "*", "\n", "Key-", "BEARER "]
+    masked = 0
+    for _ in range(3000):
+        text = "".join(rng.choice(bits) for _ in range(rng.randint(1, 14)))
+        expected = _KEY_SHAPES.sub(REDACTED, text)
+        assert redact(text) == expected, text
+        assert redact_key_shapes(text) == expected, text
+        masked += expected != text
+    assert masked > 100  # the corpus does hold keys: the check is not vacuous
+
+
 def test_a_registered_key_inside_a_longer_key_shaped_token_leaves_no_tail() -> None:
     from loopctl.providers.secrets import Secret
     from loopctl.text import redact
