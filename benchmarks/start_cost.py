@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -154,15 +154,12 @@ def _spin(iterations: int) -> int:
     return x
 
 
-def calibrate_child(n: int) -> dict[str, float]:
-    """A run's own work up to its first model call, one start at a time, collector off.
+def _loop_factory(on_arrive: Callable[[], None]) -> Callable[[], Any]:
+    """A maker of fresh loops (one tool, a scripted model) whose model call calls ``on_arrive`` and parks.
 
-    ``work_us``: user CPU per ``RunRegistry.start()`` (the start and the run's
-    work up to its model call) above a plain thread start's; ``objects``:
-    tracked objects a started run adds, loop included (it is built per run).
+    The call waits on the loop's cancel signal, so a cancel ends it.
     """
     from loopctl import BareLoop, Cancelled, ModelRequest, ModelResponse
-    from loopctl.hosting.registry import RunRegistry
     from loopctl.testing import ScriptedClient
     from loopctl.tools import tool
 
@@ -171,14 +168,12 @@ def calibrate_child(n: int) -> dict[str, float]:
         """Add two integers."""
         return a + b
 
-    arrived = threading.Semaphore(0)
-
     class Parked:
         def __init__(self) -> None:
             self.loop: Any = None
 
         def __call__(self, request: ModelRequest) -> ModelResponse:
-            arrived.release()
+            on_arrive()
             self.loop.cancel_signal().wait()
             raise Cancelled("cancelled while waiting for the model")
 
@@ -188,6 +183,20 @@ def calibrate_child(n: int) -> dict[str, float]:
         parked.loop = loop
         return loop
 
+    return make
+
+
+def calibrate_child(n: int) -> dict[str, float]:
+    """A run's own work up to its first model call, one start at a time, collector off.
+
+    ``work_us``: user CPU per ``RunRegistry.start()`` (the start and the run's
+    work up to its model call) above a plain thread start's; ``objects``:
+    tracked objects a started run adds, loop included (it is built per run).
+    """
+    from loopctl.hosting.registry import RunRegistry
+
+    arrived = threading.Semaphore(0)
+    make = _loop_factory(arrived.release)
     registry = RunRegistry(max_active=n + 1, keep_finished_s=600)
     gc.collect()
     gc.disable()
@@ -203,11 +212,12 @@ def calibrate_child(n: int) -> dict[str, float]:
     objects = (len(gc.get_objects()) - count0) / n
     del loops
     events = [threading.Event() for _ in range(n)]
-    u0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
+
     def park(ev: threading.Event) -> None:
         arrived.release()
         ev.wait()
 
+    u0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
     for ev in events:
         t = threading.Thread(target=park, args=(ev,), name="calibration-floor", daemon=True)
         t.start()
@@ -232,34 +242,14 @@ def _idle_loop_objects(make: Any) -> float:
 
 
 def loopctl_child(n: int, build_inside: bool) -> dict[str, float]:
-    from loopctl import BareLoop, Cancelled, ModelRequest, ModelResponse
+    from loopctl import Cancelled
     from loopctl.hosting.registry import RunRegistry
-    from loopctl.testing import ScriptedClient
-    from loopctl.tools import tool
 
-    @tool
-    def add(a: int, b: int) -> int:
-        """Add two integers."""
-        return a + b
+    def arrive() -> None:
+        if arrivals is not None:
+            arrivals.arrive()
 
-    class Parked:
-        """The model call: waits on the loop's cancel signal (a cancel ends it)."""
-
-        def __init__(self) -> None:
-            self.loop: Any = None
-
-        def __call__(self, request: ModelRequest) -> ModelResponse:
-            if arrivals is not None:
-                arrivals.arrive()
-            self.loop.cancel_signal().wait()
-            raise Cancelled("cancelled while waiting for the model")
-
-    def make() -> BareLoop:
-        parked = Parked()
-        loop = BareLoop(ScriptedClient([parked]), [add])
-        parked.loop = loop
-        return loop
-
+    make = _loop_factory(arrive)
     arrivals: Any = None  # the warm-up run is not counted
     registry = RunRegistry(max_active=n + 1, keep_finished_s=600)
     # Warm-up, outside the timing: imports and first-use costs of one whole run.
