@@ -83,6 +83,8 @@ _KEY_SHAPES = re.compile(
     r"|key-(?=[A-Za-z_\-*]*[0-9])[A-Za-z0-9_\-*]{12,})"
     r"|\b[Bb]earer\s+[A-Za-z0-9._~+/\-=]{8,}"
 )
+
+
 def _has_key_mark(text: str) -> bool:
     # Every key shape contains one of these three: a text with none of them
     # has no key shape, and three substring scans cost a tenth of the
