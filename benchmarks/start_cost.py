@@ -109,7 +109,8 @@ def floor_child(n: int, work_us: float = 0.0, objects: int = 0) -> dict[str, flo
     arrivals = Arrivals(n)
     iterations = round(work_us * _spin_per_us()) if work_us > 0 else 0
     links = max(objects - 20, 0)  # the thread and its Event already count about 20
-    name = "work-floor" if iterations or links else "floor"
+    works = iterations > 0 or links > 0
+    name = "work-floor" if works else "floor"
 
     def park(ev: threading.Event) -> None:
         arrivals.arrive()
@@ -122,7 +123,7 @@ def floor_child(n: int, work_us: float = 0.0, objects: int = 0) -> dict[str, flo
             held = [held]  # a chain: each object refers to the one before, as a run's do
         park(ev)  # ``held`` stays alive while parked
 
-    body = work_then_park if name == "work-floor" else park
+    body = work_then_park if works else park
 
     def start_one(i: int) -> None:
         t = threading.Thread(target=body, args=(events[i],), name=f"{name}-{i}", daemon=True)
@@ -210,21 +211,24 @@ def calibrate_child(n: int) -> dict[str, float]:
         arrived.acquire()
     user = resource.getrusage(resource.RUSAGE_SELF).ru_utime - u0
     objects = (len(gc.get_objects()) - count0) / n
-    del loops
     events = [threading.Event() for _ in range(n)]
 
     def park(ev: threading.Event) -> None:
         arrived.release()
         ev.wait()
 
+    threads: list[threading.Thread] = []
     u0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
-    for ev in events:
+    for ev in events:  # each thread built inside the timing, as start() builds its run's
         t = threading.Thread(target=park, args=(ev,), name="calibration-floor", daemon=True)
         t.start()
+        threads.append(t)
         arrived.acquire()
     plain = resource.getrusage(resource.RUSAGE_SELF).ru_utime - u0
     for ev in events:
         ev.set()
+    for t in threads:
+        t.join()
     for rid in ids:
         registry.cancel(rid)
     registry.close()
@@ -233,7 +237,8 @@ def calibrate_child(n: int) -> dict[str, float]:
     return {"work_us": max(user - plain, 0.0) / n * 1e6, "objects": objects + idle}
 
 
-def _idle_loop_objects(make: Any) -> float:
+def _idle_loop_objects(make: Callable[[], Any]) -> float:
+    """Tracked objects per idle loop ``make`` builds (after full collections)."""
     gc.collect()
     before = len(gc.get_objects())
     loops = [make() for _ in range(200)]
