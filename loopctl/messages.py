@@ -288,18 +288,15 @@ class RequestOptions:
 
     def is_empty(self) -> bool:
         """True when no option is set."""
-        return (
-            self.model is None
-            and self.max_tokens is None
-            and self.temperature is None
-            and self.tool_choice is None
-            and self.response_format is None
-            and self.extra_body is None
-        )
+        return self == _NO_OPTIONS  # attrs' __eq__: one tuple comparison, and it follows new fields
 
     def with_model(self, model: Optional[str]) -> RequestOptions:
         """A copy with the model override replaced."""
         return attrs.evolve(self, model=model)
+
+
+#: A ``RequestOptions`` with nothing set (``is_empty`` compares against it).
+_NO_OPTIONS = RequestOptions()
 
 
 @attrs.frozen

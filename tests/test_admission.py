@@ -414,6 +414,22 @@ def test_each_call_of_a_reply_passes_the_gate_once_and_a_bad_one_is_still_refuse
         assert run.output == "done"
         loop.close()
 
+    # A call the gate refuses (arguments too large) beside valid ones: it is
+    # answered before the dispatch, the others are still validated once.
+    checked.clear()
+    huge = {"n": 1, "pad": "x" * 1_000_001}
+    loop = BareLoop(
+        ScriptedClient([calls_reply(("a", "counted", {"n": 1}), ("big", "counted", huge), ("b", "counted", {"n": 2})),
+                        reply("done")]),
+        [Counted()],
+    )
+    loop.run("go", RunConfig(parallel=ParallelDispatch(max_concurrency=4)))
+    assert checked == [{"n": 1}, {"n": 2}]
+    results = [p for m in loop.machine.history for p in m.tool_results]
+    assert [r.is_error for r in results] == [False, True, False]
+    assert "too large" in results[1].output
+    loop.close()
+
 
 def test_the_gate_rebuilds_calls_messages_and_replies_with_every_field() -> None:
     """The gate builds these values field by field (faster than ``attrs.evolve``): a new field must be added there.

@@ -293,6 +293,6 @@ def test_tool_schema_to_dict_is_json_safe() -> None:
 
 @pytest.mark.parametrize("name", [f.name for f in attrs.fields(RequestOptions)])
 def test_request_options_with_any_one_field_set_is_not_empty(name: str) -> None:
-    """``is_empty`` names every field: a new option must be added to it (this fails otherwise)."""
+    """Any one option set, the options are not empty."""
     value: object = {"x": 1} if name in ("response_format", "extra_body") else ("m" if name in ("model", "tool_choice") else 1)
     assert not RequestOptions(**{name: value}).is_empty()

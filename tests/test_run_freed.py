@@ -150,16 +150,18 @@ def test_a_cancelled_runs_state_is_freed_while_its_abandoned_tools_still_run(gc_
         stuck = Stuck()
         wave = calls(("stuck", {}), ("stuck", {}))
         loop = BareLoop(ScriptedClient([wave, reply("never")]), [stuck])
-        handle = loop.start("go", RunConfig(parallel=ParallelDispatch(max_concurrency=2)))
-        for _ in range(2):
-            assert stuck.entered.acquire(timeout=10)  # both calls run on the pool, stuck
-        driver = weakref.ref(handle._rc.driver)
-        assert handle.cancel("stop") is True
-        with pytest.raises(Cancelled):
-            handle.result(timeout=10)
-        handle._rc.thread.join(10)
-        assert loop.abandoned_tool_threads == 2
-        del handle
-        assert driver() is None  # freed now, while both calls are still stuck
-        stuck.release.set()
-        loop.close()
+        try:
+            handle = loop.start("go", RunConfig(parallel=ParallelDispatch(max_concurrency=2)))
+            for _ in range(2):
+                assert stuck.entered.acquire(timeout=10)  # both calls run on the pool, stuck
+            driver = weakref.ref(handle._rc.driver)
+            assert handle.cancel("stop") is True
+            with pytest.raises(Cancelled):
+                handle.result(timeout=10)
+            handle._rc.thread.join(10)
+            assert loop.abandoned_tool_threads == 2
+            del handle
+            assert driver() is None  # freed now, while both calls are still stuck
+        finally:
+            stuck.release.set()  # a failed check never leaves the pool threads waiting
+            loop.close()

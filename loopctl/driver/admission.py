@@ -68,8 +68,8 @@ class Admitted:
 
 def unique_ids(calls: Sequence[ToolCallPart]) -> list[ToolCallPart]:
     """``calls`` with every repeated id renamed ``<id>-N`` (deterministic; first keeps its id)."""
-    taken = {c.id for c in calls}
-    if len(taken) == len(calls):
+    ids = {c.id for c in calls}
+    if len(ids) == len(calls):
         return list(calls)
     seen: set[str] = set()
     out: list[ToolCallPart] = []
@@ -77,10 +77,10 @@ def unique_ids(calls: Sequence[ToolCallPart]) -> list[ToolCallPart]:
         cid = c.id
         if cid in seen:
             n = 2
-            while f"{c.id}-{n}" in taken:
+            while f"{c.id}-{n}" in ids:
                 n += 1
             cid = f"{c.id}-{n}"
-            taken.add(cid)
+            ids.add(cid)
             c = attrs.evolve(c, id=cid)
         seen.add(cid)
         out.append(c)
@@ -146,7 +146,9 @@ def taken(
     The reply's calls are admitted as it arrives (record_reply); the ones
     dispatched are those objects, in order (some may have been answered
     already). A call that is not one of them, or whose name the registry no
-    longer maps to the tool it was admitted for, goes through the gate again.
+    longer maps to the tool it was admitted for, goes through the gate again
+    (a call the gate refused is answered before dispatch, never passed here).
+    ``admitted`` keeps its calls alive, so an id found in it is that very call.
     """
     if not admitted:
         return None
@@ -154,7 +156,7 @@ def taken(
     out = []
     for c in calls:
         a = by_call.get(id(c))
-        if a is None or a.call is not c or (tools.get(c.name) if c.name else None) is not a.tool:
+        if a is None or (tools.get(c.name) if c.name else None) is not a.tool:
             return None
         out.append(a)
     return out

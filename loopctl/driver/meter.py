@@ -20,9 +20,9 @@ from loopctl.messages import Message, ToolSchema
 #: Each tool schema's JSON text, by the schema's identity: a ``@tool``
 #: function hands every loop the same schema object, so a fresh loop's first
 #: run counts it without encoding it again (a tool that makes a new schema
-#: per registry is encoded per loop, as without the cache). Bounded; a stale
-#: entry is never returned (the identity is checked against the schema it
-#: was made from).
+#: per registry is encoded per loop, as without the cache). Bounded. An
+#: entry holds its schema, so the schema's id is not reused while the entry
+#: lives: a hit is always that schema's text.
 _SCHEMA_JSON: dict[int, tuple[ToolSchema, str]] = {}
 _SCHEMA_JSON_MAX = 512
 
@@ -30,7 +30,7 @@ _SCHEMA_JSON_MAX = 512
 def _schema_json(schema: ToolSchema) -> str:
     """``schema`` as the request sends it (JSON, never ``repr``)."""
     hit = _SCHEMA_JSON.get(id(schema))
-    if hit is not None and hit[0] is schema:
+    if hit is not None:
         return hit[1]
     # JSON, as the request sends it; and not repr(): a container's repr
     # leaves a recursion-guard dict on the run's thread for its lifetime.
