@@ -10,6 +10,7 @@ pytest.importorskip("mcp")
 pytest.importorskip("uvicorn")
 
 from mcp_servers.harness import WAIT, http_suite_server  # noqa: E402
+from support import error_chain  # noqa: E402
 
 from loopctl import BareLoop, Cancelled  # noqa: E402
 from loopctl.contrib.mcp import MCPServer, MCPServerError  # noqa: E402
@@ -53,14 +54,7 @@ def test_http_server_that_is_not_there_fails_without_leaking_headers() -> None:
         server.connect()
     server.close()
     assert "127.0.0.1:9/mcp" in str(info.value)
-    chain: list[BaseException] = []
-    todo: list[BaseException] = [info.value]
-    while todo:  # the error and its whole cause chain, exception groups included
-        exc = todo.pop()
-        chain.append(exc)
-        todo += [e for e in (exc.__cause__, exc.__context__) if e is not None and e not in chain]
-        todo += [e for e in getattr(exc, "exceptions", ()) if e not in chain]
-    text = "\n".join(f"{e!r} {e}" for e in chain)
+    text = "\n".join(f"{e!r} {e}" for e in error_chain(info.value))  # exception groups included
     for secret in ("sk-http-secret", "q-secret", "pw@"):
         assert secret not in text and secret not in repr(server) and secret not in repr(server.spec)
 
