@@ -10,7 +10,7 @@ from typing import Any, Optional
 import pytest
 from support import WAIT, GatedReply, Recorder, run_in_thread
 
-from loopctl import BareLoop, Cancelled, RunRegistry, ToolContext, tool
+from loopctl import BareLoop, Cancelled, ConfigError, RunRegistry, ToolContext, tool
 from loopctl.observers import ApprovalRequested, Observer, RunEnd
 from loopctl.testing import ScriptedClient, call, calls, reply
 
@@ -352,6 +352,36 @@ def test_steer_reaches_a_nested_subagent_by_its_path() -> None:
     gate.release.set()
     assert handle.result(WAIT).output == "done"
     assert leaf_client.requests[1].messages[-1].text == "deep guidance"
+
+
+@pytest.mark.parametrize("via", ["registry", "handle"])
+def test_a_malformed_subagent_path_is_the_callers_error_whatever_is_in_flight(via: str) -> None:
+    # The same check as CeleryRunRegistry.steer(to=): a ConfigError (a ValueError)
+    # naming the path, before any sub-agent has started and while one is in flight.
+    gate = GatedReply(reply("child done"))
+    child = BareLoop(ScriptedClient([gate]))
+    parent_gate = GatedReply(call("research", task="t"))
+    parent = BareLoop(ScriptedClient([parent_gate, reply("done")]), tools=[child.as_tool("research", "r")])
+    with RunRegistry() as reg:
+        if via == "registry":
+            rid = reg.start(parent, "go")
+            steer: Any = partial(reg.steer, rid)
+            result: Any = partial(reg.result, rid)
+        else:
+            handle = parent.start("go")
+            steer = lambda message, to: handle.steer_subagent(to, message)  # noqa: E731
+            result = handle.result
+        parent_gate.wait_entered()  # no sub-agent has started yet
+        for moment in ("before", "during"):
+            for bad in ["", "a//b", "/a", "research/", 3]:
+                with pytest.raises(ConfigError, match="sub-agent name or a path") as err:
+                    steer("x", to=bad)
+                assert isinstance(err.value, ValueError)
+            if moment == "before":
+                parent_gate.release.set()
+                gate.wait_entered()  # "research" is in flight now
+        gate.release.set()
+        assert result(WAIT).output == "done"
 
 
 def test_a_call_waiting_for_its_turn_stops_at_the_cancel() -> None:

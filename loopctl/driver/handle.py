@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol, Union
 from loopctl.approvals import PendingApproval
 from loopctl.approvals.slot import ApprovalSlot
 from loopctl.cancel import CancelSignal, Flag
+from loopctl.driver.subagent_events import check_path
 from loopctl.errors import LoopError
 from loopctl.records import Run
 from loopctl.timeouts import bounded
@@ -289,7 +290,12 @@ class RunHandle:
         Returns:
             True if accepted; False when no sub-agent run with that path is
             in flight (or its steering refused the message).
+
+        Raises:
+            ConfigError: (a ``ValueError``) ``to`` is not a non-empty str of
+                "/"-separated names.
         """
+        check_path(to)
         subagents = self._rc.subagents
         return subagents is not None and bool(subagents.steer(to, message))
 

@@ -171,9 +171,7 @@ class SubagentRuns:
         return any(h.deny(call_id, reason, by=by, subagent=rest) for a, h in self._snapshot() if a.name == name)
 
     def steer(self, to: str, message: Union[Message, str]) -> bool:
-        """Guidance for the sub-agent run at path ``to``; False when none is in flight."""
-        if not isinstance(to, str) or not to:
-            raise ValueError(f"a sub-agent path must be a non-empty str like 'research', got {to!r:.60}")
+        """Guidance for the sub-agent run at path ``to`` (checked by ``check_path``); False when none is in flight."""
         name, _, rest = to.partition("/")
         for active, handle in self._snapshot():
             if active.name != name or handle.done():

@@ -39,6 +39,7 @@ from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from loopctl.config import RunConfig
+from loopctl.driver.subagent_events import check_path
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.conversations import ConversationLoops
 from loopctl.hosting.entry import RunStatus, _Entry, _status, join_run_threads
@@ -215,7 +216,11 @@ class RunRegistry(RegistryApprovals):
 
         Raises:
             KeyError: unknown ``run_id``, or another ``owner``'s run.
+            ConfigError: (a ``ValueError``) ``to`` is not a non-empty str of
+                "/"-separated names.
         """
+        if to is not None:
+            check_path(to)  # before the run's state: a bad path is the caller's error either way
         with self._lock:
             self._prune_locked()
             entry = self._lookup(run_id, owner)

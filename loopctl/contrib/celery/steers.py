@@ -10,9 +10,9 @@ a ``to`` key, so the two forms cannot be confused.
 from __future__ import annotations
 
 import json
-from typing import Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
-from loopctl.errors import ConfigError
+from loopctl.driver.subagent_events import check_path
 from loopctl.hosting.serialization import message_from_dict
 from loopctl.messages import Message
 
@@ -27,20 +27,30 @@ def check_target(to: object) -> Optional[str]:
     Raises:
         ConfigError: not a str, empty, or an empty segment (``"a//b"``, ``"/a"``).
     """
+    return None if to is None else check_path(to)
+
+
+def steer_to_dict(message: Message, to: Optional[str] = None) -> Dict[str, Any]:
+    """The stored form of a steer as a JSON-safe dict (see the module docstring)."""
     if to is None:
-        return None
-    if not isinstance(to, str) or not to or any(not seg for seg in to.split("/")):
-        raise ConfigError(
-            f"steer to= must be a sub-agent name or a path like 'research/search', got {to!r:.80}"
-        )
-    return to
+        return message.to_dict()
+    return {"to": to, "message": message.to_dict()}
+
+
+def steer_from_dict(data: Any) -> Steer:
+    """A steer's stored dict read back: the message and its target path (None: the run itself).
+
+    Raises:
+        SchemaError, ConfigError: (both ``LoopError``) a bad message or target.
+    """
+    if isinstance(data, dict) and "to" in data:
+        return message_from_dict(data.get("message", {})), check_target(data["to"])
+    return message_from_dict(data), None
 
 
 def steer_json(message: Message, to: Optional[str] = None) -> str:
     """The stored form of a steer for the run (``to`` None) or for its sub-agent at path ``to``."""
-    if to is None:
-        return dumps(message.to_dict())
-    return dumps({"to": to, "message": message.to_dict()})
+    return dumps(steer_to_dict(message, to))
 
 
 def steer_from_json(text: str) -> Steer:
@@ -50,10 +60,7 @@ def steer_from_json(text: str) -> Steer:
         ValueError: not JSON (a ``SchemaError`` or ``ConfigError``, both
             ``LoopError``, for a bad message or target).
     """
-    data = json.loads(text)
-    if isinstance(data, dict) and "to" in data:
-        return message_from_dict(data.get("message", {})), check_target(data["to"])
-    return message_from_dict(data), None
+    return steer_from_dict(json.loads(text))
 
 
 def settled_prefix(settled: Sequence[bool], delivered: int) -> int:
@@ -76,4 +83,12 @@ def settled_prefix(settled: Sequence[bool], delivered: int) -> int:
     return n
 
 
-__all__ = ["Steer", "check_target", "settled_prefix", "steer_from_json", "steer_json"]
+__all__ = [
+    "Steer",
+    "check_target",
+    "settled_prefix",
+    "steer_from_dict",
+    "steer_from_json",
+    "steer_json",
+    "steer_to_dict",
+]
