@@ -31,6 +31,7 @@ from tests.celery_support import (  # noqa: E402
     CeleryWorker,
     RedisServer,
     missing_requirements,
+    release_held,
     stop_all,
     wait_signal,
 )
@@ -278,6 +279,33 @@ def test_a_steer_during_the_outage_lands_at_the_resumed_runs_first_boundary(thre
     assert [(e["turn"], len(e["messages"])) for e in steering] == [(1, 1)]
     assert [m.text for m in reg.history(conv)].count("go left") == 1
     assert reg.leftovers(rid) == []
+
+
+def test_sub_agent_guidance_refused_before_the_crash_comes_back_once_after_the_resume(
+    three_workers: Cluster,
+) -> None:
+    # Taken with the claim and refused (no sub-agent is in flight): the checkpoint moves
+    # past it, so only the checkpoint itself can keep it for the leftovers.
+    c = three_workers
+    held = f"held-{uid()}"  # no worker consumes it until the task message is moved
+    reg = c.registry(queue=held)
+    conv, tag = uid(), uid()
+    rid = reg.start(conv, plan_text(tag, turns=3, gate=[1], record=True))
+    assert reg.steer(rid, "for research", to="research") is True
+    assert reg.steer(rid, "for the run") is True
+    assert release_held(c.sig, held) == 1
+    assert c.entered(tag) == 1
+    cp = c.wait_checkpoint(rid, "tools", 1)
+    assert cp["steers"] == 2 and cp["kept"] == [{"to": "research", "message": Message.user("for research").to_dict()}]
+    c.kill9(c.holder(tag))
+    c.release(tag, 1)
+    # The resumed run's task message goes to the run's queue too: wait for it, move it on.
+    assert c.sig.blmove(held, "celery", WAIT, "RIGHT", "LEFT") is not None
+    run = reg.result(rid, timeout=WAIT)
+    assert run.output == f"done {tag} turn=2 steers=1"
+    assert_resumed_once(events(reg, rid), "worker lost")
+    assert [m.text for m in reg.history(conv)].count("for the run") == 1
+    assert reg.leftovers(rid) == [Message.user("for research")]
 
 
 def test_a_cancel_during_the_outage_ends_the_run_without_resuming_it(three_workers: Cluster) -> None:

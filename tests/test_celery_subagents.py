@@ -40,7 +40,12 @@ if REASON is None:
     import redis
 
     from loopctl import Cancelled, Message
+    from loopctl import BareLoop
     from loopctl.contrib.celery import CeleryRunRegistry
+    from loopctl.contrib.celery.bridge import SteerFeed
+    from loopctl.contrib.celery.durable import checkpoint_from_json, checkpoint_to_json
+    from loopctl.driver.checkpoint import Checkpoint
+    from loopctl.testing import ScriptedClient
     from loopctl.contrib.celery.steers import (
         check_target,
         settled_prefix,
@@ -282,3 +287,27 @@ def test_the_stored_steer_form_carries_the_target_and_reads_old_entries() -> Non
     assert settled_prefix([True, False, True, False], 1) == 3
     assert settled_prefix([True, False, True, False], 2) == 4
     assert settled_prefix([False, True], 0) == 0
+
+
+def test_a_checkpoint_carries_refused_sub_agent_guidance_until_the_leftovers() -> None:
+    # A steer for a sub-agent not in flight is settled when taken (never fed to the run again),
+    # yet owed to the leftovers: the checkpoint carries it, so a worker's crash cannot lose it.
+    feed = SteerFeed(BareLoop(ScriptedClient([])).steering(), [(Message.user("early"), "research")])
+    feed.contribute(None)  # the run's first boundary, no handle: the sub-agent's guidance is refused
+    feed.deliver([(Message.user("own"), None), (Message.user("late"), "nobody"), None])
+    assert feed.settled(0) == (1, [(Message.user("early"), "research")])  # "late" is after "own"
+    assert feed.settled(1) == (4, [(Message.user("early"), "research"), (Message.user("late"), "nobody")])
+    count, kept = feed.settled(1)
+    cp = Checkpoint("tools", (), 1, (), (), None)
+    saved = checkpoint_from_json(checkpoint_to_json(cp, 7 + count, kept=kept))
+    assert (saved.checkpoint, saved.steers, saved.kept) == (cp, 11, tuple(kept))
+    # The resumed attempt's feed returns them once, after what it refuses itself.
+    again = SteerFeed(BareLoop(ScriptedClient([])).steering(), [(Message.user("new"), "x")], saved.kept)
+    again.contribute(None)
+    assert again.settled(0) == (1, [*saved.kept, (Message.user("new"), "x")])
+    assert [m.text for m in again.leftovers()] == ["early", "late", "new"]
+    assert again.leftovers() == []
+    # A checkpoint written before this field existed reads as carrying nothing.
+    old = json.loads(checkpoint_to_json(cp, 3))
+    del old["kept"]
+    assert checkpoint_from_json(json.dumps(old)).kept == ()

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Sequence, Tuple
 
 from loopctl.driver.handle import RunHandle
 from loopctl.driver.signals import Steering
@@ -38,6 +38,9 @@ except ImportError as exc:  # pragma: no cover
 log = logging.getLogger("loopctl")
 
 
+_Taken = Tuple[int, Message, Optional[str]]  # a steer's place among those taken here, its message, its path
+
+
 class SteerFeed:
     """Steering's landing: a contributor that opens the feed at the first boundary.
 
@@ -50,15 +53,16 @@ class SteerFeed:
     slot refuses (the run is ending), and guidance whose sub-agent is not in
     flight, are kept in ``refused``: never given to the run itself.
     ``leftovers`` gives pending + sealed + refused: push order, each message
-    once.
+    once. ``kept``: sub-agent guidance an earlier attempt of a resumed run
+    refused (its checkpoint carries it), returned with the leftovers.
     """
 
-    def __init__(self, steering: Steering, pending: List[Steer]) -> None:
+    def __init__(self, steering: Steering, pending: List[Steer], kept: Sequence[Steer] = ()) -> None:
         self._steering = steering
         self._lock = threading.Lock()
         self._ready = False
-        self._pending = list(pending)
-        self._refused: List[Message] = []
+        self._pending: List[_Taken] = [(i, m, to) for i, (m, to) in enumerate(pending)]
+        self._refused: List[_Taken] = [(-1, m, to) for m, to in kept]  # -1: before every steer taken here
         self._settled = [to is not None for _, to in pending]  # per steer taken (see settled_prefix)
         self.handle: Optional[RunHandle] = None  # set once the run is started (sub-agent guidance)
 
@@ -74,29 +78,36 @@ class SteerFeed:
         return None
 
     def attach(self, handle: RunHandle) -> None:
-        """The run is started: guidance for its sub-agents goes out from now on, without waiting."""
+        """The run is started: guidance for its sub-agents goes out from now on, without waiting.
+
+        Sub-agent guidance taken with the claim is tried here, right after the
+        start: a sub-agent started that early takes it; otherwise (the usual
+        case: none can be in flight yet) it is refused, kept for the leftovers.
+        """
         with self._lock:
             self.handle = handle
             pending = self._pending
-            self._pending = [s for s in pending if s[1] is None]
-            self._push([s for s in pending if s[1] is not None])
+            self._pending = [s for s in pending if s[2] is None]
+            self._push([s for s in pending if s[2] is not None])
 
     def deliver(self, taken: List[Optional[Steer]]) -> None:
         """Hand guidance to the run (the bridge thread); None stands for a malformed steer taken."""
         with self._lock:
+            base = len(self._settled)
             self._settled.extend(s is None or s[1] is not None for s in taken)
-            steers = [s for s in taken if s is not None]
+            steers = [(base + i, s[0], s[1]) for i, s in enumerate(taken) if s is not None]
             if self._ready:
                 self._push(steers)
             else:  # a sub-agent's run has its own slot: only the run's own guidance waits
-                self._push([s for s in steers if s[1] is not None])
-                self._pending.extend(s for s in steers if s[1] is None)
+                self._push([s for s in steers if s[2] is not None])
+                self._pending.extend(s for s in steers if s[2] is None)
 
-    def _push(self, steers: List[Steer]) -> None:
+    def _push(self, steers: List[_Taken]) -> None:
         push = self._steering.push
-        for m, to in steers:
+        for taken in steers:
+            _, m, to = taken
             if not (push(m) if to is None else self._to_subagent(to, m)):
-                self._refused.append(m)
+                self._refused.append(taken)
 
     def _to_subagent(self, to: str, message: Message) -> bool:
         handle = self.handle
@@ -110,16 +121,25 @@ class SteerFeed:
         )
         return False
 
-    def settled(self, delivered: int) -> int:
-        """How many steers taken here need no feeding again, once ``delivered`` of the run's own are in."""
+    def settled(self, delivered: int) -> Tuple[int, List[Steer]]:
+        """What a checkpoint records once ``delivered`` of the run's own guidance are in.
+
+        Returns:
+            How many steers taken here need no feeding again (see
+            ``settled_prefix``), and the sub-agent guidance among them, or
+            kept from an earlier attempt, that no sub-agent took: settled
+            for feeding, but still owed to the leftovers, so a resumed run
+            must carry it.
+        """
         with self._lock:
-            return settled_prefix(self._settled, delivered)
+            n = settled_prefix(self._settled, delivered)
+            return n, [(m, to) for place, m, to in self._refused if to is not None and place < n]
 
     def leftovers(self) -> List[Message]:
         """Everything accepted for the run and never delivered (after the run ended)."""
         with self._lock:
             self._ready = True  # nothing may wait in pending after this
-            out = [m for m, _ in self._pending] + self._steering.take_leftovers() + self._refused
+            out = [m for _, m, _ in self._pending] + self._steering.take_leftovers() + [m for _, m, _ in self._refused]
             self._pending, self._refused = [], []
             return out
 

@@ -21,7 +21,9 @@ import json
 import logging
 import threading
 import time
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import attrs
 
 from loopctl.cancel import HANDED_BACK
 from loopctl.driver.checkpoint import Checkpoint
@@ -38,6 +40,7 @@ from loopctl.records import Turn
 
 from .events import EventWriter
 from .redis import RedisBackend, RegistryUnavailable, dumps
+from .steers import Steer, steer_from_dict, steer_to_dict
 from .task import propagation
 
 log = logging.getLogger("loopctl")
@@ -61,13 +64,36 @@ class WorkerHost:
         self._kick()
 
 
+@attrs.frozen
+class Saved:
+    """A checkpoint read back, with what the worker that resumes it needs besides.
+
+    Attributes:
+        checkpoint: where the run resumes.
+        steers: how many stored steers it has settled (a resume feeds the rest).
+        clean: the run stopped right at this checkpoint (handed back).
+        kept: sub-agent guidance among the settled steers that no sub-agent
+            took: still owed to the run's leftovers.
+    """
+
+    checkpoint: Checkpoint
+    steers: int = 0
+    clean: bool = False
+    kept: Tuple[Steer, ...] = ()
+
+
 def checkpoint_to_json(
-    cp: Checkpoint, steers: int, clean: bool = False, trace: Optional[Dict[str, str]] = None
+    cp: Checkpoint,
+    steers: int,
+    clean: bool = False,
+    trace: Optional[Dict[str, str]] = None,
+    kept: Sequence[Steer] = (),
 ) -> str:
-    """A checkpoint as JSON, with the count of steers it has delivered.
+    """A checkpoint as JSON, with the count of steers it has settled.
 
     ``clean``: the run stops right here (handed back), nothing runs after it.
     ``trace``: the run's W3C trace context, for the worker that resumes it.
+    ``kept``: settled sub-agent guidance that no sub-agent took (see ``Saved``).
     """
     return dumps(
         {
@@ -80,12 +106,13 @@ def checkpoint_to_json(
             "answered": message_to_dict(Message.from_tool_results(cp.answered)) if cp.answered else None,
             "history": history_to_dict(cp.history) if cp.history is not None else None,
             "steers": steers,
+            "kept": [steer_to_dict(m, to) for m, to in kept],
         }
     )
 
 
-def checkpoint_from_json(text: str) -> Tuple[Checkpoint, int, bool]:
-    """The checkpoint, its delivered-steer count and clean flag (``checkpoint_to_json`` reversed)."""
+def checkpoint_from_json(text: str) -> Saved:
+    """``checkpoint_to_json`` reversed."""
     data = json.loads(text)
     answered = message_from_dict(data["answered"]).tool_results if data.get("answered") else []
     history = history_from_dict(data["history"]) if data.get("history") is not None else None
@@ -97,7 +124,8 @@ def checkpoint_from_json(text: str) -> Tuple[Checkpoint, int, bool]:
         tuple(answered),
         tuple(history) if history is not None else None,
     )
-    return cp, int(data.get("steers") or 0), bool(data.get("clean"))
+    kept = tuple(steer_from_dict(k) for k in data.get("kept") or ())
+    return Saved(cp, int(data.get("steers") or 0), bool(data.get("clean")), kept)
 
 
 def checkpoint_trace(text: str) -> Optional[Dict[str, str]]:
@@ -126,20 +154,21 @@ def run_trace(run_id: str) -> Optional[Dict[str, str]]:
 
 def checkpointer(
     loop: BareLoop, writer: EventWriter, steer_base: int, host: Optional[WorkerHost], handed: threading.Event,
-    run_id: str = "", settled: Optional[Callable[[int], int]] = None,
+    run_id: str = "", settled: Optional[Callable[[int], Tuple[int, List[Steer]]]] = None,
 ) -> Callable[[Checkpoint], None]:
     """The run's checkpoint sink (its thread): queue the state; hand back if draining.
 
     ``settled`` maps the count of the run's own guidance delivered to the
-    count of steers, from ``steer_base`` on, a resume must not feed again
-    (default: the same count, when every steer is the run's own).
+    count of steers, from ``steer_base`` on, a resume must not feed again,
+    and the guidance among them still owed to the leftovers (default: the
+    same count and none, when every steer is the run's own).
     """
 
     def sink(cp: Checkpoint) -> None:
         hand = host is not None and host.draining.is_set() and not handed.is_set()
         trace = run_trace(run_id) if run_id else None
-        done = writer.delivered if settled is None else settled(writer.delivered)
-        text = checkpoint_to_json(cp, steer_base + done, clean=hand, trace=trace)
+        done, kept = (writer.delivered, []) if settled is None else settled(writer.delivered)
+        text = checkpoint_to_json(cp, steer_base + done, clean=hand, trace=trace, kept=kept)
         # Write-ahead for at-most-once: the model's calls are durable before any
         # of them starts, or a crash now would ask (and run) them again.
         written = writer.checkpoint(text, confirm=cp.after == "model" and not hand)
@@ -195,6 +224,7 @@ def hand_back(
 
 __all__ = [
     "HANDED_BACK",
+    "Saved",
     "WorkerHost",
     "checkpoint_from_json",
     "checkpoint_to_json",

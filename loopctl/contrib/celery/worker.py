@@ -55,7 +55,7 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import attrs
 
@@ -86,7 +86,7 @@ from .durable import (
 )
 from .events import EventWriter, WorkerSettings
 from .redis import Claim, RedisBackend, RegistryUnavailable, dumps
-from .steers import steer_from_json
+from .steers import Steer, steer_from_json
 from .task import propagation
 
 log = logging.getLogger("loopctl")
@@ -118,6 +118,7 @@ def _build_loop(
     steer_base: int,
     sessions: Any = None,
     owner: Optional[str] = None,
+    kept: Sequence[Steer] = (),
 ) -> Tuple[BareLoop, SteerFeed]:
     session: Optional[Session] = None
     revision = 0
@@ -146,7 +147,7 @@ def _build_loop(
                 "BareLoop.from_history(client, tools, config, history)"
             )
         pending = [steer_from_json(s) for s in claim.steers[steer_base:]]
-        feed = SteerFeed(loop.steering(), pending)
+        feed = SteerFeed(loop.steering(), pending, kept)
         loop.with_contributor(feed)
         if session is not None:
             loop.with_session(session, revision=revision)  # the run holds its lease; finalize writes it
@@ -235,6 +236,7 @@ class _Launch:
     """What starting a claimed run produced; a setup failure leaves ``handle`` None and sets ``error``."""
 
     steer_base: int = 0
+    kept: Tuple[Steer, ...] = ()  # sub-agent guidance an earlier attempt refused (its checkpoint's)
     loop: Optional[BareLoop] = None
     feed: Optional[SteerFeed] = None
     handle: Optional[RunHandle] = None
@@ -268,7 +270,8 @@ class _Launch:
         """Steering the run did not deliver, as stored JSON."""
         if self.feed is not None:
             return [dumps(m.to_dict()) for m in self.feed.leftovers()]
-        return list(claim.steers[self.steer_base:])  # never built: the claimed steers go back as they came
+        # Never built: what the checkpoint still owed, and the claimed steers as they came.
+        return [dumps(m.to_dict()) for m, _ in self.kept] + list(claim.steers[self.steer_base:])
 
 
 def _watch(
@@ -304,9 +307,10 @@ def _launch(
     clean = False
     try:
         if claim.checkpoint:
-            saved, st.steer_base, clean = checkpoint_from_json(claim.checkpoint)
+            got = checkpoint_from_json(claim.checkpoint)
+            saved, st.steer_base, clean, st.kept = got.checkpoint, got.steers, got.clean, got.kept
         st.config = RunConfig.from_dict(json.loads(claim.config)) if claim.config else None
-        st.loop, st.feed = _build_loop(claim, conversation, saved, st.steer_base, sessions, owner)
+        st.loop, st.feed = _build_loop(claim, conversation, saved, st.steer_base, sessions, owner, st.kept)
         loop = st.loop
         if claim.cancel:
             loop.cancel_signal().cancel(claim.reason)  # observed by the next run: no model call
