@@ -39,20 +39,19 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 if REASON is None:
     import redis
 
-    from loopctl import Cancelled, Message
-    from loopctl import BareLoop
+    from loopctl import BareLoop, Cancelled, Message
     from loopctl.contrib.celery import CeleryRunRegistry
     from loopctl.contrib.celery.bridge import SteerFeed
     from loopctl.contrib.celery.durable import checkpoint_from_json, checkpoint_to_json
-    from loopctl.driver.checkpoint import Checkpoint
-    from loopctl.testing import ScriptedClient
     from loopctl.contrib.celery.steers import (
         check_target,
         settled_prefix,
         steer_from_json,
         steer_json,
     )
+    from loopctl.driver.checkpoint import Checkpoint
     from loopctl.errors import ConfigError
+    from loopctl.testing import ScriptedClient
     from tests import celery_app
     from tests.celery_app import plan_text
 
