@@ -310,3 +310,23 @@ def test_a_checkpoint_carries_refused_sub_agent_guidance_until_the_leftovers() -
     old = json.loads(checkpoint_to_json(cp, 3))
     del old["kept"]
     assert checkpoint_from_json(json.dumps(old)).kept == ()
+
+
+def test_sub_agent_guidance_not_tried_yet_is_owed_by_a_checkpoint_taken_before_the_attach() -> None:
+    # A resumed run can reach a checkpoint (a re-answered tool wave) before its start is
+    # attached: the claimed sub-agent guidance is settled, not tried, and still owed.
+    steering = BareLoop(ScriptedClient([])).steering()
+    early = Message.user("for research")
+    feed = SteerFeed(steering, [(early, "research"), (Message.user("own"), None)])
+    assert feed.settled(0) == (1, [(early, "research")])
+    assert feed.settled(1) == (2, [(early, "research")])
+
+
+def test_leftovers_come_back_in_the_order_the_steers_were_taken() -> None:
+    loop = BareLoop(ScriptedClient([]))
+    feed = SteerFeed(loop.steering(), [], kept=[(Message.user("kept"), "gone")])
+    feed.deliver([(Message.user("sub 1"), "nobody")])  # refused at once: no run started
+    feed.deliver([(Message.user("own 2"), None), (Message.user("sub 3"), "nobody")])
+    feed.deliver([(Message.user("own 4"), None)])
+    # The run ended before its first boundary: the run's own guidance never left pending.
+    assert [m.text for m in feed.leftovers()] == ["kept", "sub 1", "own 2", "sub 3", "own 4"]

@@ -52,9 +52,10 @@ class SteerFeed:
     the run's slot, as soon as the run is started (``attach``). A push the
     slot refuses (the run is ending), and guidance whose sub-agent is not in
     flight, are kept in ``refused``: never given to the run itself.
-    ``leftovers`` gives pending + sealed + refused: push order, each message
-    once. ``kept``: sub-agent guidance an earlier attempt of a resumed run
-    refused (its checkpoint carries it), returned with the leftovers.
+    ``leftovers`` gives pending + sealed + refused, each message once, in
+    the order the steers were taken. ``kept``: sub-agent guidance an earlier
+    attempt of a resumed run refused (its checkpoint carries it), returned
+    with the leftovers, first.
     """
 
     def __init__(self, steering: Steering, pending: List[Steer], kept: Sequence[Steer] = ()) -> None:
@@ -64,6 +65,7 @@ class SteerFeed:
         self._pending: List[_Taken] = [(i, m, to) for i, (m, to) in enumerate(pending)]
         self._refused: List[_Taken] = [(-1, m, to) for m, to in kept]  # -1: before every steer taken here
         self._settled = [to is not None for _, to in pending]  # per steer taken (see settled_prefix)
+        self._taken: List[_Taken] = [*self._refused, *self._pending]  # every steer, to order the leftovers
         self.handle: Optional[RunHandle] = None  # set once the run is started (sub-agent guidance)
 
     def contribute(self, ctx: object) -> None:
@@ -96,6 +98,7 @@ class SteerFeed:
             base = len(self._settled)
             self._settled.extend(s is None or s[1] is not None for s in taken)
             steers = [(base + i, s[0], s[1]) for i, s in enumerate(taken) if s is not None]
+            self._taken.extend(steers)
             if self._ready:
                 self._push(steers)
             else:  # a sub-agent's run has its own slot: only the run's own guidance waits
@@ -127,13 +130,15 @@ class SteerFeed:
         Returns:
             How many steers taken here need no feeding again (see
             ``settled_prefix``), and the sub-agent guidance among them, or
-            kept from an earlier attempt, that no sub-agent took: settled
-            for feeding, but still owed to the leftovers, so a resumed run
-            must carry it.
+            kept from an earlier attempt, that no sub-agent took (refused,
+            or not tried yet: the run reached a checkpoint before its
+            start was attached): settled for feeding, but still owed to
+            the leftovers, so a resumed run must carry it.
         """
         with self._lock:
             n = settled_prefix(self._settled, delivered)
-            return n, [(m, to) for place, m, to in self._refused if to is not None and place < n]
+            owed = sorted(self._refused + [s for s in self._pending if s[2] is not None], key=lambda s: s[0])
+            return n, [(m, to) for place, m, to in owed if to is not None and place < n]
 
     def leftovers(self) -> List[Message]:
         """Everything accepted for the run and never delivered (after the run ended)."""
@@ -141,7 +146,10 @@ class SteerFeed:
             self._ready = True  # nothing may wait in pending after this
             out = [m for _, m, _ in self._pending] + self._steering.take_leftovers() + [m for _, m, _ in self._refused]
             self._pending, self._refused = [], []
-            return out
+            # The slot gives back the very objects pushed: each one's place orders them
+            # (sorted is stable: a message the slot got from elsewhere keeps its turn, last).
+            place = {id(m): p for p, m, _ in self._taken}
+            return sorted(out, key=lambda m: place.get(id(m), len(self._taken)))
 
 
 class Bridge:

@@ -273,7 +273,8 @@ class CeleryRunRegistry(ApprovalsMixin):
 
         Raises:
             KeyError: unknown ``run_id``, or another ``owner``'s run.
-            ConfigError: ``to`` is not a non-empty str of "/"-separated names.
+            ConfigError: (a ``ValueError``) ``to`` is not a non-empty str of
+                "/"-separated names.
             RegistryUnavailable: Redis could not be reached.
         """
         if isinstance(message, str):

@@ -260,8 +260,8 @@ class _Launch:
         loop = self.loop
         session = loop.session.id if loop is not None else ""
         left = self.leftovers(claim)
-        kept = loop is not None and run.stop_reason is None and sessions is None
-        history = loop.conversation() if kept and loop is not None else None
+        keep_history = loop is not None and run.stop_reason is None and sessions is None
+        history = loop.conversation() if keep_history and loop is not None else None
         fields = _end_fields(run, writer, cursor, session, history, self.handle is not None)
         fields[-1] = repr(claim.started_at)  # a resumed run keeps its first start
         return fields, left
