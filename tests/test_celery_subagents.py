@@ -51,9 +51,10 @@ if REASON is None:
     )
     from loopctl.driver.checkpoint import Checkpoint
     from loopctl.errors import ConfigError
-    from loopctl.testing import ScriptedClient
+    from loopctl.testing import ScriptedClient, call, reply
     from tests import celery_app
     from tests.celery_app import plan_text
+    from tests.support import GatedReply
 
 WAIT = 20.0
 FACTORY = "tests.celery_subagents:make_delegating_loop"
@@ -330,3 +331,28 @@ def test_leftovers_come_back_in_the_order_the_steers_were_taken() -> None:
     feed.deliver([(Message.user("own 4"), None)])
     # The run ended before its first boundary: the run's own guidance never left pending.
     assert [m.text for m in feed.leftovers()] == ["kept", "sub 1", "own 2", "sub 3", "own 4"]
+
+
+def test_guidance_a_sub_agent_handed_back_is_owed_by_the_next_checkpoint() -> None:
+    # Handed to the sub-agent's run, which ended before reaching it: it is back in the
+    # parent's sealed guidance, in memory only, so the checkpoint must carry it.
+    child_gate = GatedReply(reply("child done"))
+    parent_gate = GatedReply(reply("done"))
+    child = BareLoop(ScriptedClient([child_gate]))
+    parent = BareLoop(ScriptedClient([call("research", task="t"), parent_gate]), tools=[child.as_tool("research", "r")])
+    feed = SteerFeed(parent.steering(), [])
+    handle = parent.start("go")
+    try:
+        feed.attach(handle)
+        child_gate.wait_entered()
+        guidance = Message.user("for research")
+        feed.deliver([(guidance, "research")])
+        assert feed.settled(0) == (1, [])  # in the sub-agent's run: it may still reach it
+        child_gate.release.set()
+        parent_gate.wait_entered()  # the sub-agent's run ended without reaching it
+        assert feed.settled(0) == (1, [(guidance, "research")])
+    finally:
+        child_gate.release.set()
+        parent_gate.release.set()
+    assert handle.result(20).output == "done"
+    assert feed.leftovers() == [guidance]

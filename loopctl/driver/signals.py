@@ -140,6 +140,11 @@ class Steering:
             self._sealed_bytes = 0
             return out
 
+    def sealed(self) -> list[Message]:
+        """Sealed guidance (from ended runs, or handed back by sub-agents' runs), left in place."""
+        with self._lock:
+            return [m for m, _ in self._sealed]
+
     def take_all(self) -> list[Message]:
         """Remove and return sealed plus live guidance (the shutdown collect)."""
         with self._lock:

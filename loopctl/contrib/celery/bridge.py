@@ -130,14 +130,18 @@ class SteerFeed:
         Returns:
             How many steers taken here need no feeding again (see
             ``settled_prefix``), and the sub-agent guidance among them, or
-            kept from an earlier attempt, that no sub-agent took (refused,
-            or not tried yet: the run reached a checkpoint before its
-            start was attached): settled for feeding, but still owed to
-            the leftovers, so a resumed run must carry it.
+            kept from an earlier attempt, that no sub-agent run holds:
+            refused, not tried yet (the run reached a checkpoint before its
+            start was attached), or handed back by a sub-agent's run that
+            ended before reaching it. Settled for feeding, it is still owed
+            to the leftovers, so a resumed run must carry it.
         """
         with self._lock:
             n = settled_prefix(self._settled, delivered)
-            owed = sorted(self._refused + [s for s in self._pending if s[2] is not None], key=lambda s: s[0])
+            back = {id(m) for m in self._steering.sealed()}  # the very objects handed on
+            owed = self._refused + [s for s in self._pending if s[2] is not None]
+            owed += [s for s in self._taken if s[2] is not None and s[0] >= 0 and id(s[1]) in back]
+            owed.sort(key=lambda s: s[0])
             return n, [(m, to) for place, m, to in owed if to is not None and place < n]
 
     def leftovers(self) -> List[Message]:
