@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol, Union
 from loopctl.approvals import PendingApproval
 from loopctl.approvals.slot import ApprovalSlot
 from loopctl.cancel import CancelSignal, Flag
-from loopctl.driver.subagent_events import check_path
+from loopctl.driver.subagent_path import check_path
 from loopctl.errors import LoopError
 from loopctl.records import Run
 from loopctl.timeouts import bounded

@@ -19,33 +19,11 @@ from typing import Any, Callable
 
 import attrs
 
-from loopctl.errors import ConfigError
+from loopctl.driver.subagent_path import join_path
 from loopctl.events import EVENT_METHODS, Event, Observer, RunEnd
 
 log = logging.getLogger("loopctl")
 _lock = threading.Lock()  # guards the forwarder table and each forwarder's links
-
-
-def join_path(name: str, sub: str) -> str:
-    """``name`` prefixed to a sub-agent path (``"research"`` + ``"search"``)."""
-    return f"{name}/{sub}" if sub else name
-
-
-def check_path(to: object) -> str:
-    """``to`` as a sub-agent path: a name, or names joined by "/" (``"research/search"``).
-
-    Every ``steer(..., to=)`` checks its path here, in-process and across
-    machines alike, before it looks for a run in flight.
-
-    Raises:
-        ConfigError: (a ``ValueError``) not a str, empty, or with an empty
-            segment (``"a//b"``, ``"/a"``, ``"a/"``).
-    """
-    if not isinstance(to, str) or not to or any(not seg for seg in to.split("/")):
-        raise ConfigError(
-            f"steer to= must be a sub-agent name or a path like 'research/search', got {to!r:.80}"
-        )
-    return to
 
 
 class _Link:
@@ -135,4 +113,4 @@ def forwarder_for(loop: Any) -> Forwarder:
         return fw
 
 
-__all__ = ["Forwarder", "TapForward", "check_path", "forwarder_for", "join_path"]
+__all__ = ["Forwarder", "TapForward", "forwarder_for"]

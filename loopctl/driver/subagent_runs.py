@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Optional, Union
 import attrs
 
 from loopctl.driver.handle import RunContext, RunHandle
-from loopctl.driver.subagent_events import join_path
+from loopctl.driver.subagent_path import join_path
 from loopctl.messages import Message, Usage
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from loopctl.config import RunConfig
-from loopctl.driver.subagent_events import check_path
+from loopctl.driver.subagent_path import check_path
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.conversations import ConversationLoops
 from loopctl.hosting.entry import RunStatus, _Entry, _status, join_run_threads

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-from loopctl.driver.subagent_events import check_path
+from loopctl.driver.subagent_path import check_path
 from loopctl.hosting.serialization import message_from_dict
 from loopctl.messages import Message
 
