@@ -83,8 +83,8 @@ class SteerFeed:
         """The run is started: guidance for its sub-agents goes out from now on, without waiting.
 
         Sub-agent guidance taken with the claim is tried here, right after the
-        start: a sub-agent started that early takes it; otherwise (the usual
-        case: none can be in flight yet) it is refused, kept for the leftovers.
+        start: a sub-agent started that early takes it; otherwise (usually no
+        sub-agent is in flight yet) it is refused, kept for the leftovers.
         """
         with self._lock:
             self.handle = handle
