@@ -75,6 +75,8 @@ class ApprovalSlot:
         wall: the wall clock for the record's timestamps.
     """
 
+    __slots__ = ("_cancel", "_clock", "_closed", "_cond", "_entries", "_run", "_wall")
+
     def __init__(
         self,
         run: Run,

@@ -77,14 +77,14 @@ def _cancel_wait(cancel: CancelSignal, delay: float) -> bool:
     return bool(cancel.wait(bounded(delay)))
 
 
-
 class Dispatcher:
     """Runs one turn's tool calls; holds the loop's parts and resources, not the loop.
 
-    Attributes:
-        sleep: ``sleep(cancel, seconds) -> bool`` waits between recovery
-            retries (True if cancelled meanwhile); tests inject a fake.
+    ``sleep(cancel, seconds) -> bool`` waits between recovery retries
+    (True if cancelled meanwhile); tests inject a fake.
     """
+
+    __slots__ = ("parts", "resources", "sleep")
 
     def __init__(self, parts: LoopParts, resources: LoopResources) -> None:
         self.parts = parts

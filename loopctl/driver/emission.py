@@ -125,6 +125,18 @@ def _label(observer: Observer, fn: Listener) -> str:
 class Emitter:
     """The loop's observers and run hooks, and the one-at-a-time delivery to them."""
 
+    __slots__ = (
+        "_delivering",
+        "_labels",
+        "_listened",
+        "_qlock",
+        "_queue",
+        "_table",
+        "hooks",
+        "observers",
+        "session_id",
+    )
+
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
         self.observers: list[Observer] = []
@@ -223,6 +235,22 @@ class Emitter:
 
 class RunEvents:
     """One run's binding of the emitter: run id, tap, fence, the open phase."""
+
+    __slots__ = (
+        "_masks",
+        "_null_scope",
+        "_observed",
+        "_wanted",
+        "emitter",
+        "fence",
+        "handoff",
+        "open_phase",
+        "run_id",
+        "session_id",
+        "tap",
+        "text_sink",
+        "window",
+    )
 
     def __init__(
         self,

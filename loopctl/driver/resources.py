@@ -65,6 +65,17 @@ class ToolTally:
 class LoopResources:
     """The temp dir and the tool executor of one loop."""
 
+    __slots__ = (
+        "_abandoned",
+        "_owner",
+        "_pool_box",
+        "_pool_finalizer",
+        "_pool_size",
+        "_tally",
+        "_temp",
+        "session_id",
+    )
+
     def __init__(self, owner: Any, session_id: str) -> None:
         self.session_id = session_id
         self._temp = ManagedTempDir(owner, session_id)

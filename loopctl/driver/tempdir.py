@@ -197,6 +197,8 @@ class ManagedTempDir:
     made, tools get the system temp dir, which is never removed.
     """
 
+    __slots__ = ("_finalizer", "_made", "_owner", "_path", "base", "name")
+
     def __init__(self, owner: Any, session_id: str) -> None:
         self.name = f"loopctl-{session_id}"
         self.base: Optional[Path] = _system_temp()

@@ -300,6 +300,8 @@ class StreamAccumulator:
     ``tool_call_part``). Thinking stays out of the assembled text.
     """
 
+    __slots__ = ("_by_index", "_slots", "finished", "model", "stop_reason", "usage")
+
     def __init__(self) -> None:
         # A tuple grown per part (a reply has a few): the empty one is shared,
         # so a call still waiting for its first event holds no list.
