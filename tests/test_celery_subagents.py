@@ -240,6 +240,8 @@ def test_steer_to_checks_the_owner_and_the_path(cluster: Cluster) -> None:
             reg.steer(rid, "x", owner="alice", to=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="to="):
         reg.steer(rid, "x", owner="alice", to="a//b")
+    with pytest.raises(KeyError):  # an unknown id is a KeyError first, as in process
+        reg.steer("no-such-run", "x", to="a//b")
     reg.result(rid, timeout=WAIT, owner="alice")
     assert reg.steer(rid, "late", owner="alice", to="research") is False
     assert reg.leftovers(rid, owner="alice") == []
@@ -345,14 +347,16 @@ def test_guidance_a_sub_agent_handed_back_is_owed_by_the_next_checkpoint() -> No
     try:
         feed.attach(handle)
         child_gate.wait_entered()
+        nobody = Message.user("for nobody")
         guidance = Message.user("for research")
+        feed.deliver([(nobody, "nobody")])  # refused at once
         feed.deliver([(guidance, "research")])
-        assert feed.settled(0) == (1, [])  # in the sub-agent's run: it may still reach it
+        assert feed.settled(0) == (2, [(nobody, "nobody")])  # "research" may still reach its guidance
         child_gate.release.set()
         parent_gate.wait_entered()  # the sub-agent's run ended without reaching it
-        assert feed.settled(0) == (1, [(guidance, "research")])
+        assert feed.settled(0) == (2, [(nobody, "nobody"), (guidance, "research")])
     finally:
         child_gate.release.set()
         parent_gate.release.set()
     assert handle.result(20).output == "done"
-    assert feed.leftovers() == [guidance]
+    assert feed.leftovers() == [nobody, guidance]  # as taken, though the slot's come before the refused

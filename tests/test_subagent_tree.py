@@ -382,6 +382,11 @@ def test_a_malformed_subagent_path_is_the_callers_error_whatever_is_in_flight(vi
                 gate.wait_entered()  # "research" is in flight now
         gate.release.set()
         assert result(WAIT).output == "done"
+        if via == "registry":
+            with pytest.raises(ConfigError):  # ended: still the caller's error, not a quiet False
+                steer("x", to="a//b")
+            with pytest.raises(KeyError):  # an unknown id is a KeyError first (SPEC 11)
+                reg.steer("no-such-run", "x", to="a//b")
 
 
 def test_a_call_waiting_for_its_turn_stops_at_the_cancel() -> None:

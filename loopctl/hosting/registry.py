@@ -219,11 +219,11 @@ class RunRegistry(RegistryApprovals):
             ConfigError: (a ``ValueError``) ``to`` is not a non-empty str of
                 "/"-separated names.
         """
-        if to is not None:
-            check_path(to)  # before the run's state: a bad path is the caller's error either way
         with self._lock:
             self._prune_locked()
-            entry = self._lookup(run_id, owner)
+            entry = self._lookup(run_id, owner)  # an unknown id is a KeyError first (SPEC 11)
+            if to is not None:
+                check_path(to)  # ended or not: a bad path is the caller's error either way
             loop = entry.loop
             if entry.ended or loop is None:
                 return False

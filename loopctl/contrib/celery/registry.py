@@ -283,8 +283,8 @@ class CeleryRunRegistry(ApprovalsMixin):
             raise TypeError(
                 f"steer takes a Message or str, got {type(message).__name__}: {message!r:.60}"
             )
-        target = check_target(to)
         self._fields(run_id, owner)  # a run's owner never changes: checked once, before acting
+        target = check_target(to)  # after the id: an unknown one is a KeyError first, as in process
         got = self._backend.steer(run_id, steer_json(message, target))
         if got < 0:
             raise KeyError(f"unknown run id {run_id!r}")

@@ -86,7 +86,7 @@ from .durable import (
 )
 from .events import EventWriter, WorkerSettings
 from .redis import Claim, RedisBackend, RegistryUnavailable, dumps
-from .steers import Steer, steer_from_json
+from .steers import Steer, steer_from_json, steer_json
 from .task import propagation
 
 log = logging.getLogger("loopctl")
@@ -269,9 +269,9 @@ class _Launch:
     def leftovers(self, claim: Claim) -> List[str]:
         """Steering the run did not deliver, as stored JSON."""
         if self.feed is not None:
-            return [dumps(m.to_dict()) for m in self.feed.leftovers()]
+            return [steer_json(m) for m in self.feed.leftovers()]
         # Never built: what the checkpoint still owed, and the claimed steers as they came.
-        return [dumps(m.to_dict()) for m, _ in self.kept] + list(claim.steers[self.steer_base:])
+        return [steer_json(m) for m, _ in self.kept] + list(claim.steers[self.steer_base:])
 
 
 def _watch(
