@@ -18,6 +18,7 @@ non-finite float becomes null, as JavaScript's ``JSON.stringify`` does).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
@@ -100,18 +101,36 @@ MIN_SECRET_CHARS = 8
 _secrets_lock = threading.Lock()
 _secrets_by_owner: dict[int, tuple[str, ...]] = {}
 _secret_forms: tuple[str, ...] = ()  # longest first: a secret containing another is masked whole
+_registrations = itertools.count()  # keys, never reused (an owner's id() is, once it is gone)
+# Registrations whose owner was collected. A finalizer only appends here: the
+# collector may run it inside any allocation, on a thread that already holds
+# _secrets_lock (mid-rebuild), where waiting for the lock would hang forever.
+_gone: list[int] = []
 
 
-def _rebuild_forms() -> None:
+def _rebuild_locked() -> None:
+    """Drop the collected owners' forms and rebuild ``_secret_forms`` (under ``_secrets_lock``)."""
     global _secret_forms
-    forms = {f for group in _secrets_by_owner.values() for f in group}
-    _secret_forms = tuple(sorted(forms, key=len, reverse=True))
+    while True:
+        while _gone:
+            _secrets_by_owner.pop(_gone.pop(), None)
+        forms = {f for group in _secrets_by_owner.values() for f in group}
+        _secret_forms = tuple(sorted(forms, key=len, reverse=True))
+        if not _gone:  # a collection during the rebuild may have let more go
+            return
 
 
 def _forget(key: int) -> None:
-    with _secrets_lock:
-        if _secrets_by_owner.pop(key, None) is not None:
-            _rebuild_forms()
+    _gone.append(key)
+    # Settle now unless the lock is held (by another thread, or by this one
+    # when a collection runs this mid-rebuild); its holder, or the next
+    # registration, settles it then. Until then the forms stay masked: more
+    # masking, never less.
+    if _secrets_lock.acquire(blocking=False):
+        try:
+            _rebuild_locked()
+        finally:
+            _secrets_lock.release()
 
 
 def register_secrets(owner: object, forms: Iterable[str]) -> None:
@@ -125,10 +144,10 @@ def register_secrets(owner: object, forms: Iterable[str]) -> None:
     kept = tuple(f for f in forms if len(f) >= MIN_SECRET_CHARS)
     if not kept:
         return
-    key = id(owner)
+    key = next(_registrations)
     with _secrets_lock:
         _secrets_by_owner[key] = kept
-        _rebuild_forms()
+        _rebuild_locked()
     weakref.finalize(owner, _forget, key)
 
 

@@ -1,5 +1,9 @@
 """Shared fixtures: every test checks that no loopctl thread outlives it; ``server``.
 
+A watchdog ends the suite when one test runs for ``HUNG_TEST_S``, printing
+every thread's stack first: a hang is then reported in minutes, with where it
+hangs, instead of by CI's own clock with nothing said.
+
 This folder is put on ``sys.path`` (whatever pytest's import mode) so test
 modules import their shared helpers as ``from support import ...`` and the
 fake server as ``from fakeserver import ...``.
@@ -7,10 +11,12 @@ fake server as ``from fakeserver import ...``.
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +28,27 @@ if TYPE_CHECKING:
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
+
+
+#: Far beyond the slowest test (a Celery kill -9 test, under a minute on 2 cores).
+HUNG_TEST_S = float(os.environ.get("LOOPCTL_TEST_HANG_S", "300"))
+_watchdog_fd: list[int] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A copy of the real stderr, taken while output capture is off: during a
+    # test, fd 2 goes to the capture file, which a process that exits never shows.
+    _watchdog_fd.append(os.dup(2))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
+    fd = _watchdog_fd[0] if _watchdog_fd else 2
+    faulthandler.dump_traceback_later(HUNG_TEST_S, exit=True, file=fd)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def _loopctl_threads() -> set[threading.Thread]:

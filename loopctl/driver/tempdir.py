@@ -61,6 +61,10 @@ def _system_temp() -> Path:
     return base
 _parents: Dict[Path, _ProcessDir] = {}
 _swept: set[Path] = set()
+# Bases whose loop was collected, not yet counted down. A collected loop's
+# finalizer only appends here: the collector may run it inside any allocation,
+# on a thread that already holds _lock (in acquire), where waiting would hang.
+_collected: list[Path] = []
 
 
 def process_dir_name() -> str:
@@ -155,6 +159,7 @@ def acquire(base: Path) -> Path:
         OSError: the parent cannot be made.
     """
     with _lock:
+        _settle_collected_locked()
         key = base
         pd = _parents.get(key)
         if pd is None or pd.pid != os.getpid():  # a forked child makes its own
@@ -168,22 +173,46 @@ def acquire(base: Path) -> Path:
         return pd.path
 
 
+def _count_down_locked(base: Path) -> None:
+    pd = _parents.get(base)
+    if pd is None or pd.pid != os.getpid() or pd.users == 0:
+        return
+    pd.users -= 1
+    if pd.users == 0:
+        pd.remove()
+
+
+def _settle_collected_locked() -> None:
+    while _collected:
+        _count_down_locked(_collected.pop())
+
+
 def release(base: Path, path: Optional[Path]) -> None:
     """Remove a loop's directory ``path`` (if any); the parent with the last one."""
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
     with _lock:
-        pd = _parents.get(base)
-        if pd is None or pd.pid != os.getpid() or pd.users == 0:
-            return
-        pd.users -= 1
-        if pd.users == 0:
-            pd.remove()
+        _settle_collected_locked()
+        _count_down_locked(base)
+
+
+def _release_collected(base: Path, path: Path) -> None:
+    """``release`` for a loop the collector freed: never waits for ``_lock``."""
+    shutil.rmtree(path, ignore_errors=True)
+    _collected.append(base)
+    # Count down now unless the lock is held (maybe by this very thread, which
+    # the collector interrupted); its holder's next section counts it down.
+    if _lock.acquire(blocking=False):
+        try:
+            _settle_collected_locked()
+        finally:
+            _lock.release()
 
 
 @atexit.register
 def _remove_all() -> None:
     with _lock:
+        _collected.clear()
         for pd in _parents.values():
             if pd.pid == os.getpid() and pd.users:
                 pd.users = 0
@@ -241,7 +270,7 @@ class ManagedTempDir:
             self._path = path
             owner = self._owner()
             if owner is not None:
-                self._finalizer = weakref.finalize(owner, release, base, path)
+                self._finalizer = weakref.finalize(owner, _release_collected, base, path)
             else:  # pragma: no cover - a tool outliving its loop
                 release(base, path)
             self._made = True
@@ -254,8 +283,12 @@ class ManagedTempDir:
 
     def close(self) -> None:
         """Remove the dir if this loop made it; idempotent."""
-        if self._finalizer is not None:
-            self._finalizer()
+        # detach() hands the call over once: close() waits for the lock as an
+        # ordinary caller, where the collector's path may not.
+        made = self._finalizer.detach() if self._finalizer is not None else None
+        if made is not None:
+            _, _, (base, path), _ = made
+            release(base, path)
 
 
 __all__ = ["LOCK_NAME", "PREFIX", "ManagedTempDir", "acquire", "process_dir_name", "release"]
