@@ -1,8 +1,9 @@
 """Shared fixtures: every test checks that no loopctl thread outlives it; ``server``.
 
-A watchdog ends the suite when one test runs for ``HUNG_TEST_S``, printing
-every thread's stack first: a hang is then reported in minutes, with where it
-hangs, instead of by CI's own clock with nothing said.
+A watchdog ends the suite when one test (or the exit after the last) runs
+for ``HUNG_TEST_S``, printing every thread's stack first: a hang is then
+reported in minutes, with where it hangs, instead of by CI's own clock with
+nothing said.
 
 This folder is put on ``sys.path`` (whatever pytest's import mode) so test
 modules import their shared helpers as ``from support import ...`` and the
@@ -39,16 +40,23 @@ def pytest_configure(config: pytest.Config) -> None:
     # A copy of the real stderr, taken while output capture is off: during a
     # test, fd 2 goes to the capture file, which a process that exits never shows.
     _watchdog_fd.append(os.dup(2))
+    _arm_watchdog()
+
+
+def _arm_watchdog() -> None:
+    # Each call restarts the one timer. It stays armed between tests and after
+    # the last one: a hang at exit (joining a thread stuck in a tool) is caught too.
+    fd = _watchdog_fd[0] if _watchdog_fd else 2
+    faulthandler.dump_traceback_later(HUNG_TEST_S, exit=True, file=fd)
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, None, None]:
-    fd = _watchdog_fd[0] if _watchdog_fd else 2
-    faulthandler.dump_traceback_later(HUNG_TEST_S, exit=True, file=fd)
+    _arm_watchdog()
     try:
         yield
     finally:
-        faulthandler.cancel_dump_traceback_later()
+        _arm_watchdog()
 
 
 def _loopctl_threads() -> set[threading.Thread]:

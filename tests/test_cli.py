@@ -259,9 +259,33 @@ def test_first_ctrl_c_cancels_the_run_a_second_exits_at_once(monkeypatch: pytest
         interrupts._on_sigint(signal.SIGINT, None)        # before the run has a handle
         interrupts.attach(Handle())                        # applied as soon as it does
         assert cancels == ["interrupted (Ctrl-C)"] and exits == []
+        interrupts.poll()                                  # once
+        assert cancels == ["interrupted (Ctrl-C)"]
         interrupts._on_sigint(signal.SIGINT, None)
         assert exits == [130]
     assert signal.getsignal(signal.SIGINT) == before
+
+
+def test_ctrl_c_during_a_run_only_counts_in_the_handler_and_poll_cancels(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The handler runs between any two steps of the main thread, maybe inside
+    # the lock a cancel takes: it must not cancel there itself.
+    from loopctl.demo import cli
+
+    cancels: list[Optional[str]] = []
+
+    class Handle:
+        def cancel(self, reason: Optional[str] = None) -> None:
+            cancels.append(reason)
+
+    with cli.Interrupts() as interrupts:
+        interrupts.attach(Handle())
+        interrupts.poll()
+        assert cancels == []
+        interrupts._on_sigint(signal.SIGINT, None)
+        assert cancels == []
+        interrupts.poll()
+        interrupts.poll()
+        assert cancels == ["interrupted (Ctrl-C)"]
 
 
 # -- piped guidance is never lost -------------------------------------------------

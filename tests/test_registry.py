@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 import pytest
-from support import WAIT, Echoed, FakeClock, GatedReply, texts
+from support import WAIT, Echoed, FakeClock, GatedReply, join_run_threads, run_thread_prefix, texts
 
 from loopctl import BareLoop, Cancelled, LoopBusy, LoopError, Message, ModelError, Usage
 from loopctl.errors import ConfigError
@@ -520,6 +520,28 @@ def test_close_cancels_running_runs_and_refuses_new_ones(gates: list[GatedReply]
         reg.loop_for("other", lambda: make_loop())
     reg.close()  # idempotent
     assert not [t for t in threading.enumerate() if t.name.startswith("loopctl-run-")]
+
+
+def test_close_without_a_bound_leaves_a_body_stuck_in_a_call_that_ignores_its_cancel(
+    gates: list[GatedReply],
+) -> None:
+    # close(timeout=None) waits for every run to end; a run whose body is
+    # blocked in a call that ignores the cancel ends by the cancel's takeover,
+    # and its body is left behind, not waited for (maybe forever).
+    reg = RunRegistry()
+    g = gate(gates, reply("never"))  # no cancel listener: the call ignores the cancel
+    rid = reg.start(make_loop(g), "a")
+    g.wait_entered()
+    body = [t for t in threading.enumerate() if t.name.startswith(run_thread_prefix(rid))]
+    assert len(body) == 1
+    closer = threading.Thread(target=reg.close, kwargs={"timeout": None}, name="test-closer")
+    closer.start()
+    closer.join(WAIT)
+    assert not closer.is_alive(), "close(timeout=None) waited for a body stuck in its call"
+    assert body[0].is_alive(), "the body was released by something other than the gate"
+    assert reg.status(rid).state == "cancelled"
+    g.release.set()
+    join_run_threads(rid)
 
 
 # -- a Flask app on top of the registry ----------------------------------------------

@@ -247,9 +247,9 @@ class Command:
                 self.approvals.attach(handle)
                 try:
                     # Bounded waits: a signal handler only runs when the main
-                    # thread wakes, and some platforms deliver it elsewhere.
+                    # thread wakes, and its Ctrl-C is applied here, outside it.
                     while not handle.wait(0.2):
-                        pass
+                        interrupts.poll()
                     run = handle.result()
                 except LoopError as exc:
                     error = exc

@@ -304,4 +304,13 @@ class RunHandle:
         return f"<RunHandle {self.run_id} {state}>"
 
 
-__all__ = ["CURRENT_RUN", "current_run", "Abandoned", "RunContext", "RunHandle"]
+def taken_over(handle: RunHandle) -> bool:
+    """True when a cancel finished the run for a body that was still blocked.
+
+    That body (in a tool or a callback that ignores its cancel signal) is
+    left behind: it unwinds silently whenever its call returns, maybe never.
+    """
+    return handle._rc.abandoned
+
+
+__all__ = ["CURRENT_RUN", "current_run", "Abandoned", "RunContext", "RunHandle", "taken_over"]

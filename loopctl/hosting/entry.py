@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 import attrs
@@ -244,16 +244,21 @@ def _status(entry: _Entry) -> RunStatus:
     )
 
 
-def join_run_threads(run_ids: Sequence[str], left: Callable[[], Optional[float]]) -> None:
+def join_run_threads(
+    run_ids: Sequence[str], left: Callable[[], Optional[float]], taken_over: Collection[str] = ()
+) -> None:
     """Join each run's threads: its body and a cancel's takeover thread.
 
     The driver names them ``loopctl-run-<id[:12]>`` (``-cancel`` for the
     takeover); ``left()`` is the time left for each join (None: no bound).
+    The bodies of ``taken_over`` runs are left behind (a cancel finished
+    those runs while their body was blocked in a call that may never return).
     """
-    names = {f"loopctl-run-{rid[:12]}" for rid in run_ids}
+    bodies = {f"loopctl-run-{rid[:12]}" for rid in run_ids if rid not in taken_over}
+    takeovers = {f"loopctl-run-{rid[:12]}-cancel" for rid in run_ids}
     me = threading.current_thread()
     for t in threading.enumerate():
-        if t is not me and t.name.removesuffix("-cancel") in names:
+        if t is not me and (t.name in bodies or t.name in takeovers):
             t.join(left())
 
 

@@ -39,6 +39,7 @@ from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 from loopctl.config import RunConfig
+from loopctl.driver.handle import taken_over
 from loopctl.driver.subagent_path import check_path
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.conversations import ConversationLoops
@@ -367,7 +368,7 @@ class RunRegistry(RegistryApprovals):
             h.wait(left())
         for loop in loops:
             loop.close()
-        join_run_threads([e.run_id for e in entries], left)
+        join_run_threads([e.run_id for e in entries], left, {h.run_id for h in handles if taken_over(h)})
 
     def __enter__(self) -> RunRegistry:
         return self

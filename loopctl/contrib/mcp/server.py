@@ -392,8 +392,11 @@ class MCPServer:
         if self._thread is None:
             self._thread = LoopThread(thread_label(self.name))
             # A server dropped without close(): stop its thread (and so its
-            # subprocess) when it is collected, or at interpreter exit.
-            weakref.finalize(self, self._thread.stop)
+            # subprocess) when it is collected, or at interpreter exit. Only
+            # asked, never joined: the collector runs this on whatever thread
+            # it interrupted, maybe one holding a lock the loop thread needs
+            # to finish (a logging handler's, the server's stderr lines).
+            weakref.finalize(self, self._thread.stop, 0.0)
         if dead is not None:
             self._conn = None
             if self._restarts >= self.max_restarts:
