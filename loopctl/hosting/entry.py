@@ -245,21 +245,30 @@ def _status(entry: _Entry) -> RunStatus:
 
 
 def join_run_threads(
-    run_ids: Sequence[str], left: Callable[[], Optional[float]], taken_over: Collection[str] = ()
+    run_ids: Sequence[str],
+    left: Callable[[], Optional[float]],
+    taken_over: Collection[str] = (),
+    grace: Callable[[], Optional[float]] = lambda: None,
 ) -> None:
     """Join each run's threads: its body and a cancel's takeover thread.
 
     The driver names them ``loopctl-run-<id[:12]>`` (``-cancel`` for the
     takeover); ``left()`` is the time left for each join (None: no bound).
-    The bodies of ``taken_over`` runs are left behind (a cancel finished
-    those runs while their body was blocked in a call that may never return).
+    The bodies of ``taken_over`` runs (a cancel finished them while their
+    body was blocked, maybe in a call that never returns) get at most
+    ``grace()`` as well, and are left behind after it.
     """
-    bodies = {f"loopctl-run-{rid[:12]}" for rid in run_ids if rid not in taken_over}
-    takeovers = {f"loopctl-run-{rid[:12]}-cancel" for rid in run_ids}
+    bodies = {f"loopctl-run-{rid[:12]}" for rid in run_ids}
+    stuck = {f"loopctl-run-{rid[:12]}" for rid in taken_over}
     me = threading.current_thread()
     for t in threading.enumerate():
-        if t is not me and (t.name in bodies or t.name in takeovers):
-            t.join(left())
+        if t is me or t.name.removesuffix("-cancel") not in bodies:
+            continue
+        wait = left()
+        if t.name in stuck:
+            g = grace()
+            wait = g if wait is None else wait if g is None else min(wait, g)
+        t.join(wait)
 
 
 __all__ = ["RunStatus", "join_run_threads"]

@@ -56,6 +56,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("loopctl")
 
+#: How long ``close()`` waits, in all, for the threads of runs a cancel took
+#: over (their body was blocked in a call that ignores the cancel), even when
+#: it has no bound: such a call may never return.
+TAKEN_OVER_GRACE_S = 2.0
+
 
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -348,8 +353,9 @@ class RunRegistry(RegistryApprovals):
 
         Waits up to ``timeout`` seconds in all (None: no bound) for the runs
         to finish and their threads to exit; a thread stuck in a tool that
-        ignores its cancel signal is left behind. Idempotent; ``start`` and
-        ``loop_for`` raise afterwards, queries keep working.
+        ignores its cancel signal is left behind (after at most
+        ``TAKEN_OVER_GRACE_S``, even with no bound). Idempotent; ``start``
+        and ``loop_for`` raise afterwards, queries keep working.
         """
         with self._lock:
             self._closed = True
@@ -368,7 +374,15 @@ class RunRegistry(RegistryApprovals):
             h.wait(left())
         for loop in loops:
             loop.close()
-        join_run_threads([e.run_id for e in entries], left, {h.run_id for h in handles if taken_over(h)})
+        # A body a cancel took over may be stuck in a call that never returns:
+        # even an unbounded close() gives such bodies a bounded grace, together.
+        grace_end = time.monotonic() + TAKEN_OVER_GRACE_S
+        join_run_threads(
+            [e.run_id for e in entries],
+            left,
+            {h.run_id for h in handles if taken_over(h)},
+            lambda: max(0.0, grace_end - time.monotonic()),
+        )
 
     def __enter__(self) -> RunRegistry:
         return self
