@@ -32,22 +32,53 @@ if _TESTS not in sys.path:
 
 
 #: Far beyond the slowest test (a Celery kill -9 test, under a minute on 2 cores).
+#: 0 turns the watchdog off.
 HUNG_TEST_S = float(os.environ.get("LOOPCTL_TEST_HANG_S", "300"))
 _watchdog_fd: list[int] = []
 
 
+def _watchdog_wanted(config: pytest.Config) -> bool:
+    # Not while a person debugs (--pdb, --trace), nor when pytest's own
+    # faulthandler_timeout is set (its per-test timer would replace this one).
+    try:
+        own_timeout = float(config.getini("faulthandler_timeout") or 0)
+    except ValueError:  # -p no:faulthandler: the option does not exist
+        own_timeout = 0.0
+    return (
+        HUNG_TEST_S > 0
+        and not own_timeout
+        and not config.getoption("usepdb", False)
+        and not config.getoption("trace", False)
+    )
+
+
+def _run_as_a_command() -> bool:
+    """True under ``pytest`` or ``python -m pytest``, not ``pytest.main()`` inside a longer process."""
+    return "pytest" in Path(sys.argv[0]).parts[-2:]
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    # A copy of the real stderr, taken while output capture is off: during a
-    # test, fd 2 goes to the capture file, which a process that exits never shows.
-    _watchdog_fd.append(os.dup(2))
-    _arm_watchdog()
+    if _watchdog_wanted(config):
+        # A copy of the real stderr, taken while output capture is off: during
+        # a test, fd 2 goes to the capture file, which an exiting process never shows.
+        _watchdog_fd.append(os.dup(2))
+        _arm_watchdog()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not _watchdog_fd:
+        return
+    if _run_as_a_command():
+        _arm_watchdog()  # the exit comes next: a hang there (joining a stuck thread) is caught too
+        return
+    faulthandler.cancel_dump_traceback_later()
+    os.close(_watchdog_fd.pop())
 
 
 def _arm_watchdog() -> None:
-    # Each call restarts the one timer. It stays armed between tests and after
-    # the last one: a hang at exit (joining a thread stuck in a tool) is caught too.
-    fd = _watchdog_fd[0] if _watchdog_fd else 2
-    faulthandler.dump_traceback_later(HUNG_TEST_S, exit=True, file=fd)
+    # Each call restarts the one timer.
+    if _watchdog_fd:
+        faulthandler.dump_traceback_later(HUNG_TEST_S, exit=True, file=_watchdog_fd[0])
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -170,6 +170,7 @@ def acquire(base: Path) -> Path:
                 _swept.add(key)
                 _sweep(base, pd.path)
         pd.users += 1
+        _settle_collected_locked()  # a collection inside this section may have added some
         return pd.path
 
 
@@ -194,6 +195,7 @@ def release(base: Path, path: Optional[Path]) -> None:
     with _lock:
         _settle_collected_locked()
         _count_down_locked(base)
+        _settle_collected_locked()  # a collection inside this section may have added some
 
 
 def _release_collected(base: Path, path: Path) -> None:

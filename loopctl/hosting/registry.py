@@ -56,9 +56,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("loopctl")
 
-#: How long ``close()`` waits, in all, for the threads of runs a cancel took
-#: over (their body was blocked in a call that ignores the cancel), even when
-#: it has no bound: such a call may never return.
+#: How long ``close(timeout=None)`` waits, in all, for the threads of runs a
+#: cancel took over (their body was blocked in a call that may ignore the
+#: cancel): such a call may never return.
 TAKEN_OVER_GRACE_S = 2.0
 
 
@@ -353,9 +353,9 @@ class RunRegistry(RegistryApprovals):
 
         Waits up to ``timeout`` seconds in all (None: no bound) for the runs
         to finish and their threads to exit; a thread stuck in a tool that
-        ignores its cancel signal is left behind (after at most
-        ``TAKEN_OVER_GRACE_S``, even with no bound). Idempotent; ``start``
-        and ``loop_for`` raise afterwards, queries keep working.
+        ignores its cancel signal is left behind (with no bound, after
+        ``TAKEN_OVER_GRACE_S`` for all such threads together). Idempotent;
+        ``start`` and ``loop_for`` raise afterwards, queries keep working.
         """
         with self._lock:
             self._closed = True
@@ -374,15 +374,21 @@ class RunRegistry(RegistryApprovals):
             h.wait(left())
         for loop in loops:
             loop.close()
+        run_ids = [e.run_id for e in entries]
+        if timeout is not None:
+            join_run_threads(run_ids, left)
+            return
         # A body a cancel took over may be stuck in a call that never returns:
-        # even an unbounded close() gives such bodies a bounded grace, together.
-        grace_end = time.monotonic() + TAKEN_OVER_GRACE_S
-        join_run_threads(
-            [e.run_id for e in entries],
-            left,
-            {h.run_id for h in handles if taken_over(h)},
-            lambda: max(0.0, grace_end - time.monotonic()),
-        )
+        # an unbounded close() gives such bodies a bounded grace, together,
+        # counted from the first of them it waits for.
+        grace_end: list[float] = []
+
+        def grace() -> float:
+            if not grace_end:
+                grace_end.append(time.monotonic() + TAKEN_OVER_GRACE_S)
+            return max(0.0, grace_end[0] - time.monotonic())
+
+        join_run_threads(run_ids, left, {h.run_id for h in handles if taken_over(h)}, grace)
 
     def __enter__(self) -> RunRegistry:
         return self

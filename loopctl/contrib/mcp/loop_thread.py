@@ -11,6 +11,7 @@ the thread; it is idempotent and bounded.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import logging
 import threading
@@ -26,6 +27,11 @@ T = TypeVar("T")
 #: How long ``stop()`` lets tasks still on the loop unwind before giving up on them.
 STOP_GRACE_S = 5.0
 
+# Every loop thread still running, held until its thread ends: at interpreter
+# exit each is stopped and joined (bounded), so a server dropped without
+# close() (its collector cleanup only asks) still shuts its subprocess down.
+_running: set[LoopThread] = set()
+
 
 class LoopThread:
     """A private asyncio loop running on its own named thread until ``stop()``."""
@@ -37,7 +43,12 @@ class LoopThread:
         self._thread = threading.Thread(target=self._main, name=f"loopctl-mcp-{name}", daemon=True)
         self._lock = threading.Lock()
         self._stopped = False
-        self._thread.start()
+        _running.add(self)
+        try:
+            self._thread.start()
+        except BaseException:
+            _running.discard(self)
+            raise
         self._started.wait()
 
     @property
@@ -55,6 +66,7 @@ class LoopThread:
                 self._finish()
             finally:
                 self._loop.close()
+                _running.discard(self)
 
     def _finish(self) -> None:
         # Let every task still on the loop (a connection winding down, a
@@ -103,6 +115,12 @@ class LoopThread:
                 self._loop.call_soon_threadsafe(self._loop.stop)
         if not self.is_current():
             self._thread.join(timeout)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for t in list(_running):
+        t.stop(STOP_GRACE_S + 1.0)
 
 
 __all__ = ["LoopThread"]
