@@ -227,7 +227,7 @@ class RunRegistry(RegistryApprovals):
         """
         with self._lock:
             self._prune_locked()
-            entry = self._lookup(run_id, owner)  # an unknown id is a KeyError first (SPEC 11)
+            entry = self._lookup(run_id, owner)  # an unknown id is a KeyError before a bad path is a ConfigError
             if to is not None:
                 check_path(to)  # ended or not: a bad path is the caller's error either way
             loop = entry.loop
