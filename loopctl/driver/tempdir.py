@@ -159,7 +159,6 @@ def acquire(base: Path) -> Path:
         OSError: the parent cannot be made.
     """
     with _lock:
-        _settle_collected_locked()
         key = base
         pd = _parents.get(key)
         if pd is None or pd.pid != os.getpid():  # a forked child makes its own
@@ -170,7 +169,7 @@ def acquire(base: Path) -> Path:
                 _swept.add(key)
                 _sweep(base, pd.path)
         pd.users += 1
-        _settle_collected_locked()  # a collection inside this section may have added some
+        _settle_collected_locked()
         return pd.path
 
 
@@ -184,6 +183,9 @@ def _count_down_locked(base: Path) -> None:
 
 
 def _settle_collected_locked() -> None:
+    # Last in every section under _lock: it also counts down what a
+    # collection inside the section itself added (after a count up, so a
+    # parent still in use is never removed and remade).
     while _collected:
         _count_down_locked(_collected.pop())
 
@@ -193,9 +195,8 @@ def release(base: Path, path: Optional[Path]) -> None:
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
     with _lock:
-        _settle_collected_locked()
         _count_down_locked(base)
-        _settle_collected_locked()  # a collection inside this section may have added some
+        _settle_collected_locked()
 
 
 def _release_collected(base: Path, path: Path) -> None:
@@ -203,7 +204,7 @@ def _release_collected(base: Path, path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     _collected.append(base)
     # Count down now unless the lock is held (maybe by this very thread, which
-    # the collector interrupted); its holder's next section counts it down.
+    # the collector interrupted); its holder, or the next section, counts it down.
     if _lock.acquire(blocking=False):
         try:
             _settle_collected_locked()

@@ -255,20 +255,15 @@ def join_run_threads(
     The driver names them ``loopctl-run-<id[:12]>`` (``-cancel`` for the
     takeover); ``left()`` is the time left for each join (None: no bound).
     The bodies of ``taken_over`` runs (a cancel finished them while their
-    body was blocked, maybe in a call that never returns) get at most
-    ``grace()`` as well, and are left behind after it.
+    body was blocked, maybe in a call that never returns) wait ``grace()``
+    instead, and are left behind after it.
     """
     bodies = {f"loopctl-run-{rid[:12]}" for rid in run_ids}
     stuck = {f"loopctl-run-{rid[:12]}" for rid in taken_over}
     me = threading.current_thread()
     for t in threading.enumerate():
-        if t is me or t.name.removesuffix("-cancel") not in bodies:
-            continue
-        wait = left()
-        if t.name in stuck:
-            g = grace()
-            wait = g if wait is None else wait if g is None else min(wait, g)
-        t.join(wait)
+        if t is not me and t.name.removesuffix("-cancel") in bodies:
+            t.join(grace() if t.name in stuck else left())
 
 
 __all__ = ["RunStatus", "join_run_threads"]
