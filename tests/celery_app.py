@@ -40,6 +40,7 @@ from typing import Any, Dict, List, Optional
 
 import redis
 from celery import Celery
+from celery import signals as celery_signals
 
 from loopctl import BareLoop, Message, ModelError, ModelRequest, ModelResponse, SessionConfig
 from loopctl.contrib.celery import CeleryRunRegistry
@@ -306,6 +307,19 @@ registry = make_registry(
     REDIS_URL or "redis://127.0.0.1:1/0",
     drain_timeout=float(os.environ.get("LOOPCTL_TEST_DRAIN_S", "30")),
 )
+
+
+def _say_draining(how: object = None, **_: object) -> None:
+    # Connected after loopctl's own receiver (made with the registry above), so
+    # it runs after it: the tests release a gated call only once this line
+    # shows the worker draining (a release before the signal was handled
+    # would let the run pass its boundary on the leaving worker). os.write:
+    # this runs in a signal handler, and Celery redirects sys.stdout.
+    if how == "Warm":
+        os.write(1, f"test-worker: warm shutdown, draining={registry._host.draining.is_set()}\n".encode())
+
+
+celery_signals.worker_shutting_down.connect(_say_draining, weak=False)
 
 # The workers' registry whose conversations live in the Redis session store
 # (tests/test_sessions_celery.py); prefix and store must match the starter's.

@@ -56,6 +56,7 @@ class _Process:
         self._ready_text = ready_text
         self._ready = threading.Event()
         self.lines: Deque[str] = collections.deque(maxlen=200)
+        self._line = threading.Condition()
         self.label = label
         self.proc = subprocess.Popen(
             list(argv),
@@ -73,10 +74,20 @@ class _Process:
         out = self.proc.stdout
         assert out is not None
         for line in out:
-            self.lines.append(line.rstrip("\n"))
+            with self._line:
+                self.lines.append(line.rstrip("\n"))
+                self._line.notify_all()
             if self._ready_text in line:
                 self._ready.set()
         self._ready.set()  # EOF: the process is gone; wait_ready reports it
+
+    def wait_line(self, text: str, timeout: float) -> str:
+        """The first kept output line containing ``text``, waiting up to ``timeout`` for it."""
+        with self._line:
+            found = self._line.wait_for(lambda: next((ln for ln in self.lines if text in ln), None), timeout)
+        if found is None:
+            raise AssertionError(f"{self.label} never printed {text!r}:\n{self.tail()}")
+        return found
 
     def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
         if not self._ready.wait(timeout) or self.proc.poll() is not None:

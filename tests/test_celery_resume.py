@@ -346,6 +346,9 @@ def test_sigterm_hands_the_run_back_at_its_next_boundary_with_no_failure(three_w
         c.workers.remove(leaving)
         c.retired.append(leaving)
     leaving._p.proc.terminate()  # warm shutdown: it stops taking runs and drains
+    # Only once the worker has handled the signal (else the run may pass its
+    # boundary before the drain and finish on the leaving worker).
+    assert leaving._p.wait_line("test-worker: warm shutdown", WAIT).endswith("draining=True")
     c.release(tag, 1)  # the model call ends: the boundary where the run is handed back
     run = reg.result(rid, timeout=WAIT)
     assert run.output == f"done {tag} turn=2 steers=0"
