@@ -136,11 +136,11 @@ class ScriptedClient:
 
     def stream(self, request: ModelRequest) -> IteratorStream:
         """Play the next item as a stream of small deltas."""
+        return IteratorStream(self._events(request))
 
-        def events() -> Iterator[StreamEvent]:
-            yield from response_events(self._take(request), self._chunk)
-
-        return IteratorStream(events())
+    def _events(self, request: ModelRequest) -> Iterator[StreamEvent]:
+        # A generator method, not a closure: thousands of runs may wait in it at once.
+        yield from response_events(self._take(request), self._chunk)
 
 
 __all__ = ["ScriptedClient", "call", "calls", "reply"]

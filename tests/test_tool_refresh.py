@@ -65,3 +65,15 @@ def test_unregister_says_whether_there_was_a_tool() -> None:
     registry = ToolRegistry([first])
     assert registry.unregister("first") and not registry.unregister("first")
     assert registry.schemas() == ()
+
+
+def test_the_name_set_is_shared_until_the_tools_change_and_follows_every_change() -> None:
+    registry = ToolRegistry([first])
+    names = registry.name_set()
+    assert registry.name_set() is names  # cached: every run of the loop shares one
+    registry.register(second)
+    assert registry.name_set() == {"first", "second"}
+    registry.unregister("first")
+    assert registry.name_set() == {"second"}
+    assert not registry.unregister("first")  # nothing removed: the cached set stays right
+    assert registry.name_set() == {"second"}

@@ -105,11 +105,19 @@ class RunContext:
         self.lock.release()
 
     def __exit__(self, et: object, ev: object, tb: object) -> Literal[False]:
+        self.refence()
+        return False
+
+    def refence(self) -> None:
+        """Take the fence back after ``self.lock.release()``; a run abandoned meanwhile raises ``Abandoned``.
+
+        ``unfenced()`` spelled out, for the per-event read of a model stream:
+        no context-manager calls, and no bound ``__exit__`` held while it waits.
+        """
         self.lock.acquire()
         if self.abandoned:
             self.lock.release()
             raise Abandoned
-        return False
 
     def on_cancel(self) -> None:
         """The run's listener on the loop's cancel signal (on the cancelling thread).

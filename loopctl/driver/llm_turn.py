@@ -240,15 +240,17 @@ class ModelTurn(RunState):
     def _next_event(self, it: Iterator[object]) -> Any:
         """The call's next event (None at its end), read unfenced; foreign errors become ``ModelError``."""
         rc = self.rc
+        rc.lock.release()  # unfenced: a cancel may take the run over while the model is awaited
         try:
-            with rc.unfenced():
-                return next(it, None)
+            return next(it, None)
         except LoopError:
             raise
         except Exception as exc:
             if rc.cancel.is_cancelled():
                 raise Cancelled(rc.cancel.reason) from exc
             raise ModelError(f"stream failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            rc.refence()
 
     def _complete_turn(self, turn: int, request: ModelRequest) -> ModelResponse:
         """A non-streaming turn: the same retries, one whole reply.

@@ -73,6 +73,7 @@ class ToolRegistry:
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
         self._schemas: Optional[tuple[ToolSchema, ...]] = None
+        self._names: Optional[frozenset[str]] = None
         self._asks: Optional[bool] = None  # any tool with requires_approval (cached)
         self._refreshers: tuple[Callable[[ToolRegistry], None], ...] = ()  # few, and most loops have none
         #: True once a refresher was added (read before every model turn: a plain attribute).
@@ -112,6 +113,7 @@ class ToolRegistry:
             log.warning("%s replaced by %s (override)", describe_tool(old), describe_tool(tool))
         self._tools[tool.name] = tool
         self._schemas = None
+        self._names = None
         self._asks = None
         return tool
 
@@ -126,6 +128,7 @@ class ToolRegistry:
             return False
         del self._tools[name]
         self._schemas = None
+        self._names = None
         self._asks = None
         return True
 
@@ -157,8 +160,10 @@ class ToolRegistry:
         return sorted(self._tools)
 
     def name_set(self) -> frozenset[str]:
-        """Tool names as a set (cheap membership tests)."""
-        return frozenset(self._tools)
+        """Tool names as a set (cheap membership tests; cached, so every run shares one)."""
+        if self._names is None:
+            self._names = frozenset(self._tools)
+        return self._names
 
     def schemas(self) -> tuple[ToolSchema, ...]:
         """Every tool's schema, in registration order (cached)."""
