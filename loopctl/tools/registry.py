@@ -112,9 +112,7 @@ class ToolRegistry:
         elif old is not None and getattr(old, "source", None) is not getattr(tool, "source", None):
             log.warning("%s replaced by %s (override)", describe_tool(old), describe_tool(tool))
         self._tools[tool.name] = tool
-        self._schemas = None
-        self._names = None
-        self._asks = None
+        self._forget_derived()
         return tool
 
     def unregister(self, name: str, *, source: object = None) -> bool:
@@ -127,10 +125,14 @@ class ToolRegistry:
         if old is None or (source is not None and getattr(old, "source", None) is not source):
             return False
         del self._tools[name]
+        self._forget_derived()
+        return True
+
+    def _forget_derived(self) -> None:
+        # The tools changed: what is computed from them is made again on next use.
         self._schemas = None
         self._names = None
         self._asks = None
-        return True
 
     def add_refresher(self, refresher: Callable[[ToolRegistry], None]) -> None:
         """Call ``refresher(registry)`` before each model turn of every run.
