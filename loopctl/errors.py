@@ -259,6 +259,37 @@ def _scrub_foreign(exc: BaseException, mask: Callable[[str], str], strip: bool) 
         exc.__traceback__ = None
     elif exc.__traceback__ is not None:
         traceback.clear_frames(exc.__traceback__)
+    _scrub_attributes(exc, mask, strip)
+
+
+def _scrub_attributes(exc: BaseException, mask: Callable[[str], str], strip: bool) -> None:
+    """A foreign exception's raw data beside its message: texts masked; with ``strip``, objects dropped.
+
+    A ``UnicodeError`` keeps the whole text it failed on (a header's value,
+    say), a ``JSONDecodeError`` the document, and a ``requests`` error its
+    request, whose headers carry the credentials, and its response.
+    """
+    if isinstance(exc, UnicodeError):
+        obj = getattr(exc, "object", None)
+        try:
+            if isinstance(obj, str):
+                exc.object = mask(obj)  # type: ignore[attr-defined]
+            elif strip and isinstance(obj, (bytes, bytearray)):
+                exc.object = b""  # type: ignore[attr-defined]
+        except Exception:
+            pass
+    try:
+        fields = list(vars(exc).items())
+    except TypeError:  # no __dict__
+        return
+    for key, value in fields:
+        try:
+            if isinstance(value, str):
+                setattr(exc, key, mask(value))
+            elif strip and not isinstance(value, (bool, int, float, type(None))):
+                setattr(exc, key, None)
+        except Exception:  # a read-only attribute: the message above is what it shows
+            pass
 
 
 def _shown_id(session_id: str) -> str:

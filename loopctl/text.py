@@ -155,14 +155,39 @@ def redact(text: str) -> str:
     """``text`` with every registered credential and anything key-shaped masked."""
     if not text:
         return text
-    # Key shapes first: a registered key that is the start of a longer
-    # key-shaped token must not leave that token's tail behind.
-    if _has_key_mark(text):
-        text = _KEY_SHAPES.sub(REDACTED, text)
-    for form in _secret_forms:
-        if form in text:
-            text = text.replace(form, REDACTED)
-    return text
+    return mask_spans(text, _secret_forms)
+
+
+def mask_spans(text: str, forms: Iterable[str]) -> str:
+    """``text`` with every occurrence of ``forms`` and every key shape masked (``text`` itself if none).
+
+    All are found in the text as given, then masked together: a registered
+    key that starts a longer key-shaped token, or a key-shaped part inside
+    a registered credential, is masked whole, never leaving a tail or a
+    head of the other behind (as masking one kind after the other would).
+    """
+    spans = [m.span() for m in _KEY_SHAPES.finditer(text)] if _has_key_mark(text) else []
+    for form in forms:
+        at = text.find(form)
+        while at >= 0:
+            spans.append((at, at + len(form)))
+            at = text.find(form, at + 1)
+    if not spans:
+        return text
+    spans.sort()
+    out: list[str] = []
+    kept_to = 0  # text before this index is written out or masked
+    for start, end in spans:
+        if start > kept_to:
+            out.append(text[kept_to:start])
+            out.append(REDACTED)
+        elif end <= kept_to:
+            continue  # inside a span already masked
+        elif not out or out[-1] is not REDACTED:
+            out.append(REDACTED)
+        kept_to = max(kept_to, end)
+    out.append(text[kept_to:])
+    return "".join(out)
 
 
 def redact_key_shapes(text: str) -> str:
@@ -303,16 +328,26 @@ def redact_value(value: object) -> Any:
     if isinstance(value, _PLAIN):  # before the Mapping ABC check, which is slow
         return value
     if isinstance(value, Mapping):
-        items = [(k, redact_value(v)) for k, v in value.items()]
-        if all(v is value[k] for k, v in items):
+        items = [(_masked_key(k), redact_value(v)) for k, v in value.items()]
+        if all(k is k0 and v is v0 for (k, v), (k0, v0) in zip(items, value.items())):
             return value
-        return dict(items)
+        masked: dict[Any, Any] = {}
+        for k, v in items:
+            while k in masked:  # two keys masked alike: both kept, the later one marked
+                k = f"{k}'"
+            masked[k] = v
+        return masked
     if isinstance(value, (list, tuple)):
         out = [redact_value(v) for v in value]
         if all(a is b for a, b in zip(out, value)):
             return value
         return tuple(out) if isinstance(value, tuple) else out
     return value
+
+
+def _masked_key(key: object) -> object:
+    """A mapping's key as an outlet shows it: model-made keys are text like any other."""
+    return redact(key) if type(key) is str else key
 
 
 _PLAIN = (bool, int, float, type(None))
@@ -407,6 +442,7 @@ __all__ = [
     "quote",
     "redact",
     "redact_fields",
+    "mask_spans",
     "redact_key_shapes",
     "redact_value",
     "register_secrets",

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import threading
+import types
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any, Callable, Optional
 
@@ -377,3 +378,42 @@ def error_chain(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(e))
         yield e
         todo += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+
+
+def reachable_texts(root: object, depth: int = 6) -> Iterator[str]:
+    """Every str (and bytes, as text) reachable from ``root`` through attributes, mappings and sequences.
+
+    Bounded by ``depth`` and each object once: what a debugger, a logging
+    formatter or an error tracker could read off an exception (a ``requests``
+    error's request headers, a ``UnicodeError``'s text, a decoder's document).
+    """
+    seen: set[int] = set()
+    todo: list[tuple[object, int]] = [(root, 0)]
+    while todo:
+        obj, level = todo.pop()
+        if isinstance(obj, str):
+            yield obj
+            continue
+        if isinstance(obj, (bytes, bytearray)):
+            yield bytes(obj).decode("latin-1")
+            continue
+        if level > depth or id(obj) in seen or isinstance(obj, (type, types.ModuleType, types.FunctionType)):
+            continue
+        seen.add(id(obj))
+        nxt = level + 1
+        if isinstance(obj, Mapping):
+            todo += [(x, nxt) for kv in obj.items() for x in kv]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo += [(x, nxt) for x in obj]
+        if isinstance(obj, BaseException):
+            todo += [(x, nxt) for x in obj.args]
+            if isinstance(obj, UnicodeError):
+                todo.append((getattr(obj, "object", None), nxt))
+        try:
+            fields = vars(obj)
+        except TypeError:
+            fields = {}
+        todo += [(x, nxt) for x in fields.values()]
+        for name in getattr(type(obj), "__slots__", ()):
+            todo.append((getattr(obj, name, None), nxt))
+

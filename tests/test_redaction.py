@@ -33,7 +33,7 @@ from fakeserver import (
     openai_stream,
     sse,
 )
-from support import Recorder, error_chain
+from support import Recorder, error_chain, reachable_texts
 
 from loopctl import BareLoop, LoopError
 from loopctl.demo.cli import main as cli_main
@@ -108,6 +108,12 @@ CASES = [
          script=lambda: [Reply(400, {"error": {"message": f"bad team token {HEADER_VALUE}"}})]),
     Case("connection refused at a URL with credentials", url_password=True, dead_port=True,
          says="connection refused at http://"),
+    Case("connection refused, a custom header", extra_headers={"x-team-token": HEADER_VALUE}, dead_port=True,
+         in_cli=False, says="connection refused at http://"),
+    Case("connection refused, anthropic", provider="anthropic", extra_headers={"x-team-token": HEADER_VALUE},
+         dead_port=True, in_cli=False, says="connection refused at http://"),
+    Case("a key that is not latin-1, with a key-shaped part", key="sk-ключ-" + KEY, dead_port=True,
+         says="(UnicodeEncodeError)"),
     Case("anthropic 529 then a body echoing the key", provider="anthropic", says="rate limited after 2 attempts",
          handler=dict(QUICK, rate_limit_retries=1, rate_limit_delay=0.0),
          script=lambda: [Reply(529, {"error": {"message": f"overloaded {KEY}"}}),
@@ -137,6 +143,8 @@ def assert_error_clean(exc: BaseException) -> None:
     for e in error_chain(exc):
         assert_clean(f"str() of {type(e).__name__}", str(e))
         assert_clean(f"repr() of {type(e).__name__}", repr(e))
+        for text in reachable_texts(e):  # its request's headers, a decoder's document, ...
+            assert_clean(f"an object reachable from {type(e).__name__}", text)
     assert_clean("traceback.format_exception", "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
     te = traceback.TracebackException(type(exc), exc, exc.__traceback__, capture_locals=True)
     assert_clean("a traceback with frame locals", "".join(te.format()))

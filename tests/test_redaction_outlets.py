@@ -19,6 +19,7 @@ import io
 import json
 import logging
 import pickle
+import threading
 import traceback
 from typing import Any, Callable, Optional
 
@@ -243,3 +244,67 @@ def test_keys_in_two_calls_arguments_streamed_interleaved_are_both_masked(server
     for i in range(2):
         joined = "".join(d.delta for d in deltas if d.call_id == f"c{i}")
         assert joined == _args("<redacted>"), joined
+
+
+@tool(requires_approval=True)
+def lookup(opts: dict[str, str], note: str) -> str:
+    """Look a record up (a person approves each call).
+
+    Args:
+        opts: lookup options.
+        note: why.
+    """
+    return "found"
+
+
+def test_a_key_as_a_mapping_key_or_in_an_approval_is_masked_at_every_outlet() -> None:
+    """A model may put a key where a name goes: as a mapping's key, not only its values.
+
+    Also the pending approval's and the decision's JSON forms, which a web
+    page serves as they are.
+    """
+    from support import WAIT
+
+    from loopctl.events import EVENT_METHODS
+    from loopctl.observers import ApprovalRequested, Observer
+    from loopctl.testing import ScriptedClient, call, reply
+
+    asked = threading.Event()
+    seen: list[Any] = []
+
+    class Watch(Observer):
+        def record(self, event: Any) -> None:
+            seen.append(event)
+            if isinstance(event, ApprovalRequested):
+                asked.set()
+
+    for method in set(EVENT_METHODS.values()):
+        setattr(Watch, method, Watch.record)
+
+    args = {"opts": {LEAK: "v", "plain": LEAK}, "note": f"key {LEAK}"}
+    loop = BareLoop(ScriptedClient([call("lookup", **args), reply("done")]), [lookup]).with_observer(Watch())
+    reg = RunRegistry()
+    try:
+        rid = reg.start(loop, "look it up")
+        assert asked.wait(WAIT)
+        [pending] = reg.pending_approvals(rid)
+        assert pending.arguments["opts"][LEAK] == "v"  # the person's object holds what the call runs with
+        outlets: dict[str, Any] = {
+            "PendingApproval.to_dict": pending.to_dict(),
+            "RunStatus.to_dict while pending": reg.status(rid).to_dict(),
+        }
+        assert pending.to_dict()["arguments"]["opts"] == {"<redacted>": "v", "plain": "<redacted>"}
+        assert reg.approve(rid, pending.call_id, by=f"ops {LEAK}")
+        run = reg.result(rid, WAIT)
+        outlets["Run.to_dict"] = run.to_dict()
+        outlets["the turns' records"] = repr(run.turns)
+        outlets["ApprovalDecision.to_dict"] = [d.to_dict() for d in run.approvals]
+        outlets["RunStatus.to_dict"] = reg.status(rid).to_dict()
+        outlets["registry events"] = list(reg.events(rid, timeout=0))
+        outlets["observer events"] = [e.to_dict() for e in seen]
+    finally:
+        reg.close()
+    assert run.output == "done"
+    for where, value in outlets.items():
+        text = value if isinstance(value, str) else json.dumps(value, default=repr)
+        assert MARKER not in text, f"a key reaches {where}: {text[:400]}"

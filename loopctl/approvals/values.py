@@ -1,7 +1,8 @@
 """Approval values: a call waiting for a person, the policy's view, the decision.
 
 A leaf: plain frozen attrs classes with JSON forms, no threads; it imports
-only ``loopctl.frozen``. Arguments are deeply immutable (``FrozenDict``):
+only ``loopctl.frozen`` and ``loopctl.text`` (the JSON forms are outlets:
+masked like every other). Arguments are deeply immutable (``FrozenDict``):
 the policy, the person, the events and the record read one value that
 none of them can change (``thaw`` gives a mutable copy). The slot that parks calls and takes answers from other
 threads is ``loopctl.approvals.slot``; the audit record keeps every
@@ -16,6 +17,7 @@ from typing import Any, Optional
 import attrs
 
 from loopctl.frozen import FrozenDict, freeze_arguments, thaw
+from loopctl.text import json_safe, redact, redact_value
 
 #: The reason given to calls still pending when their run ends.
 RUN_ENDED = "run ended"
@@ -53,11 +55,11 @@ class PendingApproval:
     subagent: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict (the arguments as given, which came from JSON)."""
+        """A JSON-safe dict, the arguments masked (``loopctl.text.redact``) as at every outlet."""
         return {
             "call_id": self.call_id,
             "tool": self.tool,
-            "arguments": thaw(self.arguments),
+            "arguments": json_safe(redact_value(thaw(self.arguments))),
             "run_id": self.run_id,
             "requested_at": self.requested_at,
             "turn": self.turn,
@@ -126,14 +128,14 @@ class ApprovalDecision:
     decided_at: float
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict."""
+        """A JSON-safe dict, its texts masked (``loopctl.text.redact``) as at every outlet."""
         return {
             "call_id": self.call_id,
             "tool": self.tool,
             "approved": self.approved,
-            "by": self.by,
-            "reason": self.reason,
-            "arguments": thaw(self.arguments),
+            "by": None if self.by is None else redact(self.by),
+            "reason": redact(self.reason),
+            "arguments": json_safe(redact_value(thaw(self.arguments))),
             "edited": self.edited,
             "requested_at": self.requested_at,
             "decided_at": self.decided_at,

@@ -18,9 +18,8 @@ from typing import Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from loopctl.errors import scrub_error
-from loopctl.text import REDACTED as _REDACTED
+from loopctl.text import mask_spans, redact_key_shapes, register_secrets
 from loopctl.text import redact as _redact_everywhere
-from loopctl.text import redact_key_shapes, register_secrets
 
 
 def _forms(value: str) -> set[str]:
@@ -65,11 +64,7 @@ class Secret:
 
     def redact(self, text: str) -> str:
         """``text`` with every credential of this client (and of every other) and anything key-shaped masked."""
-        text = redact_key_shapes(text)  # first: a key must not leave the tail of a longer token
-        for form in self._forms:
-            if form in text:
-                text = text.replace(form, _REDACTED)
-        return _redact_everywhere(text)
+        return _redact_everywhere(mask_spans(text, self._forms))
 
     def scrub(self, err: BaseException) -> BaseException:
         """Redact ``err`` and its whole cause/context chain in place; returns ``err``.
