@@ -118,6 +118,31 @@ def test_two_calls_sharing_an_id_are_each_approved_and_recorded_and_the_model_se
     assert "denied" in sent[-1].tool_results[1].output
 
 
+def test_a_call_reusing_an_earlier_turns_id_gets_a_new_one_so_a_late_answer_never_reaches_it() -> None:
+    """A person answers the call they were shown; the model may send its id again in a later turn."""
+    bank = Bank()
+    script = [calls_reply(("c1", "pay", {"to": "alice", "amount": 5})),
+              calls_reply(("c1", "pay", {"to": "mallory", "amount": 5000}), ("c1-2", "pay", {"to": "bob", "amount": 1})),
+              reply("done")]
+    loop, client, parked = loop_for(script, *bank.tools)
+    with loop:
+        h = loop.start("pay alice")
+        parked.wait_for(1)
+        assert h.deny("c1", "not now", by="ann") is True
+        parked.wait_for(3)
+        pending = h.pending_approvals()
+        assert [(p.call_id, p.arguments["to"]) for p in pending] == [("c1-3", "mallory"), ("c1-2", "bob")]
+        assert h.approve("c1", by="ann") is False  # the late click for alice's call reaches no other call
+        assert h.deny("c1-3", "no", by="ann") is True
+        assert h.approve("c1-2", by="ann") is True
+        run = h.result(WAIT)
+    assert bank.ran == [("pay", "bob", 1)]
+    assert [[c.id for c in t.tool_calls] for t in run.turns[:2]] == [["c1"], ["c1-3", "c1-2"]]
+    sent = client.requests[2].messages
+    assert [c.id for m in sent for c in m.tool_calls] == ["c1", "c1-3", "c1-2"]
+    assert [r.tool_call_id for m in sent for r in m.tool_results] == ["c1", "c1-3", "c1-2"]
+
+
 def test_an_edit_applies_to_one_call_only_when_two_calls_share_an_id() -> None:
     bank = Bank()
     script = [calls_reply(("c1", "pay", {"to": "alice", "amount": 5}), ("c1", "pay", {"to": "mallory", "amount": 9999})),

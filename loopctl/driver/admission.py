@@ -66,35 +66,46 @@ class Admitted:
         return thaw(self.call.input)  # type: ignore[no-any-return]
 
 
-def unique_ids(calls: Sequence[ToolCallPart]) -> list[ToolCallPart]:
-    """``calls`` with every repeated id renamed ``<id>-N`` (deterministic; first keeps its id)."""
+def unique_ids(calls: Sequence[ToolCallPart], used: Optional[set[str]] = None) -> list[ToolCallPart]:
+    """``calls`` with every id used before renamed ``<id>-N`` (deterministic; a first use keeps its id).
+
+    Used before: earlier in ``calls``, or in ``used`` (the ids of the run's
+    earlier calls), which grows by the ids given out. One id names one call
+    in a run, so an answer meant for a call (an approval) can never reach
+    another that happened to reuse its id, in the same turn or a later one.
+    """
+    if used is None:
+        used = set()
     ids = {c.id for c in calls}
-    if len(ids) == len(calls):
+    if len(ids) == len(calls) and ids.isdisjoint(used):
+        used |= ids
         return list(calls)
-    seen: set[str] = set()
+    avoid = ids | used  # a new name is none of these
     out: list[ToolCallPart] = []
     for c in calls:
         cid = c.id
-        if cid in seen:
+        if cid in used:
             n = 2
-            while f"{c.id}-{n}" in ids:
+            while f"{c.id}-{n}" in avoid:
                 n += 1
             cid = f"{c.id}-{n}"
-            ids.add(cid)
+            avoid.add(cid)
             c = attrs.evolve(c, id=cid)
-        seen.add(cid)
+        used.add(cid)
         out.append(c)
     return out
 
 
-def admit(calls: Sequence[ToolCallPart], tools: ToolRegistry) -> list[Admitted]:
+def admit(calls: Sequence[ToolCallPart], tools: ToolRegistry, used: Optional[set[str]] = None) -> list[Admitted]:
     """The gate: unique ids, resolved names, frozen and validated arguments, in request order.
 
     Args:
         calls: one turn's calls (or one call of it, for a retry).
         tools: the loop's ``ToolRegistry`` (anything with ``get(name)``).
+        used: the ids of the run's earlier calls, for a fresh reply's calls
+            (see ``unique_ids``); None for calls admitted again.
     """
-    return [_admit_one(c, tools) for c in unique_ids(calls)]
+    return [_admit_one(c, tools) for c in unique_ids(calls, used)]
 
 
 def _admit_one(call: ToolCallPart, tools: ToolRegistry) -> Admitted:
@@ -125,12 +136,17 @@ def _admit_one(call: ToolCallPart, tools: ToolRegistry) -> Admitted:
     return Admitted(call, tool, problem)
 
 
-def admit_message(message: Message, tools: ToolRegistry) -> tuple[Message, list[Admitted]]:
-    """A reply (or resumed message) with its calls admitted in place, and the admitted calls."""
+def admit_message(
+    message: Message, tools: ToolRegistry, used: Optional[set[str]] = None
+) -> tuple[Message, list[Admitted]]:
+    """A reply (or resumed message) with its calls admitted in place, and the admitted calls.
+
+    ``used``: the ids of the run's earlier calls (see ``unique_ids``).
+    """
     calls = message.tool_calls
     if not calls:
         return message, []
-    admitted = admit(calls, tools)
+    admitted = admit(calls, tools, used)
     if all(a.call is c for a, c in zip(admitted, calls)):
         return message, admitted
     it = iter(a.call for a in admitted)

@@ -140,6 +140,13 @@ class ModelTurn(RunState):
             parts.provider_name(),
         )
 
+    def used_call_ids(self) -> set[str]:
+        """The ids the run's calls have had (seeded, on first use, from the run's messages so far)."""
+        ids = self.call_ids
+        if ids is None:  # a resumed run's earlier turns are in pending already
+            ids = self.call_ids = {c.id for msg in self.machine.pending for c in msg.tool_calls}
+        return ids
+
     def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Phase) -> None:
         """Calibrate, detect convergence, ``on_response``, feed the machine, the ``Turn`` record."""
         parts = self.parts
@@ -154,8 +161,8 @@ class ModelTurn(RunState):
             model = response.model or parts.model_name()
             em.emit(StreamSuccess(em.session_id, em.run_id, turn, model, usage, parts.provider_name()))
         # The gate first: the conversation and the record hold the admitted calls
-        # (ids unique in the turn, arguments frozen), as the dispatcher and approvals do.
-        message, self.admitted = admit_message(response.message, parts.tools)
+        # (ids unique in the run, arguments frozen), as the dispatcher and approvals do.
+        message, self.admitted = admit_message(response.message, parts.tools, self.used_call_ids())
         if message is not response.message:  # not attrs.evolve: every reply with calls comes here
             response = ModelResponse(message, response.stop_reason, response.usage, response.model)
         calls = message.tool_calls  # both are computed properties: read once

@@ -72,7 +72,7 @@ class RunState:
         "run_input", "config", "session_id", "parallel", "policy",
         "durable", "resume_point", "link", "tool_names", "base_options",
         "llm_phase", "deferred_tokens", "gathers", "model_call",
-        "tally", "admitted",
+        "tally", "admitted", "call_ids",
         "__weakref__",
     )
 
@@ -129,6 +129,9 @@ class RunState:
         # The last reply's calls as the admission gate passed them, for the
         # dispatcher to take (once) instead of admitting the same calls again.
         self.admitted: Optional[Sequence[Admitted]] = None
+        # Every call id the run has given out (made by its first reply with
+        # calls): a reply's calls never reuse one (admission.unique_ids).
+        self.call_ids: Optional[set[str]] = None
 
     def tool_tally(self) -> ToolTally:
         """The run's tool tally, made on first use (with the fence held)."""
