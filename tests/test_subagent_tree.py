@@ -119,6 +119,45 @@ def test_a_cancel_reaches_each_level_within_the_bound() -> None:
         assert arrived.wait_for(lambda: set(ends) >= levels, WAIT), sorted(ends)
 
 
+class BlockedEnd(Observer):
+    """Blocks in ``on_run_end`` until released: user code at a run's own end that takes its time."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def on_run_end(self, event: RunEnd) -> None:
+        self.inside.set()
+        self.release.wait(WAIT)
+
+
+def test_a_cancel_is_not_held_by_a_subagent_blocked_in_user_code_at_its_own_end() -> None:
+    """The sub-agent answered and is in its own end (an observer blocks there) when the caller is cancelled."""
+    from loopctl import Usage
+
+    for depth in (1, 2, 1, 2, 1):
+        blocked = BlockedEnd()
+        loops = chain(depth, [], [reply("found it", usage=Usage(7, 3))])
+        leaf = loops[-1]
+        leaf.register_observer(blocked)
+        handle = loops[0].start("go")
+        assert blocked.inside.wait(WAIT)
+        wall0 = time.time()
+        assert handle.cancel()
+        with pytest.raises(Cancelled):
+            handle.result(WAIT)
+        record = handle.record
+        assert record.end is not None and record.end - wall0 < CANCEL_BOUND_S, (depth, record.end - wall0)
+        assert record.usage == Usage(7, 3)  # the blocked run's tokens reached the root's record all the same
+        assert leaf.is_running  # still in its observer: nothing waited for it
+        blocked.release.set()
+        for t in threading.enumerate():  # the leaf's thread, and the bodies its end releases
+            if t.name.startswith("loopctl-run-"):
+                t.join(WAIT)
+        assert not any(loop.is_running for loop in loops)
+        assert leaf.session.runs[-1].output == "found it"  # it completed on its own account
+
+
 def test_a_cancel_through_the_registry_stops_the_tree_and_its_stream_ends_last() -> None:
     with RunRegistry() as reg:
         for _ in range(20):

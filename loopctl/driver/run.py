@@ -41,6 +41,7 @@ from loopctl.driver.llm_turn import ModelTurn, turn_query
 from loopctl.driver.meter import TokenMeter
 from loopctl.driver.parts import LoopParts
 from loopctl.driver.run_state import Release
+from loopctl.driver.subagent_runs import hand_over
 from loopctl.errors import (
     Cancelled,
     ContextOverflow,
@@ -375,6 +376,7 @@ class RunDriver(ModelTurn, Compaction):
         try:
             self.steering.close()
             rc.approvals.close(RUN_ENDED)
+            hand_over(rc.run)  # a sub-agent run settles with its caller before anything that may block
             if error is None and self.link is not None:
                 error = self.link.save(self.machine)  # a failed write fails the run
             run = rc.run

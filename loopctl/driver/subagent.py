@@ -7,8 +7,10 @@ The rules it keeps:
 - One cancel stops the tree: the calling run's cancel signal fires the
   sub-agent run's cancel (a listener, on the cancelling thread), which in
   turn fires the runs it delegates to. The calling run's ``finalize`` waits
-  (briefly, bounded) for its sub-agent runs to end, so every loop in the
-  tree is free again when the caller sees ``Cancelled``.
+  (briefly, bounded) for its sub-agent runs to settle and end, so every
+  loop in the tree is free again when the caller sees ``Cancelled``, unless
+  user code at a sub-agent run's own end blocks (an observer of its end,
+  its session's write): that is never waited for beyond a short patience.
 - A sub-agent run that ends on its own account (its own cancel, an error,
   max turns, a failed typed answer) is a soft error naming the sub-agent
   and the reason. Its history stays in its own loop; only the answer
@@ -37,7 +39,7 @@ from loopctl.cancel import CancelSignal
 from loopctl.config import RunConfig
 from loopctl.driver.handle import RunContext, RunHandle, current_run
 from loopctl.driver.subagent_events import TapForward, forwarder_for
-from loopctl.driver.subagent_runs import SETTLE_S, SubagentRun, enter
+from loopctl.driver.subagent_runs import SETTLE_S, SUBAGENT_ENTRY, SubagentRun, enter
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.machine import LoopMachine
 from loopctl.records import json_form
@@ -159,7 +161,7 @@ class SubagentTool(Tool):
                 active.leave()
             return ToolOutput.error(f"Sub-agent '{self.name}' was not started: the run was cancelled")
         try:
-            handle = self._start(task, run_id, parent, chain, path)
+            handle = self._start(task, run_id, parent, chain, path, active)
             if active is not None:
                 active.handle = handle
         except LoopError as exc:
@@ -178,8 +180,9 @@ class SubagentTool(Tool):
         parent: Optional[RunContext],
         chain: tuple[weakref.ref[RunContext], ...],
         path: tuple[str, ...],
+        active: Optional[SubagentRun],
     ) -> RunHandle:
-        """Start the run, its events forwarded to ``parent``'s (the caller's lineage in its context)."""
+        """Start the run, its events forwarded to ``parent``'s (the caller's lineage and ``active`` in its context)."""
         driver = parent.driver if parent is not None else None
         tap: Optional[TapForward] = None
         if driver is not None:
@@ -188,6 +191,7 @@ class SubagentTool(Tool):
             if events.tap is not None:
                 tap = TapForward(events.tap, events.run_id, self.name)
         token = _LINEAGE.set((chain, path + (self.name,)))
+        entry = SUBAGENT_ENTRY.set(weakref.ref(active) if active is not None else None)
         try:
             if not self.keep_history:
                 self._fresh_conversation()
@@ -197,6 +201,7 @@ class SubagentTool(Tool):
             self._forwarder.unlink(run_id)
             raise
         finally:
+            SUBAGENT_ENTRY.reset(entry)
             _LINEAGE.reset(token)
 
     def _await(self, handle: RunHandle, active: Optional[SubagentRun], cancel: CancelSignal) -> ToolOutput:
@@ -213,7 +218,7 @@ class SubagentTool(Tool):
             if cancel is not None:
                 cancel.remove_listener(on_cancel)
             if active is not None:
-                active.settle_once()
+                active.settle_once(handle.record)  # if its finalize never handed over
                 active.leave()
             else:
                 self.loop.steering().take_leftovers()  # nobody above to hand them to

@@ -3,20 +3,26 @@
 ``SubagentRuns`` hangs on the calling run's ``RunContext`` (made on first
 use); the sub-agent tool notes each run there before it starts. Any thread
 may list and answer the runs' parked approvals or steer one of them by
-path. A cancelled calling run's ``finalize`` calls ``settle``: it waits
-(bounded) for each run's own end, then takes its usage into the calling
-run's record and hands its undelivered guidance back, exactly once.
+path. A sub-agent run settles with its caller as soon as its steering slot
+is sealed (``hand_over``, in its ``finalize``): its usage goes into the
+calling run's record and its undelivered guidance back, exactly once. A
+cancelled calling run's ``finalize`` calls ``settle``: it waits (bounded)
+for each run to settle and briefly for its end, never for the user code a
+sub-agent's own end may run (its observers, its session's write).
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional, Union
 
 import attrs
 
+from loopctl.cancel import Flag
 from loopctl.driver.handle import RunContext, RunHandle
 from loopctl.driver.subagent_path import join_path
 from loopctl.messages import Message, Usage
@@ -27,15 +33,27 @@ if TYPE_CHECKING:
     from loopctl.driver.signals import RunSteering
     from loopctl.records import Run
 
-#: How long a cancelled run's finalize waits for its sub-agent runs to end (seconds).
+#: How long a cancelled run's finalize waits for its sub-agent runs to settle (seconds).
 SETTLE_S = 1.0
+#: How long it then waits, in all, for settled runs to end: their last steps
+#: are the loop's own, unless user code there blocks (seconds).
+END_PATIENCE_S = 0.05
 _lock = threading.Lock()  # guards a run's SubagentRuns creation, settling and usage sums
+
+# The sub-agent run being started, as its tool noted it: set on the calling
+# thread around the start, so the run's context (a copy) carries it to its
+# finalize. Weakly: the noted run holds the handle, which holds that context.
+SUBAGENT_ENTRY: contextvars.ContextVar[Optional[weakref.ref[SubagentRun]]] = contextvars.ContextVar(
+    "loopctl_subagent_entry", default=None
+)
 
 
 class SubagentRun:
     """One sub-agent run in flight under a calling run."""
 
-    __slots__ = ("name", "loop", "run_id", "handle", "done", "record", "steering", "settled", "owner")
+    __slots__ = (
+        "name", "loop", "run_id", "handle", "done", "record", "steering", "claimed", "settled", "owner", "__weakref__",
+    )
 
     def __init__(
         self,
@@ -52,7 +70,8 @@ class SubagentRun:
         self.done = threading.Event()  # set once the call is over (the tool returns)
         self.record = record  # the calling run's Run: its sub-agent usage grows here
         self.steering = steering  # the calling run's RunSteering: leftovers come back to it
-        self.settled = False
+        self.claimed = False  # settle_once has begun (under _lock: once)
+        self.settled = Flag()  # set once settled, or once the call is over without a run to settle
         self.owner: Optional[SubagentRuns] = None  # the calling run's SubagentRuns, once noted there
 
     def leave(self) -> None:
@@ -62,20 +81,24 @@ class SubagentRun:
             owner.remove(self)
         else:
             self.done.set()
+        self.settled.set()  # nothing more will come from it
 
-    def settle_once(self, handle: Optional[RunHandle] = None) -> None:
-        """Once the run has ended: its usage into the caller's record, its leftovers back."""
-        if handle is None:
-            handle = self.handle
+    def settle_once(self, run: Run) -> None:
+        """The run's slot is sealed: its usage into the caller's record, its leftovers back (once).
+
+        Called by the run's own ``finalize`` (``hand_over``), or, should that
+        never get there, by the calling tool once the run has ended.
+        """
         with _lock:
-            if self.settled or handle is None or not handle.done():
+            if self.claimed:
                 return
-            self.settled = True
+            self.claimed = True
         leftovers = self.loop.steering().take_leftovers()
         if self.steering is not None:
             self.steering.hand_back(leftovers)
         if self.record is not None:
-            _add_usage(self.record, handle.record.usage)
+            _add_usage(self.record, run.usage)
+        self.settled.set()
 
     def current(self) -> Optional[RunHandle]:
         """The run's handle; before ``start`` returned, one made from the loop's run in flight.
@@ -133,19 +156,25 @@ class SubagentRuns:
                 out.append((a, handle))
         return out
 
-    def settle(self, timeout: float = SETTLE_S) -> None:
-        """Wait up to ``timeout`` seconds in all for the runs in flight to settle."""
+    def settle(self, timeout: float = SETTLE_S, patience: float = END_PATIENCE_S) -> None:
+        """Wait up to ``timeout`` seconds in all for the runs in flight to settle, then ``patience`` for their end.
+
+        A cancel reaches a run in flight at once, so it settles at once; one
+        that had already reached its end settled as its slot was sealed. What
+        a run does after that may be user code that blocks (an observer of
+        its end, its session's write): it is waited for ``patience`` at most.
+        """
         deadline = time.monotonic() + timeout
         with self._lock:
             started = list(self._active)
         for active in started:
-            left = deadline - time.monotonic()
-            handle = active.current()
-            # The run's own end, not the calling tool's return: one wake-up fewer per level.
-            ended = handle.wait(left) if handle is not None and left > 0 else active.done.wait(max(left, 0))
-            if not ended:
+            if not active.settled.wait(max(deadline - time.monotonic(), 0)):
                 return
-            active.settle_once(handle)
+        deadline = time.monotonic() + patience
+        for active in started:
+            handle = active.current()
+            if handle is not None and not handle.wait(max(deadline - time.monotonic(), 0)):
+                return
 
     def pending_approvals(self) -> list[PendingApproval]:
         """Calls the sub-agent runs have parked, each with its path and this run's id."""
@@ -207,6 +236,18 @@ def enter(rc: RunContext, name: str, loop: LoopSetup, run_id: str) -> Optional[S
     return active
 
 
+def hand_over(run: Run) -> None:
+    """``run``'s slot is sealed and its usage final: if it is a sub-agent run, settle it with its caller now.
+
+    Called from the run's ``finalize`` (in the run's context), before anything
+    there that may block.
+    """
+    ref = SUBAGENT_ENTRY.get()
+    active = ref() if ref is not None else None
+    if active is not None and active.run_id == run.id:
+        active.settle_once(run)
+
+
 def _add_usage(run: Run, usage: Usage) -> None:
     if usage.input_tokens or usage.output_tokens:
         with _lock:
@@ -214,4 +255,4 @@ def _add_usage(run: Run, usage: Usage) -> None:
             run.subagent_usage = Usage(sub.input_tokens + usage.input_tokens, sub.output_tokens + usage.output_tokens)
 
 
-__all__ = ["SETTLE_S", "SubagentRun", "SubagentRuns", "enter", "runs_of"]
+__all__ = ["END_PATIENCE_S", "SETTLE_S", "SUBAGENT_ENTRY", "SubagentRun", "SubagentRuns", "enter", "hand_over", "runs_of"]
