@@ -102,6 +102,25 @@ def test_list_filters_owners_by_equality_like_the_by_id_methods(reg: RunRegistry
             loop.close()
 
 
+def test_owners_that_compare_equal_across_types_are_different_owners(reg: RunRegistry) -> None:
+    # 0 == False == 0.0 and 1 == True in Python; a user id 0 is not the flag False.
+    loops = [BareLoop(ScriptedClient([reply(str(i))])) for i in range(2)]
+    try:
+        zero = reg.start(loops[0], "hi", owner=0)
+        one = reg.start(loops[1], "hi", owner=True)
+        assert reg.result(zero, WAIT, owner=0).output == "0"
+        assert reg.result(one, WAIT, owner=True).output == "1"
+        for rid, strangers in ((zero, (False, 0.0, None)), (one, (1, 1.0))):
+            for who in strangers:
+                with pytest.raises(KeyError):
+                    reg.status(rid, owner=who)
+                assert reg.list(owner=who) == []
+        assert [s.run_id for s in reg.list(owner=0)] == [zero]
+    finally:
+        for loop in loops:
+            loop.close()
+
+
 def test_list_all_owners_must_be_a_bool(reg: RunRegistry) -> None:
     with pytest.raises(TypeError, match="all_owners"):
         reg.list(all_owners="yes")  # type: ignore[arg-type]

@@ -32,6 +32,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("loopctl")
 
 
+def same_owner(a: Optional[Hashable], b: Optional[Hashable]) -> bool:
+    """True when ``a`` and ``b`` name the same owner: equal and of one type (``0``, ``False`` and ``0.0`` differ)."""
+    return type(a) is type(b) and a == b
+
+
 @attrs.frozen
 class RunStatus:
     """A snapshot of one registered run.
@@ -266,4 +271,4 @@ def join_run_threads(
             t.join(grace() if t.name in stuck else left())
 
 
-__all__ = ["RunStatus", "join_run_threads"]
+__all__ = ["RunStatus", "join_run_threads", "same_owner"]

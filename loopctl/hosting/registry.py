@@ -43,7 +43,7 @@ from loopctl.driver.handle import taken_over
 from loopctl.driver.subagent_path import check_path
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.conversations import ConversationLoops
-from loopctl.hosting.entry import RunStatus, _Entry, _status, join_run_threads
+from loopctl.hosting.entry import RunStatus, _Entry, _status, join_run_threads, same_owner
 from loopctl.hosting.following import follow_entry
 from loopctl.hosting.registry_approvals import RegistryApprovals
 from loopctl.hosting.retirement import FinishedRuns
@@ -321,7 +321,7 @@ class RunRegistry(RegistryApprovals):
             raise TypeError(f"all_owners must be a bool, got {type(all_owners).__name__}")
         with self._lock:
             self._prune_locked()
-            entries = [e for e in self._entries.values() if all_owners or e.owner == owner]
+            entries = [e for e in self._entries.values() if all_owners or same_owner(e.owner, owner)]
         return [_status(e) for e in entries]
 
     def events(
@@ -413,7 +413,7 @@ class RunRegistry(RegistryApprovals):
     def _lookup(self, run_id: str, owner: Optional[Hashable] = None) -> _Entry:
         entry = self._entries.get(run_id)
         # Another owner's run answers exactly as an unknown id does.
-        if entry is None or entry.owner != owner:
+        if entry is None or not same_owner(entry.owner, owner):
             raise KeyError(f"unknown run id {run_id!r}")
         return entry
 

@@ -14,6 +14,7 @@ from collections.abc import Hashable, Iterable
 from typing import TYPE_CHECKING, Any, Optional
 
 from loopctl.errors import ConfigError
+from loopctl.hosting.entry import same_owner
 
 if TYPE_CHECKING:
     from loopctl.driver.loop import BareLoop
@@ -44,7 +45,7 @@ def run_on_session(entries: Iterable[Any], session_id: str, owner: Optional[Hash
     """The id of the registered run in flight on the session, or None."""
     for entry in entries:
         loop = entry.loop
-        if entry.ended or loop is None or entry.owner != owner:
+        if entry.ended or loop is None or not same_owner(entry.owner, owner):
             continue
         session = loop.stored_session
         if session is not None and session.id == session_id:
