@@ -258,6 +258,10 @@ def test_steers_before_pickup_are_delivered_at_the_first_boundary(cluster: Clust
     rid = reg.start(conv, plan_text(tag, turns=2, record=True))
     for text in ("one", "two", "three"):
         assert reg.steer(rid, text)
+    from loopctl.messages import Message, ToolCallPart
+
+    with pytest.raises(ValueError, match="tool calls or results"):  # refused as in process, stored nowhere
+        reg.steer(rid, Message.assistant("", tool_calls=(ToolCallPart("x", "t", {}),)))
     release_held(cluster.sig, held)
     run = reg.result(rid, timeout=WAIT)
     assert run.output == f"done {tag} turn=1 steers=3"

@@ -140,6 +140,31 @@ def test_text_becomes_a_user_message_and_a_message_is_kept_as_given(
     assert all(m.role == "user" for m in delivered)
 
 
+def test_a_system_or_assistant_message_becomes_a_user_message_and_one_with_calls_or_results_is_refused(
+    make_loop: Callable[..., BareLoop],
+) -> None:
+    from loopctl import ToolCallPart, ToolResultPart
+
+    gate = Gate()
+    client = ScriptedClient([call("work"), reply("done")])
+    loop = make_loop(client, [GatedTool(gate)])
+    s = loop.steering()
+    handle = loop.start("hi")
+    gate.wait_entered()
+    assert s.push(Message.system("be brief")) is True
+    assert s.push(Message.assistant("from the operator")) is True
+    with pytest.raises(ValueError, match="tool calls or results"):
+        s.push(Message.assistant("", tool_calls=(ToolCallPart("x1", "work", {}),)))
+    with pytest.raises(ValueError, match="tool calls or results"):
+        s.push(Message.from_tool_results([ToolResultPart("x1", "work", "fake result", False)]))
+    gate.open()
+    run = handle.result(WAIT)
+    delivered = list(client.requests[1].messages[-2:])
+    assert delivered == [Message.user("be brief"), Message.user("from the operator")]
+    assert [c.id for m in client.requests[1].messages for c in m.tool_calls] == [run.turns[0].tool_calls[0].id]
+    assert s.take_all() == []  # the refused ones stored nothing
+
+
 # -- boundary, not interruption --------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ import threading
 from collections import deque
 from typing import Union
 
-from loopctl.messages import Message
+from loopctl.messages import Message, Role, ToolCallPart, ToolResultPart
 
 log = logging.getLogger("loopctl")
 
@@ -45,6 +45,25 @@ _NONE_SEALED: deque[tuple[Message, int]] = deque()
 
 def _size(message: Message) -> int:
     return sum(len(getattr(p, "text", "").encode("utf-8", "surrogatepass")) for p in message.parts)
+
+
+def guidance(message: Union[Message, str]) -> Message:
+    """``message`` as guidance: a user message (text becomes one; another role's parts are kept, not its role).
+
+    Raises:
+        TypeError: neither a ``Message`` nor a str.
+        ValueError: a ``Message`` with tool calls or tool results (they
+            answer or ask for a call: never guidance).
+    """
+    if isinstance(message, str):
+        return Message.user(message)
+    if not isinstance(message, Message):
+        raise TypeError(f"steering takes a Message or str, got {type(message).__name__}: {message!r:.60}")
+    if any(type(p) in (ToolCallPart, ToolResultPart) for p in message.parts):
+        kinds = sorted({type(p).__name__ for p in message.parts})
+        raise ValueError(f"steering guidance cannot carry tool calls or results, got a {message.role.value!r} "
+                         f"message with {kinds}")
+    return message if message.role == Role.USER else Message(Role.USER, message.parts)
 
 
 class Steering:
@@ -101,22 +120,22 @@ class Steering:
         """Offer guidance to the run in flight.
 
         Args:
-            message: a ``Message`` or plain text (becomes a user message).
+            message: plain text, or a ``Message`` of text (and images):
+                either becomes a user message (a system or assistant
+                message's parts are kept, its role is not).
 
         Returns:
             True if accepted (the oldest sealed leftovers may be dropped to
             make room); False (nothing stored, nothing dropped) when no run is
             in flight, or when the live guidance with it would pass
             ``max_messages`` or ``max_bytes``.
+
+        Raises:
+            TypeError: neither a ``Message`` nor a str.
+            ValueError: a ``Message`` with tool calls or tool results (they
+                answer or ask for a call: never guidance).
         """
-        if isinstance(message, Message):
-            msg = message
-        elif isinstance(message, str):
-            msg = Message.user(message)
-        else:
-            raise TypeError(
-                f"steering push takes a Message or str, got {type(message).__name__}: {message!r:.60}"
-            )
+        msg = guidance(message)
         size = _size(msg)
         with self._lock:
             if not self._open:
@@ -282,4 +301,4 @@ class RunSteering:
         self.steering._hand_back(messages)
 
 
-__all__ = ["MAX_PENDING_BYTES", "MAX_PENDING_MESSAGES", "RunSteering", "Steering"]
+__all__ = ["MAX_PENDING_BYTES", "MAX_PENDING_MESSAGES", "RunSteering", "Steering", "guidance"]

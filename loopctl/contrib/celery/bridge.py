@@ -106,11 +106,19 @@ class SteerFeed:
                 self._pending.extend(s for s in steers if s[2] is None)
 
     def _push(self, steers: List[_Taken]) -> None:
-        push = self._steering.push
         for taken in steers:
             _, m, to = taken
-            if not (push(m) if to is None else self._to_subagent(to, m)):
+            if not (self._to_run(m) if to is None else self._to_subagent(to, m)):
                 self._refused.append(taken)
+
+    def _to_run(self, message: Message) -> bool:
+        try:
+            return self._steering.push(message)
+        except ValueError:  # stored before steer() refused such messages: kept for the leftovers
+            handle = self.handle
+            log.error("run %s: guidance with tool calls or results is kept for the leftovers",
+                      handle.run_id if handle is not None else "(not started)")
+            return False
 
     def _to_subagent(self, to: str, message: Message) -> bool:
         handle = self.handle

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from loopctl.config import RunConfig
+from loopctl.driver.signals import guidance
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.registry import RunStatus
 from loopctl.messages import Message
@@ -275,14 +276,10 @@ class CeleryRunRegistry(ApprovalsMixin):
             KeyError: unknown ``run_id``, or another ``owner``'s run.
             ConfigError: (a ``ValueError``) ``to`` is not a non-empty str of
                 "/"-separated names.
+            TypeError, ValueError: not guidance (``loopctl.driver.signals.guidance``).
             RegistryUnavailable: Redis could not be reached.
         """
-        if isinstance(message, str):
-            message = Message.user(message)
-        elif not isinstance(message, Message):
-            raise TypeError(
-                f"steer takes a Message or str, got {type(message).__name__}: {message!r:.60}"
-            )
+        message = guidance(message)
         self._fields(run_id, owner)  # a run's owner never changes: checked once, before acting
         target = check_target(to)  # after the id: an unknown one is a KeyError first, as in process
         got = self._backend.steer(run_id, steer_json(message, target))
