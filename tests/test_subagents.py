@@ -394,3 +394,31 @@ def test_a_finished_tree_is_freed_without_the_cyclic_gc() -> None:
             assert [r() is None for r in refs] == [True] * 4
     finally:
         gc.enable()
+
+
+def test_a_loop_kept_in_a_session_is_a_subagent_only_with_its_history_and_never_loses_what_is_stored(
+    tmp_path: Any,
+) -> None:
+    """A fresh conversation per call would replace the stored one: refused, whether stored before or after as_tool."""
+    from loopctl.errors import ConfigError
+    from loopctl.sessions import SQLiteSessionStore
+
+    with SQLiteSessionStore(str(tmp_path / "s.db")) as store:
+        kept = BareLoop(ScriptedClient([reply("R0"), reply("R1")])).with_session(store.session("helper-log"))
+        kept.run("direct run")
+        with pytest.raises(ConfigError, match="keep_history=True"):
+            kept.as_tool("helper", "h")
+        # Stored after as_tool(): the call is refused (a soft error), and nothing stored changes.
+        later = BareLoop(ScriptedClient([reply("L0")]))
+        tool_first = later.as_tool("later", "l")
+        later.with_session(store.session("later-log"))
+        parent = BareLoop(ScriptedClient([call("later", task="t"), reply("done")]), tools=[tool_first])
+        parent.run("go")
+        result = parent.conversation()[-2].tool_results[0]
+        assert result.is_error and "keep_history=True" in result.output
+        assert store.session("later-log").messages() == []
+        # With its history, each call continues the stored conversation.
+        parent2 = BareLoop(ScriptedClient([call("helper", task="t1"), reply("done")]),
+                           tools=[kept.as_tool("helper", "h", keep_history=True)])
+        parent2.run("go")
+        assert [m.text for m in store.session("helper-log").messages()] == ["direct run", "R0", "t1", "R1"]

@@ -398,13 +398,16 @@ class BareLoop(LoopSetup):
             name: the tool's name (also the sub-agent's name in paths).
             description: what the model is told the sub-agent does.
             keep_history: keep the conversation across calls (default: a
-                fresh conversation per call).
+                fresh conversation per call). A loop kept in a session
+                (``with_session``) continues its stored conversation: it
+                needs ``keep_history=True``.
             config: the ``RunConfig`` of each delegated run.
             output_type: ask each delegated run for a typed answer.
 
         Raises:
-            ConfigError: a bad name or description, or a run is in flight on
-                this loop (its observers are fixed while it runs).
+            ConfigError: a bad name or description, a loop kept in a session
+                without ``keep_history``, or a run is in flight on this loop
+                (its observers are fixed while it runs).
         """
         return SubagentTool(self, name, description, keep_history, config, output_type)
 

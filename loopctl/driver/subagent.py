@@ -78,6 +78,8 @@ class SubagentTool(Tool):
             raise ConfigError(f"a sub-agent description must be a str, got {type(description).__name__}")
         if config is not None and not isinstance(config, RunConfig):
             raise ConfigError(f"a sub-agent config must be a RunConfig, got {type(config).__name__}")
+        if not keep_history:
+            _check_not_stored(loop, name)
         self.loop = loop
         self.name = name
         self.description = description
@@ -194,6 +196,7 @@ class SubagentTool(Tool):
         entry = SUBAGENT_ENTRY.set(weakref.ref(active) if active is not None else None)
         try:
             if not self.keep_history:
+                _check_not_stored(self.loop, self.name)  # kept in a session since as_tool()
                 self._fresh_conversation()
             handle: RunHandle = self.loop.start(task, self.config, run_id, output_type=self.output_type, tap=tap)
             return handle
@@ -239,6 +242,19 @@ class SubagentTool(Tool):
         with loop._busy:
             if loop._active is None:
                 loop._machine = LoopMachine()
+
+
+def _check_not_stored(loop: Any, name: str) -> None:
+    """A fresh conversation per call would replace a stored one: refused.
+
+    Raises:
+        ConfigError: ``loop`` keeps its conversation in a session.
+    """
+    if getattr(loop, "stored_session", None) is not None:
+        raise ConfigError(
+            f"sub-agent '{name[:60]}' keeps its conversation in a session, which a fresh conversation per "
+            "call would replace: use as_tool(..., keep_history=True)"
+        )
 
 
 __all__ = ["MAX_DEPTH", "SETTLE_S", "SubagentTool"]
