@@ -165,6 +165,15 @@ def test_3_a_holder_killed_with_sigkill_on_this_host_is_taken_over_at_once(place
     client = ScriptedClient([reply("mine")])
     assert BareLoop(client).with_session(store.session("k")).run("now").output == "mine"  # no wait
     assert texts(store, "k") == ["user:hi", "assistant:one", "user:now", "assistant:mine"]  # it wrote nothing
+    child = Child(place, "gone", "hold")
+    try:
+        assert child.line() == "in-tool"
+        with pytest.raises(SessionBusy):
+            store.delete("gone")  # its holder lives
+    finally:
+        child.kill9()
+    assert store.delete("gone") is False  # a dead holder's lease keeps nothing (the run never wrote)
+    store.session("gone").acquire().release()
     store.close()
 
 

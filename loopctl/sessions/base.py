@@ -156,8 +156,11 @@ class SessionBackend:
         """Sessions of ``owner`` (all when None), newest first; one when ``session_id`` is given."""
         raise NotImplementedError
 
-    def delete(self, session_id: str, now: float) -> Optional[bool]:
-        """Remove the session; True if it existed, None when a live lease holds it."""
+    def delete(self, session_id: str, now: float, stale: Callable[[str], bool]) -> Optional[bool]:
+        """Remove the session; True if it existed, None when a live lease holds it.
+
+        A live lease whose token ``stale`` says is dead does not hold it.
+        """
         raise NotImplementedError
 
     def close(self) -> None:
@@ -209,10 +212,11 @@ class SessionStore:
         """Remove a session and its messages; False when it did not exist.
 
         Raises:
-            SessionBusy: a run holds the session (nothing is removed).
+            SessionBusy: a run holds the session (nothing is removed); a
+                lease whose holder process on this host is gone does not.
         """
         sid = check_session_id(session_id)
-        gone = self._backend.delete(sid, self._clock())
+        gone = self._backend.delete(sid, self._clock(), holder_is_gone)
         if gone is None:
             raise SessionBusy(sid, "a run holds it; not deleted")
         return gone

@@ -10,7 +10,7 @@ compared with pids of the same space. The rules:
   space that no longer exists: no such pid, a zombie, or a pid reused by a
   process that started at another time. An acquire may take a stale lease
   over at once (by compare-and-set on its token) instead of waiting for it
-  to lapse.
+  to lapse, and a delete does not count it as a run holding the session.
 - A token of another host, of a live process, or in any other form (a
   durable run's id) is never stale: such a lease lapses with its expiry.
 - The leases this process holds are released when the interpreter exits:

@@ -97,15 +97,16 @@ if ARGV[4] ~= '' then redis.call('ZADD', KEYS[6], ARGV[2], ARGV[6]) end
 return {revision, redis.call('HGET', KEYS[2], 'incarnation')}
 """
 
-# KEYS: lease, meta, msgs, removed, all, owner-set.  ARGV: now, hash
+# KEYS: lease, meta, msgs, removed, all, owner-set.  ARGV: now, hash, stale token ("" = none)
+# Returns {1} or {0} (existed or not), or {-1, the live holder's token}.
 _DELETE = """
-local held = redis.call('HGET', KEYS[1], 'until')
-if held and tonumber(held) > tonumber(ARGV[1]) then return -1 end
+local held = redis.call('HMGET', KEYS[1], 'token', 'until')
+if held[1] and held[1] ~= ARGV[3] and tonumber(held[2]) > tonumber(ARGV[1]) then return {-1, held[1]} end
 local existed = redis.call('EXISTS', KEYS[2])
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 redis.call('ZREM', KEYS[5], ARGV[2])
 redis.call('ZREM', KEYS[6], ARGV[2])
-return existed
+return {existed}
 """
 
 
@@ -230,7 +231,7 @@ class _RedisBackend(SessionBackend):
                 out.append(info)
         return out
 
-    def delete(self, session_id: str, now: float) -> Optional[bool]:
+    def delete(self, session_id: str, now: float, stale: Callable[[str], bool]) -> Optional[bool]:
         h, keys = self._keys(session_id)
         _, meta = keys[0], keys[1]
         try:
@@ -238,8 +239,12 @@ class _RedisBackend(SessionBackend):
         except SessionCorrupt:
             owner = None  # a meta key of the wrong type: deleted all the same (it lists under no owner)
         keys[5] = f"{self._prefix}:owner:{_digest(_text(owner) if owner is not None else '')}"
-        got = int(self._call("delete", lambda: self._delete(keys=keys, args=[repr(now), h])))
-        return None if got < 0 else got == 1
+        args = [repr(now), h, ""]
+        got = self._call("delete", lambda: self._delete(keys=keys, args=args), session_id)
+        if int(got[0]) < 0 and stale(_text(got[1])):
+            args[2] = _text(got[1])  # again, ignoring the lease only if that dead holder's token still holds it
+            got = self._call("delete", lambda: self._delete(keys=keys, args=args), session_id)
+        return None if int(got[0]) < 0 else int(got[0]) == 1
 
     def removed(self, session_id: str) -> List[Tuple[int, str]]:
         _, keys = self._keys(session_id)

@@ -217,10 +217,10 @@ class _SQLiteBackend(SessionBackend):
             )
         return revision, incarnation
 
-    def delete(self, session_id: str, now: float) -> Optional[bool]:
+    def delete(self, session_id: str, now: float, stale: Callable[[str], bool]) -> Optional[bool]:
         with self._use("delete") as con:
-            held = con.execute("SELECT until FROM leases WHERE session_id = ?", (session_id,)).fetchone()
-            if held is not None and float(held[0]) > now:
+            held = con.execute("SELECT until, token FROM leases WHERE session_id = ?", (session_id,)).fetchone()
+            if held is not None and float(held[0]) > now and not stale(held[1]):
                 return None
             con.execute("DELETE FROM leases WHERE session_id = ?", (session_id,))
             con.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
