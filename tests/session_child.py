@@ -4,17 +4,37 @@
 
 - ``hold``: runs a loop whose tool prints ``in-tool`` and waits for a line on
   stdin (the test's gate), then finishes the run and prints ``done``;
-- ``try``: runs a one-reply loop and prints ``busy`` (``SessionBusy``) or ``ran``.
+- ``try``: runs a one-reply loop and prints ``busy`` (``SessionBusy``) or ``ran``;
+- ``exit``: starts a run on the session through a ``RunRegistry`` whose model
+  call prints ``in-model`` and never returns, then, at a line on stdin,
+  leaves the interpreter with ``sys.exit(0)`` while that run is in flight.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
+from typing import Any
 
 from session_support import make_store
 
-from loopctl import BareLoop, SessionBusy, tool
+from loopctl import BareLoop, RunRegistry, SessionBusy, tool
+from loopctl.messages import ModelResponse
 from loopctl.testing import ScriptedClient, call, reply
+
+
+def exit_mid_run(store: Any, sid: str) -> None:
+    never = threading.Event()
+
+    def stuck(request: Any) -> ModelResponse:
+        print("in-model", flush=True)
+        never.wait(120)  # the process exits first
+        return reply("never")
+
+    registry = RunRegistry(session_store=store)
+    registry.start(BareLoop(ScriptedClient([stuck])), "in flight", session_id=sid)
+    sys.stdin.readline()
+    sys.exit(0)  # an orderly exit, the run still in flight on its (daemon) thread
 
 
 def main() -> None:
@@ -29,6 +49,8 @@ def main() -> None:
         sys.stdin.readline()
         return "released"
 
+    if mode == "exit":
+        exit_mid_run(store, sid)
     if mode == "hold":
         loop = BareLoop(ScriptedClient([call("gate"), reply("child done")]), [gate]).with_session(store.session(sid))
         loop.run("from child")

@@ -107,7 +107,7 @@ def test_1_sqlite_store_keeps_one_row_per_message_in_wal_with_a_schema_version(t
         assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         rows = con.execute("SELECT seq FROM messages WHERE session_id = 'a' ORDER BY seq").fetchall()
         assert rows == [(0,), (1,)]
-        assert con.execute("SELECT value FROM loopctl_meta WHERE key = 'sessions_schema'").fetchone() == ("1",)
+        assert con.execute("SELECT value FROM loopctl_meta WHERE key = 'sessions_schema'").fetchone() == ("2",)
     finally:
         con.close()
 

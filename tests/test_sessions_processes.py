@@ -2,25 +2,31 @@
 
 A child process (``session_child.py``) holds a session in a run gated on its
 stdin; this process's run on the same session raises ``SessionBusy`` and
-changes nothing; the other way round too; and a holder killed with SIGKILL
-frees the session once its lease lapses (the clock is injected: no 60 s wait).
+changes nothing; the other way round too. A holder killed with SIGKILL on
+this host is taken over at once; a lease of another host only lapses (the
+clock is injected: no 60 s wait); a process that exits with a run in flight
+gives its lease back.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
+import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Callable, List
+from typing import Any, List
 
 import pytest
 from celery_support import RedisServer, missing_requirements
 from session_support import make_store
 
-from loopctl import BareLoop, SessionBusy
+from loopctl import BareLoop, RunRegistry, SessionBusy
 from loopctl.sessions.base import SessionStore
 from loopctl.testing import ScriptedClient, call, reply
 
@@ -148,18 +154,78 @@ def test_3_a_run_in_another_process_while_this_one_holds_the_session_is_refused(
     store.close()
 
 
-def test_3_a_killed_holder_frees_the_session_when_its_lease_lapses(place: List[str]) -> None:
+def test_3_a_holder_killed_with_sigkill_on_this_host_is_taken_over_at_once(place: List[str]) -> None:
     store = open_store(place)
+    BareLoop(ScriptedClient([reply("one")])).with_session(store.session("k")).run("hi")
     child = Child(place, "k", "hold")
     try:
         assert child.line() == "in-tool"
     finally:
-        child.kill9()  # SIGKILL: no finalize, no release
-    with pytest.raises(SessionBusy):  # its lease is still live (60 s)
-        BareLoop(ScriptedClient([reply("never")])).with_session(store.session("k")).run("too soon")
-    late: Callable[[], float] = lambda: time.time() + 61  # noqa: E731  (a minute later)
-    later = open_store(place, clock=late)
-    assert BareLoop(ScriptedClient([reply("mine")])).with_session(later.session("k")).run("later").output == "mine"
-    assert texts(store, "k") == ["user:later", "assistant:mine"]  # the killed run wrote nothing
-    later.close()
+        child.kill9()  # SIGKILL: no finalize, no release; its lease would stay live for 60 s
+    client = ScriptedClient([reply("mine")])
+    assert BareLoop(client).with_session(store.session("k")).run("now").output == "mine"  # no wait
+    assert texts(store, "k") == ["user:hi", "assistant:one", "user:now", "assistant:mine"]  # it wrote nothing
+    child = Child(place, "gone", "hold")
+    try:
+        assert child.line() == "in-tool"
+        with pytest.raises(SessionBusy):
+            store.delete("gone")  # its holder lives
+    finally:
+        child.kill9()
+    assert store.delete("gone") is False  # a dead holder's lease keeps nothing (the run never wrote)
+    store.session("gone").acquire().release()
+    store.close()
+
+
+def test_3_a_lease_of_another_host_is_never_taken_over_and_lapses_with_its_expiry(place: List[str]) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(30)  # a pid that no longer exists, here; on the other host, who knows
+    now = [1000.0]
+    store = open_store(place, clock=lambda: now[0])
+    token = "|".join([uuid.uuid4().hex, str(gone.pid), "1", "another-host/boot/pid:[1]"])
+    assert store.backend.acquire("h", None, token, now[0], now[0] + 60, lambda held: False)
+    with pytest.raises(SessionBusy):
+        store.session("h").acquire()
+    now[0] += 61
+    store.session("h").acquire().release()  # lapsed
+    store.close()
+
+
+def lease_is_held(place: List[str], sid: str) -> bool:
+    kind, where, prefix = place
+    if kind == "sqlite":
+        con = sqlite3.connect(where)
+        try:
+            return bool(con.execute("SELECT COUNT(*) FROM leases WHERE session_id = ?", (sid,)).fetchone()[0])
+        finally:
+            con.close()
+    import redis
+
+    client = redis.Redis.from_url(where)
+    try:
+        return bool(client.exists(f"{prefix}:{hashlib.sha256(sid.encode('utf-8')).hexdigest()}:lease"))
+    finally:
+        client.close()
+
+
+def test_3_a_process_that_exits_with_a_run_in_flight_gives_its_lease_back(
+    place: List[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    store = open_store(place)
+    BareLoop(ScriptedClient([reply("one")])).with_session(store.session("x")).run("hi")
+    child = Child(place, "x", "exit")
+    try:
+        assert child.line() == "in-model"
+        assert lease_is_held(place, "x")
+        child.release()  # it calls sys.exit(0) with the run in flight
+    finally:
+        child.finish()
+    assert child.proc.returncode == 0
+    assert not lease_is_held(place, "x")  # given back at exit, not left to lapse or be taken over
+    with caplog.at_level(logging.WARNING, logger="loopctl"):
+        with RunRegistry(session_store=store) as registry:  # the restarted server
+            rid = registry.start(BareLoop(ScriptedClient([reply("back")])), "again", session_id="x")
+            assert registry.result(rid, 10).output == "back"
+    assert "took over" not in caplog.text
+    assert texts(store, "x") == ["user:hi", "assistant:one", "user:again", "assistant:back"]
     store.close()

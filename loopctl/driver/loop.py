@@ -117,7 +117,9 @@ class BareLoop(LoopSetup):
 
     _link: Optional[SessionLink] = None
 
-    def with_session(self, session: Session, *, revision: Optional[int] = None) -> BareLoop:
+    def with_session(
+        self, session: Session, *, revision: Optional[int] = None, incarnation: Optional[str] = None
+    ) -> BareLoop:
         """Keep this loop's conversation in a stored session (``loopctl.sessions``).
 
         The stored conversation is loaded when the first run starts; each
@@ -127,9 +129,12 @@ class BareLoop(LoopSetup):
         loop, thread or process) raises ``SessionBusy``.
 
         Args:
-            revision: for a host that built the loop from ``session.load()``
+            revision: for a host that built the loop from ``session.read()``
                 (``BareLoop.from_history``): the revision it read. The first
                 run then reads the store again only if it moved since.
+            incarnation: with ``revision``, the incarnation the host read
+                (``SessionSnapshot.incarnation``), so a session deleted and
+                made again since is read again too.
 
         Raises:
             ConfigError: called after the first run, or not a session.
@@ -139,7 +144,7 @@ class BareLoop(LoopSetup):
             raise ConfigError(f"with_session() takes a session (store.session(id)), got {session!r:.80}")
         link = SessionLink(session)
         if revision is not None:
-            link.adopt(revision)
+            link.adopt(revision, incarnation)
         self._link = link
         return self
 

@@ -7,8 +7,9 @@ and gives the lease back as the loop is freed (``close``). The rules:
 
 - The stored conversation is read under the lease at a run's start
   whenever the store moved since this loop last read or wrote it (another
-  process continued it, or it was deleted); otherwise the loop's own history
-  stands. A store that is still empty on the first run takes the loop's
+  process continued it, or it was deleted, or deleted and made again: the
+  session's incarnation is compared with its revision); otherwise the
+  loop's own history stands. A store that is still empty on the first run takes the loop's
   starting history (``from_history``) with the first write.
 - A completed run appends its new messages in one atomic write; when the
   history was replaced since the last write (a compaction), the whole
@@ -25,7 +26,7 @@ from typing import Optional
 
 from loopctl.errors import LoopError
 from loopctl.machine import LoopMachine
-from loopctl.sessions.base import Session, SessionLease
+from loopctl.sessions.base import Session, SessionLease, SessionSnapshot
 
 log = logging.getLogger("loopctl")
 
@@ -36,20 +37,31 @@ class SessionLink:
     def __init__(self, session: Session) -> None:
         self.session = session
         self.revision: Optional[int] = None  # the store revision the loop's history matches
+        self.incarnation: Optional[str] = None  # ... and the session's incarnation then
+        self.any_incarnation = False  # adopted without one: the revision alone is compared, once
         self.epoch = -1  # the machine's history epoch and length at that revision
         self.length = 0
         self.lease: Optional[SessionLease] = None
 
-    def adopt(self, revision: int) -> None:
+    def adopt(self, revision: int, incarnation: Optional[str] = None) -> None:
         """The loop's starting history continues the store at ``revision`` (read by its host).
 
         The first run then reads the store only if it moved past
-        ``revision``, and the first write replaces the stored conversation
-        with the loop's (it keeps the rows the two share), so a host that
-        built the loop from newer messages (a checkpoint) stores them whole.
+        ``revision`` (or, when ``incarnation`` is given, was made again),
+        and the first write replaces the stored conversation with the
+        loop's (it keeps the rows the two share), so a host that built the
+        loop from newer messages (a checkpoint) stores them whole.
         """
         self.revision = revision
+        self.incarnation = incarnation
+        self.any_incarnation = incarnation is None
         self.epoch = -1
+
+    def _matches(self, snapshot: SessionSnapshot) -> bool:
+        """Whether the store still holds the conversation this loop last read or wrote."""
+        if snapshot.revision != self.revision:
+            return False
+        return self.any_incarnation or snapshot.incarnation == self.incarnation
 
     def open(self, machine: LoopMachine, holder: Optional[str] = None) -> None:
         """Take the lease and catch up with the store (the caller's thread, before the run).
@@ -63,15 +75,16 @@ class SessionLink:
         """
         lease = self.session.acquire(holder)
         try:
-            revision, messages = self.session.load()  # under the lease: no write can interleave
-            if revision != self.revision:
-                if revision == 0 and self.revision is None:
+            snapshot = self.session.read()  # under the lease: no write can interleave
+            if not self._matches(snapshot):
+                if snapshot.revision == 0 and self.revision is None:
                     # A new session: the loop's starting history (if any) goes in whole.
                     self.epoch, self.length = (-1, 0) if len(machine.history) else (machine.history_epoch, 0)
                 else:
-                    machine.load_history(messages)
-                    self.epoch, self.length = machine.history_epoch, len(messages)
-                self.revision = revision
+                    machine.load_history(snapshot.messages)
+                    self.epoch, self.length = machine.history_epoch, len(snapshot.messages)
+                self.revision = snapshot.revision
+            self.incarnation, self.any_incarnation = snapshot.incarnation, False
         except BaseException:
             lease.release()
             raise
@@ -95,6 +108,8 @@ class SessionLink:
             err = LoopError(f"session store: write failed: {type(exc).__name__}")
             err.__cause__ = exc
             return err
+        if revision != self.revision:  # written (every write bumps the revision)
+            self.incarnation = lease.incarnation  # made by this write when it created the session
         self.revision = revision
         self.epoch = machine.history_epoch  # commit_pending grows history without a new epoch
         self.length = len(history) + len(pending)

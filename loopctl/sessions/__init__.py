@@ -7,7 +7,9 @@ conversations by id; ``store.session(id)`` names one, and
 stored conversation is loaded at the run's start and each completed run's
 new messages are written atomically at its end. One run writes a session
 at a time, in any thread or process (``SessionBusy``); a row that cannot be
-read raises ``SessionCorrupt``.
+read raises ``SessionCorrupt`` naming the session (``list()`` leaves it
+out). A lease whose holder process on this host is gone is taken over at
+once, and a process gives its leases back as it exits.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from loopctl.sessions.base import (
     Session,
     SessionInfo,
     SessionLease,
+    SessionSnapshot,
     SessionStore,
 )
 from loopctl.sessions.redis_store import RedisSessionStore
@@ -34,5 +37,6 @@ __all__ = [
     "SessionCorrupt",
     "SessionInfo",
     "SessionLease",
+    "SessionSnapshot",
     "SessionStore",
 ]

@@ -17,8 +17,16 @@ one (``Session``). The rules every store keeps, whatever holds the data:
 - Atomic writes: ``append`` adds messages and ``replace`` swaps the whole
   conversation (keeping what it removed in an audit trail) in one
   transaction each; every write bumps the session's ``revision``.
-- Bad rows: a message that cannot be decoded raises ``SessionCorrupt``
-  naming the session and the position; other sessions are untouched.
+- Incarnations: a session gets an incarnation id when it is created, so a
+  session deleted and made again (back at revision 1) is never taken for
+  the one a loop read before; a loop compares both.
+- Dead holders: a lease names its holder process (``holders``); an
+  acquire takes over at once a lease whose holder process on this host is
+  gone, and a process releases the leases it holds as it exits.
+- Bad data: a message, revision or owner that cannot be read raises
+  ``SessionCorrupt`` naming the session (and the message's position);
+  other sessions are untouched, and ``list()`` leaves the bad one out,
+  logging a warning that names it.
 - Stored text is never put into an error message (it may hold secrets).
 """
 
@@ -27,13 +35,19 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-import attrs
-
-from loopctl.errors import ConfigError, LoopError, SessionBusy, SessionCorrupt
+from loopctl.errors import ConfigError, LoopError, SessionBusy
 from loopctl.messages import Message
+from loopctl.sessions.holders import describe, holder_is_gone, new_token, track, untrack
+from loopctl.sessions.stored import (
+    SessionInfo,
+    SessionSnapshot,
+    decode_messages,
+    stored_incarnation,
+    stored_owner,
+    stored_revision,
+)
 
 log = logging.getLogger("loopctl")
 
@@ -87,34 +101,6 @@ def encode_message(message: Message) -> str:
     return json.dumps(message.to_dict(), ensure_ascii=False, separators=(",", ":"))
 
 
-def decode_messages(session_id: str, bodies: Sequence[Any]) -> List[Message]:
-    """The stored rows as messages, in order.
-
-    Raises:
-        SessionCorrupt: a row is not a message (naming the session and the
-            row's position; the row's text is never shown).
-    """
-    out: List[Message] = []
-    for i, body in enumerate(bodies):
-        try:
-            text = body.decode("utf-8") if isinstance(body, bytes) else body
-            out.append(Message.from_dict(json.loads(text)))
-        except Exception as exc:  # any failure to read a row is the same fault: bad data
-            raise SessionCorrupt(session_id, i, f"unreadable row ({type(exc).__name__})") from None
-    return out
-
-
-@attrs.frozen
-class SessionInfo:
-    """What a store knows about one session (``store.list()``)."""
-
-    id: str
-    owner: Optional[str]
-    messages: int
-    revision: int
-    updated: float
-
-
 class SessionBackend:
     """The storage operations a store provides; ``Session`` and ``SessionLease`` build on them.
 
@@ -122,12 +108,20 @@ class SessionBackend:
     clock readings (seconds); a lease with ``until <= now`` is expired.
     """
 
-    def load(self, session_id: str) -> Tuple[int, Optional[str], List[Any]]:
-        """(revision, owner, rows in order) read in one snapshot; (0, None, []) when absent."""
+    def load(self, session_id: str) -> Optional[Tuple[object, object, object, List[Any]]]:
+        """(revision, owner, incarnation, rows in order) as stored, read in one snapshot; None when absent.
+
+        The values are checked by the caller (``loopctl.sessions.stored``).
+        """
         raise NotImplementedError
 
-    def acquire(self, session_id: str, owner: Optional[str], token: str, now: float, until: float) -> bool:
+    def acquire(
+        self, session_id: str, owner: Optional[str], token: str, now: float, until: float, stale: Callable[[str], bool]
+    ) -> bool:
         """Take the lease unless another holder's live one is held; False when it is (nothing changed).
+
+        A live lease whose token ``stale`` says is dead is taken over, by
+        compare-and-set on that token.
 
         Raises:
             KeyError: the session exists under another owner.
@@ -144,12 +138,17 @@ class SessionBackend:
 
     def write(
         self, session_id: str, owner: Optional[str], token: str, now: float, rows: List[str], replace: bool
-    ) -> Optional[int]:
+    ) -> Optional[Tuple[int, object]]:
         """Append ``rows`` (or replace every row with them) in one transaction.
 
+        A session's first write gives it a fresh incarnation.
+
         Returns:
-            The new revision, or None when ``token`` does not hold the lease
-            (nothing written).
+            The new revision and the session's stored incarnation, or None
+            when ``token`` does not hold the lease (nothing written).
+
+        Raises:
+            SessionCorrupt: the stored revision cannot be read (nothing written).
         """
         raise NotImplementedError
 
@@ -157,8 +156,11 @@ class SessionBackend:
         """Sessions of ``owner`` (all when None), newest first; one when ``session_id`` is given."""
         raise NotImplementedError
 
-    def delete(self, session_id: str, now: float) -> Optional[bool]:
-        """Remove the session; True if it existed, None when a live lease holds it."""
+    def delete(self, session_id: str, now: float, stale: Callable[[str], bool]) -> Optional[bool]:
+        """Remove the session; True if it existed, None when a live lease holds it.
+
+        A live lease whose token ``stale`` says is dead does not hold it.
+        """
         raise NotImplementedError
 
     def close(self) -> None:
@@ -210,10 +212,11 @@ class SessionStore:
         """Remove a session and its messages; False when it did not exist.
 
         Raises:
-            SessionBusy: a run holds the session (nothing is removed).
+            SessionBusy: a run holds the session (nothing is removed); a
+                lease whose holder process on this host is gone does not.
         """
         sid = check_session_id(session_id)
-        gone = self._backend.delete(sid, self._clock())
+        gone = self._backend.delete(sid, self._clock(), holder_is_gone)
         if gone is None:
             raise SessionBusy(sid, "a run holds it; not deleted")
         return gone
@@ -244,35 +247,66 @@ class Session:
         """The stored conversation, in order (empty for a new session).
 
         Raises:
-            SessionCorrupt: a stored message cannot be read.
+            SessionCorrupt: a stored message (or the session's record) cannot be read.
             KeyError: the session belongs to another owner.
         """
-        return self.load()[1]
+        return self.read().messages
 
     def load(self) -> Tuple[int, List[Message]]:
-        """(revision, messages) read in one snapshot."""
-        revision, owner, rows = self.store.backend.load(self.id)
-        if revision and owner != self.owner:
+        """(revision, messages) read in one snapshot (see ``read``)."""
+        snapshot = self.read()
+        return snapshot.revision, snapshot.messages
+
+    def read(self) -> SessionSnapshot:
+        """Revision, incarnation and messages, read in one snapshot.
+
+        Raises:
+            SessionCorrupt: a stored message, the revision or the owner cannot be read.
+            KeyError: the session belongs to another owner.
+        """
+        stored = self.store.backend.load(self.id)
+        if stored is None:
+            return SessionSnapshot(0, None, [])
+        revision, owner, incarnation, rows = stored
+        if stored_owner(self.id, owner) != self.owner:
             raise KeyError(f"unknown session {self.id[:80]!r}")
-        return revision, decode_messages(self.id, rows)
+        return SessionSnapshot(
+            stored_revision(self.id, revision), stored_incarnation(self.id, incarnation), decode_messages(self.id, rows)
+        )
 
     def acquire(self, holder: Optional[str] = None) -> SessionLease:
         """Become the session's one writer until ``release()``.
 
         Args:
-            holder: names the lease (default: a fresh uuid). Acquiring with
-                the holder of a live lease takes it over: a run resumed on
-                another machine (same run id) gets its session back at once.
+            holder: names the lease (default: a fresh token naming this
+                process). Acquiring with the holder of a live lease takes it
+                over: a run resumed on another machine (same run id) gets its
+                session back at once.
 
         Raises:
-            SessionBusy: another live lease holds the session (in any process).
+            SessionBusy: another live lease holds the session (in any
+                process); a lease whose holder process on this host is gone
+                is taken over instead.
             KeyError: the session belongs to another owner.
         """
         store = self.store
-        token = uuid.uuid4().hex if holder is None else check_session_id(holder)
+        token = new_token() if holder is None else check_session_id(holder)
         now = store.now()
-        if not store.backend.acquire(self.id, self.owner, token, now, now + store.lease_s):
+        taken: List[str] = []
+
+        def stale(held: str) -> bool:
+            gone = holder_is_gone(held)
+            if gone:
+                taken.append(held)
+            return gone
+
+        if not store.backend.acquire(self.id, self.owner, token, now, now + store.lease_s, stale):
             raise SessionBusy(self.id)
+        if taken:
+            log.warning(
+                "session %.80r: took over the lease of %s on this host, which is gone",
+                self.id, describe(taken[-1]),
+            )
         return SessionLease(self, token)
 
     def __repr__(self) -> str:
@@ -286,11 +320,13 @@ class SessionLease:
         self.session = session
         self.token = token
         self.lost = False
+        self.incarnation: Optional[str] = None  # the session's, as this lease's last write found it
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = threading.Thread(
             target=self._keep, name=f"loopctl-session-lease-{token[:8]}", daemon=True
         )
         self._thread.start()
+        track(self, self.release)  # released at interpreter exit if still held
 
     def _keep(self) -> None:
         store = self.session.store
@@ -321,10 +357,12 @@ class SessionLease:
         rows = [encode_message(m) for m in messages]
         session = self.session
         store = session.store
-        revision = store.backend.write(session.id, session.owner, self.token, store.now(), rows, replace)
-        if revision is None:
+        written = store.backend.write(session.id, session.owner, self.token, store.now(), rows, replace)
+        if written is None:
             self.lost = True
             raise SessionBusy(session.id, "this run's lease expired and another run took the session")
+        revision, incarnation = written
+        self.incarnation = stored_incarnation(session.id, incarnation)
         return revision
 
     def release(self) -> None:
@@ -332,6 +370,7 @@ class SessionLease:
         thread, self._thread = self._thread, None
         if thread is None:
             return
+        untrack(self)
         self._stop.set()
         thread.join()
         try:
@@ -354,6 +393,7 @@ __all__ = [
     "SessionBackend",
     "SessionInfo",
     "SessionLease",
+    "SessionSnapshot",
     "SessionStore",
     "check_session_id",
     "decode_messages",

@@ -1,7 +1,7 @@
 """``SQLiteSessionStore``: conversations in one SQLite file (stdlib ``sqlite3``).
 
 The embedded default. One row per message (``messages``), one row per
-session (``sessions``: owner, revision, times), one row per live writer
+session (``sessions``: owner, revision, times, incarnation), one row per live writer
 (``leases``), the rows a compaction replaced (``removed``, an audit trail)
 and the schema version (``loopctl_meta``). Rules it keeps:
 
@@ -13,6 +13,12 @@ and the schema version (``loopctl_meta``). Rules it keeps:
   SQLite's own locking with a busy timeout.
 - A session has a ``sessions`` row only once something was written: a
   lease taken by a run that then failed leaves the file as it was.
+- Stored values are read as bytes and checked in ``stored``: a row that is
+  not valid UTF-8 (or not a number where one belongs) is that session's
+  ``SessionCorrupt``, never a failure of the whole query.
+- A file made by schema 1 (no ``incarnation`` column) is migrated when it
+  is opened: the column is added, and its sessions keep no incarnation
+  until they are deleted and made again.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import os
 import sqlite3
 import threading
 import time
+import uuid
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,13 +42,14 @@ from loopctl.sessions.base import (
     SessionStore,
     store_error,
 )
+from loopctl.sessions.stored import corrupt, list_entry, stored_revision
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS loopctl_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     "CREATE TABLE IF NOT EXISTS sessions (id TEXT PRIMARY KEY, owner TEXT, revision INTEGER NOT NULL,"
-    " created REAL NOT NULL, updated REAL NOT NULL)",
+    " created REAL NOT NULL, updated REAL NOT NULL, incarnation TEXT)",
     "CREATE INDEX IF NOT EXISTS sessions_owner ON sessions(owner, updated)",
     "CREATE TABLE IF NOT EXISTS messages (session_id TEXT NOT NULL, seq INTEGER NOT NULL,"
     " body TEXT NOT NULL, PRIMARY KEY (session_id, seq))",
@@ -77,10 +85,17 @@ class _SQLiteBackend(SessionBackend):
             for stmt in _SCHEMA:
                 con.execute(stmt)
             row = con.execute("SELECT value FROM loopctl_meta WHERE key = 'sessions_schema'").fetchone()
-            if row is None:
-                con.execute("INSERT INTO loopctl_meta VALUES ('sessions_schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise LoopError(f"session schema version {row[0]} is newer than this loopctl's ({SCHEMA_VERSION})")
+            version = str(row[0]) if row is not None else ""
+            if version.isdigit() and int(version) > SCHEMA_VERSION:
+                raise LoopError(f"session schema version {version} is newer than this loopctl's ({SCHEMA_VERSION})")
+            if row is not None and not version.isdigit():
+                raise LoopError("the session schema version is not a number")
+            columns = {r[1] for r in con.execute("PRAGMA table_info(sessions)")}
+            if "incarnation" not in columns:  # made by schema 1
+                con.execute("ALTER TABLE sessions ADD COLUMN incarnation TEXT")
+            con.execute(
+                "INSERT OR REPLACE INTO loopctl_meta VALUES ('sessions_schema', ?)", (str(SCHEMA_VERSION),)
+            )
 
     @contextlib.contextmanager
     def _tx(self, con: sqlite3.Connection, mode: str = "IMMEDIATE") -> Iterator[sqlite3.Connection]:
@@ -107,19 +122,24 @@ class _SQLiteBackend(SessionBackend):
 
     # -- reads ---------------------------------------------------------------------------
 
-    def load(self, session_id: str) -> Tuple[int, Optional[str], List[Any]]:
+    def load(self, session_id: str) -> Optional[Tuple[object, object, object, List[Any]]]:
         with self._use("load", "DEFERRED") as con:
-            head = con.execute("SELECT revision, owner FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            head = con.execute(
+                "SELECT CAST(revision AS BLOB), CAST(owner AS BLOB), CAST(incarnation AS BLOB)"
+                " FROM sessions WHERE id = ?",
+                (session_id,),
+            ).fetchone()
             if head is None:
-                return 0, None, []
+                return None
             rows = con.execute(
-                "SELECT body FROM messages WHERE session_id = ? ORDER BY seq", (session_id,)
+                "SELECT CAST(body AS BLOB) FROM messages WHERE session_id = ? ORDER BY seq", (session_id,)
             ).fetchall()
-        return int(head[0]), head[1], [r[0] for r in rows]
+        return head[0], head[1], head[2], [r[0] for r in rows]
 
     def infos(self, owner: Optional[str], session_id: Optional[str] = None) -> List[SessionInfo]:
         sql = (
-            "SELECT s.id, s.owner, s.revision, s.updated,"
+            "SELECT CAST(s.id AS BLOB), CAST(s.owner AS BLOB), CAST(s.revision AS BLOB),"
+            " CASE WHEN typeof(s.updated) IN ('integer', 'real') THEN s.updated END,"
             " (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id) FROM sessions s"
         )
         args: List[Any] = []
@@ -135,17 +155,21 @@ class _SQLiteBackend(SessionBackend):
         sql += " ORDER BY s.updated DESC, s.id"
         with self._use("list", "DEFERRED") as con:
             rows = con.execute(sql, args).fetchall()
-        return [SessionInfo(r[0], r[1], int(r[4]), int(r[2]), float(r[3])) for r in rows]
+        found = (list_entry(r[0], r[1], r[4], r[2], r[3]) for r in rows)
+        return [info for info in found if info is not None]
 
     # -- the lease -----------------------------------------------------------------------
 
-    def acquire(self, session_id: str, owner: Optional[str], token: str, now: float, until: float) -> bool:
+    def acquire(
+        self, session_id: str, owner: Optional[str], token: str, now: float, until: float, stale: Callable[[str], bool]
+    ) -> bool:
         with self._use("acquire") as con:
             head = con.execute("SELECT owner FROM sessions WHERE id = ?", (session_id,)).fetchone()
             if head is not None and head[0] != owner:
                 raise KeyError(f"unknown session {session_id[:80]!r}")
             held = con.execute("SELECT until, token FROM leases WHERE session_id = ?", (session_id,)).fetchone()
-            if held is not None and float(held[0]) > now and held[1] != token:
+            # Checked inside the write transaction: the stale token is replaced only if it still holds.
+            if held is not None and float(held[0]) > now and held[1] != token and not stale(held[1]):
                 return False
             con.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?)", (session_id, token, until))
         return True
@@ -165,22 +189,17 @@ class _SQLiteBackend(SessionBackend):
 
     def write(
         self, session_id: str, owner: Optional[str], token: str, now: float, rows: List[str], replace: bool
-    ) -> Optional[int]:
+    ) -> Optional[Tuple[int, object]]:
         with self._use("write") as con:
             held = con.execute("SELECT token FROM leases WHERE session_id = ?", (session_id,)).fetchone()
             if held is None or held[0] != token:
                 return None
-            head = con.execute("SELECT revision FROM sessions WHERE id = ?", (session_id,)).fetchone()
-            revision = 1 if head is None else int(head[0]) + 1
-            if head is None:
-                con.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, ?)", (session_id, owner, revision, now, now))
-            else:
-                con.execute("UPDATE sessions SET revision = ?, updated = ? WHERE id = ?", (revision, now, session_id))
-            old = [r[0] for r in con.execute(
-                "SELECT body FROM messages WHERE session_id = ? ORDER BY seq", (session_id,)
-            )] if replace else []
-            keep = _common_prefix(old, rows) if replace else 0
+            revision, incarnation = _bump(con, session_id, owner, now)
             if replace:
+                old = [bytes(r[0]) for r in con.execute(
+                    "SELECT CAST(body AS BLOB) FROM messages WHERE session_id = ? ORDER BY seq", (session_id,)
+                )]
+                keep = _common_prefix(old, [r.encode("utf-8") for r in rows])
                 # Only the rows that differ are moved to the audit trail; a
                 # replace that merely extends the conversation removes nothing.
                 con.execute(
@@ -196,12 +215,12 @@ class _SQLiteBackend(SessionBackend):
             con.executemany(
                 "INSERT INTO messages VALUES (?, ?, ?)", [(session_id, start + i, r) for i, r in enumerate(rows)]
             )
-        return revision
+        return revision, incarnation
 
-    def delete(self, session_id: str, now: float) -> Optional[bool]:
+    def delete(self, session_id: str, now: float, stale: Callable[[str], bool]) -> Optional[bool]:
         with self._use("delete") as con:
-            held = con.execute("SELECT until FROM leases WHERE session_id = ?", (session_id,)).fetchone()
-            if held is not None and float(held[0]) > now:
+            held = con.execute("SELECT until, token FROM leases WHERE session_id = ?", (session_id,)).fetchone()
+            if held is not None and float(held[0]) > now and not stale(held[1]):
                 return None
             con.execute("DELETE FROM leases WHERE session_id = ?", (session_id,))
             con.execute("DELETE FROM messages WHERE session_id = ?", (session_id,))
@@ -212,9 +231,13 @@ class _SQLiteBackend(SessionBackend):
         """The audit trail: (revision that removed it, row) in order."""
         with self._use("audit", "DEFERRED") as con:
             rows = con.execute(
-                "SELECT revision, body FROM removed WHERE session_id = ? ORDER BY revision, seq", (session_id,)
+                "SELECT revision, CAST(body AS BLOB) FROM removed WHERE session_id = ? ORDER BY revision, seq",
+                (session_id,),
             ).fetchall()
-        return [(int(r[0]), r[1]) for r in rows]
+        try:
+            return [(int(r[0]), bytes(r[1]).decode("utf-8")) for r in rows]
+        except (TypeError, ValueError):  # UnicodeDecodeError is a ValueError
+            raise corrupt(session_id, "audit row") from None
 
     def close(self) -> None:
         with self._lock:
@@ -224,7 +247,28 @@ class _SQLiteBackend(SessionBackend):
             con.close()
 
 
-def _common_prefix(old: List[str], new: List[str]) -> int:
+def _bump(con: sqlite3.Connection, session_id: str, owner: Optional[str], now: float) -> Tuple[int, object]:
+    """The session's next revision and its incarnation, written to its row (made with a fresh incarnation).
+
+    Raises:
+        SessionCorrupt: the stored revision cannot be read.
+    """
+    head = con.execute(
+        "SELECT CAST(revision AS BLOB), CAST(incarnation AS BLOB) FROM sessions WHERE id = ?", (session_id,)
+    ).fetchone()
+    if head is None:
+        incarnation = uuid.uuid4().hex
+        con.execute(
+            "INSERT INTO sessions (id, owner, revision, created, updated, incarnation) VALUES (?, ?, 1, ?, ?, ?)",
+            (session_id, owner, now, now, incarnation),
+        )
+        return 1, incarnation
+    revision = stored_revision(session_id, head[0]) + 1
+    con.execute("UPDATE sessions SET revision = ?, updated = ? WHERE id = ?", (revision, now, session_id))
+    return revision, head[1]
+
+
+def _common_prefix(old: List[bytes], new: List[bytes]) -> int:
     """How many leading rows ``old`` and ``new`` share."""
     n = 0
     for a, b in zip(old, new):

@@ -71,7 +71,7 @@ from loopctl.hosting.serialization import (
 )
 from loopctl.messages import Message
 from loopctl.records import Run
-from loopctl.sessions.base import Session, SessionStore
+from loopctl.sessions.base import Session, SessionSnapshot, SessionStore
 
 from . import approvals as approvals
 from .bridge import Bridge, SteerFeed
@@ -121,16 +121,15 @@ def _build_loop(
     kept: Sequence[Steer] = (),
 ) -> Tuple[BareLoop, SteerFeed]:
     session: Optional[Session] = None
-    revision = 0
-    stored: List[Message] = []
+    snapshot = SessionSnapshot(0, None, [])
     if sessions is not None:
         # The run's owner's session only: another owner's conversation is an unknown id.
         session = sessions.session(conversation, owner=owner)
-        revision, stored = session.load()
+        snapshot = session.read()
     if saved is not None and saved.history is not None:
         history = list(saved.history)  # the run compacted: its own history goes on
     elif session is not None:
-        history = stored
+        history = snapshot.messages
     else:
         history = history_from_dict(json.loads(claim.history)) if claim.history else []
     factory = resolve_factory(claim.factory)
@@ -150,7 +149,8 @@ def _build_loop(
         feed = SteerFeed(loop.steering(), pending, kept)
         loop.with_contributor(feed)
         if session is not None:
-            loop.with_session(session, revision=revision)  # the run holds its lease; finalize writes it
+            # The run holds its lease; finalize writes it.
+            loop.with_session(session, revision=snapshot.revision, incarnation=snapshot.incarnation)
     except BaseException:
         loop.close()
         raise
