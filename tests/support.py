@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import threading
-import types
 import time
+import types
 from collections.abc import Iterable, Iterator, Mapping
 from functools import partial
 from typing import Any, Callable, Optional
