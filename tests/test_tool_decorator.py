@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import sys
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any, Optional
@@ -303,6 +304,27 @@ def test_optional_context_parameter_is_injected() -> None:
 
     assert f.schema().input_schema["properties"] == {}
     assert f.invoke({}, object()).text == "got"  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 10), reason="'X | None' needs Python 3.10")
+def test_pep604_optional_context_parameter_is_injected_either_way_round() -> None:
+    @tool
+    def f(x: int, ctx: ToolContext | None = None) -> str:
+        """F."""
+        return "got" if ctx is not None else "none"
+
+    @tool
+    def g(ctx: None | ToolContext = None) -> str:
+        """G."""
+        return "got" if ctx is not None else "none"
+
+    assert list(f.schema().input_schema["properties"]) == ["x"]
+    assert g.schema().input_schema["properties"] == {}
+    assert f.invoke({"x": 1}, object()).text == "got"  # type: ignore[arg-type]
+    assert g.invoke({}, object()).text == "got"  # type: ignore[arg-type]
+    assert f.invoke({"x": 1, "ctx": {}}, object()).text == (  # type: ignore[arg-type]
+        "Invalid input for tool 'f': unknown field 'ctx' (allowed: x)"
+    )
 
 
 def test_rst_literals_and_roles_in_a_docstring_reach_the_model_as_markdown() -> None:

@@ -25,6 +25,7 @@ from fakeserver import (
     Stall,
     Stream,
     anthropic_message,
+    anthropic_stream,
     oa_chunk,
     openai_completion,
     openai_stream,
@@ -86,6 +87,10 @@ def tool_results(server: FakeServer, request_index: int) -> list[dict[str, Any]]
         ("[1, 2]", "are not a JSON object"),
         ('"just a string"', "are not a JSON object"),
         ("[" * 5000 + "]" * 5000, f"nest deeper than {MAX_JSON_DEPTH} levels"),
+        ('{"a": NaN, "b": 1}', "invalid JSON arguments for tool 'add' (NaN is not a JSON number)"),
+        ('{"a": Infinity, "b": 1}', "invalid JSON arguments for tool 'add' (Infinity is not a JSON number)"),
+        ('{"a": 1, "b": -Infinity}', "invalid JSON arguments for tool 'add' (-Infinity is not a JSON number)"),
+        ('{"a": 1e999, "b": 1}', "invalid JSON arguments for tool 'add' (1e999 is too large for a number)"),
     ],
 )
 def test_bad_tool_arguments_become_a_soft_error_and_the_run_goes_on(server: FakeServer, args: str, says: str) -> None:
@@ -127,6 +132,42 @@ def test_anthropic_non_object_input_is_a_soft_error(server: FakeServer) -> None:
     blocks = server.requests[1].json["messages"][-1]["content"]
     assert blocks[0]["type"] == "tool_result" and blocks[0]["is_error"] is True
     assert "not a JSON object" in blocks[0]["content"]
+
+
+def test_anthropic_streamed_nan_arguments_are_a_soft_error_and_the_tool_never_runs(server: FakeServer) -> None:
+    ran: list[float] = []
+
+    @tool
+    def scale(x: float) -> str:
+        """Scale a number."""
+        ran.append(x)
+        return "scaled"
+
+    server.push(Stream(anthropic_stream(tool_calls=[("t1", "scale", '{"x": NaN}')])),
+                Stream(anthropic_stream("fixed")))
+    run, _ = run_loop(an(server), StreamHandler(**FAST), tools=(scale,))
+    assert run.output == "fixed" and ran == []
+    [block] = server.requests[1].json["messages"][-1]["content"]
+    assert block["is_error"] is True
+    assert "invalid JSON arguments for tool 'scale' (NaN is not a JSON number)" in block["content"]
+
+
+def test_anthropic_non_streaming_nan_input_object_is_a_soft_error(server: FakeServer) -> None:
+    # The body is JSON text with a bare NaN inside the input object (what json.dumps writes).
+    body = json.dumps(anthropic_message(tool_calls=[("t1", "add", {"a": float("nan"), "b": 1})])).encode()
+    assert b"NaN" in body
+    server.push(Reply(200, body), Reply(200, anthropic_message("ok")))
+    run, _ = run_loop(an(server), StreamHandler(**FAST), mode="non_streaming")
+    assert run.output == "ok"
+    [block] = server.requests[1].json["messages"][-1]["content"]
+    assert block["is_error"] is True
+    assert "invalid JSON arguments for tool 'add' (NaN and infinities are not JSON numbers)" in block["content"]
+
+
+def test_a_finite_float_still_parses_after_the_strict_number_check() -> None:
+    part = tool_call_part("c", "scale", '{"x": 1.5e3, "y": -0.25, "z": 12345678901234567890}')
+    assert part.invalid is None
+    assert part.input == {"x": 1500.0, "y": -0.25, "z": 12345678901234567890}
 
 
 def test_offending_arguments_are_cut_short_and_key_shapes_masked() -> None:

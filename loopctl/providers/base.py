@@ -34,7 +34,10 @@ from loopctl.messages import (
 )
 from loopctl.providers.boundary import (
     MAX_JSON_DEPTH,
+    NotJSONNumber,
     json_depth_exceeds,
+    loads_strict,
+    non_finite_in,
     redact_key_shapes,
     value_depth_exceeds,
 )
@@ -261,7 +264,9 @@ def tool_call_part(call_id: str, name: str, arguments: object) -> ToolCallPart:
                 problem = f"arguments for tool {name!r} nest deeper than {MAX_JSON_DEPTH} levels"
             else:
                 try:
-                    data = json.loads(arguments)
+                    data = loads_strict(arguments)
+                except NotJSONNumber as exc:
+                    problem = f"invalid JSON arguments for tool {name!r} ({exc}): {_quote(arguments)}"
                 except (ValueError, RecursionError):
                     problem = f"invalid JSON arguments for tool {name!r}: {_quote(arguments)}"
             if problem is None and not isinstance(data, dict):
@@ -272,6 +277,8 @@ def tool_call_part(call_id: str, name: str, arguments: object) -> ToolCallPart:
             problem = f"arguments for tool {name!r} are not a JSON object: {_quote(repr(arguments)[:_SHOWN])}"
         elif value_depth_exceeds(data):
             problem = f"arguments for tool {name!r} nest deeper than {MAX_JSON_DEPTH} levels"
+        elif non_finite_in(data):  # a body parsed leniently upstream: NaN is still not JSON
+            problem = f"invalid JSON arguments for tool {name!r} (NaN and infinities are not JSON numbers)"
     if not name.strip():
         problem = "the tool call has no tool name" + (f" ({problem})" if problem else "")
     if problem is not None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import re
 import socket
 import ssl
@@ -262,6 +263,48 @@ def value_depth_exceeds(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
     return False
 
 
+class NotJSONNumber(ValueError):
+    """``NaN``, ``Infinity``, ``-Infinity`` or a literal too large for a float: not a JSON number."""
+
+
+def _refuse_constant(name: str) -> object:
+    raise NotJSONNumber(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotJSONNumber(f"{text[:40]} is too large for a number")
+    return value
+
+
+def loads_strict(text: str) -> object:
+    """``json.loads`` that refuses what RFC 8259 does not allow and Python's json does.
+
+    Raises:
+        NotJSONNumber: ``NaN``/``Infinity``/``-Infinity``, or a number that
+            overflows to an infinite float (``1e999``).
+        ValueError: any other malformed JSON.
+        RecursionError: the text nests too deeply to parse.
+    """
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+def non_finite_in(value: object) -> bool:
+    """True when a parsed value holds a NaN or an infinite float anywhere (no recursion)."""
+    todo: list[object] = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return False
+
+
 # -- HTTP statuses -------------------------------------------------------------------
 
 
@@ -346,6 +389,7 @@ def status_error(status: int, reason: str, body: bytes, retry_after: Optional[st
 __all__ = [
     "MAX_JSON_DEPTH",
     "PROTOCOL",
+    "NotJSONNumber",
     "RATE_LIMIT",
     "STATUS",
     "TIMEOUT",
@@ -357,8 +401,10 @@ __all__ = [
     "foreign_error",
     "is_context_overflow",
     "json_depth_exceeds",
+    "loads_strict",
     "map_exception",
     "model_error",
+    "non_finite_in",
     "overflow_error",
     "parse_json",
     "parse_retry_after",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, TypeVar, Union, overload
@@ -43,10 +44,15 @@ from loopctl.tools.validation import check, compile_schema
 ResourceKey = Union[str, Callable[[Mapping[str, Any]], Optional[str]]]
 F = TypeVar("F", bound=Callable[..., Any])
 
+_UNION_TYPE = getattr(types, "UnionType", None)  # ``X | None`` on Python >= 3.10
+
+
 def _is_context(hint: object) -> bool:
+    """True for ``ToolContext``, ``Optional[ToolContext]``, ``ToolContext | None`` and ``None | ToolContext``."""
     if hint is ToolContext:
         return True
-    if typing.get_origin(hint) is typing.Union:
+    origin = typing.get_origin(hint)
+    if origin is typing.Union or (_UNION_TYPE is not None and origin is _UNION_TYPE):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return len(args) == 1 and args[0] is ToolContext
     return False
