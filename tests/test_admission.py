@@ -496,3 +496,33 @@ def test_a_tool_unregistered_between_the_reply_and_its_dispatch_does_not_run() -
     results = [p for m in loop.machine.history for p in m.tool_results]
     assert len(results) == 1 and results[0].is_error and "gone" in results[0].output
     loop.close()
+
+
+def test_a_resumed_run_that_compacted_before_its_checkpoint_still_renames_an_id_it_used() -> None:
+    """The checkpoint's pending messages no longer hold the early turns' calls; its turns do."""
+    from collections.abc import Mapping
+
+    from loopctl import SessionConfig, Tool, ToolContext
+
+    class Dump(Tool):
+        name = "dump"
+        description = "Returns n characters."
+
+        def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+            return "z" * int(input.get("n", 100))
+
+    def ask(cid: str, n: int = 100) -> ModelResponse:
+        return calls_reply((cid, "dump", {"n": n}))
+
+    cfg = SessionConfig(context_window=10_000, compact_threshold=80)
+    history = [Message.user("h" * 1600) if i % 2 == 0 else Message.assistant("a" * 1600) for i in range(10)]
+    saved: list[Checkpoint] = []
+    loop = BareLoop(ScriptedClient([ask("c1", 20_000), ask("c2"), reply("done")]), [Dump()], config=cfg,
+                    history=history)
+    loop.start("go", run_id="r1", checkpoint=saved.append).result(WAIT)
+    cp = next(c for c in reversed(saved) if c.history is not None and c.after == "tools")
+    assert [c.id for m in cp.pending for c in m.tool_calls] == ["c2"]  # c1 went with the compaction
+    again = BareLoop.from_history(ScriptedClient([ask("c1"), reply("end")]), [Dump()], history=list(cp.history),
+                                  config=cfg)
+    run = again.start("go", run_id="r1", resume=ResumePoint(cp, 1, "worker lost")).result(WAIT)
+    assert [c.id for t in run.turns for c in t.tool_calls] == ["c1", "c2", "c1-2"]

@@ -141,10 +141,14 @@ class ModelTurn(RunState):
         )
 
     def used_call_ids(self) -> set[str]:
-        """The ids the run's calls have had (seeded, on first use, from the run's messages so far)."""
+        """The ids the run's calls have had (seeded, on first use, from its record and messages so far)."""
         ids = self.call_ids
-        if ids is None:  # a resumed run's earlier turns are in pending already
-            ids = self.call_ids = {c.id for msg in self.machine.pending for c in msg.tool_calls}
+        if ids is None:
+            # A resumed run's earlier turns are in its record (a compaction may
+            # have moved their messages out of pending) and its pending messages.
+            ids = {c.id for t in self.rc.run.turns for c in t.tool_calls}
+            ids.update(c.id for msg in self.machine.pending for c in msg.tool_calls)
+            self.call_ids = ids
         return ids
 
     def record_reply(self, turn: int, query: str, figure: int, response: ModelResponse, phase: Phase) -> None:
