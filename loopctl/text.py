@@ -169,9 +169,9 @@ def mask_spans(text: str, forms: Iterable[str]) -> str:
     spans = [m.span() for m in _KEY_SHAPES.finditer(text)] if _has_key_mark(text) else []
     for form in forms:
         at = text.find(form)
-        while at >= 0:
+        while at >= 0:  # one after another, as str.replace finds them: linear in the text
             spans.append((at, at + len(form)))
-            at = text.find(form, at + 1)
+            at = text.find(form, at + len(form))
     if not spans:
         return text
     spans.sort()

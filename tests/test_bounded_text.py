@@ -133,7 +133,9 @@ def test_a_key_split_across_stream_pieces_is_masked_whole(seed: int) -> None:
 def test_non_finite_numbers_never_reach_json_outlets() -> None:
     recorder = Recorder()
     client = ScriptedClient([calls(("echo", {"x": float("nan"), "y": float("inf")})), reply("done")])
-    with BareLoop(client, [Echo()]) as loop:
+    # Non-streaming: the scripted client hands the values over as they are (a streamed
+    # reply's argument text with NaN is refused as invalid JSON before any outlet).
+    with BareLoop(client, [Echo()]).with_turn_mode("non_streaming") as loop:
         loop.register_observer(recorder)
         run = loop.run("hi")
     (received,) = recorder.of(ToolCallReceived)

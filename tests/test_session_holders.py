@@ -84,3 +84,15 @@ def test_tokens_of_another_host_or_in_another_form_are_never_stale(child: subpro
     assert not holder_is_gone(uuid.uuid4().hex)  # a token made before holders were named
     assert not holder_is_gone(token_of(0, ""))
     assert not holder_is_gone(f"{uuid.uuid4().hex}|x|1|{host_id()}")
+
+
+def test_without_a_boot_id_no_lease_is_ever_stale(child: subprocess.Popen[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host name alone does not tell machines apart (macOS, BSD, Windows: no /proc): leases lapse instead."""
+    import loopctl.sessions.holders as holders
+
+    child.kill()
+    child.wait(30)
+    dead = token_of(child.pid, started(child.pid) or "1")
+    monkeypatch.setattr(holders, "_read", lambda path: "")  # what a system without /proc reads
+    monkeypatch.setattr(holders, "_host", None)
+    assert not holder_is_gone(dead.rsplit("|", 1)[0] + "|" + host_id())

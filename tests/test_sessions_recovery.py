@@ -177,6 +177,22 @@ def test_a_message_row_that_is_not_utf8_is_session_corrupt_without_its_text(
     assert "SECRET" not in caplog.text
 
 
+def test_sqlite_an_owner_that_is_not_utf8_is_that_sessions_corruption_only(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    place = Place("sqlite", str(tmp_path / "s.db"))
+    store = place.open()
+    two_sessions(store)
+    place.spoil("UPDATE sessions SET owner = CAST(? AS TEXT) WHERE id = 'bad'", (b"\xffsk-live-SECRET1234567890",),
+                lambda r: None)
+    with pytest.raises(SessionCorrupt) as info:  # taking the lease reads the owner too
+        store.session("bad").acquire()
+    assert "SECRET" not in str(info.value)
+    assert_only_bad_is_corrupt(store, caplog, lease=False)
+    assert "SECRET" not in caplog.text
+    store.close()
+
+
 @pytest.mark.parametrize("part", ["msgs", "meta"])
 def test_redis_a_key_of_the_wrong_type_is_that_sessions_corruption_only(
     redis_url: str, part: str, caplog: pytest.LogCaptureFixture

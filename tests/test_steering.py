@@ -143,7 +143,7 @@ def test_text_becomes_a_user_message_and_a_message_is_kept_as_given(
 def test_a_system_or_assistant_message_becomes_a_user_message_and_one_with_calls_or_results_is_refused(
     make_loop: Callable[..., BareLoop],
 ) -> None:
-    from loopctl import ToolCallPart, ToolResultPart
+    from loopctl import TextPart, ThinkingPart, ToolCallPart, ToolResultPart
 
     gate = Gate()
     client = ScriptedClient([call("work"), reply("done")])
@@ -152,7 +152,7 @@ def test_a_system_or_assistant_message_becomes_a_user_message_and_one_with_calls
     handle = loop.start("hi")
     gate.wait_entered()
     assert s.push(Message.system("be brief")) is True
-    assert s.push(Message.assistant("from the operator")) is True
+    assert s.push(Message("assistant", (ThinkingPart("mulling", "sig"), TextPart("from the operator")))) is True
     with pytest.raises(ValueError, match="tool calls or results"):
         s.push(Message.assistant("", tool_calls=(ToolCallPart("x1", "work", {}),)))
     with pytest.raises(ValueError, match="tool calls or results"):

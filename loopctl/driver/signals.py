@@ -27,7 +27,7 @@ import threading
 from collections import deque
 from typing import Union
 
-from loopctl.messages import Message, Role, ToolCallPart, ToolResultPart
+from loopctl.messages import Message, Role, ThinkingPart, ToolCallPart, ToolResultPart
 
 log = logging.getLogger("loopctl")
 
@@ -48,7 +48,7 @@ def _size(message: Message) -> int:
 
 
 def guidance(message: Union[Message, str]) -> Message:
-    """``message`` as guidance: a user message (text becomes one; another role's parts are kept, not its role).
+    """``message`` as guidance: a user message (text becomes one; another role's parts are kept, not its role, nor reasoning).
 
     Raises:
         TypeError: neither a ``Message`` nor a str.
@@ -63,7 +63,10 @@ def guidance(message: Union[Message, str]) -> Message:
         kinds = sorted({type(p).__name__ for p in message.parts})
         raise ValueError(f"steering guidance cannot carry tool calls or results, got a {message.role.value!r} "
                          f"message with {kinds}")
-    return message if message.role == Role.USER else Message(Role.USER, message.parts)
+    if message.role == Role.USER and not any(type(p) is ThinkingPart for p in message.parts):
+        return message
+    # A model's reasoning block belongs to its own turn (a provider may replay it, signed): not to guidance.
+    return Message(Role.USER, tuple(p for p in message.parts if type(p) is not ThinkingPart))
 
 
 class Steering:

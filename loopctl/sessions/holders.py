@@ -52,6 +52,15 @@ def host_id() -> str:
     return _host
 
 
+def _knows_its_host() -> bool:
+    """True where the host id tells machines apart (a boot id: Linux's /proc).
+
+    A host name alone does not (two machines may share one, over one Redis),
+    so without a boot id no lease is ever judged stale: it lapses instead.
+    """
+    return os.name != "nt" and bool(_read("/proc/sys/kernel/random/boot_id").strip())
+
+
 def process_start(pid: int) -> Optional[Tuple[str, str]]:
     """(state, start time in clock ticks since boot) of ``pid`` from ``/proc``; None when unreadable."""
     data = _read(f"/proc/{pid}/stat")
@@ -73,7 +82,9 @@ def new_token() -> str:
 def holder_is_gone(token: str) -> bool:
     """Whether ``token`` names a process of this host's pid space that no longer exists."""
     parts = token.split(_SEPARATOR, 3)
-    if len(parts) != 4 or parts[3] != host_id() or not (parts[1].isascii() and parts[1].isdigit()):
+    if not _knows_its_host() or len(parts) != 4 or parts[3] != host_id():
+        return False
+    if not (parts[1].isascii() and parts[1].isdigit()):
         return False
     pid, start = int(parts[1]), parts[2]
     if pid <= 0:
@@ -121,6 +132,16 @@ def _release_all() -> None:
             release()
         except Exception:  # the lease then lapses (or is taken over) on its own
             log.warning("releasing a session lease at exit failed", exc_info=True)
+
+
+def _reset_after_fork() -> None:
+    """A forked child starts with a fresh lock (the parent's may be held by a thread the child lacks)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _pid_exists(pid: int) -> bool:

@@ -42,7 +42,7 @@ from loopctl.sessions.base import (
     SessionStore,
     store_error,
 )
-from loopctl.sessions.stored import corrupt, list_entry, stored_revision
+from loopctl.sessions.stored import corrupt, list_entry, stored_owner, stored_revision
 
 SCHEMA_VERSION = 2
 
@@ -164,8 +164,8 @@ class _SQLiteBackend(SessionBackend):
         self, session_id: str, owner: Optional[str], token: str, now: float, until: float, stale: Callable[[str], bool]
     ) -> bool:
         with self._use("acquire") as con:
-            head = con.execute("SELECT owner FROM sessions WHERE id = ?", (session_id,)).fetchone()
-            if head is not None and head[0] != owner:
+            head = con.execute("SELECT CAST(owner AS BLOB) FROM sessions WHERE id = ?", (session_id,)).fetchone()
+            if head is not None and stored_owner(session_id, head[0]) != owner:
                 raise KeyError(f"unknown session {session_id[:80]!r}")
             held = con.execute("SELECT until, token FROM leases WHERE session_id = ?", (session_id,)).fetchone()
             # Checked inside the write transaction: the stale token is replaced only if it still holds.
