@@ -449,7 +449,8 @@ def test_recorded_content_is_safe_to_export() -> None:
         def call(self, input: Any, ctx: ToolContext) -> str:
             return "bad \ud800 text " + API_KEY
 
-    with BareLoop(ScriptedClient([call("odd", x=float("nan")), reply("ok")]), [Odd()]) as loop:
+    # Non-streaming: a streamed reply's NaN argument is refused as invalid JSON before any span.
+    with BareLoop(ScriptedClient([call("odd", x=float("nan")), reply("ok")]), [Odd()]).with_turn_mode("non_streaming") as loop:
         loop.register_observer(t.observer)
         loop.run("go")
     span = t.one("execute_tool odd")
