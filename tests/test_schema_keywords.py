@@ -111,6 +111,12 @@ def test_draft7_definitions_and_recursive_refs_name_the_deep_field() -> None:
         (obj(x={"type": "string", "pattern": "(unclosed"}), "pattern '(unclosed' does not compile"),
         (obj(x={"multipleOf": 0}), "multipleOf must be a number greater than 0"),
         (obj(x={"minimum": "5"}), "TypeError"),
+        (obj(x={"type": "int"}), "names no JSON type"),  # a typo: it must never accept everything
+        (obj(x={"type": ["float", "null"]}), "names no JSON type"),
+        (obj(x={"type": []}), "names no JSON type"),
+        (obj(x={"anyOf": []}), "anyOf must list at least one schema"),
+        (obj(x={"oneOf": []}), "oneOf must list at least one schema"),
+        (obj(x={"enum": "rw"}), "enum must be a list"),  # not the letters r and w
     ],
 )
 def test_a_schema_the_validator_cannot_apply_refuses_the_field_and_says_so(schema: dict[str, Any], says: str) -> None:
@@ -224,3 +230,58 @@ def test_a_plain_tool_schema_keeps_the_compiled_fast_path() -> None:
     assert fastcheck._is_plain(obj(a={"type": "integer", "minimum": 0}, b={"anyOf": [{"type": "string"}, {"type": "null"}]}))
     assert not fastcheck._is_plain(obj(a={"type": "string", "pattern": "x"}))
     assert not fastcheck._is_plain(obj(a={"type": "array", "items": {"$ref": "#/$defs/A"}}))
+
+
+def test_a_long_key_is_cut_in_every_message_that_names_it() -> None:
+    """A model's key may be megabytes (under the argument limit): the message names a few dozen characters."""
+    key = "sk-live-" + "S" * 200_000
+    by_name = {"type": "object", "additionalProperties": {"type": "object", "required": ["email"]}}
+    depends = {"type": "object", "dependentRequired": {key: ["other"]}}
+    for schema, value in ((by_name, {key: {}}), (depends, {key: 1})):
+        message = check(schema, value)
+        assert message is not None and len(message) < 400, (len(message or ""), (message or "")[:200])
+
+
+def test_required_as_a_string_refuses_instead_of_reading_it_letter_by_letter() -> None:
+    schema = {"type": "object", "required": "path"}
+    for value in ({"path": 1}, {"p": 1, "a": 1, "t": 1, "h": 1}):
+        message = check(schema, value)
+        assert message is not None and "required must be a list" in message
+        assert compile_schema(schema)(value) is False
+
+
+def test_nan_within_no_bound_on_either_path() -> None:
+    nan = float("nan")
+    for schema in ({"type": "number", "minimum": 0, "maximum": 100}, {"exclusiveMinimum": 0},
+                   {"exclusiveMaximum": 0}, {"maximum": 1}):
+        assert check(obj(pct=schema), {"pct": nan}) is not None, schema
+        assert compile_schema(obj(pct=schema))({"pct": nan}) is False, schema
+
+
+def test_nan_or_infinity_anywhere_in_parsed_arguments_is_refused() -> None:
+    from types import MappingProxyType
+
+    from loopctl.providers.base import tool_call_part
+
+    for args in ({"xs": (float("nan"),)}, {"x": MappingProxyType({"y": float("inf")})}, {"x": [[(-float("inf"),)]]}):
+        part = tool_call_part("c1", "t", args)
+        assert part.invalid is not None and "NaN and infinities" in part.invalid, args
+
+
+def test_an_enum_reads_the_value_once_not_once_per_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    import loopctl.tools.jsonvalues as jsonvalues
+
+    calls_made = [0]
+    real = jsonvalues.json_key
+
+    def counting(value: object) -> object:
+        calls_made[0] += 1
+        return real(value)
+
+    monkeypatch.setattr(jsonvalues, "json_key", counting)
+    value = {"level": list(range(2_000))}
+    schema = obj(level={"enum": list(range(100))})
+    assert check(schema, value) is not None
+    assert compile_schema(schema)(value) is False
+    assert calls_made[0] < 10_000  # about (2,000 + 100) per path; once per option would be 200,000
+

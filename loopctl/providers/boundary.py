@@ -24,6 +24,7 @@ import re
 import socket
 import ssl
 import time
+from collections.abc import Mapping
 from typing import Any, NoReturn, Optional
 from urllib.parse import urlsplit
 
@@ -255,10 +256,10 @@ def value_depth_exceeds(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
     todo: list[tuple[object, int]] = [(value, 0)]
     while todo:
         item, depth = todo.pop()
-        if isinstance(item, (dict, list)):
+        if isinstance(item, (Mapping, list, tuple)):
             if depth + 1 > limit:
                 return True
-            children = item.values() if isinstance(item, dict) else item
+            children = item.values() if isinstance(item, Mapping) else item
             todo.extend((child, depth + 1) for child in children)
     return False
 
@@ -298,9 +299,9 @@ def non_finite_in(value: object) -> bool:
         if isinstance(item, float):
             if not math.isfinite(item):
                 return True
-        elif isinstance(item, dict):
+        elif isinstance(item, Mapping):  # any mapping or sequence: a client may hand over tuples or views
             todo.extend(item.values())
-        elif isinstance(item, list):
+        elif isinstance(item, (list, tuple)):
             todo.extend(item)
     return False
 

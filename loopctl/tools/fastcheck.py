@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional
 
-from loopctl.tools.jsonvalues import is_type, same
+from loopctl.tools.jsonvalues import JSON_TYPES, among, is_type, same
 from loopctl.tools.walker import run
 
 Accept = Callable[[object], bool]
@@ -40,10 +40,15 @@ def _sane(schema: Mapping[str, Any]) -> bool:
             schema.get(k) is None or (isinstance(schema[k], (int, float)) and not isinstance(schema[k], bool))
             for k in _BOUNDS
         )
-        and (t is None or isinstance(t, str) or (isinstance(t, (list, tuple)) and all(isinstance(n, str) for n in t)))
+        and (t is None or _known(t) or (isinstance(t, (list, tuple)) and bool(t) and all(_known(n) for n in t)))
         and isinstance(schema.get("required", ()), (list, tuple))
         and isinstance(schema.get("enum", ()), (list, tuple))
+        and ("anyOf" not in schema or (isinstance(schema["anyOf"], (list, tuple)) and bool(schema["anyOf"])))
     )
+
+
+def _known(name: object) -> bool:
+    return isinstance(name, str) and name in JSON_TYPES
 
 
 def _is_plain(schema: object) -> bool:
@@ -109,7 +114,7 @@ def _compile(schema: Mapping[str, Any]) -> Accept:
         tests.append(kinds[0] if len(kinds) == 1 else (lambda v: any(k(v) for k in kinds)))
     if "enum" in schema:
         options = list(schema["enum"])
-        tests.append(lambda v: any(same(v, e) for e in options))
+        tests.append(lambda v: among(v, options))
     if "const" in schema:
         const = schema["const"]
         tests.append(lambda v: same(v, const))

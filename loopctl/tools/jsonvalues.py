@@ -59,8 +59,12 @@ def json_type(value: object) -> str:
     return type(value).__name__
 
 
+#: The type names JSON Schema knows; any other is a broken schema (it refuses, never waves through).
+JSON_TYPES = frozenset(("string", "integer", "number", "boolean", "null", "array", "object"))
+
+
 def is_type(value: object, name: object) -> bool:
-    """True when ``value`` is of the JSON type ``name`` (an unknown name constrains nothing)."""
+    """True when ``value`` is of the JSON type ``name`` (one of ``JSON_TYPES``)."""
     if name == "string":
         return isinstance(value, str)
     if name == "integer":
@@ -104,6 +108,14 @@ def same(a: object, b: object) -> bool:
     if type(a) is str or type(b) is str:
         return a == b
     return json_key(a) == json_key(b)
+
+
+def among(value: object, options: Sequence[object]) -> bool:
+    """``enum``: whether ``value`` is JSON-equal to one of ``options`` (the value's key made once)."""
+    if type(value) is str:
+        return any(type(e) is str and e == value for e in options)
+    key = json_key(value)
+    return any(type(e) is not str and json_key(e) == key for e in options)
 
 
 def first_repeat(items: Sequence[object]) -> tuple[int, int]:
@@ -229,7 +241,9 @@ def show(value: object, width: int = 40) -> str:
 
 
 __all__ = [
+    "JSON_TYPES",
     "SchemaFault",
+    "among",
     "SchemaNode",
     "first_repeat",
     "is_multiple",

@@ -18,8 +18,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
 from loopctl.tools.jsonvalues import (
+    JSON_TYPES,
     SchemaFault,
     SchemaNode,
+    among,
     first_repeat,
     is_multiple,
     is_type,
@@ -34,7 +36,7 @@ from loopctl.tools.jsonvalues import (
 #: ``STEPS_PER_VALUE`` for each value in the input, never more than ``MAX_STEPS``.
 FREE_STEPS = 10_000
 STEPS_PER_VALUE = 20
-MAX_STEPS = 2_000_000
+MAX_STEPS = 300_000
 #: Nested subschema applications (input nesting plus ``$ref``/``allOf``/... hops).
 MAX_NESTING = 256
 
@@ -76,7 +78,12 @@ def label(path: str) -> str:
     """``field 'a.b'`` (the input itself when ``path`` is empty); long paths are cut."""
     if not path:
         return "the input"
-    return f"field '{path if len(path) <= 120 else path[:117] + '...'}'"
+    return f"field {named(path)}"
+
+
+def named(path: str) -> str:
+    """``'a.b'``, a long path cut to 120 characters (a key of the input may be megabytes)."""
+    return f"'{path if len(path) <= 120 else path[:117] + '...'}'"
 
 
 def join(path: str, key: object) -> str:
@@ -173,13 +180,13 @@ class Walk:
         """allOf, anyOf, oneOf, not, if/then/else; False when the value is already refused."""
         if _APPLICATORS.isdisjoint(schema):
             return True
-        for sub in schema.get("allOf") or ():
+        for sub in _alternatives(schema, "allOf") or ():
             self.walk(sub, value, path)
-        branches = schema.get("anyOf")
+        branches = _alternatives(schema, "anyOf")
         if branches and not any(self.fits(b, value, path) for b in branches):
             self.add(f"{label(path)} must be {describe(schema)}, got {json_type(value)} {show(value)}")
             return False
-        branches = schema.get("oneOf")
+        branches = _alternatives(schema, "oneOf")
         if branches:
             matched = sum(1 for b in branches if self.fits(b, value, path))
             if matched != 1:
@@ -201,10 +208,13 @@ class Walk:
         t = schema.get("type")
         if t is not None:
             names = (t,) if isinstance(t, str) else tuple(t)
+            unknown = [n for n in names if not isinstance(n, str) or n not in JSON_TYPES]
+            if unknown or not names:
+                raise SchemaFault(f"type {show(t)} names no JSON type (string, integer, number, ...)")
             if not any(is_type(value, n) for n in names):
                 self.add(f"{label(path)} must be {describe(schema)}, got {json_type(value)} {show(value)}")
                 return False
-        if "enum" in schema and not any(same(value, e) for e in schema["enum"]):
+        if "enum" in schema and not among(value, _listed(schema, "enum")):
             self.add(f"{label(path)} must be {describe(schema)}, got {show(value)}")
             return False
         if "const" in schema and not same(value, schema["const"]):
@@ -233,20 +243,21 @@ class Walk:
             lo, xlo = None, lo
         if xhi is True:
             hi, xhi = None, hi
-        if lo is not None and value < lo:
+        # Each test is "not within": NaN is within no bound.
+        if lo is not None and not value >= lo:
             self.add(f"{label(path)} must be >= {lo}, got {show(value)}")
-        elif hi is not None and value > hi:
+        elif hi is not None and not value <= hi:
             self.add(f"{label(path)} must be <= {hi}, got {show(value)}")
-        elif xlo is not None and xlo is not False and value <= xlo:
+        elif xlo is not None and xlo is not False and not value > xlo:
             self.add(f"{label(path)} must be > {xlo}, got {show(value)}")
-        elif xhi is not None and xhi is not False and value >= xhi:
+        elif xhi is not None and xhi is not False and not value < xhi:
             self.add(f"{label(path)} must be < {xhi}, got {show(value)}")
         elif "multipleOf" in schema and not is_multiple(value, schema["multipleOf"]):
             self.add(f"{label(path)} must be a multiple of {show(schema['multipleOf'])}, got {show(value)}")
 
     def _object(self, schema: Mapping[str, Any], value: Mapping[str, Any], path: str) -> None:
         props: Mapping[str, Any] = schema.get("properties") or {}
-        for name in schema.get("required") or ():
+        for name in _listed(schema, "required") if "required" in schema else ():
             if self.full():
                 return
             if name not in value:
@@ -254,7 +265,7 @@ class Walk:
                 if isinstance(sub, Mapping) and "$ref" in sub:
                     sub = resolve(self.root, sub["$ref"])
                 what = f" ({describe(sub)})" if isinstance(sub, Mapping) else ""
-                self.add(f"missing required field '{join(path, name)}'{what}")
+                self.add(f"missing required field {named(join(path, name))}{what}")
         self._members(schema, props, value, path)
         if not _OBJECT_EXTRAS.isdisjoint(schema):
             self.bounds(schema, len(value), "minProperties", "maxProperties", "properties", path)
@@ -284,7 +295,7 @@ class Walk:
                 continue
             if extra is False:
                 allowed = ", ".join(list(props)[:20]) + (", ..." if len(props) > 20 else "") if props else "none"
-                self.add(f"unknown field '{where if len(where) <= 120 else where[:117] + '...'}' (allowed: {allowed})")
+                self.add(f"unknown field {named(where)} (allowed: {allowed})")
             else:
                 self.walk(extra, item, where)
 
@@ -297,7 +308,7 @@ class Walk:
             if key in value:
                 for name in needed:
                     if name not in value and not self.full():
-                        self.add(f"missing field '{join(path, name)}' (required when '{join(path, key)}' is given)")
+                        self.add(f"missing field {named(join(path, name))} (required when {named(join(path, key))} is given)")
         for key, sub in subschemas.items():
             if key in value:
                 self.walk(sub, value, path)
@@ -346,6 +357,32 @@ class Walk:
         i, j = first_repeat(value)
         if i >= 0:
             self.add(f"{label(path)} must have unique items, but items {i} and {j} are equal ({show(value[i])})")
+
+
+def _listed(schema: Mapping[str, Any], key: str) -> Sequence[Any]:
+    """A keyword whose value must be a list (``enum``, ``required``).
+
+    Raises:
+        SchemaFault: it is not (a string would be read letter by letter).
+    """
+    listed = schema[key]
+    if not isinstance(listed, (list, tuple)):
+        raise SchemaFault(f"{key} must be a list, got {json_type(listed)} {show(listed)}")
+    return listed
+
+
+def _alternatives(schema: Mapping[str, Any], key: str) -> Optional[Sequence[Any]]:
+    """``allOf``/``anyOf``/``oneOf``'s schemas (None when absent).
+
+    Raises:
+        SchemaFault: not a non-empty list (an empty ``anyOf`` would accept anything).
+    """
+    if key not in schema:
+        return None
+    listed = _listed(schema, key)
+    if not listed:
+        raise SchemaFault(f"{key} must list at least one schema")
+    return listed
 
 
 def _count_values(value: object, stop: int) -> int:
