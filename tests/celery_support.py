@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Deque, Dict, List, Optional, Sequence
+from typing import Any, Deque, Dict, Iterator, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_URL = "LOOPCTL_TEST_REDIS_URL"
@@ -235,3 +235,18 @@ __all__ = [
     "stop_all",
     "wait_signal",
 ]
+
+
+def redis_for_module(db: int) -> Iterator[str]:
+    """A module fixture's body: a private redis-server's URL for database ``db``, stopped after (skips without one)."""
+    import pytest
+
+    why = missing_requirements()
+    if why is not None:
+        pytest.skip(why)
+    server = RedisServer()
+    try:
+        yield server.url(db)
+    finally:
+        server.stop()
+

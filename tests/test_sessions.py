@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, List
 
 import pytest
-from celery_support import RedisServer, missing_requirements
+from celery_support import redis_for_module
 from session_support import corrupt_row, make_store
 
 from loopctl import (
@@ -44,14 +44,7 @@ from loopctl.testing import ScriptedClient, call, reply
 
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
-    why = missing_requirements()
-    if why is not None:
-        pytest.skip(why)
-    server = RedisServer()
-    try:
-        yield server.url(1)
-    finally:
-        server.stop()
+    yield from redis_for_module(1)
 
 
 _counter = iter(range(1_000_000))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, List
 
 import pytest
-from celery_support import RedisServer, missing_requirements
+from celery_support import redis_for_module
 from session_support import make_store
 
 from loopctl import BareLoop, RunRegistry, SessionBusy
@@ -36,14 +36,7 @@ REPO = TESTS.parent
 
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
-    why = missing_requirements()
-    if why is not None:
-        pytest.skip(why)
-    server = RedisServer()
-    try:
-        yield server.url(2)
-    finally:
-        server.stop()
+    yield from redis_for_module(2)
 
 
 @pytest.fixture(params=["sqlite", "redis"])

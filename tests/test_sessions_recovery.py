@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, List
 
 import pytest
-from celery_support import RedisServer, missing_requirements
+from celery_support import redis_for_module
 from session_support import make_store
 
 from loopctl import BareLoop, Message, SessionCorrupt
@@ -29,14 +29,7 @@ from loopctl.testing import ScriptedClient, reply
 
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
-    why = missing_requirements()
-    if why is not None:
-        pytest.skip(why)
-    server = RedisServer()
-    try:
-        yield server.url(3)
-    finally:
-        server.stop()
+    yield from redis_for_module(3)
 
 
 class Place:
