@@ -560,23 +560,29 @@ def test_an_unreachable_broker_fails_start_at_once_and_frees_the_conversation(cl
 
 def test_redis_unreachable_is_a_clear_error_never_a_hang(cluster: Cluster) -> None:
     port = free_port()  # nothing listens there
-    reg = celery_app.make_registry(cluster.app, f"redis://:sekrit@127.0.0.1:{port}/0", socket_timeout=0.5)
-    calls: List[Tuple[str, Any]] = [
-        ("start", lambda: reg.start("c", "x")),
-        ("status", lambda: reg.status("r")),
-        ("steer", lambda: reg.steer("r", "x")),
-        ("cancel", lambda: reg.cancel("r")),
-        ("result", lambda: reg.result("r", timeout=5)),
-        ("events", lambda: list(reg.events("r"))),
-        ("list", reg.list),
-    ]
-    for name, fn in calls:
-        with pytest.raises(RegistryUnavailable) as info:
-            fn()
-        assert isinstance(info.value, LoopError)
-        assert f"127.0.0.1:{port}" in str(info.value) and "sekrit" not in str(info.value), name
-    assert "sekrit" not in repr(reg)
-    reg.close()
+    # redis-py reads a password from "user:password@" and from a "?password=" query parameter.
+    for url in (f"redis://:sekrit@127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/0?password=sekrit-query"):
+        reg = celery_app.make_registry(cluster.app, url, socket_timeout=0.5)
+        calls: List[Tuple[str, Any]] = [
+            ("start", lambda: reg.start("c", "x")),
+            ("status", lambda: reg.status("r")),
+            ("steer", lambda: reg.steer("r", "x")),
+            ("cancel", lambda: reg.cancel("r")),
+            ("result", lambda: reg.result("r", timeout=5)),
+            ("events", lambda: list(reg.events("r"))),
+            ("list", reg.list),
+        ]
+        for name, fn in calls:
+            with pytest.raises(RegistryUnavailable) as info:
+                fn()
+            assert isinstance(info.value, LoopError)
+            assert f"127.0.0.1:{port}" in str(info.value) and "sekrit" not in str(info.value), (name, str(info.value))
+        assert "sekrit" not in repr(reg)
+        reg.close()
+    # A malformed URL is the registry's error too, naming nothing of the password.
+    with pytest.raises(RegistryUnavailable) as bad:
+        celery_app.make_registry(cluster.app, "redis://:sekrit@127.0.0.1:badport/0", socket_timeout=0.5)
+    assert "sekrit" not in str(bad.value)
 
     # A server that accepts and never answers: the socket timeout bounds every call.
     with socket.socket() as black:

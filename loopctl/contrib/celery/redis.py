@@ -42,7 +42,7 @@ import json
 import time
 from collections.abc import Iterator
 from typing import Any, Dict, List, Optional, Sequence, Tuple
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 try:
     import redis
@@ -54,7 +54,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from loopctl.errors import LoopError
-from loopctl.text import json_safe
+from loopctl.text import json_safe, redact, register_secrets
 
 from . import scripts as lua
 from .runs import Claim, QueuedRun
@@ -79,18 +79,35 @@ class WorkerLost(LoopError):
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (safe for messages and logs)."""
+    """The URL with any password replaced by ``***`` (safe for messages and logs).
+
+    Both places redis-py reads one from: ``user:password@`` and a
+    ``?password=`` query parameter.
+    """
     try:
         parts = urlsplit(url)
-    except ValueError:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a malformed URL (a port that is no number): nothing of it is shown
         return "<unparseable redis url>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    netloc = f"{user}:***@{host}{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = f"{parts.username or ''}:***@{parts.hostname or ''}{port}"
+    query = parts.query
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def url_passwords(url: str) -> List[str]:
+    """The passwords ``url`` carries (``user:password@`` and ``?password=``), for masking everywhere."""
+    try:
+        parts = urlsplit(url)
+        found = [parts.password] if parts.password else []
+        found += [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() == "password" and v]
+    except ValueError:
+        return []
+    return [p for p in found if p]
 
 
 class RedisBackend:
@@ -115,6 +132,7 @@ class RedisBackend:
         block_slice: float,
     ) -> None:
         self.url = redact_url(url)
+        register_secrets(self, url_passwords(url))  # masked at every outlet while this backend lives
         self.prefix = prefix
         self.buf = str(event_buffer)
         self.approx = "1" if event_buffer >= 1000 else "0"  # (scripts decide from the run's own buffer)
@@ -138,7 +156,7 @@ class RedisBackend:
                 url, socket_timeout=socket_timeout + block_slice, **common
             )
         except (ValueError, redis.exceptions.RedisError) as exc:
-            raise RegistryUnavailable(f"bad redis url {self.url!r}: {exc}") from None
+            raise RegistryUnavailable(f"bad redis url {self.url!r}: {redact(str(exc))[:200]}") from None
         self._common_kwargs = common
         scripts = {
             "start": lua.START,
