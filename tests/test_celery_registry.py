@@ -558,21 +558,25 @@ def test_an_unreachable_broker_fails_start_at_once_and_frees_the_conversation(cl
     reg.close()
 
 
+def _every_call(reg: Any) -> List[Tuple[str, Any]]:
+    """Each registry call that needs Redis, named."""
+    return [
+        ("start", lambda: reg.start("c", "x")),
+        ("status", lambda: reg.status("r")),
+        ("steer", lambda: reg.steer("r", "x")),
+        ("cancel", lambda: reg.cancel("r")),
+        ("result", lambda: reg.result("r", timeout=5)),
+        ("events", lambda: list(reg.events("r"))),
+        ("list", reg.list),
+    ]
+
+
 def test_redis_unreachable_is_a_clear_error_never_a_hang(cluster: Cluster) -> None:
     port = free_port()  # nothing listens there
     # redis-py reads a password from "user:password@" and from a "?password=" query parameter.
     for url in (f"redis://:sekrit@127.0.0.1:{port}/0", f"redis://127.0.0.1:{port}/0?password=sekrit-query"):
         reg = celery_app.make_registry(cluster.app, url, socket_timeout=0.5)
-        calls: List[Tuple[str, Any]] = [
-            ("start", lambda: reg.start("c", "x")),
-            ("status", lambda: reg.status("r")),
-            ("steer", lambda: reg.steer("r", "x")),
-            ("cancel", lambda: reg.cancel("r")),
-            ("result", lambda: reg.result("r", timeout=5)),
-            ("events", lambda: list(reg.events("r"))),
-            ("list", reg.list),
-        ]
-        for name, fn in calls:
+        for name, fn in _every_call(reg):
             with pytest.raises(RegistryUnavailable) as info:
                 fn()
             assert isinstance(info.value, LoopError)
