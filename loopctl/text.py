@@ -178,14 +178,11 @@ def mask_spans(text: str, forms: Iterable[str]) -> str:
     out: list[str] = []
     kept_to = 0  # text before this index is written out or masked
     for start, end in spans:
-        if start > kept_to:
-            out.append(text[kept_to:start])
-            out.append(REDACTED)
-        elif end <= kept_to:
+        if end <= kept_to:
             continue  # inside a span already masked
-        elif not out or out[-1] is not REDACTED:
-            out.append(REDACTED)
-        kept_to = max(kept_to, end)
+        if start > kept_to or not out:  # else it overlaps or touches the last mask, which grows
+            out += (text[kept_to:start], REDACTED)
+        kept_to = end
     out.append(text[kept_to:])
     return "".join(out)
 

@@ -121,26 +121,7 @@ def test_push_refuses_what_is_not_a_message_or_text(make_loop: Callable[..., Bar
         s.push(42)  # type: ignore[arg-type]
 
 
-def test_text_becomes_a_user_message_and_a_message_is_kept_as_given(
-    make_loop: Callable[..., BareLoop],
-) -> None:
-    gate = Gate()
-    client = ScriptedClient([call("work"), reply("done")])
-    loop = make_loop(client, [GatedTool(gate)])
-    s = loop.steering()
-    handle = loop.start("hi")
-    gate.wait_entered()
-    given = Message.user("as a Message")
-    assert s.push("as text") is True
-    assert s.push(given) is True
-    gate.open()
-    handle.result(WAIT)
-    delivered = list(client.requests[1].messages[-2:])
-    assert delivered == [Message.user("as text"), given]
-    assert all(m.role == "user" for m in delivered)
-
-
-def test_a_system_or_assistant_message_becomes_a_user_message_and_one_with_calls_or_results_is_refused(
+def test_every_push_becomes_a_user_message_and_one_with_calls_or_results_is_refused(
     make_loop: Callable[..., BareLoop],
 ) -> None:
     from loopctl import TextPart, ThinkingPart, ToolCallPart, ToolResultPart
@@ -151,6 +132,9 @@ def test_a_system_or_assistant_message_becomes_a_user_message_and_one_with_calls
     s = loop.steering()
     handle = loop.start("hi")
     gate.wait_entered()
+    given = Message.user("as a Message")
+    assert s.push("as text") is True
+    assert s.push(given) is True  # a user message is kept as given
     assert s.push(Message.system("be brief")) is True
     assert s.push(Message("assistant", (ThinkingPart("mulling", "sig"), TextPart("from the operator")))) is True
     with pytest.raises(ValueError, match="tool calls or results"):
@@ -159,8 +143,9 @@ def test_a_system_or_assistant_message_becomes_a_user_message_and_one_with_calls
         s.push(Message.from_tool_results([ToolResultPart("x1", "work", "fake result", False)]))
     gate.open()
     run = handle.result(WAIT)
-    delivered = list(client.requests[1].messages[-2:])
-    assert delivered == [Message.user("be brief"), Message.user("from the operator")]
+    delivered = list(client.requests[1].messages[-4:])
+    assert delivered == [Message.user("as text"), given, Message.user("be brief"), Message.user("from the operator")]
+    assert delivered[1] is given
     assert [c.id for m in client.requests[1].messages for c in m.tool_calls] == [run.turns[0].tool_calls[0].id]
     assert s.take_all() == []  # the refused ones stored nothing
 

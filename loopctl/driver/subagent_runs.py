@@ -51,9 +51,7 @@ SUBAGENT_ENTRY: contextvars.ContextVar[Optional[weakref.ref[SubagentRun]]] = con
 class SubagentRun:
     """One sub-agent run in flight under a calling run."""
 
-    __slots__ = (
-        "name", "loop", "run_id", "handle", "done", "record", "steering", "claimed", "settled", "owner", "__weakref__",
-    )
+    __slots__ = ("name", "loop", "run_id", "handle", "record", "steering", "claimed", "settled", "owner", "__weakref__")
 
     def __init__(
         self,
@@ -67,7 +65,6 @@ class SubagentRun:
         self.loop = loop
         self.run_id = run_id
         self.handle: Optional[RunHandle] = None  # set once ``start`` has returned
-        self.done = threading.Event()  # set once the call is over (the tool returns)
         self.record = record  # the calling run's Run: its sub-agent usage grows here
         self.steering = steering  # the calling run's RunSteering: leftovers come back to it
         self.claimed = False  # settle_once has begun (under _lock: once)
@@ -75,13 +72,11 @@ class SubagentRun:
         self.owner: Optional[SubagentRuns] = None  # the calling run's SubagentRuns, once noted there
 
     def leave(self) -> None:
-        """The call is over: forget this run (its ``done`` is set)."""
+        """The call is over: forget this run; nothing more will come from it."""
         owner = self.owner
         if owner is not None:
             owner.remove(self)
-        else:
-            self.done.set()
-        self.settled.set()  # nothing more will come from it
+        self.settled.set()
 
     def settle_once(self, run: Run) -> None:
         """The run's slot is sealed: its usage into the caller's record, its leftovers back (once).
@@ -144,7 +139,6 @@ class SubagentRuns:
         with self._lock:
             if active in self._active:
                 self._active.remove(active)
-        active.done.set()
 
     def _snapshot(self) -> list[tuple[SubagentRun, RunHandle]]:
         with self._lock:

@@ -103,8 +103,7 @@ def url_passwords(url: str) -> List[str]:
     """The passwords ``url`` carries (``user:password@`` and ``?password=``), for masking everywhere."""
     try:
         parts = urlsplit(url)
-        found = [parts.password] if parts.password else []
-        found += [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k.lower() == "password" and v]
+        found = [parts.password] + [v for k, v in parse_qsl(parts.query) if k.lower() == "password"]
     except ValueError:
         return []
     return [p for p in found if p]
