@@ -396,6 +396,5 @@ __all__ = [
     "SessionSnapshot",
     "SessionStore",
     "check_session_id",
-    "decode_messages",
     "encode_message",
 ]

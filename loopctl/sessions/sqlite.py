@@ -86,10 +86,10 @@ class _SQLiteBackend(SessionBackend):
                 con.execute(stmt)
             row = con.execute("SELECT value FROM loopctl_meta WHERE key = 'sessions_schema'").fetchone()
             version = str(row[0]) if row is not None else ""
-            if version.isdigit() and int(version) > SCHEMA_VERSION:
-                raise LoopError(f"session schema version {version} is newer than this loopctl's ({SCHEMA_VERSION})")
             if row is not None and not version.isdigit():
                 raise LoopError("the session schema version is not a number")
+            if row is not None and int(version) > SCHEMA_VERSION:
+                raise LoopError(f"session schema version {version} is newer than this loopctl's ({SCHEMA_VERSION})")
             columns = {r[1] for r in con.execute("PRAGMA table_info(sessions)")}
             if "incarnation" not in columns:  # made by schema 1
                 con.execute("ALTER TABLE sessions ADD COLUMN incarnation TEXT")

@@ -64,7 +64,6 @@ def _is_plain(schema: object) -> bool:
         and all(_is_plain(p) for p in props.values())
         and (isinstance(extra, bool) or _is_plain(extra))
         and (items is None or _is_plain(items))
-        and isinstance(branches, (list, tuple))
         and all(_is_plain(b) for b in branches)
     )
 
@@ -84,10 +83,6 @@ _TYPE_TESTS: dict[str, Accept] = {
     "array": lambda v: isinstance(v, (list, tuple)),
     "object": lambda v: type(v) is dict or isinstance(v, Mapping),
 }
-
-
-def _always(v: object) -> bool:
-    return True
 
 
 def compile_schema(schema: Mapping[str, Any]) -> Accept:
@@ -110,7 +105,7 @@ def _compile(schema: Mapping[str, Any]) -> Accept:
     t = schema.get("type")
     if t is not None:
         names = (t,) if isinstance(t, str) else tuple(t)
-        kinds = [_TYPE_TESTS.get(n, _always) for n in names]
+        kinds = [_TYPE_TESTS[n] for n in names]  # known names only: _sane sent any other to the walker
         tests.append(kinds[0] if len(kinds) == 1 else (lambda v: any(k(v) for k in kinds)))
     if "enum" in schema:
         options = list(schema["enum"])
@@ -192,4 +187,4 @@ def _compile_array(schema: Mapping[str, Any]) -> Optional[Callable[[Sequence[obj
     return accept
 
 
-__all__ = ["Accept", "compile_schema"]
+__all__ = ["compile_schema"]

@@ -1,6 +1,6 @@
 """The validator that explains: a decoded value against a JSON Schema, every problem named.
 
-``Walk(root, limit).run(schema, value, path)`` collects at most ``limit``
+``run(schema, value, path, limit)`` collects at most ``limit``
 messages, each naming the field by its path (``field 'user.tags[2]' ...``).
 It fails closed: a schema it cannot apply (a ``$ref`` that is not local or
 points nowhere, a ``$ref`` cycle that consumes no input, a pattern that
@@ -417,4 +417,4 @@ def run(schema: SchemaNode, value: object, path: str, limit: int, root: Optional
     return walk.out
 
 
-__all__ = ["FREE_STEPS", "MAX_NESTING", "MAX_STEPS", "STEPS_PER_VALUE", "Walk", "describe", "join", "label", "run"]
+__all__ = ["describe", "run"]
