@@ -34,12 +34,13 @@ from loopctl.messages import (
 )
 from loopctl.providers.boundary import (
     MAX_JSON_DEPTH,
+    NOT_FINITE,
+    TOO_DEEP,
     NotJSONNumber,
     json_depth_exceeds,
     loads_strict,
-    non_finite_in,
+    parsed_value_problem,
     redact_key_shapes,
-    value_depth_exceeds,
 )
 
 # Part kinds of ``PartStart``; delta kinds add "tool_input" and "signature".
@@ -275,10 +276,12 @@ def tool_call_part(call_id: str, name: str, arguments: object) -> ToolCallPart:
         data = arguments
         if not isinstance(data, dict):
             problem = f"arguments for tool {name!r} are not a JSON object: {_quote(repr(arguments)[:_SHOWN])}"
-        elif value_depth_exceeds(data):
-            problem = f"arguments for tool {name!r} nest deeper than {MAX_JSON_DEPTH} levels"
-        elif non_finite_in(data):  # a body parsed leniently upstream: NaN is still not JSON
-            problem = f"invalid JSON arguments for tool {name!r} (NaN and infinities are not JSON numbers)"
+        else:
+            unfit = parsed_value_problem(data)
+            if unfit == TOO_DEEP:
+                problem = f"arguments for tool {name!r} nest deeper than {MAX_JSON_DEPTH} levels"
+            elif unfit == NOT_FINITE:
+                problem = f"invalid JSON arguments for tool {name!r} (NaN and infinities are not JSON numbers)"
     if not name.strip():
         problem = "the tool call has no tool name" + (f" ({problem})" if problem else "")
     if problem is not None:

@@ -251,17 +251,31 @@ def parse_json(text: str, label: str, what: str) -> object:
         raise model_error(f"{label}: malformed JSON in {what}: {text[:200]!r}", kind=PROTOCOL) from exc
 
 
-def value_depth_exceeds(value: object, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when a parsed JSON value nests lists/dicts deeper than ``limit`` (no recursion)."""
+#: What ``parsed_value_problem`` finds.
+TOO_DEEP = "too deep"
+NOT_FINITE = "not finite"
+
+
+def parsed_value_problem(value: object, limit: int = MAX_JSON_DEPTH) -> Optional[str]:
+    """What keeps an already parsed value from being JSON (one walk, no recursion); None when fit.
+
+    ``TOO_DEEP``: lists and dicts (any mapping or sequence: a client may hand over tuples
+    or views) nested deeper than ``limit``; ``NOT_FINITE``: a NaN or an
+    infinite float anywhere (a body parsed leniently upstream: NaN is still
+    not JSON). Whichever the walk meets first.
+    """
     todo: list[tuple[object, int]] = [(value, 0)]
     while todo:
         item, depth = todo.pop()
-        if isinstance(item, (Mapping, list, tuple)):
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return NOT_FINITE
+        elif isinstance(item, (Mapping, list, tuple)):
             if depth + 1 > limit:
-                return True
+                return TOO_DEEP
             children = item.values() if isinstance(item, Mapping) else item
             todo.extend((child, depth + 1) for child in children)
-    return False
+    return None
 
 
 class NotJSONNumber(ValueError):
@@ -289,21 +303,6 @@ def loads_strict(text: str) -> object:
         RecursionError: the text nests too deeply to parse.
     """
     return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-
-
-def non_finite_in(value: object) -> bool:
-    """True when a parsed value holds a NaN or an infinite float anywhere (no recursion)."""
-    todo: list[object] = [value]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, float):
-            if not math.isfinite(item):
-                return True
-        elif isinstance(item, Mapping):  # any mapping or sequence: a client may hand over tuples or views
-            todo.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            todo.extend(item)
-    return False
 
 
 # -- HTTP statuses -------------------------------------------------------------------
@@ -389,11 +388,13 @@ def status_error(status: int, reason: str, body: bytes, retry_after: Optional[st
 
 __all__ = [
     "MAX_JSON_DEPTH",
+    "NOT_FINITE",
     "PROTOCOL",
     "NotJSONNumber",
     "RATE_LIMIT",
     "STATUS",
     "TIMEOUT",
+    "TOO_DEEP",
     "TRANSPORT",
     "CallInfo",
     "Secret",
@@ -405,14 +406,13 @@ __all__ = [
     "loads_strict",
     "map_exception",
     "model_error",
-    "non_finite_in",
     "overflow_error",
     "parse_json",
+    "parsed_value_problem",
     "parse_retry_after",
     "raise_mapped",
     "redact_key_shapes",
     "status_error",
     "tag",
-    "value_depth_exceeds",
     "url_credentials",
 ]
