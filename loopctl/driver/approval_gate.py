@@ -27,22 +27,29 @@ gave them. A denied call never runs: its result is the soft error "the
 user denied this call: <reason>", with no ``on_tool_pre``. Results stay in
 request order. An approval covers the call's recovery retries as approved;
 a retry whose correction changes the call and needs approval is not run
-(``needs_approval`` says so for the dispatcher).
+(``needs_approval`` says so for the dispatcher). So is a call a pipeline
+layer rewrote (``pipeline_gate``: the core of the loop's pipeline runs a
+call only as admitted, or its rewrite admitted again).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Callable, Optional
+import contextlib
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Optional, Tuple, Union
 
 import attrs
 
 from loopctl.approvals import ApprovalContext, denial_text
 from loopctl.approvals.gate import ApprovalPolicy, EventSink, ParkedBatch, Unfence, ask_policy
 from loopctl.approvals.slot import ApprovalSlot
-from loopctl.driver.admission import Admitted
+from loopctl.driver.admission import Admitted, admit
 from loopctl.events import ApprovalRequested
-from loopctl.messages import ToolResultPart
+from loopctl.frozen import thaw
+from loopctl.messages import ToolCallPart, ToolResultPart
+from loopctl.tools.base import Tool
+from loopctl.tools.pipeline import DispatchContext, Gate, not_found_text
+from loopctl.tools.registry import ToolRegistry
 
 
 def needs_approval(
@@ -55,6 +62,45 @@ def needs_approval(
     if getattr(tool, "requires_approval", False):
         return True
     return policy is not None and ask_policy(policy, ctx, unfenced)
+
+
+def pipeline_gate(
+    call: ToolCallPart, tool: Optional[Tool], tools: ToolRegistry, policy: Optional[ApprovalPolicy]
+) -> Gate:
+    """What the loop's pipeline core asks before it runs an attempt of ``call`` (admitted for ``tool``).
+
+    A layer may rewrite ``ctx.tool_name`` / ``ctx.input``. The call as it
+    passed the gate (and was approved) runs with a fresh copy of those
+    arguments; a changed call passes the gate again: a name the registry
+    lacks, arguments that fail the tool's schema, or a call that now needs a
+    person's approval (its tool says so, or the policy does for the new
+    arguments) is a soft error, never run, as a recovery correction is.
+    """
+
+    def gate(ctx: DispatchContext) -> Union[Tuple[Tool, Mapping[str, Any]], str]:
+        name, args = ctx.tool_name, ctx.input
+        if name == call.name and args == call.input:
+            return not_found_text(name, tools) if tool is None else (tool, thaw(call.input))
+        if not isinstance(name, str) or not isinstance(args, Mapping):
+            return f"Tool '{call.name}': a middleware layer rewrote the call into something that is not a tool call"
+        again = admit([ToolCallPart(call.id, name, args)], tools)[0]
+        if again.tool is None:
+            return not_found_text(name, tools)
+        problem = again.call.invalid or again.problem
+        if problem is not None:
+            return f"Tool '{name}': the call as a middleware layer rewrote it is not valid: {problem}"
+        tc = ctx.tool_context
+        asked = ApprovalContext(
+            name, again.call.input, call.id, tc.run_id if tc else "", tc.session_id if tc else "", ctx.turn
+        )
+        if needs_approval(again, policy, asked, contextlib.nullcontext):  # already unfenced here
+            return (
+                f"Tool '{name}': not run: a middleware layer changed the call after it was admitted, "
+                "and the changed call needs a person's approval"
+            )
+        return again.tool, again.arguments()
+
+    return gate
 
 
 def park_batch(
@@ -139,4 +185,4 @@ def dispatch_parked(
     return results  # type: ignore[return-value]
 
 
-__all__ = ["dispatch_parked", "needs_approval", "park_batch"]
+__all__ = ["dispatch_parked", "needs_approval", "park_batch", "pipeline_gate"]

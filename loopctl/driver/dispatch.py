@@ -48,7 +48,7 @@ from loopctl.approvals import ApprovalContext
 from loopctl.approvals.gate import ParkedBatch
 from loopctl.cancel import CancelSignal
 from loopctl.driver.admission import Admitted, admit, taken
-from loopctl.driver.approval_gate import dispatch_parked, needs_approval, park_batch
+from loopctl.driver.approval_gate import dispatch_parked, needs_approval, park_batch, pipeline_gate
 from loopctl.driver.recovery import corrected, plan_retry
 from loopctl.driver.tool_calls import CallState, plan_waves, result_hash
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
@@ -348,7 +348,8 @@ class Dispatcher:
                 st.resolved = call.name
             else:
                 args = thaw(call.input)
-                d = DispatchContext(call.name, args, call.name, call.id, turn, st.attempt, st.ctx, parts.tools)
+                gate = pipeline_gate(call, st.tool, parts.tools, parts.approval_policy)
+                d = DispatchContext(call.name, args, call.name, call.id, turn, st.attempt, st.ctx, parts.tools, gate)
                 out = pipeline.dispatch(d)
                 st.resolved = d.tool_name
         except Exception as exc:  # a custom pipeline that raises; never kill the run

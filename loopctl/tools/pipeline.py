@@ -9,6 +9,13 @@ rewritten) name up in the registry and invokes the tool; ``ctx.tool_name``
 after the call is the *resolved* name. The chain is composed once at build
 time, so per call it costs one function call per layer.
 
+In a loop, a rewrite never gets around the loop's admission gate: the
+dispatcher hands the core the gate (``DispatchContext.gate``), and the core
+runs the call only as it was admitted (and approved), or, when a layer
+changed its name or arguments, as the gate admits the changed call again
+(validated against the tool's schema; refused with a soft error when it
+now needs a person's approval, as a recovery correction is).
+
 Layers run on whatever thread runs the call (the run's thread, or a worker
 of the loop's pool when calls overlap): a layer with state must lock it.
 Install with ``loop.with_pipeline(ToolPipeline.builder().with_middleware(m))``
@@ -19,7 +26,7 @@ Install with ``loop.with_pipeline(ToolPipeline.builder().with_middleware(m))``
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 import attrs
 
@@ -29,6 +36,8 @@ from loopctl.tools.registry import ToolRegistry
 from loopctl.tools.timeout import call_with_timeout
 
 Next = Callable[["DispatchContext"], ToolOutput]
+#: The core's question before it runs a call: the tool and the arguments to run it with, or why not (a soft error).
+Gate = Callable[["DispatchContext"], Union[Tuple[Tool, Mapping[str, Any]], str]]
 
 
 @attrs.define(eq=False)
@@ -44,6 +53,9 @@ class DispatchContext:
         attempt: 0 for the first attempt, +1 per recovery retry.
         tool_context: the ``ToolContext`` the tool will receive (None standalone).
         registry: the registry the core looks names up in.
+        gate: set by a loop: what the core asks before it runs the call (the
+            call as admitted, or a layer's rewrite admitted again); None
+            standalone, where the core looks the name up and runs it.
     """
 
     tool_name: str
@@ -54,6 +66,7 @@ class DispatchContext:
     attempt: int = 0
     tool_context: Optional[ToolContext] = None
     registry: Optional[ToolRegistry] = None
+    gate: Optional[Gate] = None
 
     @property
     def cancel(self) -> object:
@@ -103,7 +116,13 @@ def _guarded(tool: Tool, input: Mapping[str, Any], ctx: Optional[ToolContext]) -
 
 
 def core_dispatch(registry: ToolRegistry, ctx: DispatchContext) -> ToolOutput:
-    """The innermost layer: registry lookup of ``ctx.tool_name``, then invoke."""
+    """The innermost layer: registry lookup of ``ctx.tool_name`` (or the loop's gate), then invoke."""
+    gate = ctx.gate
+    if gate is not None:
+        verdict = gate(ctx)
+        if isinstance(verdict, str):
+            return ToolOutput.error(verdict)
+        return invoke_tool(verdict[0], verdict[1], ctx.tool_context)
     tool = registry.get(ctx.tool_name)
     if tool is None:
         return ToolOutput.error(not_found_text(ctx.tool_name, registry))
@@ -226,6 +245,7 @@ class ToolPipelineBuilder:
 
 __all__ = [
     "DispatchContext",
+    "Gate",
     "MiddlewareLike",
     "Next",
     "ToolMiddleware",
