@@ -2,7 +2,8 @@
 
 Sealed guidance (the leftovers of ended runs that nobody took) counts
 against the same caps as live guidance: any number of runs hold at most
-``max_messages`` messages and ``max_bytes`` bytes, the newest kept. And a
+``max_messages`` messages and ``max_bytes`` bytes, and accepted guidance is
+never dropped: a push past a cap is refused instead. And a
 run is steerable from the moment ``start()`` returns, in ``BareLoop`` and
 ``RunRegistry`` alike: guidance accepted then lands at the first boundary.
 Windows are made exact with gates and Events; no sleeps.
@@ -76,30 +77,26 @@ def _runs_leaving_leftovers(
     return s, answers, held
 
 
-def test_six_runs_of_leftovers_stay_within_the_caps_and_keep_the_newest(
+def test_leftovers_nobody_took_are_kept_and_later_pushes_are_refused(
     make_loop: Callable[..., BareLoop],
 ) -> None:
-    batches = [[f"run {r} guidance {i} " + "x" * 100 for i in range(5)] for r in range(6)]
+    batches = [[f"run {r} guidance {i} " + "x" * 100 for i in range(5)] for r in range(3)]
     s, answers, held = _runs_leaving_leftovers(make_loop, batches, (5, 1000))
-    assert all(all(a) for a in answers)  # the run in flight always had room
-    assert all(n <= 5 and b <= 1000 for n, b in held), held
-    # The newest are kept: the last run's five, in push order.
-    assert [m.text for m in s.take_leftovers()] == batches[-1]
-    assert s.dropped == 25
+    assert answers == [[True] * 5, [False] * 5, [False] * 5]  # the first run's five fill the cap
+    assert held == [(5, _bytes(Message.user(t) for t in batches[0]))] * 3
+    # What was accepted is all there, in push order: nothing dropped to make room.
+    assert [m.text for m in s.take_leftovers()] == batches[0]
 
 
-def test_leftovers_are_dropped_oldest_first_to_fit_the_byte_cap(make_loop: Callable[..., BareLoop]) -> None:
-    batches = [[f"{r}a" + "a" * 398, f"{r}b" + "b" * 398] for r in range(3)]
+def test_the_byte_cap_counts_sealed_guidance(make_loop: Callable[..., BareLoop]) -> None:
+    batches = [[f"{r}a" + "a" * 398, f"{r}b" + "b" * 398, f"{r}c" + "c" * 398] for r in range(2)]
     s, answers, held = _runs_leaving_leftovers(make_loop, batches, (5, 1000))
-    assert answers == [[True, True]] * 3
-    assert held == [(2, 800)] * 3
-    assert [m.text for m in s.take_leftovers()] == batches[-1]
-    assert s.dropped == 4
+    assert answers == [[True, True, False], [False, False, False]]
+    assert held == [(2, 800)] * 2
+    assert [m.text for m in s.take_leftovers()] == batches[0][:2]
 
 
-def test_a_push_the_live_guidance_has_no_room_for_is_refused_and_drops_nothing(
-    make_loop: Callable[..., BareLoop],
-) -> None:
+def test_taking_the_leftovers_makes_room_again(make_loop: Callable[..., BareLoop]) -> None:
     first, second = Gate(), Gate()
     loop = make_loop(ScriptedClient([gated(first, reply("one")), gated(second, reply("two"))]))
     s = loop.steering()
@@ -107,30 +104,35 @@ def test_a_push_the_live_guidance_has_no_room_for_is_refused_and_drops_nothing(
     handle = loop.start("hi")
     first.wait_entered()
     assert s.push("old 1") and s.push("old 2")
+    assert s.push("old 3") is False  # at the cap: refused, nothing stored
     first.open()
     handle.result(WAIT)
     handle = loop.start("again")
     second.wait_entered()
-    assert s.push("new 1")  # room made by dropping "old 1"
-    assert s.push("new 2")  # ...and "old 2"
-    assert s.push("new 3") is False  # the live guidance alone is at the cap
+    assert s.push("new 1") is False  # the sealed two still hold the cap
+    assert [m.text for m in s.take_leftovers()] == ["old 1", "old 2"]
+    assert s.push("new 1") and s.push("new 2")
     second.open()
     handle.result(WAIT)
     assert [m.text for m in s.take_leftovers()] == ["new 1", "new 2"]
-    assert s.dropped == 2
 
 
-def test_lowering_the_caps_drops_the_oldest_sealed_guidance(make_loop: Callable[..., BareLoop]) -> None:
-    gate = Gate()
-    loop = make_loop(ScriptedClient([gated(gate, reply("done"))]))
+def test_lowering_the_caps_keeps_what_is_held_and_refuses_pushes(make_loop: Callable[..., BareLoop]) -> None:
+    first, second = Gate(), Gate()
+    loop = make_loop(ScriptedClient([gated(first, reply("one")), gated(second, reply("two"))]))
     s = loop.steering()
     handle = loop.start("hi")
-    gate.wait_entered()
+    first.wait_entered()
     assert all(s.push(f"g{i}") for i in range(4))
-    gate.open()
+    first.open()
     handle.result(WAIT)
     s.set_limits(max_messages=2, max_bytes=1000)
-    assert [m.text for m in s.take_leftovers()] == ["g2", "g3"]
+    handle = loop.start("again")
+    second.wait_entered()
+    assert s.push("late") is False
+    second.open()
+    handle.result(WAIT)
+    assert [m.text for m in s.take_leftovers()] == ["g0", "g1", "g2", "g3"]
 
 
 # -- steerable from the moment start() returns ----------------------------------------------
@@ -249,8 +251,6 @@ def test_held_guidance_never_passes_the_caps_and_every_accepted_push_is_accounte
         count, size_held = s.held
         assert count <= max_messages and size_held <= max_bytes
     rest = [m.text for m in s.take_all()]
-    # Each accepted push was delivered, taken, or is still held, at most once;
-    # the others were dropped as the oldest sealed, and counted.
+    # Each accepted push was delivered, taken, or is still held: exactly once.
     outcomes = delivered + taken + rest
-    assert len(outcomes) == len(set(outcomes)) and set(outcomes) <= set(accepted)
-    assert len(accepted) - len(outcomes) == s.dropped
+    assert sorted(outcomes) == sorted(accepted)

@@ -12,24 +12,20 @@ launched, before ``start()`` returns, so guidance offered the moment a run
 has started is accepted and lands at its first boundary.
 
 Held guidance is bounded: live and sealed together stay within
-``max_messages`` messages and ``max_bytes`` bytes of text (UTF-8). The run
-in flight comes first: a push that the live guidance alone has room for is
-accepted, and the oldest sealed messages (leftovers of ended runs that
-nobody took) are dropped to make room; a push the live guidance has no
-room for is refused and stores nothing. Sealing keeps the newest within the
-caps too, so any number of runs never hold more than the caps.
+``max_messages`` messages and ``max_bytes`` bytes of text (UTF-8). Accepted
+guidance is never dropped (every accepted push is delivered once or handed
+back once): a push that would pass a cap is refused and stores nothing, so
+leftovers nobody takes make later pushes refused until they are taken or
+cleared.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import deque
 from typing import Union
 
 from loopctl.messages import Message, Role, ThinkingPart, ToolCallPart, ToolResultPart
-
-log = logging.getLogger("loopctl")
 
 #: Default cap on guidance held, live and sealed (messages).
 MAX_PENDING_MESSAGES = 10_000
@@ -76,9 +72,9 @@ class Steering:
     ``start()`` returns), and only while the guidance still waiting for a
     turn boundary stays within the caps. Guidance the run never reached is
     sealed when it ends: ``take_leftovers`` hands it back; later runs never
-    deliver it. Sealed guidance counts against the same caps: when live plus
-    sealed would pass them, the oldest sealed messages are dropped (and
-    counted in ``dropped``), so the newest are kept.
+    deliver it. Sealed guidance counts against the same caps and is never
+    dropped: a push that live plus sealed guidance leave no room for is
+    refused (take or clear the leftovers to make room).
 
     Args:
         max_messages: at most this many messages are held (live and sealed).
@@ -97,7 +93,6 @@ class Steering:
         self._arrived = 0
         self._live_bytes = 0
         self._sealed_bytes = 0
-        self.dropped = 0  # sealed messages dropped to stay within the caps
         self.max_messages = max_messages
         self.max_bytes = max_bytes
         self.set_limits(max_messages, max_bytes)
@@ -105,8 +100,8 @@ class Steering:
     def set_limits(self, max_messages: int, max_bytes: int) -> None:
         """Change the caps on held guidance (counts and bytes; both >= 1).
 
-        Lowered caps drop the oldest sealed messages that no longer fit; live
-        guidance already accepted is kept.
+        Guidance already held is kept, even above lowered caps: pushes are
+        refused until it fits.
 
         Raises:
             ValueError: a cap below 1 (names the cap and the value).
@@ -117,7 +112,6 @@ class Steering:
         with self._lock:
             self.max_messages = max_messages
             self.max_bytes = max_bytes
-            self._fit_sealed_locked(0, 0)
 
     def push(self, message: Union[Message, str]) -> bool:
         """Offer guidance to the run in flight.
@@ -128,10 +122,9 @@ class Steering:
                 message's parts are kept, its role is not).
 
         Returns:
-            True if accepted (the oldest sealed leftovers may be dropped to
-            make room); False (nothing stored, nothing dropped) when no run is
-            in flight, or when the live guidance with it would pass
-            ``max_messages`` or ``max_bytes``.
+            True if accepted; False (nothing stored) when no run is in
+            flight, or when the guidance held (live and sealed) with it would
+            pass ``max_messages`` or ``max_bytes``.
 
         Raises:
             TypeError: neither a ``Message`` nor a str.
@@ -143,9 +136,11 @@ class Steering:
         with self._lock:
             if not self._open:
                 return False
-            if len(self._live) >= self.max_messages or self._live_bytes + size > self.max_bytes:
+            if (
+                len(self._live) + len(self._sealed) >= self.max_messages
+                or self._live_bytes + self._sealed_bytes + size > self.max_bytes
+            ):
                 return False
-            self._fit_sealed_locked(1, size)
             if self._live is _NONE_LIVE:
                 self._live = [msg]
             else:
@@ -185,7 +180,11 @@ class Steering:
 
     @property
     def held(self) -> tuple[int, int]:
-        """Messages and bytes of text held now, live and sealed (within the caps)."""
+        """Messages and bytes of text held now, live and sealed.
+
+        Within the caps, unless they were lowered or a sub-agent's run handed
+        guidance back since.
+        """
         with self._lock:
             return len(self._live) + len(self._sealed), self._live_bytes + self._sealed_bytes
 
@@ -218,7 +217,11 @@ class Steering:
             return out
 
     def _hand_back(self, messages: list[Message]) -> None:
-        """Seal guidance a sub-agent's run never reached: it comes back as leftovers."""
+        """Seal guidance a sub-agent's run never reached: it comes back as leftovers.
+
+        Accepted there, so kept here even past this slot's caps (pushes are
+        refused until it is taken).
+        """
         if messages:
             with self._lock:
                 self._own_sealed_locked()
@@ -226,7 +229,6 @@ class Steering:
                     size = _size(m)
                     self._sealed.append((m, size))
                     self._sealed_bytes += size
-                self._fit_sealed_locked(0, 0)
 
     def _close_and_seal(self) -> None:
         """Refuse further pushes and seal what was never drained (idempotent)."""
@@ -243,29 +245,10 @@ class Steering:
         self._sealed_bytes += self._live_bytes
         self._live = _NONE_LIVE
         self._live_bytes = 0
-        self._fit_sealed_locked(0, 0)
 
     def _own_sealed_locked(self) -> None:
         if self._sealed is _NONE_SEALED:
             self._sealed = deque()
-
-    def _fit_sealed_locked(self, count: int, size: int) -> None:
-        """Drop the oldest sealed messages until live, sealed and ``count``/``size`` more fit."""
-        room_msgs = self.max_messages - len(self._live) - count
-        room_bytes = self.max_bytes - self._live_bytes - size
-        sealed = self._sealed
-        dropped = 0
-        while sealed and (len(sealed) > room_msgs or self._sealed_bytes > room_bytes):
-            self._sealed_bytes -= sealed.popleft()[1]
-            dropped += 1
-        if dropped:
-            self.dropped += dropped
-            # Counts only: guidance is user text and never goes to a log.
-            log.warning(
-                "steering: dropped %d sealed message(s) nobody took, to stay within "
-                "max_messages=%d, max_bytes=%d",
-                dropped, self.max_messages, self.max_bytes,
-            )
 
 
 class RunSteering:
