@@ -40,7 +40,7 @@ from loopctl.observers import (
     RunStart,
     ToolPre,
 )
-from loopctl.testing import ScriptedClient
+from loopctl.testing import ScriptedClient, reply
 
 #: A sample value for each field type events use. A new field type needs a
 #: line here (the sample test names the event and the field that lacks one).
@@ -284,3 +284,25 @@ def test_an_observer_that_raises_is_logged_and_the_next_still_gets_the_event(
     em.emit(sample(ToolPre))
     assert got == [sample(ToolPre)]
     assert "observer Boom raised in on_tool_pre" in caplog.text
+
+
+@pytest.mark.parametrize("exc", [SystemExit(1), KeyboardInterrupt(), GeneratorExit()])
+@pytest.mark.parametrize("where", ["on_run_start", "on_run_end"])
+def test_an_observer_raising_a_base_exception_never_changes_the_run(
+    exc: BaseException, where: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Exits(Observer):
+        pass
+
+    def leave(self: Observer, event: Event) -> None:
+        raise exc
+
+    setattr(Exits, where, leave)
+    got: list[str] = []
+    with BareLoop(ScriptedClient([reply("ok")])) as loop:
+        loop.register_observer(Exits())
+        loop.register_observer(CallbackObserver(lambda e: got.append(type(e).__name__)))
+        run = loop.run("go")
+    assert run.output == "ok"
+    assert got[0] == "RunStart" and got[-1] == "RunEnd"
+    assert f"observer Exits raised in {where}" in caplog.text

@@ -41,6 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
+from loopctl.driver.handle import Abandoned
 from loopctl.driver.phases import NullScope, Phase, PhaseScope
 from loopctl.events import (
     EVENT_METHODS,
@@ -171,11 +172,18 @@ class Emitter:
         return self._delivering
 
     def fan_out(self, event: Event) -> None:
-        """Deliver ``event`` to observers in order; contain their failures."""
+        """Deliver ``event`` to observers in order; contain their failures.
+
+        ``SystemExit``, ``KeyboardInterrupt`` and the like are failures of
+        an observer too: logged and skipped, they never change the run or
+        keep the event from the observers after it.
+        """
         for fn in self._table[type(event)]:
             try:
                 fn(event)
-            except Exception:
+            except Abandoned:  # the run's own unwinding, not the observer's failure
+                raise
+            except BaseException:
                 log.exception(
                     "observer %s raised in %s; skipped",
                     self._labels.get(id(fn), repr(fn)),
