@@ -221,9 +221,8 @@ def test_chat_ends_at_eof_after_its_runs() -> None:
 def test_usage_errors() -> None:
     code, out, _ = _main([])
     assert code == 2 and "usage: loopctl" in out
-    with pytest.raises(SystemExit) as exc:
-        _main(["run", "x", "--base-url", "http://127.0.0.1:1/v1"])
-    assert exc.value.code == 2
+    code, out, err = _main(["run", "x", "--base-url", "http://127.0.0.1:1/v1"])
+    assert code == 2 and out == "" and "--base-url applies to --provider openai or anthropic" in err
 
 
 def test_openai_provider_talks_to_a_local_server(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -420,12 +419,12 @@ def test_line_editor_edits_and_ends_lines() -> None:
 def test_version_and_help_list_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     import loopctl
 
-    with pytest.raises(SystemExit) as exc:
-        main(["--version"])
-    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"loopctl {loopctl.__version__}"
-    with pytest.raises(SystemExit):
-        main(["run", "--help"])
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"loopctl {loopctl.__version__}"
+    assert main(["run", "--help"]) == 0
     assert "--tool-delay SECONDS" in capsys.readouterr().out
+    code, out, _ = _main(["chat", "--help"])  # in-process: to the streams given, never exiting the process
+    assert code == 0 and "--session NAME" in out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -439,11 +438,10 @@ def test_version_and_help_list_the_options(capsys: pytest.CaptureFixture[str]) -
 ])
 def test_argument_errors_exit_2_at_parse_time_with_the_subcommand_usage(
         argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exc:
-        main(argv, stdin=io.StringIO(""), stdout=Out(), stderr=Out(), env={})
-    err = capsys.readouterr().err
-    assert exc.value.code == 2
+    code, out, err = _main(argv)
+    assert code == 2 and out == ""
     assert f"usage: loopctl {argv[0]} " in err and message in err, err
+    assert capsys.readouterr() == ("", "")  # nothing went to the process's own streams
     assert "sk-secret" not in err
 
 

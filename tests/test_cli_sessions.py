@@ -6,8 +6,6 @@ import io
 import json
 from pathlib import Path
 
-import pytest
-
 from loopctl.demo.chat_sessions import DB_NAME, data_dir
 from loopctl.demo.cli import main
 from loopctl.sessions import SQLiteSessionStore
@@ -58,9 +56,8 @@ def test_6_a_session_in_use_elsewhere_is_reported_and_left_unchanged(tmp_path: P
 
 
 def test_6_usage_errors_for_session_flags(tmp_path: Path) -> None:
-    with pytest.raises(SystemExit) as exc:
-        chat(["--session-db", str(tmp_path / "x.db")], "", {})
-    assert exc.value.code == 2
+    code, _, err = chat(["--session-db", str(tmp_path / "x.db")], "", {})
+    assert code == 2 and "--session-db needs --session NAME" in err
     code, _, err = chat(["--session", "x", "--session-db", str(tmp_path / "no" / "such" / "x.db")], "", {})
     assert code == 1 and "does not exist" in err
 

@@ -194,7 +194,10 @@ class UsageCalibration:
         """Fold in the provider's input-token report for that request."""
         if reported_input_tokens <= 0 or self._prediction <= 0:
             return
-        sample = min(4.0, max(0.25, reported_input_tokens / self._prediction))
+        if reported_input_tokens >= 4 * self._prediction:  # no division: a huge int would not fit a float
+            sample = 4.0
+        else:
+            sample = max(0.25, reported_input_tokens / self._prediction)
         self.ratio = sample if self.ratio is None else (self.ratio + sample) / 2
 
     def scale(self, raw_tokens: int) -> int:

@@ -8,15 +8,46 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from typing import IO, Any, NoReturn, Optional
 from urllib.parse import urlsplit
 
 from loopctl import __version__
 
 
-class _Parser(argparse.ArgumentParser):
-    """An argument parser that knows its subcommands' parsers."""
+class UsageExit(Exception):
+    """A usage error, ``--help`` or ``--version`` ended the command: ``code`` is its exit code."""
 
-    commands: dict[str, argparse.ArgumentParser]
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser that writes to the command's streams and never exits the process.
+
+    ``main()`` runs in-process: help, version and usage errors go to the
+    streams it was given, and end it with ``UsageExit`` (its exit code).
+    """
+
+    commands: dict[str, _Parser]
+    out: Optional[IO[str]] = None
+    err: Optional[IO[str]] = None
+
+    def bind(self, out: IO[str], err: IO[str]) -> None:
+        """Write to ``out`` (help, version) and ``err`` (usage errors), subcommands included."""
+        for parser in (self, *getattr(self, "commands", {}).values()):
+            parser.out, parser.err = out, err
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message:
+            stream = self.err if file is sys.stderr else self.out if file is sys.stdout else file
+            (stream or file or sys.stderr).write(message)
+
+    def exit(self, status: int = 0, message: Optional[str] = None) -> NoReturn:
+        if message:
+            self._print_message(message, sys.stderr)
+        raise UsageExit(status)
 
 
 def _turns(text: str) -> int:
@@ -51,7 +82,7 @@ def _seconds(text: str) -> float:
 
 def build_parser() -> _Parser:
     """The argument parser of the ``loopctl`` command."""
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--provider", choices=("offline", "openai", "anthropic"), default="offline",
                         help="model provider (default: the embedded offline demo model)")
     common.add_argument("--model", help="model name (provider default when omitted)")
@@ -82,7 +113,7 @@ def build_parser() -> _Parser:
     version = f"loopctl {__version__}"
     parser.add_argument("--version", action="version", version=version)
     common.add_argument("--version", action="version", version=version, help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{run,chat}", parser_class=argparse.ArgumentParser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,chat}", parser_class=_Parser)
     run = sub.add_parser("run", parents=[common], help="run the agent once on a task")
     run.add_argument("input", help='the task, e.g. "What is 12 + 30?"')
     run.add_argument("--output-schema", metavar="SCHEMA.json",
@@ -107,4 +138,4 @@ def load_schema(parser: argparse.ArgumentParser, path: str) -> object:
     return schema
 
 
-__all__ = ["build_parser", "load_schema"]
+__all__ = ["UsageExit", "build_parser", "load_schema"]

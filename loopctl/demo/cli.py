@@ -37,7 +37,7 @@ import attrs
 
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.demo.approval_prompt import ApprovalPrompt, ask_policy
-from loopctl.demo.arguments import build_parser, load_schema
+from loopctl.demo.arguments import UsageExit, _Parser, build_parser, load_schema
 from loopctl.demo.chat_sessions import open_chat_session
 from loopctl.demo.clients import make_client
 from loopctl.demo.console import printable
@@ -319,6 +319,27 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
+def _arguments(parser: _Parser, argv: Optional[Sequence[str]]) -> Optional[argparse.Namespace]:
+    """The parsed arguments, None without a subcommand.
+
+    Raises:
+        UsageExit: a usage error (reported through the subcommand's parser,
+            so its usage is shown), ``--help`` or ``--version``.
+    """
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.commands.get(args.command or "", parser).error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command is None:
+        return None
+    if getattr(args, "session_db", None) and not args.session:
+        parser.commands["chat"].error("--session-db needs --session NAME")
+    if args.provider == "offline" and args.base_url:
+        parser.commands[args.command].error("--base-url applies to --provider openai or anthropic")
+    if getattr(args, "output_schema", None):
+        args.output_schema_loaded = load_schema(parser.commands[args.command], args.output_schema)
+    return args
+
+
 def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = None,
          stdout: Optional[IO[str]] = None, stderr: Optional[IO[str]] = None,
          env: Optional[Mapping[str, str]] = None) -> int:
@@ -329,22 +350,17 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
         stdin, stdout, stderr: streams (default the process's).
         env: environment (default ``os.environ``).
     """
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # reported by the subcommand's parser, so its usage is shown
-        parser.commands.get(args.command or "", parser).error(
-            f"unrecognized arguments: {' '.join(extra)}")
-    if args.command is None:
-        parser.print_help(stdout or sys.stdout)
-        return EXIT_USAGE
-    if getattr(args, "session_db", None) and not args.session:
-        parser.commands["chat"].error("--session-db needs --session NAME")
-    if args.provider == "offline" and args.base_url:
-        parser.commands[args.command].error("--base-url applies to --provider openai or anthropic")
-    if getattr(args, "output_schema", None):
-        args.output_schema_loaded = load_schema(parser.commands[args.command], args.output_schema)
     out = stdout or sys.stdout
     err = stderr or sys.stderr
+    parser = build_parser()
+    parser.bind(out, err)
+    try:
+        args = _arguments(parser, argv)
+    except UsageExit as exc:  # usage, --help, --version: written to out/err already
+        return exc.code
+    if args is None:
+        parser.print_help(out)
+        return EXIT_USAGE
     if args.provider == "offline" and args.model:
         err.write(f"warning: --model {args.model!r} only renames the offline demo model; "
                   "use --provider openai or anthropic for a real one\n")

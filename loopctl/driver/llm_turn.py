@@ -12,6 +12,7 @@ loop's parts, the machine, the run's fence and events are the run's own.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
@@ -48,10 +49,14 @@ from loopctl.providers.base import (
     StreamAccumulator,
     StreamAttemptReset,
     StreamRescue,
+    response_events,
 )
 from loopctl.records import Turn
 
 log = logging.getLogger("loopctl")
+
+#: A rescued reply's text goes out as one delta per part (the chunk size for ``response_events``).
+WHOLE_PART = 1 << 62
 
 
 def turn_query(run_input: str, turn: int, conversation: Sequence[Message]) -> str:
@@ -341,7 +346,11 @@ class ModelTurn(RunState):
                     tool_slots.clear()
                     em.attempt_reset(turn, ev.attempt)
                 elif isinstance(ev, StreamRescue):
+                    # The whole reply came at once: its pieces go out as the streamed ones
+                    # would have (one delta per part), so every outlet that shows deltas
+                    # (observers, the text streamer, the CLI) shows the reply.
                     rescued = ev.response
+                    it = itertools.chain(response_events(rescued, chunk=WHOLE_PART), it)
                 elif isinstance(ev, RetryWait):
                     em.emit(self._retry_event(turn, ev))
                 else:

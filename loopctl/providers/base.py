@@ -228,8 +228,12 @@ def response_events(response: ModelResponse, chunk: int = 8) -> Iterator[StreamE
 _SHOWN = 120  # characters of offending arguments quoted back to the model
 
 
+#: A token count above this is no real count (and past it an int no longer converts to a float exactly).
+MAX_TOKEN_COUNT = 2**53
+
+
 def token_count(value: object) -> int:
-    """A provider's token count as an int >= 0; anything else (text, negative, NaN) counts 0.
+    """A provider's token count as an int >= 0; anything else (text, negative, NaN, absurdly large) counts 0.
 
     Usage is informational: a server's odd value must not end a run.
     """
@@ -237,7 +241,8 @@ def token_count(value: object) -> int:
         return 0
     if isinstance(value, float) and not math.isfinite(value):
         return 0
-    return max(0, int(value))
+    count = int(value)
+    return count if 0 <= count <= MAX_TOKEN_COUNT else 0
 
 
 def _quote(text: str) -> str:

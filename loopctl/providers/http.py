@@ -21,6 +21,7 @@ import re
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Mapping
 from typing import Any, Callable, Optional, Union
 
@@ -293,6 +294,12 @@ def post(
     if scope.closed:
         raise Cancelled("model call closed")
     data = encode_body(body)
+    # Bodies are read as raw bytes (so a deadline and a cancel reach every
+    # read): ask for them as sent, whatever requests' default or a user's
+    # extra header says.
+    for name in [k for k in headers if k.lower() == "accept-encoding"]:
+        del headers[name]
+    headers["Accept-Encoding"] = "identity"
     connect, read = call.connect_timeout, call.read_timeout
     deadline_hit = False
     if scope.deadline is not None:
@@ -322,6 +329,7 @@ def response_status_error(resp: requests.Response, label: str) -> ModelError:
     """The ``ModelError`` for a non-2xx response (reads at most 8 KiB; closes it)."""
     try:
         body = resp.raw.read(ERROR_BODY_LIMIT) or b""
+        body = decoded(body, resp.headers.get("content-encoding"), ERROR_BODY_LIMIT, label)
     except Exception:  # the message is best effort; the status still tells
         body = b""
     finally:
@@ -369,9 +377,36 @@ def read_json(resp: requests.Response, scope: CallScope, call: CallInfo, limit: 
         resp.raw.release_conn()
     except Exception:
         resp.close()
-    raw = b"".join(chunks)
+    raw = decoded(b"".join(chunks), resp.headers.get("content-encoding"), limit, call.label)
     text = raw.decode("utf-8", "replace")
     return parse_json(text, call.label, "response body")
+
+
+def decoded(body: bytes, encoding: Optional[str], limit: int, label: str) -> bytes:
+    """``body`` undone from a ``Content-Encoding`` (gzip or deflate) a server used though asked not to.
+
+    At most ``limit`` bytes come out (a small body may inflate to gigabytes).
+
+    Raises:
+        ModelError: (kind "protocol") another encoding, a body that does not
+            decode, or one larger than ``limit`` once decoded.
+    """
+    coding = (encoding or "").strip().lower()
+    if coding in ("", "identity"):
+        return body
+    if coding not in ("gzip", "x-gzip", "deflate"):
+        raise model_error(f"{label}: the response body is {coding[:40]!r}-encoded (asked for identity)", kind=PROTOCOL)
+    # wbits 32 + 15: a gzip or zlib header, detected; raw deflate (some servers' "deflate") as a fallback.
+    for wbits in (zlib.MAX_WBITS | 32, -zlib.MAX_WBITS):
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(body, limit + 1)
+        except zlib.error:
+            continue
+        if len(out) > limit or inflater.unconsumed_tail:
+            raise model_error(f"{label}: response body larger than {limit} bytes", kind=PROTOCOL)
+        return out
+    raise model_error(f"{label}: the {coding}-encoded response body does not decode", kind=PROTOCOL)
 
 
 Reader = Callable[[int], bytes]
@@ -389,6 +424,7 @@ __all__ = [
     "TrackingAdapter",
     "check_deadline",
     "current_scope",
+    "decoded",
     "encode_body",
     "error_kind",
     "make_session",

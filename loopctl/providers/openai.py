@@ -149,7 +149,7 @@ class OpenAIStreamParser:
         chunk = parse_json(data, self._label, "stream chunk")
         if type(chunk) is not dict:
             raise model_error(f"{self._label}: stream chunk is not a JSON object: {data[:200]!r}", kind=PROTOCOL)
-        if "error" in chunk and not chunk.get("choices"):
+        if chunk.get("error") and not chunk.get("choices"):  # "error": null is no error
             raise _stream_error(chunk, self._label)
         out: list[StreamEvent] = []
         if not self._started:

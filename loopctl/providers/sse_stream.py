@@ -182,6 +182,13 @@ class SSEStream:
                 complete = True
                 yield from self._on_json(data)
                 return
+            coding = resp.headers.get("content-encoding", "").strip().lower()
+            if coding not in ("", "identity"):  # asked for identity: an encoded stream cannot be parsed as it arrives
+                raise model_error(
+                    f"{self._label}: the event stream is {coding[:40]!r}-encoded (asked for identity)",
+                    kind=PROTOCOL,
+                    summary="an encoded event stream",
+                )
             raw: Any = resp.raw
             read1 = getattr(raw, "read1", None)
             if read1 is None:  # urllib3 < 2: read the http.client response directly

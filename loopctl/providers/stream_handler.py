@@ -38,11 +38,16 @@ from loopctl.providers.turn_stream import TurnStream
 from loopctl.timeouts import clamp, seconds
 
 
-def _seconds(optional: bool) -> Any:
+def _seconds(optional: bool, zero: bool = True) -> Any:
     def check(inst: object, attribute: attrs.Attribute[object], value: object) -> None:
-        seconds(value, f"StreamHandler.{attribute.name}", optional=optional, zero=True)
+        seconds(value, f"StreamHandler.{attribute.name}", optional=optional, zero=zero)
 
     return check
+
+
+def _flag(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"StreamHandler.{attribute.name} must be True or False, got {value!r:.80}")
 
 
 def _count(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -86,9 +91,12 @@ class StreamHandler:
             ``passthrough()``).
     """
 
-    first_event_timeout: Optional[float] = attrs.field(default=120.0, converter=clamp, validator=_seconds(True))
-    event_timeout: Optional[float] = attrs.field(default=180.0, converter=clamp, validator=_seconds(True))
-    total_timeout: Optional[float] = attrs.field(default=300.0, converter=clamp, validator=_seconds(True))
+    # A timeout of zero would fail every attempt: None turns one off.
+    first_event_timeout: Optional[float] = attrs.field(
+        default=120.0, converter=clamp, validator=_seconds(True, zero=False)
+    )
+    event_timeout: Optional[float] = attrs.field(default=180.0, converter=clamp, validator=_seconds(True, zero=False))
+    total_timeout: Optional[float] = attrs.field(default=300.0, converter=clamp, validator=_seconds(True, zero=False))
     max_retries: int = attrs.field(default=3, validator=_count)
     base_delay: float = attrs.field(default=0.1, converter=clamp, validator=_seconds(False))
     max_delay: float = attrs.field(default=10.0, converter=clamp, validator=_seconds(False))
@@ -96,9 +104,9 @@ class StreamHandler:
     rate_limit_retries: int = attrs.field(default=5, validator=_count)
     rate_limit_delay: float = attrs.field(default=5.0, converter=clamp, validator=_seconds(False))
     max_retry_wait: float = attrs.field(default=60.0, converter=clamp, validator=_seconds(False))
-    rescue: bool = True
-    rescue_timeout: float = attrs.field(default=120.0, converter=clamp, validator=_seconds(False))
-    single_attempt: bool = False
+    rescue: bool = attrs.field(default=True, validator=_flag)
+    rescue_timeout: float = attrs.field(default=120.0, converter=clamp, validator=_seconds(False, zero=False))
+    single_attempt: bool = attrs.field(default=False, validator=_flag)
 
     @classmethod
     def passthrough(cls) -> StreamHandler:
