@@ -347,9 +347,8 @@ class Dispatcher:
                     out = invoke_tool(tool, thaw(call.input), st.ctx)
                 st.resolved = call.name
             else:
-                args = thaw(call.input)
-                gate = pipeline_gate(call, st.tool, parts.tools, parts.approval_policy)
-                d = DispatchContext(call.name, args, call.name, call.id, turn, st.attempt, st.ctx, parts.tools, gate)
+                gate = pipeline_gate(call, st.tool, parts.tools, parts.approval_policy)  # a layer's rewrite passes it
+                d = DispatchContext(call.name, thaw(call.input), call.name, call.id, turn, st.attempt, st.ctx, parts.tools, gate)
                 out = pipeline.dispatch(d)
                 st.resolved = d.tool_name
         except Exception as exc:  # a custom pipeline that raises; never kill the run

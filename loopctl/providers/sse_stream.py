@@ -143,6 +143,34 @@ class SSEStream:
             self._call.secret.scrub(err)  # the one redaction point of a streamed call
             raise
 
+    def _content_type(self, resp: requests.Response) -> str:
+        """The response's content type, lowercased, when it is one this stream reads.
+
+        Raises:
+            ModelError: (kind "protocol") not an event stream (nor the JSON
+                body of a server that ignored ``"stream": true``), or an
+                encoded one (asked for identity: it cannot be parsed as it
+                arrives).
+        """
+        ctype = resp.headers.get("content-type", "").lower()
+        if ctype and not ctype.startswith("text/event-stream") and not (
+            self._on_json is not None and ctype.startswith("application/json")
+        ):
+            raise model_error(
+                f"{self._label}: expected an event stream from {self._call.url}, got "
+                f"{ctype.split(';')[0]}{self._hint}",
+                kind=PROTOCOL,
+                summary=f"not an event stream ({ctype.split(';')[0]})",
+            )
+        coding = resp.headers.get("content-encoding", "").strip().lower()
+        if coding not in ("", "identity") and not ctype.startswith("application/json"):  # JSON is decoded whole
+            raise model_error(
+                f"{self._label}: the event stream is {coding[:40]!r}-encoded (asked for identity)",
+                kind=PROTOCOL,
+                summary="an encoded event stream",
+            )
+        return ctype
+
     def _events(self) -> Iterator[StreamEvent]:
         scope = self._scope
         if self._closed:
@@ -158,16 +186,7 @@ class SSEStream:
         try:
             if closed:
                 return
-            ctype = resp.headers.get("content-type", "").lower()
-            if ctype and not ctype.startswith("text/event-stream") and not (
-                self._on_json is not None and ctype.startswith("application/json")
-            ):
-                raise model_error(
-                    f"{self._label}: expected an event stream from {self._call.url}, got "
-                    f"{ctype.split(';')[0]}{self._hint}",
-                    kind=PROTOCOL,
-                    summary=f"not an event stream ({ctype.split(';')[0]})",
-                )
+            ctype = self._content_type(resp)
             if self._on_json is not None and ctype.startswith("application/json"):
                 # A server that ignored "stream": true answered with one JSON body.
                 with self._lock:
@@ -182,13 +201,6 @@ class SSEStream:
                 complete = True
                 yield from self._on_json(data)
                 return
-            coding = resp.headers.get("content-encoding", "").strip().lower()
-            if coding not in ("", "identity"):  # asked for identity: an encoded stream cannot be parsed as it arrives
-                raise model_error(
-                    f"{self._label}: the event stream is {coding[:40]!r}-encoded (asked for identity)",
-                    kind=PROTOCOL,
-                    summary="an encoded event stream",
-                )
             raw: Any = resp.raw
             read1 = getattr(raw, "read1", None)
             if read1 is None:  # urllib3 < 2: read the http.client response directly
