@@ -207,6 +207,7 @@ class BareLoop(LoopSetup):
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
         output_type: object = None,
+        at_end: Optional[Callable[[], Optional[Cancelled]]] = None,
     ) -> RunHandle:
         """Start the run on a named worker thread and return its handle.
 
@@ -218,6 +219,9 @@ class BareLoop(LoopSetup):
             resume: continue a run from a checkpoint instead of starting it
                 (``on_run_resumed`` in place of ``on_run_start``).
             output_type: ask for a typed answer (sets ``config.output_type``).
+            at_end: the host's say at the run's ending point (the last moment
+                a cancel reaches it): a ``Cancelled`` it returns ends the run
+                cancelled; None lets it end (see ``RunDriver.reach_end``).
 
         Raises:
             ConfigError: the ``output_type`` is not supported (nothing is sent).
@@ -225,7 +229,7 @@ class BareLoop(LoopSetup):
         """
         rc = self._launch(
             input, config, run_id, waiter=False, tap=tap, checkpoint=checkpoint, resume=resume,
-            output_type=output_type,
+            output_type=output_type, at_end=at_end,
         )
         return RunHandle(rc, self)
 
@@ -239,6 +243,7 @@ class BareLoop(LoopSetup):
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
         output_type: object = None,
+        at_end: Optional[Callable[[], Optional[Cancelled]]] = None,
     ) -> RunContext:
         config = _run_config(input, config, output_type)
         check = answer_check(config, self._parts.client, self._parts.tools.name_set())
@@ -247,6 +252,7 @@ class BareLoop(LoopSetup):
         rc = self._admit(Run(id=rid, input=input, config=config), waiter, durable)
         rc.lock.acquire()  # the body's fence: released only while it blocks
         steering = self._equip(rc, tap, check, checkpoint, resume)
+        rc.driver.at_end = at_end
         self._spawn(rc, steering)
         return rc
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from loopctl.config import ParallelDispatch, RunConfig
 from loopctl.driver.checkpoint import DurableRun, ResumePoint
@@ -30,7 +30,7 @@ from loopctl.driver.meter import TokenMeter
 from loopctl.driver.parts import LoopParts
 from loopctl.driver.resources import LoopResources, ToolTally
 from loopctl.driver.signals import RunSteering
-from loopctl.errors import LoopError
+from loopctl.errors import Cancelled, LoopError
 from loopctl.machine import LoopMachine, MachinePolicy
 from loopctl.messages import RequestOptions, StopReason, ToolResultPart
 from loopctl.output import OutputCheck
@@ -61,7 +61,8 @@ class RunState:
     """One run's state: its context, the parts it works with, and its per-run figures.
 
     Set after construction, before the run's thread starts: ``durable`` (a
-    host's checkpoint sink), ``resume_point`` and ``link`` (a stored session).
+    host's checkpoint sink), ``resume_point``, ``link`` (a stored session)
+    and ``at_end`` (a host's say at the run's ending point).
     Slotted: thousands may be in flight, and a slotted object is one object
     for the collector to walk, never an object plus its dict.
     """
@@ -70,7 +71,7 @@ class RunState:
         "rc", "parts", "machine", "meter", "events", "steering", "session",
         "busy", "loop_cancel", "owner", "resources", "answer_check",
         "run_input", "config", "session_id", "parallel", "policy",
-        "durable", "resume_point", "link", "tool_names", "base_options",
+        "durable", "resume_point", "link", "at_end", "tool_names", "base_options",
         "llm_phase", "deferred_tokens", "gathers", "model_call",
         "tally", "admitted", "call_ids",
         "__weakref__",
@@ -115,6 +116,7 @@ class RunState:
         self.durable: Optional[DurableRun] = None  # set by a host's checkpoint sink (checkpoint.py)
         self.resume_point: Optional[ResumePoint] = None
         self.link: Optional[SessionLink] = None  # the stored session (BareLoop.with_session)
+        self.at_end: Optional[Callable[[], Optional[Cancelled]]] = None  # BareLoop.start(at_end=)
         self.tool_names: frozenset[str] = frozenset()
         self.base_options: Optional[RequestOptions] = None
         self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
