@@ -20,14 +20,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-import attrs
-
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.driver.builder import LoopSetup
 from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import CURRENT_RUN, RunContext, RunHandle
 from loopctl.driver.run import RunDriver
+from loopctl.driver.run_state import run_config
 from loopctl.driver.session_link import SessionLink
 from loopctl.driver.signals import RunSteering
 from loopctl.driver.subagent import SubagentTool
@@ -49,22 +48,6 @@ from loopctl.records import Run
 from loopctl.sessions.base import Session
 from loopctl.tools.base import Tool
 from loopctl.tools.registry import ToolRegistry
-
-#: The config of a run started without one: shared, as it is immutable.
-_DEFAULT_CONFIG = RunConfig()
-
-
-def _run_config(input: object, config: Optional[RunConfig], output_type: object) -> RunConfig:
-    """The run's config (``output_type`` applied) once ``input`` and ``config`` are valid."""
-    if not isinstance(input, str):
-        raise TypeError(f"run input must be a str, got {type(input).__name__}")
-    if config is None:
-        config = _DEFAULT_CONFIG
-    elif not isinstance(config, RunConfig):
-        raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
-    if output_type is not None:
-        config = attrs.evolve(config, output_type=output_type)
-    return config
 
 
 class RunThread(threading.Thread):
@@ -245,7 +228,7 @@ class BareLoop(LoopSetup):
         output_type: object = None,
         at_end: Optional[Callable[[], Optional[Cancelled]]] = None,
     ) -> RunContext:
-        config = _run_config(input, config, output_type)
+        config = run_config(input, config, output_type)
         check = answer_check(config, self._parts.client, self._parts.tools.name_set())
         rid = run_id if run_id is not None else uuid.uuid4().hex
         durable = checkpoint is not None or resume is not None

@@ -191,10 +191,8 @@ class RunDriver(ModelTurn, Compaction):
                 self.compact(step.reason)  # type: ignore[union-attr]
             else:
                 stopped = self.reach_end()  # from here a cancel no longer reaches this run
-                if stopped is None and cancel.is_cancelled():  # one that reached it just before
-                    stopped = Cancelled(cancel.reason)
-                if stopped is not None:  # the run ends cancelled, whatever it concluded
-                    raise stopped
+                if stopped is not None or cancel.is_cancelled():  # the host's, or one that reached it just before
+                    raise stopped or Cancelled(cancel.reason)
                 outcome = m.conclude(policy)
                 if type(outcome) is Completed:
                     run.output = outcome.final_text
@@ -334,18 +332,12 @@ class RunDriver(ModelTurn, Compaction):
     # -- the end -----------------------------------------------------------------------------
 
     def reach_end(self, error: Optional[LoopError] = None) -> Optional[Cancelled]:
-        """The run's ending point (mutates): from here a cancel no longer reaches it.
+        """The run's ending point, at ``Done`` or as ``error`` ends it (mutates): no cancel reaches it after.
 
-        On the run's thread with the fence held: at ``Done`` (``error`` None),
-        or as ``error`` ends the run. A host's ``at_end`` is asked first (once),
-        unless the run is cancelled already: a ``Cancelled`` it
-        returns (a cancel the host took and had not delivered yet) is the
-        run's end, as a cancel that reached the run just before would be. The
-        host may do IO here (as a checkpoint sink does); a hook that raises is
-        logged and counts as None: it never fails a run that could go on.
-
-        Returns:
-            The host's ``Cancelled``, which the run ends with; None: it ends as it would.
+        A host's ``at_end`` is asked first (once, fenced, as a checkpoint sink
+        is) unless the run is cancelled already; the ``Cancelled`` it returns,
+        a cancel the host took but had not delivered, is the run's end (the
+        return value). A hook that raises is logged and counts as None.
         """
         rc = self.rc
         hook, self.at_end = self.at_end, None  # asked once, whichever way the run ends

@@ -22,6 +22,8 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
+import attrs
+
 from loopctl.config import ParallelDispatch, RunConfig
 from loopctl.driver.checkpoint import DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
@@ -30,7 +32,7 @@ from loopctl.driver.meter import TokenMeter
 from loopctl.driver.parts import LoopParts
 from loopctl.driver.resources import LoopResources, ToolTally
 from loopctl.driver.signals import RunSteering
-from loopctl.errors import Cancelled, LoopError
+from loopctl.errors import Cancelled, ConfigError, LoopError
 from loopctl.machine import LoopMachine, MachinePolicy
 from loopctl.messages import RequestOptions, StopReason, ToolResultPart
 from loopctl.output import OutputCheck
@@ -49,6 +51,23 @@ class Release(Protocol):
     """
 
     def _release(self, rc: RunContext, error: Optional[LoopError]) -> None: ...
+
+
+#: The config of a run started without one: shared, as it is immutable.
+_DEFAULT_CONFIG = RunConfig()
+
+
+def run_config(input: object, config: Optional[RunConfig], output_type: object) -> RunConfig:
+    """The run's config (``output_type`` applied) once ``input`` and ``config`` are valid."""
+    if not isinstance(input, str):
+        raise TypeError(f"run input must be a str, got {type(input).__name__}")
+    if config is None:
+        config = _DEFAULT_CONFIG
+    elif not isinstance(config, RunConfig):
+        raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
+    if output_type is not None:
+        config = attrs.evolve(config, output_type=output_type)
+    return config
 
 
 @functools.lru_cache(maxsize=64)
@@ -157,4 +176,4 @@ class RunState:
             self.durable.settle(self.machine, self.rc.run.turns, results)
 
 
-__all__ = ["Release", "RunState", "policy_for"]
+__all__ = ["Release", "RunState", "policy_for", "run_config"]
