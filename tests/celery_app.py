@@ -21,6 +21,13 @@ the latest PLAN message. Plan keys (all optional but ``tag``):
 - ``prep_gate``: turns whose request preparation waits (between turns:
   after the previous tool phase, before ``turn_start``): it pushes the turn
   on ``t:<tag>:prep_entered`` and waits on ``t:<tag>:prep_release:<turn>``.
+- ``end_gate`` (factory ``make_end_gated_loop``): the run's ``on_run_end``
+  observer waits, past the run's ending point and before its end is
+  recorded: it pushes 0 on ``t:<tag>:end_entered`` and waits on
+  ``t:<tag>:end_release:0``.
+- ``cancel_self`` (with ``rid``, the run's id): the last model call cancels
+  its own run through the worker's registry, with that reason, and pushes
+  what ``cancel`` returned (``"True"``/``"False"``) on ``t:<tag>:cancelled``.
 
 Every gate also sets ``t:<tag>:pid`` to the worker's pid (whom to kill), and
 every tool run does ``HINCRBY t:<tag>:ran <tool>:<turn> 1`` (re-run witness).
@@ -97,6 +104,9 @@ def respond(request: ModelRequest) -> ModelResponse:
             raise ModelError(f"gate {tag}:{turn} never released")
     turns = int(plan.get("turns", 2))
     if turn >= turns - 1:
+        if "cancel_self" in plan:  # the cancel is stored before the run reaches its ending point
+            ok = registry.cancel(plan["rid"], plan["cancel_self"])
+            signals().rpush(f"t:{tag}:cancelled", str(ok))
         return reply(f"done {tag} turn={turn} steers={len(steers)}")
     ms = plan.get("ms") or [0]
     extra = {"hold": True} if turn in plan.get("tool_gate", ()) else {}
@@ -156,6 +166,20 @@ class PrepGate:
         return None
 
 
+class EndGate:
+    """An observer whose ``on_run_end`` holds a planned run between its ending point and its recorded end."""
+
+    def __init__(self) -> None:
+        self._plan: Dict[str, Any] = {}
+
+    def on_run_start(self, event: Any) -> None:
+        self._plan = _plan_in(event.input)
+
+    def on_run_end(self, event: Any) -> None:
+        if self._plan.get("end_gate"):
+            _gate(str(self._plan["tag"]), "end", 0)
+
+
 class Work(Tool):
     """Waits ``ms`` milliseconds (cancel-aware)."""
 
@@ -207,6 +231,13 @@ def make_durable_loop(conversation: str, history: List[Message]) -> BareLoop:
     client = ScriptedClient([respond] * 100_000, chunk=32)
     loop = BareLoop.from_history(client, [Echo(), Fetch(), Work()], SessionConfig(), history)
     loop.add_contributor(PrepGate())
+    return loop
+
+
+def make_end_gated_loop(conversation: str, history: List[Message]) -> BareLoop:
+    """``make_loop`` with the ``EndGate`` observer (plan key ``end_gate``)."""
+    loop = make_loop(conversation, history)
+    loop.register_observer(EndGate())
     return loop
 
 

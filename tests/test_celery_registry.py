@@ -47,7 +47,7 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 if REASON is None:
     import redis
 
-    from loopctl import Cancelled, LoopBusy, LoopError, Message, RunConfig
+    from loopctl import Cancelled, LoopBusy, LoopError, MaxTurnsExceeded, Message, RunConfig
     from loopctl.contrib.celery import TASK_NAME, CeleryRunRegistry, RegistryUnavailable, WorkerLost
     from loopctl.errors import ConfigError
     from tests import celery_app
@@ -55,6 +55,7 @@ if REASON is None:
 
 WAIT = 20.0
 TIMED = "tests.celery_app:make_timed_loop"
+END_GATED = "tests.celery_app:make_end_gated_loop"
 
 
 class Cluster:
@@ -335,6 +336,104 @@ def test_four_producers_x_100_steers_each_delivered_once_or_returned_once(
         mine = [t for t in everything if t.startswith(f"p{i}-")]
         assert mine == accepted[i]
     assert sum(map(len, accepted)) >= 4 * split  # the first part landed while gated
+
+
+# -- a cancel against the run's end: True exactly when the run ends cancelled -------------------
+
+
+@pytest.mark.parametrize("ends", ["completed", "failed"])
+def test_a_cancel_past_the_runs_ending_point_returns_false_and_the_run_ends_as_it_would(
+    cluster: Cluster, ends: str
+) -> None:
+    reg = cluster.registry(END_GATED)
+    conv, tag = uid(), uid()
+    config = RunConfig(max_turns=1) if ends == "failed" else None  # failed: max turns, at the ending point
+    rid = reg.start(conv, plan_text(tag, turns=1 if ends == "completed" else 3, end_gate=True), config)
+    assert wait_signal(cluster.sig, f"t:{tag}:end_entered", WAIT) == "0"  # in on_run_end, not recorded yet
+    assert reg.status(rid).state == "running"
+    assert reg.cancel(rid, "too late") is False
+    assert reg.steer(rid, "too late too")  # accepted while it runs: returned once, as a leftover
+    cluster.sig.rpush(f"t:{tag}:end_release:0", "go")
+    if ends == "completed":
+        run = reg.result(rid, timeout=WAIT)
+        assert run.output == f"done {tag} turn=0 steers=0"
+        st = reg.status(rid)
+        assert (st.state, st.output, st.error) == ("completed", run.output, None)
+        assert texts(reg.history(conv))[-1] == run.output
+    else:
+        with pytest.raises(MaxTurnsExceeded):
+            reg.result(rid, timeout=WAIT)
+        st = reg.status(rid)
+        assert st.state == "failed" and "max turns" in (st.error or "")
+    assert texts(reg.leftovers(rid)) == ["too late too"]
+    assert reg.cancel(rid) is False
+
+
+def test_the_ending_step_takes_a_stored_cancel_or_refuses_later_ones_until_a_handback(
+    cluster: Cluster,
+) -> None:
+    held = f"held-{uid()}"  # nobody consumes it: this test claims the runs itself, as a worker would
+    reg = cluster.registry(queue=held, resume="on_worker_loss")
+    backend = reg._backend
+    first = reg.start(uid(), plan_text(uid()))
+    assert backend.claim(first, "token-1", 10_000, "test") is not None
+    assert reg.cancel(first, "stored")
+    assert backend.ending(first, "token-1") == (True, "stored")  # the run ends cancelled
+
+    second = reg.start(uid(), plan_text(uid()))
+    assert backend.claim(second, "token-2", 10_000, "test") is not None
+    assert backend.ending(second, "another worker's token") == (False, None)  # fenced out: nothing marked
+    assert reg.cancel(second, "not yet ending")  # still reaches it
+    third = reg.start(uid(), plan_text(uid()))
+    assert backend.claim(third, "token-3", 10_000, "test") is not None
+    assert backend.ending(third, "token-3") == (False, None)
+    assert reg.status(third).state == "running"
+    assert reg.cancel(third, "too late") is False
+    assert reg.steer(third, "still taken")  # the worker returns it as a leftover
+    # Handed back (a warm shutdown), the run goes on from its checkpoint: cancels reach it again.
+    assert backend.handback(third, "token-3", "test") == 1
+    assert reg.cancel(third, "after the handback")
+    with pytest.raises(Cancelled, match="after the handback"):
+        reg.result(third, timeout=WAIT)
+    assert texts(reg.leftovers(third)) == ["still taken"]
+    cluster.sig.delete(held)
+
+
+def test_a_cancel_stored_before_the_ending_point_ends_the_run_cancelled(cluster: Cluster) -> None:
+    reg = cluster.registry()
+    for i in range(10):  # the worker's bridge or its ending step sees it first: the same end
+        conv, tag, rid = uid(), uid(), uid()
+        reg.start(conv, plan_text(tag, turns=1, rid=rid, cancel_self=f"own {i}"), run_id=rid)
+        with pytest.raises(Cancelled, match=f"own {i}"):
+            reg.result(rid, timeout=WAIT)
+        assert wait_signal(cluster.sig, f"t:{tag}:cancelled", WAIT) == "True"
+        st = reg.status(rid)
+        assert st.state == "cancelled" and st.output is None
+        assert reg.history(conv) == []
+        assert reg.cancel(rid) is False
+
+
+def test_a_cancel_racing_the_runs_end_returns_true_exactly_when_it_ends_cancelled(cluster: Cluster) -> None:
+    reg = cluster.registry()
+    ends: List[str] = []
+    for i in range(30):
+        conv, tag = uid(), uid()
+        rid = reg.start(conv, plan_text(tag, turns=1, gate=[0]))
+        assert cluster.entered(tag) == 0
+        cluster.release(tag, 0)  # the answer is on its way: the cancel below races its end
+        for _ in range(i % 6):  # reads that move the cancel along the run's end, one more each time
+            reg.status(rid)
+        accepted = reg.cancel(rid, f"race {i}")
+        try:
+            run = reg.result(rid, timeout=WAIT)
+        except Cancelled:
+            ends.append("cancelled")
+        else:
+            assert run.output == f"done {tag} turn=0 steers=0"
+            ends.append("completed")
+        assert reg.status(rid).state == ends[-1]
+        assert accepted == (ends[-1] == "cancelled"), (i, accepted, ends[-1])
+    assert len(ends) == 30
 
 
 # -- failure ------------------------------------------------------------------------------

@@ -972,3 +972,75 @@ def test_past_the_thread_bound_a_wave_runs_on_the_run_thread(monkeypatch: pytest
         gate.open()
         loop.close()
     join_threads("loopctl-", check=False)
+
+
+# -- a host's say at the run's ending point (BareLoop.start(at_end=)) ------------------------
+
+
+@pytest.mark.parametrize("ending", ["answer", "max_turns", "model_error"])
+def test_a_host_cancel_taken_at_the_ending_point_ends_the_run_cancelled(ending: str) -> None:
+    script: dict[str, list[Any]] = {
+        "answer": [reply("the answer")],
+        "max_turns": [call("echo", text="x")],
+        "model_error": [ModelError("400 bad request", status=400, retryable=False)],
+    }
+    asked: list[bool] = []
+
+    def at_end() -> Optional[Cancelled]:
+        asked.append(True)
+        return Cancelled("taken by the host")
+
+    rec = Recorder()
+    with BareLoop(ScriptedClient(script[ending]), [Echo()]) as loop:
+        loop.register_observer(rec)
+        handle = loop.start("hi", RunConfig(max_turns=1), at_end=at_end)
+        with pytest.raises(Cancelled, match="taken by the host") as info:
+            handle.result(WAIT)
+        assert asked == [True]  # once, whichever way the run was ending
+        assert info.value.run is not None and info.value.run.output is None
+        assert loop.conversation() == []
+        assert handle.cancel("too late") is False
+        end = rec.events[-1]
+        assert isinstance(end, RunEnd) and end.error_type == "Cancelled"
+        assert not loop.is_cancelled()
+
+
+def test_a_host_that_lets_the_run_end_or_fails_leaves_it_as_it_would_end() -> None:
+    asked: list[str] = []
+
+    def lets_go() -> Optional[Cancelled]:
+        asked.append("lets go")
+        return None
+
+    def breaks() -> Optional[Cancelled]:
+        asked.append("breaks")
+        raise RuntimeError("the host's store is down")
+
+    with BareLoop(ScriptedClient([reply("one"), reply("two")]), []) as loop:
+        assert loop.start("a", at_end=lets_go).result(WAIT).output == "one"
+        assert loop.start("b", at_end=breaks).result(WAIT).output == "two"  # logged, never a failed run
+    assert asked == ["lets go", "breaks"]
+
+
+def test_a_run_cancelled_already_never_asks_its_host_and_a_cancel_during_the_ask_wins() -> None:
+    asked: list[str] = []
+
+    def never_asked() -> Optional[Cancelled]:
+        asked.append("first")
+        return None
+
+    with BareLoop(ScriptedClient([reply("unused"), reply("unused")]), []) as loop:
+        loop.cancel_signal().cancel("before the run")
+        handle = loop.start("a", at_end=never_asked)
+        with pytest.raises(Cancelled, match="before the run"):
+            handle.result(WAIT)
+
+        def cancels_meanwhile() -> Optional[Cancelled]:
+            asked.append("second")
+            assert loop.cancel("while the host was asked")  # still before the ending point: taken
+            return None
+
+        second = loop.start("b", at_end=cancels_meanwhile)
+        with pytest.raises(Cancelled, match="while the host was asked"):
+            second.result(WAIT)
+    assert asked == ["second"]

@@ -20,14 +20,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Callable, Optional, Union
 
-import attrs
-
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.driver.builder import LoopSetup
 from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import CURRENT_RUN, RunContext, RunHandle
 from loopctl.driver.run import RunDriver
+from loopctl.driver.run_state import run_config
 from loopctl.driver.session_link import SessionLink
 from loopctl.driver.signals import RunSteering
 from loopctl.driver.subagent import SubagentTool
@@ -49,22 +48,6 @@ from loopctl.records import Run
 from loopctl.sessions.base import Session
 from loopctl.tools.base import Tool
 from loopctl.tools.registry import ToolRegistry
-
-#: The config of a run started without one: shared, as it is immutable.
-_DEFAULT_CONFIG = RunConfig()
-
-
-def _run_config(input: object, config: Optional[RunConfig], output_type: object) -> RunConfig:
-    """The run's config (``output_type`` applied) once ``input`` and ``config`` are valid."""
-    if not isinstance(input, str):
-        raise TypeError(f"run input must be a str, got {type(input).__name__}")
-    if config is None:
-        config = _DEFAULT_CONFIG
-    elif not isinstance(config, RunConfig):
-        raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
-    if output_type is not None:
-        config = attrs.evolve(config, output_type=output_type)
-    return config
 
 
 class RunThread(threading.Thread):
@@ -207,6 +190,7 @@ class BareLoop(LoopSetup):
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
         output_type: object = None,
+        at_end: Optional[Callable[[], Optional[Cancelled]]] = None,
     ) -> RunHandle:
         """Start the run on a named worker thread and return its handle.
 
@@ -218,6 +202,9 @@ class BareLoop(LoopSetup):
             resume: continue a run from a checkpoint instead of starting it
                 (``on_run_resumed`` in place of ``on_run_start``).
             output_type: ask for a typed answer (sets ``config.output_type``).
+            at_end: the host's say at the run's ending point (the last moment
+                a cancel reaches it): a ``Cancelled`` it returns ends the run
+                cancelled; None lets it end (see ``RunDriver.reach_end``).
 
         Raises:
             ConfigError: the ``output_type`` is not supported (nothing is sent).
@@ -225,7 +212,7 @@ class BareLoop(LoopSetup):
         """
         rc = self._launch(
             input, config, run_id, waiter=False, tap=tap, checkpoint=checkpoint, resume=resume,
-            output_type=output_type,
+            output_type=output_type, at_end=at_end,
         )
         return RunHandle(rc, self)
 
@@ -239,14 +226,16 @@ class BareLoop(LoopSetup):
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
         output_type: object = None,
+        at_end: Optional[Callable[[], Optional[Cancelled]]] = None,
     ) -> RunContext:
-        config = _run_config(input, config, output_type)
+        config = run_config(input, config, output_type)
         check = answer_check(config, self._parts.client, self._parts.tools.name_set())
         rid = run_id if run_id is not None else uuid.uuid4().hex
         durable = checkpoint is not None or resume is not None
         rc = self._admit(Run(id=rid, input=input, config=config), waiter, durable)
         rc.lock.acquire()  # the body's fence: released only while it blocks
         steering = self._equip(rc, tap, check, checkpoint, resume)
+        rc.driver.at_end = at_end
         self._spawn(rc, steering)
         return rc
 

@@ -125,6 +125,7 @@ class RunDriver(ModelTurn, Compaction):
                 log.exception("run %s failed inside the driver", rc.run.id)
             try:
                 if error is not None:
+                    error = self.reach_end(error) or error
                     self.set_error_state(error)
             finally:
                 self._finalize(error)
@@ -189,10 +190,9 @@ class RunDriver(ModelTurn, Compaction):
             elif t is Compact:
                 self.compact(step.reason)  # type: ignore[union-attr]
             else:
-                with self.busy:
-                    rc.ending = True  # from here a cancel no longer reaches this run
-                if cancel.is_cancelled():  # one that reached it just before: the run ends cancelled
-                    raise Cancelled(cancel.reason)
+                stopped = self.reach_end()  # from here a cancel no longer reaches this run
+                if stopped is not None or cancel.is_cancelled():  # the host's, or one that reached it just before
+                    raise stopped or Cancelled(cancel.reason)
                 outcome = m.conclude(policy)
                 if type(outcome) is Completed:
                     run.output = outcome.final_text
@@ -330,6 +330,26 @@ class RunDriver(ModelTurn, Compaction):
         self.run_compaction(reason, deferred)
 
     # -- the end -----------------------------------------------------------------------------
+
+    def reach_end(self, error: Optional[LoopError] = None) -> Optional[Cancelled]:
+        """The run's ending point, at ``Done`` or as ``error`` ends it (mutates): no cancel reaches it after.
+
+        A host's ``at_end`` is asked first (once, fenced, as a checkpoint sink
+        is) unless the run is cancelled already; the ``Cancelled`` it returns,
+        a cancel the host took but had not delivered, is the run's end (the
+        return value). A hook that raises is logged and counts as None.
+        """
+        rc = self.rc
+        hook, self.at_end = self.at_end, None  # asked once, whichever way the run ends
+        stopped: Optional[Cancelled] = None
+        if hook is not None and not isinstance(error, Cancelled) and not rc.cancel.is_cancelled():
+            try:
+                stopped = hook()
+            except Exception:
+                log.exception("run %s: the host's at_end hook failed; the run ends as it would", rc.run.id)
+        with self.busy:
+            rc.ending = True
+        return stopped
 
     def error_for(self, outcome: Outcome) -> LoopError:
         """The error a terminal outcome raises."""

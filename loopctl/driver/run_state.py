@@ -20,7 +20,9 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
+
+import attrs
 
 from loopctl.config import ParallelDispatch, RunConfig
 from loopctl.driver.checkpoint import DurableRun, ResumePoint
@@ -30,7 +32,7 @@ from loopctl.driver.meter import TokenMeter
 from loopctl.driver.parts import LoopParts
 from loopctl.driver.resources import LoopResources, ToolTally
 from loopctl.driver.signals import RunSteering
-from loopctl.errors import LoopError
+from loopctl.errors import Cancelled, ConfigError, LoopError
 from loopctl.machine import LoopMachine, MachinePolicy
 from loopctl.messages import RequestOptions, StopReason, ToolResultPart
 from loopctl.output import OutputCheck
@@ -51,6 +53,23 @@ class Release(Protocol):
     def _release(self, rc: RunContext, error: Optional[LoopError]) -> None: ...
 
 
+#: The config of a run started without one: shared, as it is immutable.
+_DEFAULT_CONFIG = RunConfig()
+
+
+def run_config(input: object, config: Optional[RunConfig], output_type: object) -> RunConfig:
+    """The run's config (``output_type`` applied) once ``input`` and ``config`` are valid."""
+    if not isinstance(input, str):
+        raise TypeError(f"run input must be a str, got {type(input).__name__}")
+    if config is None:
+        config = _DEFAULT_CONFIG
+    elif not isinstance(config, RunConfig):
+        raise ConfigError(f"config must be a RunConfig, got {type(config).__name__}")
+    if output_type is not None:
+        config = attrs.evolve(config, output_type=output_type)
+    return config
+
+
 @functools.lru_cache(maxsize=64)
 def policy_for(max_turns: int, context_window: int, compact_threshold: int, auto_compact: bool) -> MachinePolicy:
     """The machine's policy for these settings: immutable, so runs with the same settings share one."""
@@ -61,7 +80,8 @@ class RunState:
     """One run's state: its context, the parts it works with, and its per-run figures.
 
     Set after construction, before the run's thread starts: ``durable`` (a
-    host's checkpoint sink), ``resume_point`` and ``link`` (a stored session).
+    host's checkpoint sink), ``resume_point``, ``link`` (a stored session)
+    and ``at_end`` (a host's say at the run's ending point).
     Slotted: thousands may be in flight, and a slotted object is one object
     for the collector to walk, never an object plus its dict.
     """
@@ -70,7 +90,7 @@ class RunState:
         "rc", "parts", "machine", "meter", "events", "steering", "session",
         "busy", "loop_cancel", "owner", "resources", "answer_check",
         "run_input", "config", "session_id", "parallel", "policy",
-        "durable", "resume_point", "link", "tool_names", "base_options",
+        "durable", "resume_point", "link", "at_end", "tool_names", "base_options",
         "llm_phase", "deferred_tokens", "gathers", "model_call",
         "tally", "admitted", "call_ids",
         "__weakref__",
@@ -115,6 +135,7 @@ class RunState:
         self.durable: Optional[DurableRun] = None  # set by a host's checkpoint sink (checkpoint.py)
         self.resume_point: Optional[ResumePoint] = None
         self.link: Optional[SessionLink] = None  # the stored session (BareLoop.with_session)
+        self.at_end: Optional[Callable[[], Optional[Cancelled]]] = None  # BareLoop.start(at_end=)
         self.tool_names: frozenset[str] = frozenset()
         self.base_options: Optional[RequestOptions] = None
         self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
@@ -155,4 +176,4 @@ class RunState:
             self.durable.settle(self.machine, self.rc.run.turns, results)
 
 
-__all__ = ["Release", "RunState", "policy_for"]
+__all__ = ["Release", "RunState", "policy_for", "run_config"]

@@ -3,7 +3,9 @@
 Every state change of a run is ONE Lua script (``scripts``), so each is atomic against
 every other: starting (conversation lock + run hash), claiming (queued ->
 running, with the cancel flag, stored steers and history read in the same
-step), appending events, heartbeating, finishing (run_end event, terminal
+step), appending events, heartbeating, the run's ending point (a stored
+cancel ends it cancelled, else it is marked ``ending`` and cancels are
+refused from then on, as for an ended run), finishing (run_end event, terminal
 state, leftovers, history commit, lock release, done signal), cancel and
 steer (check "still live" and record in one step), and reaping a run whose
 heartbeat lapsed ("worker lost"). The worker is fenced by a token: once a
@@ -12,7 +14,9 @@ refused. Keys (``P`` is the prefix, standalone Redis; scripts derive keys
 from the prefix, so Redis Cluster is not supported):
 
 - ``P:run:ID`` hash (state, conv, input, config, factory, token, worker,
-  times, progress, output, error, the final ``Run`` as JSON, ``seq``)
+  times, progress, output, error, the final ``Run`` as JSON, ``seq``;
+  ``cancel``/``cancel_reason`` once cancelled, ``ending`` once past its
+  ending point)
 - ``P:run:ID:ev`` stream of events, entry id ``0-<seq>``, field ``d`` (JSON)
 - ``P:run:ID:steer`` list of accepted steers (message JSON; ``{"to", "message"}``
   for a sub-agent, see ``steers``), in order
@@ -162,6 +166,7 @@ class RedisBackend:
             "claim": lua.CLAIM,
             "append": lua.APPEND,
             "heartbeat": lua.HEARTBEAT,
+            "ending": lua.ENDING,
             "finish": lua.FINISH,
             "cancel": lua.CANCEL,
             "steer": lua.STEER,
@@ -376,6 +381,18 @@ class RedisBackend:
             return None
         cancelled = raw[1] == "1"
         return cancelled, (raw[2] or None) if cancelled else None, int(raw[3])
+
+    def ending(self, run_id: str, token: str) -> Tuple[bool, Optional[str]]:
+        """The worker's run is at its ending point (see ``scripts.ENDING``).
+
+        Returns:
+            (True, the reason) when a cancel was stored before it; else
+            (False, None), and a cancel from now on is refused.
+        """
+        raw = self._run("ending", run_id, token, *self._common())
+        if int(raw[0]) != 1:
+            return False, None
+        return True, (raw[1] if len(raw) > 1 else None) or None
 
     def finish(self, run_id: str, token: str, fields: Sequence[Any], leftovers: Sequence[str]) -> int:
         """The terminal step (see ``scripts.FINISH``); the run_end's seq, or 0 when fenced out."""

@@ -94,7 +94,7 @@ local function requeue(rid, cause, now, is_loss)
   redis.call('HSET', h, 'state', 'queued', 'token', '', 'resumes', tonumber(f[3] or '0') + 1,
     'resume_cause', cause, 'requeued_at', now)
   if is_loss then redis.call('HSET', h, 'losses', tonumber(f[4] or '0') + 1) end
-  redis.call('HDEL', h, 'rsv')
+  redis.call('HDEL', h, 'rsv', 'ending')  -- resumed from its checkpoint, the run goes on: cancels reach it again
   redis.call('DEL', rk(rid, ':hb'))
   redis.call('ZADD', P .. ':outbox', 0, rid)
   return true
@@ -252,6 +252,21 @@ signal_end(id, keep)
 return seq
 """
 
+# ARGV: P id token now keep buf approx
+# The worker's run reached its ending point (the last moment a cancel reaches
+# it). A cancel stored before it ends the run cancelled: {1, reason or nil}.
+# Otherwise the run is marked ``ending``, so a later CANCEL answers 0, as for
+# an ended run: {0}. A fenced-out worker gets {0} and marks nothing.
+ENDING = r"""
+local token, now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+if fenced(token, now, keep, buf, approx) then return {0} end
+local h = rk(id, '')
+local f = redis.call('HMGET', h, 'cancel', 'cancel_reason')
+if f[1] == '1' then return {1, f[2]} end
+redis.call('HSET', h, 'ending', '1')
+return {0}
+"""
+
 # ARGV: P id now keep buf approx has_reason reason
 CANCEL = r"""
 local now, keep, buf, approx = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
@@ -260,6 +275,7 @@ reap(id, now, keep, buf, approx)
 local st = redis.call('HGET', h, 'state')
 if not st then return -1 end
 if st ~= 'queued' and st ~= 'running' then return 0 end
+if redis.call('HGET', h, 'ending') then return 0 end  -- past its ending point: too late, as for an ended run
 if not redis.call('HGET', h, 'cancel') then
   redis.call('HSET', h, 'cancel', '1')
   if ARGV[7] == '1' then redis.call('HSET', h, 'cancel_reason', ARGV[8]) end
@@ -366,7 +382,7 @@ return out
 """
 
 __all__ = [
-    "PRELUDE", "START", "CLAIM", "APPEND", "HEARTBEAT", "FINISH", "CANCEL", "STEER", "STATUS",
+    "PRELUDE", "START", "CLAIM", "APPEND", "HEARTBEAT", "ENDING", "FINISH", "CANCEL", "STEER", "STATUS",
     "ABORT", "HANDBACK", "RESERVE", "SWEEP",
 ]
 

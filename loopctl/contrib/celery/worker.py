@@ -23,7 +23,15 @@
    sub-agent path into ``RunHandle.steer_subagent``); a push the slot
    refuses (the run is ending), or one whose sub-agent is not in flight, is
    kept as a leftover.
-5. After the run: both threads are stopped and joined, and ONE Lua step
+5. At the run's ending point (its answer in hand, or an error ending it)
+   the loop's ``at_end`` hook runs ONE Lua step (``ENDING``): a cancel
+   stored before it ends the run cancelled, delivered by the bridge or not;
+   otherwise the run is marked ``ending`` and a later cancel is refused, as
+   for an ended run. So a cancel that returned True ends the run cancelled,
+   as in process, where the same decision is taken under one lock. A steer
+   accepted past that point is returned as a leftover (by the slot, which
+   refuses it, or by step 6).
+6. After the run: both threads are stopped and joined, and ONE Lua step
    appends ``run_end``, writes the terminal state and the ``Run``, returns
    as leftovers the sealed and refused guidance plus every steer the bridge
    never read, commits the history (success only, and only while this run
@@ -211,7 +219,8 @@ def execute_run(
     handed = threading.Event()
     try:
         owner = backend.owner(run_id) if sessions is not None else None
-        st = _launch(claim, conversation, sessions, owner, writer, host, handed, run_id)
+        end = _at_end(backend, run_id, token)
+        st = _launch(claim, conversation, sessions, owner, writer, host, handed, run_id, end)
         if st.handle is not None:
             _watch(st, claim, writer, bridge, host, handed)
     finally:
@@ -299,6 +308,7 @@ def _launch(
     host: Optional[WorkerHost],
     handed: threading.Event,
     run_id: str,
+    at_end: Callable[[], Optional[Cancelled]],
 ) -> _Launch:
     """Build the claimed run's loop and start it; a failure to do so is the run's error, logged."""
     st = _Launch()
@@ -318,7 +328,9 @@ def _launch(
         point = ResumePoint(saved, claim.resumes, claim.cause, clean) if claim.resumes > 0 else None
         # A resumed run continues the trace its checkpoint carries (the run thread copies it).
         with _resumed_trace(claim.checkpoint if point is not None else ""):
-            st.handle = loop.start(claim.input, st.config, run_id, tap=writer.tap, checkpoint=sink, resume=point)
+            st.handle = loop.start(
+                claim.input, st.config, run_id, tap=writer.tap, checkpoint=sink, resume=point, at_end=at_end
+            )
     except Exception as exc:
         msg = f"could not start the run: {type(exc).__name__}: {exc}"
         st.error = exc if isinstance(exc, LoopError) else LoopError(msg)
@@ -326,6 +338,23 @@ def _launch(
             st.error.__cause__ = exc
         log.error("run %s: %s", run_id, msg)
     return st
+
+
+def _at_end(backend: RedisBackend, run_id: str, token: str) -> Callable[[], Optional[Cancelled]]:
+    """The run's ``at_end`` hook: its ending point, decided in one step with Redis (``ENDING``)."""
+
+    def at_end() -> Optional[Cancelled]:
+        try:
+            cancelled, reason = backend.ending(run_id, token)
+        except RegistryUnavailable as exc:
+            # Taken as not cancelled: the run goes on to its end and FINISH records
+            # it (or, if Redis stays away, the run is declared lost). Left unmarked,
+            # a cancel accepted meanwhile comes too late for the run: the one gap.
+            log.warning("run %s: could not record its ending point: %s", run_id, exc)
+            return None
+        return Cancelled(reason) if cancelled else None
+
+    return at_end
 
 
 def _resumed_trace(checkpoint: str) -> Any:
