@@ -29,6 +29,18 @@ def _forms(value: str) -> set[str]:
     return {f for f in forms if len(f) >= 4}  # a 1-3 character "secret" would mask half the text
 
 
+def secret_forms(values: Iterable[Optional[str]]) -> tuple[str, ...]:
+    """Every form ``values`` show up in text (empty ones ignored), longest first.
+
+    Longest first, so a secret containing another is masked whole.
+    """
+    forms: set[str] = set()
+    for v in values:
+        if v:
+            forms |= _forms(str(v))
+    return tuple(sorted(forms, key=len, reverse=True))
+
+
 class Secret:
     """The credentials of one client; never shows them in a repr, str or log line.
 
@@ -42,12 +54,7 @@ class Secret:
 
     def __init__(self, value: Optional[str], others: Iterable[Optional[str]] = ()) -> None:
         self._value = value or None
-        forms: set[str] = set()
-        for v in (value, *others):
-            if v:
-                forms |= _forms(str(v))
-        # Longest first, so a secret containing another is masked whole.
-        self._forms = tuple(sorted(forms, key=len, reverse=True))
+        self._forms = secret_forms((value, *others))
         register_secrets(self, self._forms)
 
     def reveal(self) -> Optional[str]:
@@ -101,4 +108,4 @@ def url_credentials(url: str) -> tuple[str, list[str]]:
     return clean, [s for s in (parts.password, user) if s]
 
 
-__all__ = ["PLAIN_HEADERS", "Secret", "header_secrets", "redact_key_shapes", "url_credentials"]
+__all__ = ["PLAIN_HEADERS", "Secret", "header_secrets", "redact_key_shapes", "secret_forms", "url_credentials"]
