@@ -77,12 +77,13 @@ def test_header_values_a_tool_returns_are_masked_in_events_and_the_run_record() 
     headers = {"X-Team": TEAM_TOKEN, "Authorization": f"Token {AUTH_TOKEN}"}
     recorder = Recorder()
     with http_suite_server() as url, MCPServer.http(url, headers=headers, name="suite-http") as server:
-        client = ScriptedClient([calls(("header", {"name": "x-team"}), ("header", {"name": "authorization"})),
+        client = ScriptedClient([calls(("header", {"name": "x-team"}), ("header", {"name": "authorization"}),
+                                       ("header", {"name": "authorization", "credentials_only": True})),
                                  reply("done")])
         with BareLoop(client, server.tools()) as loop:
             loop.register_observer(recorder)
             run = loop.run("which headers?")
         outputs = [r.output for m in loop.conversation() for r in m.tool_results]
-    assert outputs == [TEAM_TOKEN, f"Token {AUTH_TOKEN}"]  # the server really echoed them
+    assert outputs == [TEAM_TOKEN, f"Token {AUTH_TOKEN}", AUTH_TOKEN]  # the server really echoed them
     shown = json.dumps(run.to_dict()) + json.dumps([e.to_dict() for e in recorder.snapshot()])
     assert TEAM_TOKEN not in shown and AUTH_TOKEN not in shown and "<redacted>" in shown

@@ -1,7 +1,8 @@
 """A client's secrets, registered with the one redaction every outlet goes through.
 
 ``Secret`` holds every credential a client was given (the key, header
-values that may authorise, URL credentials), registers every form each
+values that may authorise and their credentials after an auth scheme, URL
+credentials), registers every form each
 shows up in text (as is, stripped, escaped, percent-decoded) with
 ``loopctl.text.register_secrets`` (so no event, record, log or span of any
 run shows them) and masks them itself, plus anything shaped like an API
@@ -12,13 +13,14 @@ the locals of our frames, the tracebacks of foreign causes. Pure: no IO.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterable, Mapping
 from typing import Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from loopctl.errors import scrub_error
-from loopctl.text import mask_spans, redact_key_shapes, register_secrets
+from loopctl.text import MIN_SECRET_CHARS, mask_spans, redact_key_shapes, register_secrets
 from loopctl.text import redact as _redact_everywhere
 
 
@@ -90,8 +92,39 @@ PLAIN_HEADERS = frozenset(("accept", "accept-encoding", "content-type", "user-ag
 
 
 def header_secrets(headers: Mapping[str, str]) -> list[str]:
-    """The values of ``headers`` that may be credentials (all but the plain ones)."""
-    return [str(v) for k, v in headers.items() if str(k).lower() not in PLAIN_HEADERS]
+    """The values of ``headers`` that may be credentials (all but the plain ones), with their parts.
+
+    A value ``<scheme> <credentials>`` (``Bearer``, ``Basic``, ``Token``,
+    any scheme) is a secret whole and by its credentials: what follows the
+    scheme, each whitespace-separated token of it long enough to be a secret
+    (and a ``name=value`` parameter's value), and for ``Basic`` the decoded
+    ``user:password`` and its password; a server or a model echoing the
+    token alone is masked too.
+    """
+    out: list[str] = []
+    for k, v in headers.items():
+        if str(k).lower() not in PLAIN_HEADERS:
+            out += _credential_parts(str(v))
+    return out
+
+
+def _credential_parts(value: str) -> list[str]:
+    words = value.split(None, 1)
+    if len(words) < 2:
+        return [value]
+    scheme, rest = words[0], words[1].strip()
+    parts = [value, rest]
+    for token in rest.split():
+        token = token.strip(",;")
+        parts += (token, token.partition("=")[2].strip('"'))
+    if scheme.lower() == "basic":
+        try:
+            pair = base64.b64decode(rest, validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):  # binascii.Error is a ValueError
+            pair = ""
+        user, _, password = pair.partition(":")
+        parts += (pair, password, user)
+    return [value] + [p for p in parts[1:] if len(p) >= MIN_SECRET_CHARS]
 
 
 def url_credentials(url: str) -> tuple[str, list[str]]:
