@@ -287,6 +287,17 @@ def test_env_values_are_masked_in_the_start_error_its_stderr_tail_and_the_log() 
         assert ENV_SECRET not in text
 
 
+def test_an_env_value_the_stderr_tail_cuts_in_its_line_is_masked_whole() -> None:
+    name = "SUITE_" + "T" * 488  # "NAME=value": the value straddles the tail's 500-character line
+    server = suite_stdio("--say-env", name, "--fail-start", env={name: ENV_SECRET})
+    with pytest.raises(MCPServerError) as info:
+        with server:
+            pass  # pragma: no cover
+    err = info.value
+    assert f"{name}=<redacted>" in err.stderr_tail
+    assert ENV_SECRET[:6] not in err.stderr_tail and ENV_SECRET[:6] not in str(err)
+
+
 def test_an_env_value_a_tool_returns_is_masked_in_events_and_the_run_record() -> None:
     recorder = Recorder()
     env = {"SUITE_TOKEN": ENV_SECRET, "PATH": os.environ["PATH"]}

@@ -15,7 +15,7 @@ from typing import Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from loopctl.errors import LoopError
-from loopctl.text import redact
+from loopctl.text import masked_head, redact
 
 _GROUP: tuple[type[BaseException], ...] = ()
 if sys.version_info >= (3, 11):
@@ -61,7 +61,7 @@ def describe_exception(exc: BaseException) -> str:
     leaf = root_cause(exc)
     text = " ".join(str(leaf).split())
     name = type(leaf).__name__
-    return f"{name}: {text[:300]}" if text else name
+    return f"{name}: {masked_head(text, 300)}" if text else name
 
 
 def safe_url(url: str) -> str:
