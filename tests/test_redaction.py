@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 import pytest
+import requests
 from fakeserver import (
     Cut,
     FakeServer,
@@ -291,3 +292,37 @@ def test_a_model_echoing_the_token_of_a_header_credential_is_masked_in_events_an
     assert_clean("Run.to_dict()", json.dumps(run.to_dict()))
     for event in recorder.snapshot():
         assert_clean(f"{type(event).__name__}.to_dict()", json.dumps(event.to_dict()))
+
+
+class RequestsClient:
+    """A user's own ``ModelClient`` over ``requests`` (the protocol, none of loopctl's clients)."""
+
+    model = "mine"
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url = url
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {key}"
+
+    def complete(self, request: ModelRequest) -> Any:
+        reply = self.session.post(f"{self.url}/chat/completions", json={"model": self.model}, timeout=5)
+        reply.raise_for_status()
+        raise AssertionError("the server was scripted to refuse")
+
+    def stream(self, request: ModelRequest) -> Any:
+        return self.complete(request)
+
+
+def test_a_custom_clients_foreign_cause_keeps_no_object_holding_the_key(server: FakeServer) -> None:
+    server.push(Reply(401, {"error": {"message": "bad key"}}))
+    client = RequestsClient(server.openai_url, "own-SECRET-key-4242")
+    loop = BareLoop(client, [])
+    loop.set_stream_handler(StreamHandler(**QUICK))
+    loop.set_turn_mode("non_streaming")
+    with loop:
+        error = caught(lambda: loop.run("hi"))
+    assert_error_clean(error)  # a request's headers are reachable from the error no more
+    [foreign] = [e for e in error_chain(error) if isinstance(e, requests.HTTPError)]
+    assert "401" in str(foreign)  # the foreign cause is there, its text kept
+    assert foreign.request is None and foreign.response is None  # the objects that held the headers: gone
+    assert error.run is not None and getattr(error, "kind", None) == "transport"  # loopctl's own fields stay
