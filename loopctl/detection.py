@@ -31,6 +31,7 @@ from typing import Any, Optional, Union
 
 from loopctl.context.memory import words
 from loopctl.errors import ConfigError, LoopDetected
+from loopctl.text import masked_head
 
 _ACTIONS = ("warn", "stop", "ask_user")
 #: Shared by every ``ConvergenceDetector``: it sees one terminal answer per
@@ -91,7 +92,7 @@ def _key_text(key: _Key) -> str:
 
 def _describe(tool: str, key: _Key) -> str:
     canon = _key_text(key)
-    shown = canon if len(canon) <= 80 else canon[:77] + "..."
+    shown = canon if len(canon) <= 80 else masked_head(canon, 77) + "..."
     return f"{tool}({shown})"
 
 

@@ -9,7 +9,8 @@ caller.
 Messages never contain credentials and never quote much: every message is
 masked (``loopctl.text.redact``) and bounded (``MESSAGE_LIMIT``) when the
 error is made, and ``scrub_error`` masks an error's whole cause chain where
-it leaves a run or a client.
+it leaves a run or a client (a foreign cause keeps its text, masked, and
+loses the objects it holds: a request, a response, a document).
 """
 
 from __future__ import annotations
@@ -206,10 +207,15 @@ def scrub_error(
 
     A ``LoopError``'s message, args and text fields (``errors``, ``detail``,
     ``raw_text``, ...) go through ``mask`` and its message is bounded again;
-    its traceback keeps frames (file, line, function) but not their locals.
-    A foreign exception's text is masked; with ``strip_foreign`` (the wire,
-    whose foreign frames hold request headers) its args become that text
-    alone and its traceback is dropped, else only its frames' locals are.
+    its other fields (``run``, ``status``, ``kind``, ...) are kept, and its
+    traceback keeps frames (file, line, function) but not their locals.
+    A foreign exception (any other: a ``requests`` error a custom client let
+    out, a tool's) keeps its type and masked text, and loses every attribute
+    that is not plain data (a ``requests`` error's request and response,
+    whose headers hold the key); with ``strip_foreign`` (the wire, whose
+    foreign frames hold request headers) its args become that text alone
+    and its traceback is dropped, else only its frames' locals are. The
+    members of an exception group are scrubbed with it.
 
     Args:
         mask: the masking of one text (a client adds its own credentials).
@@ -228,8 +234,16 @@ def scrub_error(
                 traceback.clear_frames(exc.__traceback__)  # frames still running are kept
         else:
             _scrub_foreign(exc, mask, strip_foreign)
-        todo += (exc.__cause__, exc.__context__)
+        todo += (exc.__cause__, exc.__context__, *_members(exc))
     return err
+
+
+def _members(exc: BaseException) -> tuple[BaseException, ...]:
+    """The exceptions an exception group holds (none for any other exception)."""
+    members = getattr(exc, "exceptions", None)
+    if isinstance(members, tuple) and all(isinstance(m, BaseException) for m in members):
+        return members
+    return ()
 
 
 def _scrub_fields(exc: LoopError, mask: Callable[[str], str]) -> None:
@@ -259,22 +273,24 @@ def _scrub_foreign(exc: BaseException, mask: Callable[[str], str], strip: bool) 
         exc.__traceback__ = None
     elif exc.__traceback__ is not None:
         traceback.clear_frames(exc.__traceback__)
-    _scrub_attributes(exc, mask, strip)
+    _scrub_attributes(exc, mask)
 
 
-def _scrub_attributes(exc: BaseException, mask: Callable[[str], str], strip: bool) -> None:
-    """A foreign exception's raw data beside its message: texts masked; with ``strip``, objects dropped.
+def _scrub_attributes(exc: BaseException, mask: Callable[[str], str]) -> None:
+    """A foreign exception's raw data beside its message: texts masked, objects dropped.
 
     A ``UnicodeError`` keeps the whole text it failed on (a header's value,
     say), a ``JSONDecodeError`` the document, and a ``requests`` error its
-    request, whose headers carry the credentials, and its response.
+    request, whose headers carry the credentials, and its response. Only
+    texts (masked), lists of texts (notes) and plain numbers stay; a group's
+    members stay too (they are scrubbed as part of the chain).
     """
     if isinstance(exc, UnicodeError):
         obj = getattr(exc, "object", None)
         try:
             if isinstance(obj, str):
                 exc.object = mask(obj)  # type: ignore[attr-defined]
-            elif strip and isinstance(obj, (bytes, bytearray)):
+            elif isinstance(obj, (bytes, bytearray)):
                 exc.object = b""  # type: ignore[attr-defined]
         except Exception:
             pass
@@ -282,11 +298,16 @@ def _scrub_attributes(exc: BaseException, mask: Callable[[str], str], strip: boo
         fields = list(vars(exc).items())
     except TypeError:  # no __dict__
         return
+    members = _members(exc)
     for key, value in fields:
         try:
             if isinstance(value, str):
                 setattr(exc, key, mask(value))
-            elif strip and not isinstance(value, (bool, int, float, type(None))):
+            elif isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+                setattr(exc, key, [mask(v) for v in value] if isinstance(value, list) else tuple(map(mask, value)))
+            elif isinstance(value, (list, tuple)) and members and all(v in members for v in value):
+                continue  # a group's own members (a backport keeps them in a field)
+            elif not isinstance(value, (bool, int, float, type(None))):
                 setattr(exc, key, None)
         except Exception:  # a read-only attribute: the message above is what it shows
             pass

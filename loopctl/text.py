@@ -1,74 +1,33 @@
 """Text that crosses a trust boundary, made safe in one place (a leaf).
 
-``clean_text`` replaces lone surrogates (a str holding one cannot be encoded
-as UTF-8, so one such character from a tool or a model would fail every
-request or store that carries it); ``json_depth_exceeds`` tells, without
-parsing, whether JSON text nests deeper than a limit (``json`` would raise
-``RecursionError`` long after the damage is done).
+``clean_text``, ``json_depth_exceeds`` and ``json_safe`` (lone surrogates,
+JSON nesting, non-finite numbers) live in ``loopctl.jsontext``, the one
+leaf this one imports, and are re-exported here.
 
 ``redact`` is the one mask every outlet's text goes through (errors, events,
 serialized records, logs, spans, CLI output): it hides every credential a
 client of this process was given (registered with ``register_secrets``) and
 anything shaped like a key (``sk-...``, ``sk-ant-...``, ``key-...``, a bearer
 token), whoever produced the text (the model, a tool, a server).
-``excerpt`` bounds how much untrusted text a message or an event quotes;
-``json_safe`` makes a value JSON that ``allow_nan=False`` accepts (a
-non-finite float becomes null, as JavaScript's ``JSON.stringify`` does).
+``excerpt`` bounds how much untrusted text a message or an event quotes,
+and ``quote`` and ``masked_head`` do it masking before cutting (a key the
+cut would split is masked whole, never half shown; ``whole_cut`` cuts
+content left unmasked before such a key).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import math
 import re
 import threading
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import attrs
 
-#: JSON nested deeper than this is refused wherever untrusted JSON is read.
-MAX_JSON_DEPTH = 64
-
-
-def clean_text(text: str) -> str:
-    """``text`` with every lone surrogate replaced by U+FFFD (a split pair is joined)."""
-    if type(text) is not str or text.isascii():  # the common case: nothing to scan
-        return text
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        # Through UTF-16: a high+low pair decodes to its character, a lone half to U+FFFD.
-        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-    return text
-
-
-def json_depth_exceeds(text: str, limit: int = MAX_JSON_DEPTH) -> bool:
-    """True when the JSON ``text`` nests arrays/objects deeper than ``limit``."""
-    if text.count("{") + text.count("[") <= limit:
-        return False
-    depth = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > limit:
-                return True
-        elif ch in "]}":
-            depth -= 1
-    return False
-
+from loopctl.jsontext import MAX_JSON_DEPTH, clean_text, json_depth_exceeds, json_safe
 
 #: The most untrusted text an error message or an event's error field quotes.
 EXCERPT_LIMIT = 2048
@@ -166,15 +125,9 @@ def mask_spans(text: str, forms: Iterable[str]) -> str:
     a registered credential, is masked whole, never leaving a tail or a
     head of the other behind (as masking one kind after the other would).
     """
-    spans = [m.span() for m in _KEY_SHAPES.finditer(text)] if _has_key_mark(text) else []
-    for form in forms:
-        at = text.find(form)
-        while at >= 0:  # one after another, as str.replace finds them: linear in the text
-            spans.append((at, at + len(form)))
-            at = text.find(form, at + len(form))
+    spans = _spans(text, forms)
     if not spans:
         return text
-    spans.sort()
     out: list[str] = []
     kept_to = 0  # text before this index is written out or masked
     for start, end in spans:
@@ -185,6 +138,33 @@ def mask_spans(text: str, forms: Iterable[str]) -> str:
         kept_to = end
     out.append(text[kept_to:])
     return "".join(out)
+
+
+def _spans(text: str, forms: Iterable[str]) -> list[tuple[int, int]]:
+    """Where ``forms`` and the key shapes occur in ``text``, sorted."""
+    spans = [m.span() for m in _KEY_SHAPES.finditer(text)] if _has_key_mark(text) else []
+    for form in forms:
+        at = text.find(form)
+        while at >= 0:  # one after another, as str.replace finds them: linear in the text
+            spans.append((at, at + len(form)))
+            at = text.find(form, at + len(form))
+    spans.sort()
+    return spans
+
+
+def whole_cut(text: str, limit: int) -> int:
+    """Where to cut ``text`` to keep at most ``limit`` characters without splitting a key.
+
+    ``limit``, or the start of a registered credential or key shape that a
+    cut there would split (the head kept unmasked then holds none of it).
+    """
+    if len(text) <= limit:
+        return len(text)
+    forms = _secret_forms
+    for start, end in reversed(_spans(text[: limit + max(256, len(forms[0]) if forms else 0)], forms)):
+        if start < limit < end:
+            limit = start
+    return limit
 
 
 def redact_key_shapes(text: str) -> str:
@@ -200,19 +180,30 @@ def excerpt(text: str, limit: int = EXCERPT_LIMIT) -> str:
 
 
 def quote(text: str, limit: int = EXCERPT_LIMIT) -> str:
-    """Untrusted ``text`` as an outlet may quote it: masked, at most ``limit`` characters.
-
-    Only a little more than is kept is masked (bounded work on a megabyte),
-    so a key cut in half by the excerpt is still seen whole.
-    """
+    """Untrusted ``text`` as an outlet may quote it: masked, at most ``limit`` characters."""
     if len(text) <= limit:
         return redact(text)
-    head = redact(text[: limit + 256])
-    end = limit
-    marker = head.find(REDACTED, max(0, limit - len(REDACTED) + 1), limit + len(REDACTED))
-    if 0 <= marker < limit:
-        end = marker + len(REDACTED)  # never cut a mask in half: "<reda" would look like text
-    return f"{head[:end]}... ({len(text) - limit} more characters)"
+    return f"{masked_head(text, limit)}... ({len(text) - limit} more characters)"
+
+
+def masked_head(text: str, limit: int, mask: Callable[[str], str] = redact) -> str:
+    """The first ``limit`` characters of untrusted ``text``, masked before they are cut.
+
+    A key the cut would split is masked whole, never leaving its head
+    behind: a little more than is kept is masked (bounded work on a
+    megabyte; at least the longest registered credential). A mask at the
+    cut is kept whole ("<reda" would look like text), so the head may run
+    past ``limit`` by less than ``len(REDACTED)``.
+
+    Args:
+        mask: the masking (``redact``; an outlet may add its own shapes).
+    """
+    if len(text) <= limit:
+        return mask(text)
+    forms = _secret_forms
+    head = mask(text[: limit + max(256, len(forms[0]) if forms else 0)])
+    marker = head.find(REDACTED, max(0, limit - len(REDACTED) + 1), limit + len(REDACTED) - 1)
+    return head[: marker + len(REDACTED) if 0 <= marker < limit else limit]
 
 
 # The end of a text that a key may still be growing from: the trailing run of
@@ -386,17 +377,6 @@ def _masked(value: object, quoted: bool) -> object:
     return redact_value(value)
 
 
-def json_safe(value: object) -> Any:
-    """``value`` as JSON ``allow_nan=False`` accepts: a non-finite float becomes None."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
-    return value
-
-
 class RedactingFilter(logging.Filter):
     """A log filter that masks what ``redact`` masks in each record's text and traceback."""
 
@@ -436,6 +416,7 @@ __all__ = [
     "install_log_filter",
     "json_depth_exceeds",
     "json_safe",
+    "masked_head",
     "quote",
     "redact",
     "redact_fields",
@@ -443,4 +424,5 @@ __all__ = [
     "redact_key_shapes",
     "redact_value",
     "register_secrets",
+    "whole_cut",
 ]

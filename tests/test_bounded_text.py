@@ -108,6 +108,46 @@ def test_quote_masks_a_key_cut_by_the_excerpt() -> None:
     assert excerpt("short") == "short"
 
 
+class _Owner:
+    """Holds a registered secret for as long as a test keeps it."""
+
+
+def test_a_registered_key_cut_by_an_excerpt_is_never_half_shown() -> None:
+    from loopctl.text import REDACTED, masked_head, register_secrets, whole_cut
+
+    owner = _Owner()
+    key = "cutKEYvalue-9f8e7d6c"  # not key-shaped: only its registration masks it
+    long_key = "L" + "0123456789" * 40  # longer than the 256 characters masked past a cut
+    register_secrets(owner, [key, long_key])
+    text = "a" * 30 + key + "b" * 5000
+    for limit in range(31, 30 + len(key)):  # every cut that splits the key
+        head = masked_head(text, limit)
+        assert key[:4] not in head and head.startswith("a" * 30 + REDACTED)
+        assert len(head) < limit + len(REDACTED)  # a mask at the cut is kept whole, never "<reda"
+        assert text[: whole_cut(text, limit)] == "a" * 30
+    assert masked_head("c" * 100 + long_key, 110) == "c" * 100 + REDACTED
+    assert whole_cut("c" * 100 + long_key + "d", 110) == 100
+    assert masked_head("a" * 30 + key, 12) == "a" * 12  # a cut before the key keeps what it keeps
+    del owner
+
+
+def test_validation_and_limit_messages_mask_before_they_cut() -> None:
+    from loopctl.text import register_secrets
+    from loopctl.tools.jsonvalues import show
+    from loopctl.tools.middleware import truncate
+
+    owner = _Owner()
+    key = "showKEYvalue-1a2b3c4d"
+    register_secrets(owner, [key])
+    value = "x" * 20 + key + "y" * 100
+    for shown in (show(value), show({"k": value}), show([1, {"k": [value]}]), show(("t", value))):
+        assert key[:6] not in shown, shown
+    assert show("short") == "'short'" and len(show("z" * 500)) == 40
+    out = truncate("w" * 40 + key + "v" * 200, 60)
+    assert key[:6] not in out and out == "w" * 40 + "\n[truncated]"
+    del owner
+
+
 @pytest.mark.parametrize("seed", range(200))
 def test_a_key_split_across_stream_pieces_is_masked_whole(seed: int) -> None:
     from loopctl.text import StreamMask, redact

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import sys
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from loopctl.errors import (
     SessionCorrupt,
     ToolRecoveryExhausted,
     UserInputRequired,
+    scrub_error,
 )
 from loopctl.records import Run
 
@@ -160,3 +162,22 @@ def test_errors_chain_the_original_with_raise_from() -> None:
     except ModelError as err:
         assert isinstance(err.__cause__, OSError)
         assert err.retryable
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="ExceptionGroup and add_note are Python 3.11+")
+def test_scrub_error_strips_foreign_causes_inside_a_group_and_keeps_loopctls_own_fields() -> None:
+    class Refused(Exception):
+        pass
+
+    inner = Refused("refused sk-live-0123456789abcdef")
+    inner.request = {"Authorization": "Bearer sk-live-0123456789abcdef"}  # type: ignore[attr-defined]
+    inner.attempts = 3  # type: ignore[attr-defined]
+    inner.add_note("while sending sk-live-0123456789abcdef")
+    group = ExceptionGroup("the task group failed", [inner])  # noqa: F821 - a builtin since 3.11
+    err = ModelError("model call failed", status=502, retryable=True)
+    err.__cause__ = group
+    assert scrub_error(err) is err
+    assert group.exceptions == (inner,)
+    assert inner.request is None and inner.attempts == 3  # type: ignore[attr-defined]
+    assert "sk-live" not in str(inner) and inner.__notes__ == ["while sending <redacted>"]
+    assert (err.status, err.retryable) == (502, True)

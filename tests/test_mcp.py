@@ -8,6 +8,7 @@ the server's logger (``StderrLines``), never sleeps.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import statistics
@@ -21,12 +22,14 @@ import pytest
 pytest.importorskip("mcp")
 
 from mcp_servers.harness import SUITE, WAIT, StderrLines, suite_stdio  # noqa: E402
+from support import Recorder  # noqa: E402
 
 from loopctl import BareLoop, Cancelled, LoopError, ToolContext  # noqa: E402
 from loopctl.cancel import CancelSignal  # noqa: E402
 from loopctl.contrib.mcp import MCPServer, MCPServerError, MCPTool  # noqa: E402
 from loopctl.demo.tools import AddTool  # noqa: E402
 from loopctl.testing import ScriptedClient, call, calls, reply  # noqa: E402
+from loopctl.text import redact  # noqa: E402
 
 BOUND = 1.0  # every single cancel, generous under load; the median must meet the SPEC's 100 ms
 
@@ -265,6 +268,48 @@ def test_a_server_that_fails_to_start_raises_naming_the_command_and_stderr_tail(
     assert "boom: cannot open /nonexistent/suite.toml" in str(err)
     assert "sk-very-secret" not in str(err) and "sk-very-secret" not in repr(server.spec)
     assert server.is_closed  # __enter__ failed: nothing left running
+
+
+ENV_SECRET = "suiteEnvTok3n9876"
+
+
+def test_env_values_are_masked_in_the_start_error_its_stderr_tail_and_the_log() -> None:
+    server = suite_stdio("--say-env", "SUITE_TOKEN", "--fail-start", env={"SUITE_TOKEN": ENV_SECRET})
+    with StderrLines(server) as lines:
+        with pytest.raises(MCPServerError) as info:
+            with server:
+                pass  # pragma: no cover
+        logged = lines.wait_for("SUITE_TOKEN=")
+    err = info.value
+    assert "SUITE_TOKEN=<redacted>" in err.stderr_tail and "SUITE_TOKEN=<redacted>" in str(err)
+    assert logged == "SUITE_TOKEN=<redacted>"
+    for text in (str(err), repr(err), err.stderr_tail, *lines.lines):
+        assert ENV_SECRET not in text
+
+
+def test_an_env_value_the_stderr_tail_cuts_in_its_line_is_masked_whole() -> None:
+    name = "SUITE_" + "T" * 488  # "NAME=value": the value straddles the tail's 500-character line
+    server = suite_stdio("--say-env", name, "--fail-start", env={name: ENV_SECRET})
+    with pytest.raises(MCPServerError) as info:
+        with server:
+            pass  # pragma: no cover
+    err = info.value
+    assert f"{name}=<redacted>" in err.stderr_tail
+    assert ENV_SECRET[:6] not in err.stderr_tail and ENV_SECRET[:6] not in str(err)
+
+
+def test_an_env_value_a_tool_returns_is_masked_in_events_and_the_run_record() -> None:
+    recorder = Recorder()
+    env = {"SUITE_TOKEN": ENV_SECRET, "PATH": os.environ["PATH"]}
+    with suite_stdio(env=env) as server:
+        client = ScriptedClient([call("env", name="SUITE_TOKEN"), reply("done")])
+        with BareLoop(client, server.tools()) as loop:
+            loop.register_observer(recorder)
+            run = loop.run("which token?")
+        assert _results(loop) == [("env", ENV_SECRET, False)]  # the model gets the tool's real answer
+        shown = json.dumps(run.to_dict()) + json.dumps([e.to_dict() for e in recorder.snapshot()])
+        assert ENV_SECRET not in shown and "<redacted>" in shown
+        assert redact(os.environ["PATH"]) == os.environ["PATH"]  # what the SDK passes anyway: not a secret
 
 
 def test_tools_on_a_server_that_never_starts_raises_and_calls_are_soft_errors() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -10,11 +11,11 @@ pytest.importorskip("mcp")
 pytest.importorskip("uvicorn")
 
 from mcp_servers.harness import WAIT, http_suite_server  # noqa: E402
-from support import error_chain  # noqa: E402
+from support import Recorder, error_chain  # noqa: E402
 
 from loopctl import BareLoop, Cancelled  # noqa: E402
 from loopctl.contrib.mcp import MCPServer, MCPServerError  # noqa: E402
-from loopctl.testing import ScriptedClient, call, reply  # noqa: E402
+from loopctl.testing import ScriptedClient, call, calls, reply  # noqa: E402
 
 
 def test_http_server_tools_calls_and_cancel() -> None:
@@ -66,3 +67,23 @@ def test_an_http_server_that_dies_mid_call_gives_soft_errors_naming_it() -> None
         # The next call tries to reconnect; nobody listens any more: a soft error naming the URL.
         again = server.call_tool("echo", {"text": "x"})
         assert again.is_error and url in again.text
+
+
+TEAM_TOKEN = "teamHdrValue5151"
+AUTH_TOKEN = "mcpHdrTok3n4242"
+
+
+def test_header_values_a_tool_returns_are_masked_in_events_and_the_run_record() -> None:
+    headers = {"X-Team": TEAM_TOKEN, "Authorization": f"Token {AUTH_TOKEN}"}
+    recorder = Recorder()
+    with http_suite_server() as url, MCPServer.http(url, headers=headers, name="suite-http") as server:
+        client = ScriptedClient([calls(("header", {"name": "x-team"}), ("header", {"name": "authorization"}),
+                                       ("header", {"name": "authorization", "credentials_only": True})),
+                                 reply("done")])
+        with BareLoop(client, server.tools()) as loop:
+            loop.register_observer(recorder)
+            run = loop.run("which headers?")
+        outputs = [r.output for m in loop.conversation() for r in m.tool_results]
+    assert outputs == [TEAM_TOKEN, f"Token {AUTH_TOKEN}", AUTH_TOKEN]  # the server really echoed them
+    shown = json.dumps(run.to_dict()) + json.dumps([e.to_dict() for e in recorder.snapshot()])
+    assert TEAM_TOKEN not in shown and AUTH_TOKEN not in shown and "<redacted>" in shown

@@ -12,6 +12,7 @@ stdout and stderr.
 
 from __future__ import annotations
 
+import base64
 import functools
 import io
 import json
@@ -22,6 +23,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 import pytest
+import requests
 from fakeserver import (
     Cut,
     FakeServer,
@@ -46,6 +48,9 @@ from loopctl.providers.base import StreamAccumulator, StreamAttemptReset, Stream
 KEY = "sk-SECRET-123"
 HEADER_VALUE = "hdr-SECRET-456"
 URL_PASSWORD = "pw-SECRET-789"
+# Credentials after an auth scheme, each its own (a value another case registered would be masked anyway).
+BEARER_TOKEN = "gwtok-SECRET-881"
+BASIC_PASSWORD = "basic-SECRET-772"
 SECRETS = ("SECRET",)  # every secret above carries this marker
 
 QUICK = dict(max_retries=0, rescue=False, base_delay=0.0, jitter=0.0)
@@ -106,6 +111,14 @@ CASES = [
     Case("400 body echoing a custom header value", extra_headers={"x-team-token": HEADER_VALUE}, in_cli=False,
          says="HTTP 400: bad team token <redacted>",
          script=lambda: [Reply(400, {"error": {"message": f"bad team token {HEADER_VALUE}"}})]),
+    Case("401 body echoing the token of a custom `Bearer` header", in_cli=False,
+         extra_headers={"cf-aig-authorization": f"Bearer {BEARER_TOKEN}"},
+         says="HTTP 401: gateway token <redacted> revoked",
+         script=lambda: [Reply(401, {"error": {"message": f"gateway token {BEARER_TOKEN} revoked"}})]),
+    Case("401 body echoing the password of a `Basic` header", in_cli=False,
+         extra_headers={"proxy-authorization": "Basic " + base64.b64encode(f"svc:{BASIC_PASSWORD}".encode()).decode()},
+         says="HTTP 401: wrong password <redacted>",
+         script=lambda: [Reply(401, {"error": {"message": f"wrong password {BASIC_PASSWORD}"}})]),
     Case("connection refused at a URL with credentials", url_password=True, dead_port=True,
          says="connection refused at http://"),
     Case("connection refused, a custom header", extra_headers={"x-team-token": HEADER_VALUE}, dead_port=True,
@@ -263,3 +276,53 @@ def test_no_secret_reaches_any_outlet(case: Case, server: FakeServer, caplog: py
 def test_the_table_covers_each_path_of_the_issue() -> None:
     assert len({c.name for c in CASES}) == len(CASES) >= 12
     assert all(c.says for c in CASES if c.fails), "every failing case names the error that proves its path"
+
+
+def test_a_model_echoing_the_token_of_a_header_credential_is_masked_in_events_and_the_run(
+        server: FakeServer) -> None:
+    token = "echo-SECRET-663"
+    server.push(Stream(openai_stream(f"your gateway token is {token}.", piece=3)))
+    client = OpenAIClient("m", api_key=KEY, base_url=server.openai_url,
+                          extra_headers={"cf-aig-authorization": f"Token {token}"})
+    recorder = Recorder()
+    with BareLoop(client, []) as loop:
+        loop.register_observer(recorder)
+        run = loop.run("hi")
+    assert run.output == "your gateway token is <redacted>."
+    assert_clean("Run.to_dict()", json.dumps(run.to_dict()))
+    for event in recorder.snapshot():
+        assert_clean(f"{type(event).__name__}.to_dict()", json.dumps(event.to_dict()))
+
+
+class RequestsClient:
+    """A user's own ``ModelClient`` over ``requests`` (the protocol, none of loopctl's clients)."""
+
+    model = "mine"
+
+    def __init__(self, url: str, key: str) -> None:
+        self.url = url
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {key}"
+
+    def complete(self, request: ModelRequest) -> Any:
+        reply = self.session.post(f"{self.url}/chat/completions", json={"model": self.model}, timeout=5)
+        reply.raise_for_status()
+        raise AssertionError("the server was scripted to refuse")
+
+    def stream(self, request: ModelRequest) -> Any:
+        return self.complete(request)
+
+
+def test_a_custom_clients_foreign_cause_keeps_no_object_holding_the_key(server: FakeServer) -> None:
+    server.push(Reply(401, {"error": {"message": "bad key"}}))
+    client = RequestsClient(server.openai_url, "own-SECRET-key-4242")
+    loop = BareLoop(client, [])
+    loop.set_stream_handler(StreamHandler(**QUICK))
+    loop.set_turn_mode("non_streaming")
+    with loop:
+        error = caught(lambda: loop.run("hi"))
+    assert_error_clean(error)  # a request's headers are reachable from the error no more
+    [foreign] = [e for e in error_chain(error) if isinstance(e, requests.HTTPError)]
+    assert "401" in str(foreign)  # the foreign cause is there, its text kept
+    assert foreign.request is None and foreign.response is None  # the objects that held the headers: gone
+    assert error.run is not None and getattr(error, "kind", None) == "transport"  # loopctl's own fields stay

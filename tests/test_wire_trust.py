@@ -176,6 +176,56 @@ def test_offending_arguments_are_cut_short_and_key_shapes_masked() -> None:
     assert "sk-live" not in part.invalid and len(part.invalid) < 400
 
 
+def test_a_registered_key_at_the_cut_of_a_quoted_argument_is_masked_whole(server: FakeServer) -> None:
+    key = "ZQ7trustmeVALUE42xx"  # the client's key; not key-shaped, so only its registration masks it
+
+    @tool
+    def pay(amount: int) -> str:
+        """Pay an amount in cents."""
+        return "paid"
+
+    broken = '{"amount": "' + "a" * 96 + key + '"'  # not JSON; the key straddles the 120-character quote
+    wrong_type = json.dumps({"amount": "x" * 20 + key})  # JSON of the wrong type; the key straddles the 40
+    server.push(Stream(openai_stream(tool_calls=[("c1", "pay", broken)])),
+                Stream(openai_stream(tool_calls=[("c2", "pay", wrong_type)])), Stream(openai_stream("ok")))
+    client = OpenAIClient("gpt-test", api_key=key, base_url=server.openai_url)
+    run, recorder = run_loop(client, StreamHandler(**FAST), tools=(pay,))
+    assert run.output == "ok"
+    results = [r["content"] for r in tool_results(server, 2)]
+    assert "invalid JSON arguments for tool 'pay'" in results[0] and "must be integer" in results[1]
+    shown = [json.dumps(run.to_dict()), *(json.dumps(e.to_dict()) for e in recorder.snapshot()), *results]
+    for text in shown:
+        assert key[:8] not in text
+
+
+TEAM_TOKEN = "teamTOKENvalue-77aa"  # a custom header's value: masked only because the client registered it
+
+
+@pytest.mark.parametrize(
+    ("reply", "cut"),
+    [
+        (Reply(401, {"error": {"message": "x" * 995 + TEAM_TOKEN}}), "the body's message, cut at 1000"),
+        (Reply(401, ("x" * 495 + TEAM_TOKEN).encode(), {"content-type": "text/plain"}), "a text body, cut at 500"),
+        (Stream([b"data: " + json.dumps(["x" * 190 + TEAM_TOKEN]).encode() + b"\n\n"]), "a chunk, cut at 200"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_secret_at_the_cut_of_a_quoted_server_text_is_masked_whole(server: FakeServer, reply: Any,
+                                                                    cut: str) -> None:
+    server.push(reply)
+    recorder = Recorder()
+    loop = BareLoop(oa(server, extra_headers={"x-team-token": TEAM_TOKEN}), [])
+    loop.set_stream_handler(StreamHandler(max_retries=0, rescue=False, **FAST))
+    loop.register_observer(recorder)
+    with loop, pytest.raises(ModelError) as info:
+        loop.run("hi")
+    shown = [str(info.value), json.dumps(info.value.run.to_dict()),  # type: ignore[attr-defined]
+             *(json.dumps(e.to_dict()) for e in recorder.snapshot())]
+    assert "<redacted>" in shown[0], cut
+    for text in shown:
+        assert TEAM_TOKEN[:8] not in text, cut
+
+
 def test_an_invalid_call_round_trips_through_to_dict() -> None:
     msg = Message(Role.ASSISTANT, (ToolCallPart("c", "add", {}, "invalid JSON arguments"),))
     assert Message.from_dict(json.loads(json.dumps(msg.to_dict()))) == msg

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import attrs
 
 from loopctl.output.spec import FINAL_TOOL, OutputSpec
-from loopctl.text import MAX_JSON_DEPTH, json_depth_exceeds
+from loopctl.text import MAX_JSON_DEPTH, json_depth_exceeds, masked_head
 from loopctl.tools.validation import problems
 
 #: Replies nested deeper than this are refused as answers (json's recursion is no judge).
@@ -51,7 +51,7 @@ def _strip_fence(text: str) -> str:
 
 
 def _short(text: str) -> str:
-    return text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+    return text if len(text) <= _SHOWN else masked_head(text, _SHOWN) + "..."
 
 
 def read_reply(spec: OutputSpec, text: str, truncated: bool = False) -> OutputReading:

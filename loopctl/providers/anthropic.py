@@ -63,6 +63,7 @@ from loopctl.providers.boundary import (
 from loopctl.providers.client import HTTPClientBase
 from loopctl.providers.http import DEFAULT_TIMEOUT, Timeout
 from loopctl.providers.sse import SSEEvent
+from loopctl.text import masked_head
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
@@ -117,7 +118,7 @@ def _error_event(payload: object, label: str) -> ModelError:
     if not isinstance(err, Mapping):
         err = {}
     etype = str(err.get("type") or "error")
-    msg = str(err.get("message") or etype)[:1000]
+    msg = masked_head(str(err.get("message") or etype), 1000)
     status, retryable, kind = _ERROR_TYPES.get(etype, (None, False, STATUS))
     if etype in ("invalid_request_error", "request_too_large") and is_context_overflow(None, msg):
         return overflow_error(f"{label}: context too long: {msg}", status)
@@ -137,7 +138,7 @@ class AnthropicStreamParser:
         """Stream events for one SSE event (see ``feed_checked`` for shape errors)."""
         data = parse_json(event.data, self._label, "stream event")
         if type(data) is not dict:
-            raise model_error(f"{self._label}: stream event is not a JSON object: {event.data[:200]!r}", kind=PROTOCOL)
+            raise model_error(f"{self._label}: stream event is not a JSON object: {masked_head(event.data, 200)!r}", kind=PROTOCOL)
         etype = data.get("type") or event.event
         if etype == "content_block_delta":
             idx = data.get("index", 0)

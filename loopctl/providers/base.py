@@ -40,8 +40,8 @@ from loopctl.providers.boundary import (
     json_depth_exceeds,
     loads_strict,
     parsed_value_problem,
-    redact_key_shapes,
 )
+from loopctl.text import masked_head
 
 # Part kinds of ``PartStart``; delta kinds add "tool_input" and "signature".
 TEXT = "text"
@@ -246,7 +246,7 @@ def token_count(value: object) -> int:
 
 
 def _quote(text: str) -> str:
-    shown = redact_key_shapes(text[:_SHOWN])
+    shown = masked_head(text, _SHOWN)  # masked, then cut: a key at the cut is never half shown
     more = f" ... ({len(text)} characters)" if len(text) > _SHOWN else ""
     return f"{shown!r}{more}"
 
@@ -258,7 +258,7 @@ def tool_call_part(call_id: str, name: str, arguments: object) -> ToolCallPart:
     value). Arguments that are not one JSON object (malformed, a list, nested
     deeper than ``MAX_JSON_DEPTH``) or a missing name give a part with
     ``input == {}`` and ``invalid`` saying what is wrong (the offending text
-    cut short, key-shaped strings masked): a soft error for the model to fix,
+    masked, then cut short): a soft error for the model to fix,
     never an exception.
     """
     name = name if isinstance(name, str) else ""
@@ -280,7 +280,7 @@ def tool_call_part(call_id: str, name: str, arguments: object) -> ToolCallPart:
     elif arguments is not None:
         data = arguments
         if not isinstance(data, dict):
-            problem = f"arguments for tool {name!r} are not a JSON object: {_quote(repr(arguments)[:_SHOWN])}"
+            problem = f"arguments for tool {name!r} are not a JSON object: {_quote(repr(arguments))}"
         else:
             unfit = parsed_value_problem(data)
             if unfit == TOO_DEEP:

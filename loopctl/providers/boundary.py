@@ -33,7 +33,7 @@ import urllib3
 
 from loopctl.errors import ConfigError, ContextOverflow, LoopError, ModelError
 from loopctl.providers.secrets import Secret, redact_key_shapes, url_credentials
-from loopctl.text import MAX_JSON_DEPTH, json_depth_exceeds
+from loopctl.text import MAX_JSON_DEPTH, json_depth_exceeds, masked_head
 
 ERROR_BODY_LIMIT = 8 * 1024
 RATE_LIMIT_STATUSES = frozenset((429, 503, 529))
@@ -79,7 +79,7 @@ def error_summary(err: BaseException) -> str:
     if summary:
         return str(summary)
     text = str(err).split("\n", 1)[0]
-    return text[:200] or type(err).__name__
+    return masked_head(text, 200) or type(err).__name__
 
 
 # -- the mapping of foreign exceptions -------------------------------------------
@@ -161,7 +161,7 @@ def map_exception(exc: BaseException, call: CallInfo, *, deadline_hit: bool = Fa
     if _has(chain, requests.exceptions.SSLError, ssl.SSLError, urllib3.exceptions.SSLError):
         reason = next((str(e) for e in chain if isinstance(e, ssl.SSLError)), "handshake failed")
         short = f"TLS error with {url}"
-        return model_error(f"{label}: {short}: {reason[:200]}", retryable=False, kind=TRANSPORT, summary=short)
+        return model_error(f"{label}: {short}: {masked_head(reason, 200)}", retryable=False, kind=TRANSPORT, summary=short)
     # Refused, DNS and reset first: urllib3's NewConnectionError is also a ConnectTimeoutError.
     if _has(chain, ConnectionRefusedError):
         short = f"connection refused at {url}"
@@ -248,7 +248,7 @@ def parse_json(text: str, label: str, what: str) -> object:
     except RecursionError:
         raise model_error(f"{label}: {what} is JSON nested too deeply to parse", kind=PROTOCOL) from None
     except ValueError as exc:
-        raise model_error(f"{label}: malformed JSON in {what}: {text[:200]!r}", kind=PROTOCOL) from exc
+        raise model_error(f"{label}: malformed JSON in {what}: {masked_head(text, 200)!r}", kind=PROTOCOL) from exc
 
 
 #: What ``parsed_value_problem`` finds.
@@ -335,18 +335,18 @@ def provider_message(body: bytes) -> str:
     try:
         data = json.loads(text)
     except (ValueError, RecursionError):
-        return text.strip()[:500]
+        return masked_head(text.strip(), 500)
     if isinstance(data, dict):
         err = data.get("error", data)
         if isinstance(err, dict):
             msg = err.get("message") or err.get("type")
             if msg:
-                return str(msg)[:1000]
+                return masked_head(str(msg), 1000)
         elif isinstance(err, str):
-            return err[:1000]
+            return masked_head(err, 1000)
         if isinstance(data.get("message"), str):
-            return str(data["message"])[:1000]
-    return text.strip()[:500]
+            return masked_head(str(data["message"]), 1000)
+    return masked_head(text.strip(), 500)
 
 
 _OVERFLOW = re.compile(

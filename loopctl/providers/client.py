@@ -39,6 +39,7 @@ from loopctl.providers.http import (
 from loopctl.providers.reader import StreamParser
 from loopctl.providers.secrets import header_secrets
 from loopctl.providers.sse_stream import SSEStream
+from loopctl.text import masked_head
 from loopctl.timeouts import required_seconds
 
 log = logging.getLogger("loopctl")
@@ -237,7 +238,7 @@ class HTTPClientBase:
             return self._redact_calls(self._response_from_json(data))
         except (AttributeError, TypeError, KeyError, IndexError) as exc:
             raise model_error(
-                f"{label}: response of an unexpected shape ({type(exc).__name__}: {str(exc)[:120]})", kind=PROTOCOL
+                f"{label}: response of an unexpected shape ({type(exc).__name__}: {masked_head(str(exc), 120)})", kind=PROTOCOL
             ) from exc
 
     def _redact_calls(self, response: ModelResponse) -> ModelResponse:

@@ -62,6 +62,7 @@ from loopctl.providers.boundary import (
 from loopctl.providers.client import HTTPClientBase
 from loopctl.providers.http import DEFAULT_TIMEOUT, Timeout
 from loopctl.providers.sse import DONE, SSEEvent
+from loopctl.text import masked_head
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -95,10 +96,10 @@ def _new_call_id() -> str:
 def _stream_error(payload: object, label: str) -> ModelError:
     err = payload.get("error") if isinstance(payload, Mapping) else None
     if isinstance(err, Mapping):
-        msg = str(err.get("message") or err.get("type") or err)[:1000]
+        msg = masked_head(str(err.get("message") or err.get("type") or err), 1000)
         etype = str(err.get("type") or err.get("code") or "")
     else:
-        msg, etype = str(err)[:1000], ""
+        msg, etype = masked_head(str(err), 1000), ""
     if "rate_limit" in etype or "overloaded" in etype:
         return model_error(
             f"{label}: rate limited mid-stream: {msg}", 429, True, kind=RATE_LIMIT, summary="rate limited (429)"
@@ -148,7 +149,7 @@ class OpenAIStreamParser:
             return self._end()
         chunk = parse_json(data, self._label, "stream chunk")
         if type(chunk) is not dict:
-            raise model_error(f"{self._label}: stream chunk is not a JSON object: {data[:200]!r}", kind=PROTOCOL)
+            raise model_error(f"{self._label}: stream chunk is not a JSON object: {masked_head(data, 200)!r}", kind=PROTOCOL)
         if chunk.get("error") and not chunk.get("choices"):  # "error": null is no error
             raise _stream_error(chunk, self._label)
         out: list[StreamEvent] = []

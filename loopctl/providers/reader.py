@@ -16,6 +16,7 @@ from typing import Protocol
 from loopctl.providers.base import StreamEvent
 from loopctl.providers.http import PROTOCOL, model_error
 from loopctl.providers.sse import MAX_LINE, SSEDecoder, SSEEvent
+from loopctl.text import masked_head
 
 
 class StreamParser(Protocol):
@@ -43,7 +44,7 @@ def feed_checked(parser: StreamParser, event: SSEEvent, label: str) -> list[Stre
         return parser.feed(event)
     except (AttributeError, TypeError, KeyError, IndexError) as exc:
         raise model_error(
-            f"{label}: unexpected stream chunk shape: {event.data[:200]!r}", kind=PROTOCOL
+            f"{label}: unexpected stream chunk shape: {masked_head(event.data, 200)!r}", kind=PROTOCOL
         ) from exc
 
 

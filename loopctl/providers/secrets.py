@@ -1,7 +1,8 @@
 """A client's secrets, registered with the one redaction every outlet goes through.
 
 ``Secret`` holds every credential a client was given (the key, header
-values that may authorise, URL credentials), registers every form each
+values that may authorise and their credentials after an auth scheme, URL
+credentials), registers every form each
 shows up in text (as is, stripped, escaped, percent-decoded) with
 ``loopctl.text.register_secrets`` (so no event, record, log or span of any
 run shows them) and masks them itself, plus anything shaped like an API
@@ -12,13 +13,14 @@ the locals of our frames, the tracebacks of foreign causes. Pure: no IO.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterable, Mapping
 from typing import Optional
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from loopctl.errors import scrub_error
-from loopctl.text import mask_spans, redact_key_shapes, register_secrets
+from loopctl.text import MIN_SECRET_CHARS, mask_spans, redact_key_shapes, register_secrets
 from loopctl.text import redact as _redact_everywhere
 
 
@@ -27,6 +29,18 @@ def _forms(value: str) -> set[str]:
     # JSON, percent-decoded (URL credentials).
     forms = {value, value.strip(), repr(value)[1:-1], json.dumps(value)[1:-1], unquote(value)}
     return {f for f in forms if len(f) >= 4}  # a 1-3 character "secret" would mask half the text
+
+
+def secret_forms(values: Iterable[Optional[str]]) -> tuple[str, ...]:
+    """Every form ``values`` show up in text (empty ones ignored), longest first.
+
+    Longest first, so a secret containing another is masked whole.
+    """
+    forms: set[str] = set()
+    for v in values:
+        if v:
+            forms |= _forms(str(v))
+    return tuple(sorted(forms, key=len, reverse=True))
 
 
 class Secret:
@@ -42,12 +56,7 @@ class Secret:
 
     def __init__(self, value: Optional[str], others: Iterable[Optional[str]] = ()) -> None:
         self._value = value or None
-        forms: set[str] = set()
-        for v in (value, *others):
-            if v:
-                forms |= _forms(str(v))
-        # Longest first, so a secret containing another is masked whole.
-        self._forms = tuple(sorted(forms, key=len, reverse=True))
+        self._forms = secret_forms((value, *others))
         register_secrets(self, self._forms)
 
     def reveal(self) -> Optional[str]:
@@ -83,8 +92,39 @@ PLAIN_HEADERS = frozenset(("accept", "accept-encoding", "content-type", "user-ag
 
 
 def header_secrets(headers: Mapping[str, str]) -> list[str]:
-    """The values of ``headers`` that may be credentials (all but the plain ones)."""
-    return [str(v) for k, v in headers.items() if str(k).lower() not in PLAIN_HEADERS]
+    """The values of ``headers`` that may be credentials (all but the plain ones), with their parts.
+
+    A value ``<scheme> <credentials>`` (``Bearer``, ``Basic``, ``Token``,
+    any scheme) is a secret whole and by its credentials: what follows the
+    scheme, each whitespace-separated token of it long enough to be a secret
+    (and a ``name=value`` parameter's value), and for ``Basic`` the decoded
+    ``user:password`` and its password; a server or a model echoing the
+    token alone is masked too.
+    """
+    out: list[str] = []
+    for k, v in headers.items():
+        if str(k).lower() not in PLAIN_HEADERS:
+            out += _credential_parts(str(v))
+    return out
+
+
+def _credential_parts(value: str) -> list[str]:
+    words = value.split(None, 1)
+    if len(words) < 2:
+        return [value]
+    scheme, rest = words[0], words[1].strip()
+    parts = [value, rest]
+    for token in rest.split():
+        token = token.strip(",;")
+        parts += (token, token.partition("=")[2].strip('"'))
+    if scheme.lower() == "basic":
+        try:
+            pair = base64.b64decode(rest, validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):  # binascii.Error is a ValueError
+            pair = ""
+        user, _, password = pair.partition(":")
+        parts += (pair, password, user)
+    return [value] + [p for p in parts[1:] if len(p) >= MIN_SECRET_CHARS]
 
 
 def url_credentials(url: str) -> tuple[str, list[str]]:
@@ -101,4 +141,4 @@ def url_credentials(url: str) -> tuple[str, list[str]]:
     return clean, [s for s in (parts.password, user) if s]
 
 
-__all__ = ["PLAIN_HEADERS", "Secret", "header_secrets", "redact_key_shapes", "url_credentials"]
+__all__ = ["PLAIN_HEADERS", "Secret", "header_secrets", "redact_key_shapes", "secret_forms", "url_credentials"]

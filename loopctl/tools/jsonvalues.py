@@ -8,7 +8,8 @@ multiple of ``0.1`` in JSON, and a schema's ``pattern`` is an ECMA-262
 regular expression in which ``$`` means the end of the text (Python's ``$``
 also matches before a final newline). Nothing here raises for a bad value;
 a bad *schema* raises ``SchemaFault``, which the validator turns into a
-refusal that says the schema is at fault.
+refusal that says the schema is at fault. ``show`` quotes a value in a
+message: bounded, and masked before it is cut.
 """
 
 from __future__ import annotations
@@ -22,9 +23,37 @@ from fractions import Fraction
 from typing import Any, Optional, Union
 from urllib.parse import unquote
 
+from loopctl.text import masked_head
+
 SchemaNode = Union[Mapping[str, Any], bool]
 
-_SHORT = reprlib.Repr()  # bounded work and text for any container
+class _MaskedRepr(reprlib.Repr):
+    """``reprlib``'s bounded repr, with every text masked before it is cut.
+
+    A key in a string the repr would cut (or in the repr of something else)
+    is masked whole, never shown in part; the frozen mappings and lists of
+    ``loopctl.frozen`` are shown as the dicts and lists they are.
+    """
+
+    def repr_str(self, x: str, level: int) -> str:
+        text = repr(masked_head(x, self.maxstring))
+        return text if len(x) <= self.maxstring else text + "..."
+
+    def repr_instance(self, x: object, level: int) -> str:
+        if isinstance(x, str):
+            return self.repr_str(x, level)
+        if isinstance(x, dict):
+            return self.repr_dict(x, level)
+        if isinstance(x, list):
+            return self.repr_list(x, level)
+        try:
+            text = repr(x)
+        except Exception:
+            return f"<{type(x).__name__} instance>"
+        return text if len(text) <= self.maxother else masked_head(text, self.maxother) + "..."
+
+
+_SHORT = _MaskedRepr()  # bounded work and text for any container
 _SHORT.maxlevel, _SHORT.maxdict, _SHORT.maxlist, _SHORT.maxtuple = 2, 4, 6, 6
 _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 40, 40, 40
 
@@ -230,14 +259,18 @@ def resolve(root: SchemaNode, ref: object) -> SchemaNode:
 
 
 def show(value: object, width: int = 40) -> str:
-    """``repr(value)`` cut to ``width`` characters (a message never echoes a large input)."""
+    """``repr(value)`` cut to ``width`` characters (a message never echoes a large input).
+
+    Texts are masked before they are cut, so a key the cut would split is
+    masked whole, never half shown.
+    """
     if isinstance(value, str):
-        text = repr(value[: width + 1])
+        text = repr(masked_head(value, width + 1))
     elif isinstance(value, (int, float, bool)) or value is None:
         text = repr(value) if not isinstance(value, int) or value.bit_length() < 200 else f"<a {value.bit_length()}-bit integer>"
     else:
         text = _SHORT.repr(dict(value) if isinstance(value, Mapping) else value)
-    return text if len(text) <= width else text[: width - 3] + "..."
+    return text if len(text) <= width else masked_head(text, width - 3) + "..."
 
 
 __all__ = [

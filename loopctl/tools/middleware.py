@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional
 import attrs
 
 from loopctl.errors import ConfigError
+from loopctl.text import whole_cut
 from loopctl.tools.base import ToolOutput
 from loopctl.tools.pipeline import DispatchContext, Next, ToolMiddleware
 from loopctl.tools.timeout import call_with_timeout
@@ -201,12 +202,16 @@ TRUNCATED = "\n[truncated]"
 
 
 def truncate(text: str, max_chars: int) -> str:
-    """Keep the head of ``text`` so that it plus ``\\n[truncated]`` fits ``max_chars``."""
+    """Keep the head of ``text`` so that it plus ``\\n[truncated]`` fits ``max_chars``.
+
+    The cut never splits a key (``whole_cut``): the head would keep part
+    of it, which no outlet's mask could recognise.
+    """
     if max_chars <= 0 or len(text) <= max_chars:
         return text
     if max_chars < len(TRUNCATED):  # no room for the marker: the head alone
-        return text[:max_chars]
-    return text[: max_chars - len(TRUNCATED)] + TRUNCATED
+        return text[: whole_cut(text, max_chars)]
+    return text[: whole_cut(text, max_chars - len(TRUNCATED))] + TRUNCATED
 
 
 class OutputLimitMiddleware(ToolMiddleware):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
+from loopctl.text import masked_head
 from loopctl.tools.jsonvalues import (
     JSON_TYPES,
     SchemaFault,
@@ -83,7 +84,7 @@ def label(path: str) -> str:
 
 def named(path: str) -> str:
     """``'a.b'``, a long path cut to 120 characters (a key of the input may be megabytes)."""
-    return f"'{path if len(path) <= 120 else path[:117] + '...'}'"
+    return f"'{path if len(path) <= 120 else masked_head(path, 117) + '...'}'"
 
 
 def join(path: str, key: object) -> str:
@@ -153,7 +154,7 @@ class Walk:
                 exc.where = path
             raise
         except (TypeError, ValueError, AttributeError, KeyError, IndexError) as exc:  # a keyword's value is nonsense
-            fault = SchemaFault(f"{type(exc).__name__}: {str(exc)[:120]}")
+            fault = SchemaFault(f"{type(exc).__name__}: {masked_head(str(exc), 120)}")
             fault.where = path
             raise fault from None
         finally:

@@ -14,12 +14,15 @@ default). Its tools:
 - ``fail(reason)``: an ``isError`` result;
 - ``image()``: a text block and a 1x1 PNG image block;
 - ``grow()``: registers tool ``late`` and sends ``tools/list_changed``;
-- ``pid()``: the process id (a restart changes it).
+- ``pid()``: the process id (a restart changes it);
+- ``env(name)``: an environment variable's value (a server echoing a secret);
+- ``header(name, credentials_only=False)``: an HTTP request header's value,
+  or only its part after the auth scheme (over HTTP; "" over stdio).
 
 ``--http-fd FD`` serves streamable HTTP (uvicorn) at ``/mcp`` on a listening
 socket the test bound to 127.0.0.1 and passed down (no port race).
 ``--fail-start`` writes a config error to stderr and exits 2 before
-speaking MCP.
+speaking MCP. ``--say-env NAME`` first writes ``NAME=<its value>`` to stderr.
 """
 
 from __future__ import annotations
@@ -116,12 +119,27 @@ def pid() -> int:
     return os.getpid()
 
 
+@server.tool(description="An environment variable's value.")
+def env(name: str) -> str:
+    return os.environ.get(name, "")
+
+
+@server.tool(description="An HTTP request header's value, or only its credentials after the auth scheme.")
+def header(name: str, ctx: Context, credentials_only: bool = False) -> str:
+    request = ctx.request_context.request
+    value = request.headers.get(name, "") if request is not None else ""
+    return value.split(None, 1)[-1] if credentials_only else value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--fail-start", action="store_true")
+    parser.add_argument("--say-env", default=None, help="write NAME=<value> to stderr first")
     parser.add_argument("--http-fd", type=int, default=None,
                         help="serve streamable HTTP on this inherited, listening socket")
     args = parser.parse_args()
+    if args.say_env:
+        say(f"{args.say_env}={os.environ.get(args.say_env, '')}")
     if args.fail_start:
         say("suite_server: reading config")
         say("boom: cannot open /nonexistent/suite.toml")

@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from loopctl.approvals import ApprovalDecision, PendingApproval
 from loopctl.errors import LoopError
 from loopctl.events import ApprovalRequested, ApprovalResolved, Event
+from loopctl.text import masked_head
 
 from .redis import RedisBackend, RegistryUnavailable, dumps
 
@@ -89,7 +90,7 @@ def answer_here(backend: RedisBackend, handle: Any, raw: str) -> None:
         req = json.loads(raw)
         reply = str(req["reply"])
     except (ValueError, KeyError, TypeError):
-        log.error("run: dropped a malformed approval answer %r", raw[:80])
+        log.error("run: dropped a malformed approval answer %r", masked_head(raw, 80))
         return
     try:
         by = req.get("by")
@@ -241,7 +242,7 @@ def read_pending(backend: RedisBackend, run_id: str) -> List[PendingApproval]:
         try:
             out.append(PendingApproval.from_dict(json.loads(text)))
         except (ValueError, KeyError, TypeError, LoopError):
-            log.error("run %s: skipped a malformed pending approval %r", run_id, text[:80])
+            log.error("run %s: skipped a malformed pending approval %r", run_id, masked_head(text, 80))
     out.sort(key=lambda p: p.requested_at)
     return out
 

@@ -25,6 +25,7 @@ from loopctl.driver.handle import RunHandle
 from loopctl.driver.signals import Steering
 from loopctl.errors import LoopError
 from loopctl.messages import Message
+from loopctl.text import masked_head
 
 from .approvals import answer_here
 from .redis import RedisBackend, RegistryUnavailable
@@ -322,7 +323,7 @@ class Bridge:
             try:
                 steers.append(steer_from_json(text))
             except (ValueError, LoopError):
-                log.error("run %s: dropped a malformed steer %r", self._run_id, text[:80])
+                log.error("run %s: dropped a malformed steer %r", self._run_id, masked_head(text, 80))
                 steers.append(None)  # taken all the same: a resumed run must not read it again
         feed.deliver(steers)
 

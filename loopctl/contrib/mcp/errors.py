@@ -3,7 +3,8 @@
 A server that cannot be started or reached raises ``MCPServerError`` (a
 ``LoopError``) naming the server (its command, or its URL without
 credentials) and, for a stdio server, the tail of what it wrote to stderr.
-Environment values and HTTP header values are never part of a message.
+Environment values and HTTP header values are never part of a message nor
+of the stderr tail: the server registers them as secrets, masked here.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Optional
 from urllib.parse import urlsplit, urlunsplit
 
 from loopctl.errors import LoopError
+from loopctl.text import masked_head, redact
 
 _GROUP: tuple[type[BaseException], ...] = ()
 if sys.version_info >= (3, 11):
@@ -37,9 +39,9 @@ class MCPServerError(LoopError):
 
     def __init__(self, message: str, server: str, stderr_tail: str = "") -> None:
         self.server = server
-        self.stderr_tail = stderr_tail
+        self.stderr_tail = redact(stderr_tail)  # the server's own words: untrusted, masked like the message
         if stderr_tail:
-            message += "\nserver stderr (last lines):\n" + _indent(stderr_tail)
+            message += "\nserver stderr (last lines):\n" + _indent(self.stderr_tail)
         super().__init__(message)
 
 
@@ -59,7 +61,7 @@ def describe_exception(exc: BaseException) -> str:
     leaf = root_cause(exc)
     text = " ".join(str(leaf).split())
     name = type(leaf).__name__
-    return f"{name}: {text[:300]}" if text else name
+    return f"{name}: {masked_head(text, 300)}" if text else name
 
 
 def safe_url(url: str) -> str:

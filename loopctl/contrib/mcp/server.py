@@ -15,6 +15,9 @@ cancel signal, whichever comes first. Rules it keeps:
   at most ``max_restarts`` times in a row without a successful call.
 - A server that cannot start fails ``connect()`` / ``__enter__`` /
   ``tools()`` with ``MCPServerError`` naming the command and its stderr tail.
+- The values of ``env`` and ``headers`` are registered secrets while the
+  server lives: a server echoing one (stderr, a result, an error) shows
+  ``<redacted>`` at every outlet.
 - A ``notifications/tools/list_changed`` marks the listing stale;
   ``tools()`` re-reads it then (and after a reconnect).
 """
@@ -45,7 +48,8 @@ from loopctl.contrib.mcp.loop_thread import LoopThread
 from loopctl.contrib.mcp.naming import claimable, register_tools
 from loopctl.contrib.mcp.tool import MCPTool
 from loopctl.contrib.mcp.transports import Spec, StdioSpec, http_spec, stdio_spec
-from loopctl.text import install_log_filter
+from loopctl.providers.secrets import secret_forms
+from loopctl.text import install_log_filter, register_secrets
 from loopctl.timeouts import bounded, required_seconds, seconds
 from loopctl.tools.base import ToolContext, ToolOutput
 from loopctl.tools.registry import ToolRegistry
@@ -99,6 +103,9 @@ class MCPServer:
         if not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
         self.spec = spec
+        # The values of ``env`` and ``headers``, masked at every outlet (errors,
+        # the stderr log and tail, events, records) for as long as this server lives.
+        register_secrets(self, secret_forms(spec.secrets()))
         self.name = name or spec.label()
         self.description = spec.describe()
         self.start_timeout = start_timeout

@@ -18,6 +18,8 @@ import logging
 import os
 from typing import Optional, TextIO
 
+from loopctl.text import masked_head
+
 #: Lines kept for error messages, and the length each is cut to.
 TAIL_LINES = 20
 LINE_CHARS = 500
@@ -74,7 +76,7 @@ class StderrSink:
         text = raw.decode("utf-8", errors="replace").rstrip("\r")
         if not text.strip():
             return
-        self._tail.append(text[:LINE_CHARS])
+        self._tail.append(masked_head(text, LINE_CHARS))  # masked, then cut: a key at the cut stays whole
         self._logger.info("%s", text)
 
     def _finish(self) -> None:

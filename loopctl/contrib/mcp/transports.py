@@ -4,7 +4,8 @@ Each spec knows how to describe itself for messages (``describe()``: the
 command line, or the URL without credentials) and how to open its
 transport on an ``AsyncExitStack`` (the SDK's ``stdio_client`` or
 ``streamable_http_client``). Values of ``env`` and ``headers`` never appear
-in a description or a repr.
+in a description or a repr, and ``secrets()`` names them for the one
+redaction every outlet goes through (the facade registers them).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import attrs
 
 from loopctl.contrib.mcp.errors import safe_url
 from loopctl.contrib.mcp.stderr import StderrSink
+from loopctl.providers.secrets import header_secrets
 
 #: Connect/write timeout and the (long) read timeout of the HTTP client, seconds.
 HTTP_TIMEOUT_S = 30.0
@@ -45,6 +47,20 @@ class StdioSpec:
     def label(self) -> str:
         """A short name: the command's base name."""
         return Path(self.command).name or "stdio"
+
+    def secrets(self) -> list[str]:
+        """The values given in ``env``, but for those the SDK passes the server anyway.
+
+        The SDK gives every server a few variables of this process (``PATH``,
+        ``HOME``, ...); the same value given again in ``env`` is that, not a
+        secret (masking it would hide every path under the home directory).
+        """
+        if not self.env:
+            return []
+        from mcp.client.stdio import get_default_environment
+
+        inherited = get_default_environment()
+        return [str(v) for k, v in self.env.items() if inherited.get(k) != v]
 
     async def open(self, stack: AsyncExitStack, stderr: Optional[StderrSink]) -> Any:
         """Spawn the process; its (read, write) streams."""
@@ -78,6 +94,10 @@ class HttpSpec:
     def label(self) -> str:
         """A short name: the URL's host."""
         return safe_url(self.url).split("://", 1)[-1].split("/", 1)[0] or "http"
+
+    def secrets(self) -> list[str]:
+        """The header values that may authorise (all but the plain ones, like ``Accept``)."""
+        return header_secrets(self.headers or {})
 
     async def open(self, stack: AsyncExitStack, stderr: Optional[StderrSink]) -> Any:
         """Open the HTTP client and the transport; the (read, write) streams."""
