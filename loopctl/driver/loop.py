@@ -28,6 +28,7 @@ from loopctl.driver.checkpoint import Checkpoint, DurableRun, ResumePoint
 from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import CURRENT_RUN, RunContext, RunHandle
 from loopctl.driver.run import RunDriver
+from loopctl.driver.run_thread import RunThread
 from loopctl.driver.session_link import SessionLink
 from loopctl.driver.signals import RunSteering
 from loopctl.driver.subagent import SubagentTool
@@ -37,7 +38,6 @@ from loopctl.errors import (
     LoopBusy,
     LoopError,
     MaxTurnsExceeded,
-    release_frames,
 )
 from loopctl.events import Event
 from loopctl.machine import Completed, Failed, MaxTurnsReached
@@ -65,34 +65,6 @@ def _run_config(input: object, config: Optional[RunConfig], output_type: object)
     if output_type is not None:
         config = attrs.evolve(config, output_type=output_type)
     return config
-
-
-class RunThread(threading.Thread):
-    """A run's thread: the body, in the run's copied context.
-
-    A subclass rather than ``target=ctx.run, args=(...)``: the bound method
-    and the args tuple would be two more objects per run in flight.
-    """
-
-    def __init__(self, rc: RunContext, name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self._rc: Optional[RunContext] = rc
-
-    def run(self) -> None:
-        rc = self._rc
-        self._rc = None
-        assert rc is not None and rc.context is not None
-        try:
-            # The plain function and its argument, not ``rc.driver.body``: a
-            # bound method would be one more object for as long as the run lasts.
-            rc.context.run(RunDriver.body, rc.driver)
-        finally:
-            # The run is over (or its takeover finalized it): drop the
-            # context <-> driver cycle and the locals its error's traceback
-            # holds, so refcounting frees the run at once.
-            rc.driver = None
-            release_frames(rc.error)
-            del rc  # this frame keeps no reference to the ended run
 
 
 class BareLoop(LoopSetup):
