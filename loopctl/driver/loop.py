@@ -29,7 +29,7 @@ from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import CURRENT_RUN, RunContext, RunHandle
 from loopctl.driver.run import RunDriver
 from loopctl.driver.run_thread import RunThread
-from loopctl.driver.session_link import SessionLink
+from loopctl.driver.session_link import SessionLink, link_for_start
 from loopctl.driver.signals import RunSteering
 from loopctl.driver.subagent import SubagentTool
 from loopctl.errors import (
@@ -179,6 +179,7 @@ class BareLoop(LoopSetup):
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
         output_type: object = None,
+        session: Optional[Session] = None,
     ) -> RunHandle:
         """Start the run on a named worker thread and return its handle.
 
@@ -190,14 +191,21 @@ class BareLoop(LoopSetup):
             resume: continue a run from a checkpoint instead of starting it
                 (``on_run_resumed`` in place of ``on_run_start``).
             output_type: ask for a typed answer (sets ``config.output_type``).
+            session: keep the conversation in this stored session from this
+                run on, as ``with_session`` does, but only if the run starts:
+                a refused start leaves the loop as it was (used by
+                ``RunRegistry``). A loop that keeps it already continues it.
 
         Raises:
-            ConfigError: the ``output_type`` is not supported (nothing is sent).
+            ConfigError: the ``output_type`` is not supported (nothing is
+                sent), or the loop keeps another session.
             LoopBusy: a run is already in flight on this loop.
+            SessionBusy, KeyError: the session is held by another run, or
+                belongs to another owner (the loop is left as it was).
         """
         rc = self._launch(
             input, config, run_id, waiter=False, tap=tap, checkpoint=checkpoint, resume=resume,
-            output_type=output_type,
+            output_type=output_type, session=session,
         )
         return RunHandle(rc, self)
 
@@ -211,31 +219,39 @@ class BareLoop(LoopSetup):
         checkpoint: Optional[Callable[[Checkpoint], None]] = None,
         resume: Optional[ResumePoint] = None,
         output_type: object = None,
+        session: Optional[Session] = None,
     ) -> RunContext:
         config = _run_config(input, config, output_type)
         check = answer_check(config, self._parts.client, self._parts.tools.name_set())
         rid = run_id if run_id is not None else uuid.uuid4().hex
         durable = checkpoint is not None or resume is not None
-        rc = self._admit(Run(id=rid, input=input, config=config), waiter, durable)
+        rc = self._admit(Run(id=rid, input=input, config=config), waiter, durable, session)
         rc.lock.acquire()  # the body's fence: released only while it blocks
         steering = self._equip(rc, tap, check, checkpoint, resume)
         self._spawn(rc, steering)
         return rc
 
-    def _admit(self, run: Run, waiter: bool, durable: bool) -> RunContext:
-        """The run becomes the loop's run in flight (or ``LoopBusy``/``LoopError``, nothing changed)."""
+    def _admit(self, run: Run, waiter: bool, durable: bool, session: Optional[Session] = None) -> RunContext:
+        """The run becomes the loop's run in flight (or ``LoopBusy``/``LoopError``, nothing changed).
+
+        A ``session`` named here becomes the loop's only with the run: a
+        start refused at any step (busy, ``SessionBusy``, another owner's
+        session) leaves the loop without it.
+        """
         with self._busy:
             if self._closed:
                 raise LoopError("this loop is closed")
             if self._active is not None:
                 raise LoopBusy(f"a run ({self._active.run.id}) is already in flight on this loop")
-            if self._link is not None:
+            link = self._link if session is None else link_for_start(self._link, session, self._started)
+            if link is not None:
                 # Under the busy lock: the lease is taken and the history caught
                 # up only when no run is in flight here (SessionBusy: nothing changed).
                 # A durable run's lease is named by its run id, so the run,
                 # resumed elsewhere after a crash, takes its lapsed lease back.
-                self._link.open(self._machine, run.id if durable else None)
+                link.open(self._machine, run.id if durable else None)
             rc = RunContext(run, self._cancel.view(), waiter)
+            self._link = link
             self._active = rc
             self._started = True
             self._last_config = run.config
