@@ -32,6 +32,7 @@ from loopctl.driver.run_thread import RunThread
 from loopctl.driver.session_link import SessionLink, link_for_start
 from loopctl.driver.signals import RunSteering
 from loopctl.driver.subagent import SubagentTool
+from loopctl.driver.subagent_runs import admit
 from loopctl.errors import (
     Cancelled,
     ConfigError,
@@ -251,6 +252,12 @@ class BareLoop(LoopSetup):
                 # resumed elsewhere after a crash, takes its lapsed lease back.
                 link.open(self._machine, run.id if durable else None)
             rc = RunContext(run, self._cancel.view(), waiter)
+            if not admit(rc):
+                # A sub-agent run whose caller was cancelled while this start
+                # waited (for the store, say): it never begins, nothing is written.
+                if link is not None:
+                    link.close()
+                raise Cancelled("the calling run was cancelled before this sub-agent run started")
             self._link = link
             self._active = rc
             self._started = True
