@@ -249,6 +249,60 @@ class OwnEnd(Recorder):
             self.own_end.set()
 
 
+class SlowToolPre(Observer):
+    """The sub-agent loop's own observer (a log shipper, say), blocked in ``on_tool_pre`` until released."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def on_tool_pre(self, event: Any) -> None:
+        self.inside.set()
+        self.release.wait(WAIT)
+
+
+class SubDone(Observer):
+    """Registered after ``as_tool``: its ``on_run_end`` comes after the forwarder has handed the run's events on."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def on_run_end(self, event: RunEnd) -> None:
+        self.done.set()
+
+
+def test_no_subagent_event_reaches_the_parents_observers_after_its_run_end() -> None:
+    """Cancelled while the sub-agent's own observer holds its events back; they come up after the parent ended."""
+    waiter = Waiter()
+    slow, sub_done = SlowToolPre(), SubDone()
+    sub = BareLoop(ScriptedClient([call("wait_here")]), tools=[waiter.tool])
+    sub.with_observer(slow)
+    parent = BareLoop(ScriptedClient([call("sub", task="t")]), tools=[sub.as_tool("sub", "s")])
+    sub.with_observer(sub_done)
+    seen = OwnEnd()
+    parent.with_observer(seen)
+    handle = parent.start("go")
+    assert slow.inside.wait(WAIT)
+    handle.cancel("stop")
+    with pytest.raises(Cancelled):
+        handle.result(WAIT)
+    assert seen.own_end.wait(WAIT)  # the parent's on_run_end was delivered
+    with seen.lock:
+        at_end = len(seen.events)
+    slow.release.set()  # the sub-agent's held-back events now go on to the forwarder
+    assert sub_done.done.wait(WAIT)
+    join_loop_threads(sub)
+    for t in threading.enumerate():  # a delivery thread the takeovers handed events to
+        if t.name.startswith("loopctl-events-"):
+            t.join(WAIT)
+    with seen.lock:
+        late = [(type(e).__name__, e.subagent) for e in seen.events[at_end:]]
+        last = seen.events[-1]
+    assert late == []
+    assert isinstance(last, RunEnd) and last.subagent == "" and last.run_id == handle.run_id
+    assert any(getattr(e, "subagent", "") == "sub" for e in seen.events)  # in-order sub-agent events came
+
+
 def release_after(barrier: threading.Barrier, gate: GatedReply) -> None:
     barrier.wait()
     gate.release.set()
