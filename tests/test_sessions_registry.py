@@ -13,7 +13,7 @@ from typing import List
 
 import pytest
 
-from loopctl import BareLoop, ConfigError, Message, RunRegistry, SessionBusy, tool
+from loopctl import BareLoop, ConfigError, LoopBusy, Message, RunRegistry, SessionBusy, tool
 from loopctl.sessions import SQLiteSessionStore
 from loopctl.testing import ScriptedClient, call, reply
 
@@ -104,4 +104,61 @@ def test_5_a_reload_finds_the_run_in_flight_on_its_session_and_a_second_start_is
         reg.result(rid, 10, owner="u")
         assert reg.run_on_session("s", owner="u") is None
     assert texts(store.session("s", owner="u").messages())[-1] == "assistant:done"
+    store.close()
+
+
+@pytest.mark.parametrize("refusal", ["max_active", "session_busy", "another_owner"])
+def test_5_a_refused_start_leaves_the_loop_without_the_session(tmp_path: Path, refusal: str) -> None:
+    store = SQLiteSessionStore(tmp_path / "s.db")
+    lease = store.session("conv-A", owner="alice").acquire()  # conv-A exists: alice's, one message
+    lease.append([Message.user("stored")])
+    lease.release()
+    entered, go = threading.Event(), threading.Event()
+
+    @tool
+    def gate() -> str:
+        """Waits for the test."""
+        entered.set()
+        go.wait(10)
+        return "ok"
+
+    holder = BareLoop(ScriptedClient([call("gate"), reply("held")]), [gate])
+    client = ScriptedClient([reply("answer in B")])
+    loop = BareLoop(client)
+    owner = "mallory" if refusal == "another_owner" else "alice"
+    with RunRegistry(max_active=1 if refusal == "max_active" else 8, session_store=store) as reg:
+        # max_active: any run in flight; session_busy: a run on conv-A itself.
+        held = reg.start(holder, "hold", session_id="conv-A" if refusal == "session_busy" else None, owner="alice")
+        assert entered.wait(10)
+        expected = {"max_active": LoopBusy, "session_busy": SessionBusy, "another_owner": KeyError}[refusal]
+        with pytest.raises(expected):
+            reg.start(loop, "hi", session_id="conv-A", owner=owner)
+        go.set()
+        reg.result(held, 10, owner="alice")
+
+        assert loop.stored_session is None  # the refused start changed nothing
+        # So the loop may still take another session (a loop that kept conv-A would refuse).
+        rid = reg.start(loop, "to B", session_id="conv-B", owner=owner)
+        assert reg.result(rid, 10, owner=owner).output == "answer in B"
+    assert texts(store.session("conv-A", owner="alice").messages())[0] == "user:stored"
+    assert "user:to B" not in texts(store.session("conv-A", owner="alice").messages())
+    assert texts(store.session("conv-B", owner=owner).messages()) == ["user:to B", "assistant:answer in B"]
+    assert texts(list(client.requests[0].messages)) == ["user:to B"]  # nothing of conv-A was loaded
+    store.close()
+
+
+def test_5_a_refused_start_leaves_the_loop_free_to_run_without_a_session(tmp_path: Path) -> None:
+    store = SQLiteSessionStore(tmp_path / "s.db")
+    lease = store.session("conv-A").acquire()  # another run holds conv-A
+    try:
+        loop = BareLoop(ScriptedClient([reply("plain answer")]))
+        with RunRegistry(session_store=store) as reg:
+            with pytest.raises(SessionBusy):
+                reg.start(loop, "hi", session_id="conv-A")
+            assert loop.stored_session is None
+            rid = reg.start(loop, "no session here")
+            assert reg.result(rid, 10).output == "plain answer"
+    finally:
+        lease.release()
+    assert store.session("conv-A").messages() == []  # the plain run wrote nothing there
     store.close()

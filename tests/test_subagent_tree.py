@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any, Optional
 
 import pytest
-from support import WAIT, GatedReply, Recorder, run_in_thread
+from support import WAIT, GatedReply, Recorder, join_loop_threads, run_in_thread
 
 from loopctl import BareLoop, Cancelled, ConfigError, RunRegistry, ToolContext, tool
 from loopctl.observers import ApprovalRequested, Observer, RunEnd
+from loopctl.sessions import SQLiteSessionStore
+from loopctl.sessions.base import Session
 from loopctl.testing import ScriptedClient, call, calls, reply
 
 CANCEL_BOUND_S = 0.1
@@ -158,6 +162,60 @@ def test_a_cancel_is_not_held_by_a_subagent_blocked_in_user_code_at_its_own_end(
         assert leaf.session.runs[-1].output == "found it"  # it completed on its own account
 
 
+class ReportingSession(Session):
+    """A real session that reports when a run's start reaches the store for its lease."""
+
+    def __init__(self, store: Any, session_id: str) -> None:
+        super().__init__(store, session_id, None)
+        self.acquiring = threading.Event()
+
+    def acquire(self, holder: Optional[str] = None) -> Any:
+        self.acquiring.set()
+        return super().acquire(holder)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_cancel_stops_a_subagent_whose_start_waits_for_its_session_store(tmp_path: Path, depth: int) -> None:
+    """The leaf's start is blocked opening its session (another writer holds the SQLite file's lock)."""
+    db = tmp_path / "s.db"
+    store = SQLiteSessionStore(db)
+    session = ReportingSession(store, "leaf-conv")
+    leaf_client = ScriptedClient([reply("leaf answer"), reply("later")])
+    leaf = BareLoop(leaf_client).with_session(session)
+    loops = [leaf]
+    for level in range(depth, 0, -1):
+        below = loops[0]
+        tool_ = below.as_tool(f"level{level}", "delegates", keep_history=below is leaf)
+        loops.insert(0, BareLoop(ScriptedClient([call(f"level{level}", task="t"), reply("again")]), tools=[tool_]))
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another writer (another process, say) holds the write lock
+    try:
+        handle = loops[0].start("go")
+        assert session.acquiring.wait(WAIT)
+        t0 = time.perf_counter()
+        assert handle.cancel("stop")
+        with pytest.raises(Cancelled):
+            handle.result(WAIT)
+        elapsed = time.perf_counter() - t0
+    finally:
+        other.execute("ROLLBACK")  # the store answers the blocked start only now, after the cancel
+        other.close()
+    # The thread that waited in the store (the body of the run that called the
+    # leaf) exits once the store answers: the leaf's start is refused there.
+    for loop in loops[:-1]:
+        join_loop_threads(loop)
+    assert elapsed < CANCEL_BOUND_S * 5, elapsed  # not the settling wait (a second)
+    for loop in loops[:-1]:
+        assert isinstance(last_error(loop), Cancelled)
+    assert leaf_client.requests == []  # the leaf's run never began: no model call ...
+    assert leaf.session.runs == []
+    assert store.session("leaf-conv").messages() == []  # ... and nothing written
+    assert not any(loop.is_running for loop in loops)
+    assert leaf.run("again").output == "leaf answer"  # the leaf's loop and lease are free
+    assert [m.text for m in store.session("leaf-conv").messages()] == ["again", "leaf answer"]
+    store.close()
+
+
 def test_a_cancel_through_the_registry_stops_the_tree_and_its_stream_ends_last() -> None:
     with RunRegistry() as reg:
         for _ in range(20):
@@ -189,6 +247,60 @@ class OwnEnd(Recorder):
         super()._record(event)
         if isinstance(event, RunEnd) and not event.subagent:
             self.own_end.set()
+
+
+class SlowToolPre(Observer):
+    """The sub-agent loop's own observer (a log shipper, say), blocked in ``on_tool_pre`` until released."""
+
+    def __init__(self) -> None:
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def on_tool_pre(self, event: Any) -> None:
+        self.inside.set()
+        self.release.wait(WAIT)
+
+
+class SubDone(Observer):
+    """Registered after ``as_tool``: its ``on_run_end`` comes after the forwarder has handed the run's events on."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def on_run_end(self, event: RunEnd) -> None:
+        self.done.set()
+
+
+def test_no_subagent_event_reaches_the_parents_observers_after_its_run_end() -> None:
+    """Cancelled while the sub-agent's own observer holds its events back; they come up after the parent ended."""
+    waiter = Waiter()
+    slow, sub_done = SlowToolPre(), SubDone()
+    sub = BareLoop(ScriptedClient([call("wait_here")]), tools=[waiter.tool])
+    sub.with_observer(slow)
+    parent = BareLoop(ScriptedClient([call("sub", task="t")]), tools=[sub.as_tool("sub", "s")])
+    sub.with_observer(sub_done)
+    seen = OwnEnd()
+    parent.with_observer(seen)
+    handle = parent.start("go")
+    assert slow.inside.wait(WAIT)
+    handle.cancel("stop")
+    with pytest.raises(Cancelled):
+        handle.result(WAIT)
+    assert seen.own_end.wait(WAIT)  # the parent's on_run_end was delivered
+    with seen.lock:
+        at_end = len(seen.events)
+    slow.release.set()  # the sub-agent's held-back events now go on to the forwarder
+    assert sub_done.done.wait(WAIT)
+    join_loop_threads(sub)
+    for t in threading.enumerate():  # a delivery thread the takeovers handed events to
+        if t.name.startswith("loopctl-events-"):
+            t.join(WAIT)
+    with seen.lock:
+        late = [(type(e).__name__, e.subagent) for e in seen.events[at_end:]]
+        last = seen.events[-1]
+    assert late == []
+    assert isinstance(last, RunEnd) and last.subagent == "" and last.run_id == handle.run_id
+    assert any(getattr(e, "subagent", "") == "sub" for e in seen.events)  # in-order sub-agent events came
 
 
 def release_after(barrier: threading.Barrier, gate: GatedReply) -> None:

@@ -254,6 +254,7 @@ class RunEvents:
         "handoff",
         "open_phase",
         "run_id",
+        "sealed",
         "session_id",
         "tap",
         "text_sink",
@@ -274,6 +275,7 @@ class RunEvents:
         self.tap = tap
         self.fence = fence
         self.handoff = False
+        self.sealed = False  # set in delivery order just before on_run_end (``run_end``)
         self.window = window
         self.open_phase: Optional[Phase] = None
         self._masks: dict[tuple[type[Event], int, str, str], StreamMask] = {}  # one per delta stream
@@ -378,12 +380,20 @@ class RunEvents:
         duration_ms: float,
         error_type: Optional[str] = None,
     ) -> None:
-        """The run's last event: the run-end hooks, then ``RunEnd`` to observers."""
+        """The run's last event: the run-end hooks, then ``RunEnd`` to observers (the run sealed first).
+
+        Sealed in delivery order: a sub-agent's event forwarded later is dropped.
+        """
         hooks = self.emitter.hooks
         if hooks is not None and hooks.hooks:
             ctx = RunHookContext(self.session_id, self.run_id, input)
             self.emitter.deliver(lambda c: hooks.run_end(c, success, error), ctx, self.fence, self.handoff)
+        if self._observed:
+            self.emitter.deliver(self._seal, None, self.fence, self.handoff)
         self.emit(RunEnd(self.session_id, self.run_id, success, error, total_turns, duration_ms, error_type))
+
+    def _seal(self, _: object) -> None:
+        self.sealed = True
 
     def _delta(self, cls: type[Event], turn: int, delta: str, call_id: str = "", tool: str = "") -> None:
         key = (cls, turn, call_id, tool)

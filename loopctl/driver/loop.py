@@ -27,16 +27,17 @@ from loopctl.driver.emission import RunEvents
 from loopctl.driver.handle import CURRENT_RUN, RunContext, RunHandle
 from loopctl.driver.run import RunDriver
 from loopctl.driver.run_state import run_config
-from loopctl.driver.session_link import SessionLink
+from loopctl.driver.run_thread import RunThread
+from loopctl.driver.session_link import SessionLink, link_for_start
 from loopctl.driver.signals import RunSteering
 from loopctl.driver.subagent import SubagentTool
+from loopctl.driver.subagent_runs import admit
 from loopctl.errors import (
     Cancelled,
     ConfigError,
     LoopBusy,
     LoopError,
     MaxTurnsExceeded,
-    release_frames,
 )
 from loopctl.events import Event
 from loopctl.machine import Completed, Failed, MaxTurnsReached
@@ -48,34 +49,6 @@ from loopctl.records import Run
 from loopctl.sessions.base import Session
 from loopctl.tools.base import Tool
 from loopctl.tools.registry import ToolRegistry
-
-
-class RunThread(threading.Thread):
-    """A run's thread: the body, in the run's copied context.
-
-    A subclass rather than ``target=ctx.run, args=(...)``: the bound method
-    and the args tuple would be two more objects per run in flight.
-    """
-
-    def __init__(self, rc: RunContext, name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self._rc: Optional[RunContext] = rc
-
-    def run(self) -> None:
-        rc = self._rc
-        self._rc = None
-        assert rc is not None and rc.context is not None
-        try:
-            # The plain function and its argument, not ``rc.driver.body``: a
-            # bound method would be one more object for as long as the run lasts.
-            rc.context.run(RunDriver.body, rc.driver)
-        finally:
-            # The run is over (or its takeover finalized it): drop the
-            # context <-> driver cycle and the locals its error's traceback
-            # holds, so refcounting frees the run at once.
-            rc.driver = None
-            release_frames(rc.error)
-            del rc  # this frame keeps no reference to the ended run
 
 
 class BareLoop(LoopSetup):
@@ -191,6 +164,7 @@ class BareLoop(LoopSetup):
         resume: Optional[ResumePoint] = None,
         output_type: object = None,
         at_end: Optional[Callable[[], Optional[Cancelled]]] = None,
+        session: Optional[Session] = None,
     ) -> RunHandle:
         """Start the run on a named worker thread and return its handle.
 
@@ -205,14 +179,21 @@ class BareLoop(LoopSetup):
             at_end: the host's say at the run's ending point (the last moment
                 a cancel reaches it): a ``Cancelled`` it returns ends the run
                 cancelled; None lets it end (see ``RunDriver.reach_end``).
+            session: keep the conversation in this stored session from this
+                run on, as ``with_session`` does, but only if the run starts:
+                a refused start leaves the loop as it was (used by
+                ``RunRegistry``). A loop that keeps it already continues it.
 
         Raises:
-            ConfigError: the ``output_type`` is not supported (nothing is sent).
+            ConfigError: the ``output_type`` is not supported (nothing is
+                sent), or the loop keeps another session.
             LoopBusy: a run is already in flight on this loop.
+            SessionBusy, KeyError: the session is held by another run, or
+                belongs to another owner (the loop is left as it was).
         """
         rc = self._launch(
             input, config, run_id, waiter=False, tap=tap, checkpoint=checkpoint, resume=resume,
-            output_type=output_type, at_end=at_end,
+            output_type=output_type, at_end=at_end, session=session,
         )
         return RunHandle(rc, self)
 
@@ -227,32 +208,46 @@ class BareLoop(LoopSetup):
         resume: Optional[ResumePoint] = None,
         output_type: object = None,
         at_end: Optional[Callable[[], Optional[Cancelled]]] = None,
+        session: Optional[Session] = None,
     ) -> RunContext:
         config = run_config(input, config, output_type)
         check = answer_check(config, self._parts.client, self._parts.tools.name_set())
         rid = run_id if run_id is not None else uuid.uuid4().hex
         durable = checkpoint is not None or resume is not None
-        rc = self._admit(Run(id=rid, input=input, config=config), waiter, durable)
+        rc = self._admit(Run(id=rid, input=input, config=config), waiter, durable, session)
         rc.lock.acquire()  # the body's fence: released only while it blocks
         steering = self._equip(rc, tap, check, checkpoint, resume)
         rc.driver.at_end = at_end
         self._spawn(rc, steering)
         return rc
 
-    def _admit(self, run: Run, waiter: bool, durable: bool) -> RunContext:
-        """The run becomes the loop's run in flight (or ``LoopBusy``/``LoopError``, nothing changed)."""
+    def _admit(self, run: Run, waiter: bool, durable: bool, session: Optional[Session] = None) -> RunContext:
+        """The run becomes the loop's run in flight (or ``LoopBusy``/``LoopError``, nothing changed).
+
+        A ``session`` named here becomes the loop's only with the run: a
+        start refused at any step (busy, ``SessionBusy``, another owner's
+        session) leaves the loop without it.
+        """
         with self._busy:
             if self._closed:
                 raise LoopError("this loop is closed")
             if self._active is not None:
                 raise LoopBusy(f"a run ({self._active.run.id}) is already in flight on this loop")
-            if self._link is not None:
+            link = self._link if session is None else link_for_start(self._link, session, self._started)
+            if link is not None:
                 # Under the busy lock: the lease is taken and the history caught
                 # up only when no run is in flight here (SessionBusy: nothing changed).
                 # A durable run's lease is named by its run id, so the run,
                 # resumed elsewhere after a crash, takes its lapsed lease back.
-                self._link.open(self._machine, run.id if durable else None)
+                link.open(self._machine, run.id if durable else None)
             rc = RunContext(run, self._cancel.view(), waiter)
+            if not admit(rc):
+                # A sub-agent run whose caller was cancelled while this start
+                # waited (for the store, say): it never begins, nothing is written.
+                if link is not None:
+                    link.close()
+                raise Cancelled("the calling run was cancelled before this sub-agent run started")
+            self._link = link
             self._active = rc
             self._started = True
             self._last_config = run.config

@@ -17,6 +17,9 @@ and gives the lease back as the loop is freed (``close``). The rules:
 - A cancelled or failed run writes nothing. A write that fails (the store
   is down, or the lease was lost) fails the run, and its messages are
   dropped, so loop and store never disagree.
+- A session named at a start (``link_for_start``) becomes the loop's only
+  when that start is admitted, its lease taken: a refused start leaves the
+  loop as it was.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from loopctl.errors import LoopError
+from loopctl.errors import ConfigError, LoopError
 from loopctl.machine import LoopMachine
 from loopctl.sessions.base import Session, SessionLease, SessionSnapshot
 
@@ -125,4 +128,25 @@ class SessionLink:
                 log.warning("releasing a session lease failed", exc_info=True)
 
 
-__all__ = ["SessionLink"]
+def link_for_start(current: Optional[SessionLink], session: Session, started: bool) -> SessionLink:
+    """The link a start naming ``session`` runs with: the loop's own when it keeps that session, else a new one.
+
+    The caller makes a new link the loop's only once the start is admitted.
+
+    Raises:
+        ConfigError: the loop keeps another session, or has already run
+            without one.
+    """
+    if current is None:
+        if started:
+            raise ConfigError("with_session() must be called before the first run starts")
+        if not (hasattr(session, "acquire") and hasattr(session, "load")):
+            raise ConfigError(f"with_session() takes a session (store.session(id)), got {session!r:.80}")
+        return SessionLink(session)
+    kept = current.session
+    if kept.id != session.id or kept.owner != session.owner or kept.store is not session.store:
+        raise ConfigError(f"this loop keeps session {kept.id[:80]!r}, not {session.id[:80]!r}")
+    return current
+
+
+__all__ = ["SessionLink", "link_for_start"]

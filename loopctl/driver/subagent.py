@@ -6,11 +6,15 @@ The rules it keeps:
 
 - One cancel stops the tree: the calling run's cancel signal fires the
   sub-agent run's cancel (a listener, on the cancelling thread), which in
-  turn fires the runs it delegates to. The calling run's ``finalize`` waits
-  (briefly, bounded) for its sub-agent runs to settle and end, so every
-  loop in the tree is free again when the caller sees ``Cancelled``, unless
-  user code at a sub-agent run's own end blocks (an observer of its end,
-  its session's write): that is never waited for beyond a short patience.
+  turn fires the runs it delegates to. The listener is there before the
+  start: a start still waiting (its session's store may block) is
+  abandoned without being waited for, and refused once it gets through,
+  so nothing of that run happens after the cancel. The calling run's
+  ``finalize`` waits (briefly, bounded) for its sub-agent runs to settle
+  and end, so every loop in the tree is free again when the caller sees
+  ``Cancelled``, unless user code at a sub-agent run's own end blocks (an
+  observer of its end, its session's write): that is never waited for
+  beyond a short patience.
 - A sub-agent run that ends on its own account (its own cancel, an error,
   max turns, a failed typed answer) is a soft error naming the sub-agent
   and the reason. Its history stays in its own loop; only the answer
@@ -33,14 +37,14 @@ import threading
 import uuid
 import weakref
 from collections.abc import Mapping
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from loopctl.cancel import CancelSignal
 from loopctl.config import RunConfig
 from loopctl.driver.handle import RunContext, RunHandle, current_run
 from loopctl.driver.subagent_events import TapForward, forwarder_for
 from loopctl.driver.subagent_runs import SETTLE_S, SUBAGENT_ENTRY, SubagentRun, enter
-from loopctl.errors import ConfigError, LoopBusy, LoopError
+from loopctl.errors import Cancelled, ConfigError, LoopBusy, LoopError
 from loopctl.machine import LoopMachine
 from loopctl.records import json_form
 from loopctl.tools.base import Tool, ToolContext, ToolOutput
@@ -158,22 +162,31 @@ class SubagentTool(Tool):
             return ToolOutput.error(refusal)
         run_id = uuid.uuid4().hex
         active = enter(parent, self.name, self.loop, run_id) if parent is not None else None
-        if (parent is not None and active is None) or (cancel is not None and cancel.is_cancelled()):
-            if active is not None:
-                active.leave()
-            return ToolOutput.error(f"Sub-agent '{self.name}' was not started: the run was cancelled")
+        not_started = ToolOutput.error(f"Sub-agent '{self.name}' was not started: the run was cancelled")
+        if parent is not None and active is None:
+            return not_started
+        stop = None if active is None or cancel is None else _stopper(active, cancel)
+        if stop is not None:
+            cancel.add_listener(stop)  # from here the caller's cancel reaches the run, even mid-start
         try:
-            handle = self._start(task, run_id, parent, chain, path, active)
+            if cancel is not None and cancel.is_cancelled():
+                return not_started
+            try:
+                handle = self._start(task, run_id, parent, chain, path, active)
+            except Cancelled:  # the caller was cancelled while the start waited (its session's store)
+                return not_started
+            except LoopError as exc:
+                busy = isinstance(exc, LoopBusy)
+                why = "is busy" if busy else f"could not start ({type(exc).__name__})"
+                return ToolOutput.error(f"Sub-agent '{self.name}' {why}: {exc}")
             if active is not None:
                 active.handle = handle
-        except LoopError as exc:
-            busy = isinstance(exc, LoopBusy)
-            why = "is busy" if busy else f"could not start ({type(exc).__name__})"
-            return ToolOutput.error(f"Sub-agent '{self.name}' {why}: {exc}")
+            return self._await(handle, active, cancel)
         finally:
-            if active is not None and active.handle is None:
+            if stop is not None:
+                cancel.remove_listener(stop)
+            if active is not None:
                 active.leave()
-        return self._await(handle, active, cancel)
 
     def _start(
         self,
@@ -213,16 +226,17 @@ class SubagentTool(Tool):
         def on_cancel() -> None:
             handle.cancel(getattr(cancel, "reason", None) or "run cancelled")
 
-        if cancel is not None:
+        # Under a calling run the caller's cancel already reaches the run (``SubagentRun.stop``).
+        listens = active is None and cancel is not None
+        if listens:
             cancel.add_listener(on_cancel)  # fired already: cancels the sub-agent run at once
         try:
             handle.wait()
         finally:
-            if cancel is not None:
+            if listens:
                 cancel.remove_listener(on_cancel)
             if active is not None:
                 active.settle_once(handle.record)  # if its finalize never handed over
-                active.leave()
             else:
                 self.loop.steering().take_leftovers()  # nobody above to hand them to
         return self._answer(handle)
@@ -242,6 +256,15 @@ class SubagentTool(Tool):
         with loop._busy:
             if loop._active is None:
                 loop._machine = LoopMachine()
+
+
+def _stopper(active: SubagentRun, cancel: CancelSignal) -> Callable[[], None]:
+    """The listener that carries the calling run's cancel to ``active`` (its reason with it)."""
+
+    def stop() -> None:
+        active.stop(getattr(cancel, "reason", None) or "run cancelled")
+
+    return stop
 
 
 def _check_not_stored(loop: Any, name: str) -> None:

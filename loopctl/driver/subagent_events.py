@@ -7,7 +7,10 @@ observers through ``Forwarder``, an observer on the sub-agent loop
 (delivered like any observer, unfenced, so a blocked observer above never
 holds the sub-agent's cancel). Either way an event is re-stamped with the
 calling run's id and the sub-agent path (``"research"``, one level deeper
-``"research/search"``).
+``"research/search"``), and nothing comes after the calling run's own
+``run_end``: the registry's tap drops what arrives later, and a forwarded
+event that reaches the observers' queue after the calling run sealed it
+(just before its ``on_run_end``) is dropped as it comes up.
 """
 
 from __future__ import annotations
@@ -88,7 +91,14 @@ class Forwarder(Observer):
         emitter = events.emitter
         if emitter.observes(type(event)):
             out = attrs.evolve(event, run_id=events.run_id, subagent=join_path(link.name, event.subagent))
-            emitter.deliver(emitter.fan_out, out, None)
+            emitter.deliver(_deliver, (events, out), None)
+
+
+def _deliver(item: tuple[Any, Event]) -> None:
+    """A forwarded event, as its turn in the calling loop's delivery comes; dropped once that run is sealed."""
+    events, event = item
+    if not events.sealed:  # checked in delivery order: nothing of the run comes after its on_run_end
+        events.emitter.fan_out(event)
 
 
 for _method in set(EVENT_METHODS.values()):

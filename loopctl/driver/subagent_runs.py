@@ -1,7 +1,12 @@
 """A run's sub-agent runs in flight: their approvals, guidance, usage and end.
 
 ``SubagentRuns`` hangs on the calling run's ``RunContext`` (made on first
-use); the sub-agent tool notes each run there before it starts. Any thread
+use); the sub-agent tool notes each run there before it starts, and the
+calling run's cancel reaches it from then on (``SubagentRun.stop``): a run
+the loop has admitted is cancelled; a start not admitted yet (waiting, say,
+for its session's store) is abandoned at once, without waiting for it, and
+the loop's admission refuses it when it gets there (``admit``), so nothing
+of it runs after the cancel. Any thread
 may list and answer the runs' parked approvals or steer one of them by
 path. A sub-agent run settles with its caller as soon as its steering slot
 is sealed (``hand_over``, in its ``finalize``): its usage goes into the
@@ -51,7 +56,10 @@ SUBAGENT_ENTRY: contextvars.ContextVar[Optional[weakref.ref[SubagentRun]]] = con
 class SubagentRun:
     """One sub-agent run in flight under a calling run."""
 
-    __slots__ = ("name", "loop", "run_id", "handle", "record", "steering", "claimed", "settled", "owner", "__weakref__")
+    __slots__ = (
+        "name", "loop", "run_id", "handle", "record", "steering", "claimed", "settled", "owner", "admitted",
+        "abandoned", "__weakref__",
+    )
 
     def __init__(
         self,
@@ -70,6 +78,8 @@ class SubagentRun:
         self.claimed = False  # settle_once has begun (under _lock: once)
         self.settled = Flag()  # set once settled, or once the call is over without a run to settle
         self.owner: Optional[SubagentRuns] = None  # the calling run's SubagentRuns, once noted there
+        self.admitted: Optional[RunContext] = None  # the run, once its loop admitted it (under _lock)
+        self.abandoned = False  # the caller was cancelled before that: the start is refused (under _lock)
 
     def leave(self) -> None:
         """The call is over: forget this run; nothing more will come from it."""
@@ -77,6 +87,22 @@ class SubagentRun:
         if owner is not None:
             owner.remove(self)
         self.settled.set()
+
+    def stop(self, reason: str) -> None:
+        """The calling run's cancel (on the cancelling thread): cancel the run, or abandon its start.
+
+        A start the loop has not admitted yet may be blocked in user code
+        or a store (its session's lease): it is never waited for. It is
+        refused at its admission, so there is nothing to settle now.
+        """
+        with _lock:
+            rc = self.admitted
+            if rc is None:
+                self.abandoned = True
+        if rc is None:
+            self.settled.set()
+        else:
+            RunHandle(rc, self.loop).cancel(reason)
 
     def settle_once(self, run: Run) -> None:
         """The run's slot is sealed: its usage into the caller's record, its leftovers back (once).
@@ -230,6 +256,24 @@ def enter(rc: RunContext, name: str, loop: LoopSetup, run_id: str) -> Optional[S
     return active
 
 
+def admit(rc: RunContext) -> bool:
+    """Whether the run being admitted may start: False for a sub-agent run whose caller was cancelled meanwhile.
+
+    Called by the loop's admission (its busy lock held, the session's lease
+    taken), on the starting thread. From a True answer on, the caller's
+    cancel reaches the run itself.
+    """
+    ref = SUBAGENT_ENTRY.get()
+    active = ref() if ref is not None else None
+    if active is None or active.run_id != rc.run.id:
+        return True
+    with _lock:
+        if active.abandoned:
+            return False
+        active.admitted = rc
+    return True
+
+
 def hand_over(run: Run) -> None:
     """``run``'s slot is sealed and its usage final: if it is a sub-agent run, settle it with its caller now.
 
@@ -249,4 +293,6 @@ def _add_usage(run: Run, usage: Usage) -> None:
             run.subagent_usage = Usage(sub.input_tokens + usage.input_tokens, sub.output_tokens + usage.output_tokens)
 
 
-__all__ = ["END_PATIENCE_S", "SETTLE_S", "SUBAGENT_ENTRY", "SubagentRun", "SubagentRuns", "enter", "hand_over", "runs_of"]
+__all__ = [
+    "END_PATIENCE_S", "SETTLE_S", "SUBAGENT_ENTRY", "SubagentRun", "SubagentRuns", "admit", "enter", "hand_over", "runs_of",
+]

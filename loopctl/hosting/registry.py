@@ -47,7 +47,7 @@ from loopctl.hosting.entry import RunStatus, _Entry, _status, join_run_threads, 
 from loopctl.hosting.following import follow_entry
 from loopctl.hosting.registry_approvals import RegistryApprovals
 from loopctl.hosting.retirement import FinishedRuns
-from loopctl.hosting.session_attach import attach_session, run_on_session
+from loopctl.hosting.session_attach import run_on_session, session_for_start
 from loopctl.messages import Message
 from loopctl.records import Run
 
@@ -136,7 +136,8 @@ class RunRegistry(RegistryApprovals):
             session_id: continue the stored conversation of that id (in
                 ``session_store``; the session belongs to ``owner``): the
                 registry attaches it to ``loop``, which loads it at its
-                first run and writes each completed run to it.
+                first run and writes each completed run to it. A start
+                that raises leaves ``loop`` without it.
 
         Returns:
             The run's id (its ``Run.id``).
@@ -152,14 +153,14 @@ class RunRegistry(RegistryApprovals):
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
-        if session_id is not None:
-            attach_session(loop, self.session_store, session_id, owner)
+        session = None if session_id is None else session_for_start(self.session_store, session_id, owner)
         with self._lock:
             self._prune_locked()
             self._admit_locked(rid, loop)
             entry = _Entry(rid, loop, self._event_buffer, self._retired.ending, self._clock)
             entry.owner = owner
-            entry.handle = loop.start(input, config, rid, tap=entry.tap, output_type=output_type)
+            # The loop takes the session only as part of a start that succeeds.
+            entry.handle = loop.start(input, config, rid, tap=entry.tap, output_type=output_type, session=session)
             self._entries[rid] = entry
             self._live[rid] = entry
             self._last_on_loop[loop] = entry

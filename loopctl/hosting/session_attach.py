@@ -1,11 +1,14 @@
 """How a registry ties a run to a stored session (``start(..., session_id=...)``).
 
-The registry's loop is the one the caller made; the registry only attaches
-``store.session(session_id, owner=owner)`` to it. A loop keeps one session
-for life: a fresh loop (a restarted server, a reloaded page's request)
-takes it and loads the stored conversation at its first run; a loop that
-already keeps that session continues it; anything else is refused with
-``ConfigError`` rather than mixing two conversations.
+The registry's loop is the one the caller made; the registry names
+``store.session(session_id, owner=owner)`` and the loop takes it as part of
+the start (``BareLoop.start(..., session=...)``), so a start refused at any
+step (``LoopBusy``, ``SessionBusy``, another owner's ``KeyError``) leaves
+the loop as it was. A loop keeps one session for life: a fresh loop (a
+restarted server, a reloaded page's request) takes it and loads the stored
+conversation at its first run; a loop that already keeps that session
+continues it; anything else is refused with ``ConfigError`` rather than
+mixing two conversations.
 """
 
 from __future__ import annotations
@@ -17,28 +20,22 @@ from loopctl.errors import ConfigError
 from loopctl.hosting.entry import same_owner
 
 if TYPE_CHECKING:
-    from loopctl.driver.loop import BareLoop
+    from loopctl.sessions.base import Session
 
 
-def attach_session(loop: BareLoop, store: Any, session_id: str, owner: Optional[Hashable]) -> None:
-    """Give ``loop`` the session (or check it already keeps it).
+def session_for_start(store: Any, session_id: str, owner: Optional[Hashable]) -> Session:
+    """The session a start names (the loop takes it only if the start succeeds).
 
     Raises:
-        ConfigError: no store, an owner that is not a ``str``, or a loop
-            that keeps another session or already ran without one.
+        ConfigError: no store, or an owner that is not a ``str``.
         TypeError, ValueError: a bad session id.
     """
     if store is None:
         raise ConfigError("start(session_id=...) needs RunRegistry(session_store=...)")
     if owner is not None and not isinstance(owner, str):
         raise ConfigError(f"a run with a session_id needs a str owner (or None), got {type(owner).__name__}")
-    session = store.session(session_id, owner=owner)
-    current = loop.stored_session
-    if current is None:
-        loop.with_session(session)  # ConfigError once the loop has run without a session
-        return
-    if current.id != session.id or current.owner != session.owner or current.store is not store:
-        raise ConfigError(f"this loop keeps session {current.id[:80]!r}, not {session_id[:80]!r}")
+    session: Session = store.session(session_id, owner=owner)
+    return session
 
 
 def run_on_session(entries: Iterable[Any], session_id: str, owner: Optional[Hashable]) -> Optional[str]:
@@ -53,4 +50,4 @@ def run_on_session(entries: Iterable[Any], session_id: str, owner: Optional[Hash
     return None
 
 
-__all__ = ["attach_session", "run_on_session"]
+__all__ = ["run_on_session", "session_for_start"]

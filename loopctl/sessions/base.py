@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -94,11 +95,25 @@ def check_lease(lease_s: object, clock: object) -> float:
     return float(lease_s)
 
 
+# A Python str may hold lone surrogates (JSON from a browser that cut a string
+# inside an emoji decodes to one); they have no UTF-8 form, so a row keeps them
+# as JSON escapes, which json.loads turns back into the same characters.
+_SURROGATE = re.compile("[\\ud800-\\udfff]")
+
+
+def _escape_surrogate(match: re.Match[str]) -> str:
+    return f"\\u{ord(match.group()):04x}"
+
+
 def encode_message(message: Message) -> str:
-    """One stored row: the message's dict as compact JSON."""
+    """One stored row: the message's dict as compact JSON, always valid UTF-8.
+
+    Text stays as written except lone surrogates, which are kept as ``\\uXXXX``
+    escapes (a row without them is byte for byte what it always was).
+    """
     if not isinstance(message, Message):
         raise TypeError(f"a session stores Messages, got {type(message).__name__}")
-    return json.dumps(message.to_dict(), ensure_ascii=False, separators=(",", ":"))
+    return _SURROGATE.sub(_escape_surrogate, json.dumps(message.to_dict(), ensure_ascii=False, separators=(",", ":")))
 
 
 class SessionBackend:
