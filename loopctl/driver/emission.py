@@ -172,12 +172,7 @@ class Emitter:
         return self._delivering
 
     def fan_out(self, event: Event) -> None:
-        """Deliver ``event`` to observers in order; contain their failures.
-
-        ``SystemExit``, ``KeyboardInterrupt`` and the like are failures of
-        an observer too: logged and skipped, they never change the run or
-        keep the event from the observers after it.
-        """
+        """Deliver ``event`` to observers in order; contain their failures (``SystemExit`` too)."""
         for fn in self._table[type(event)]:
             try:
                 fn(event)
@@ -372,17 +367,12 @@ class RunEvents:
             self.emitter.deliver(hooks.run_start, ctx, self.fence, self.handoff)
 
     def run_end(
-        self,
-        input: str,
-        success: bool,
-        error: Optional[str],
-        total_turns: int,
-        duration_ms: float,
+        self, input: str, success: bool, error: Optional[str], total_turns: int, duration_ms: float,
         error_type: Optional[str] = None,
     ) -> None:
-        """The run's last event: the run-end hooks, then ``RunEnd`` to observers (the run sealed first).
+        """The run's last event: the run-end hooks, then ``RunEnd`` to observers.
 
-        Sealed in delivery order: a sub-agent's event forwarded later is dropped.
+        The run is sealed just before, in delivery order: a sub-agent's event forwarded later is dropped.
         """
         hooks = self.emitter.hooks
         if hooks is not None and hooks.hooks:
