@@ -1044,3 +1044,20 @@ def test_a_run_cancelled_already_never_asks_its_host_and_a_cancel_during_the_ask
         with pytest.raises(Cancelled, match="while the host was asked"):
             second.result(WAIT)
     assert asked == ["second"]
+
+
+def test_a_cancel_taken_while_an_error_ends_the_run_ends_it_cancelled() -> None:
+    # The host's hook runs at the ending point of a run a model error is ending;
+    # a cancel it takes there (True) must be how the run ends.
+    taken: list[bool] = []
+    with BareLoop(ScriptedClient([ModelError("bad request", status=400)]), []) as loop:
+
+        def cancels_there() -> Optional[Cancelled]:
+            taken.append(loop.cancel("while the error ended it"))
+            return None
+
+        handle = loop.start("a", at_end=cancels_there)
+        with pytest.raises(Cancelled, match="while the error ended it"):
+            handle.result(WAIT)
+        assert taken == [True]
+        assert loop.cancel("after the end") is False

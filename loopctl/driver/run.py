@@ -3,9 +3,10 @@
 The run object is split once: ``RunState`` (run_state.py) is what the run
 holds (its context, the loop's parts and collaborators it was lent, its
 input, config, policy and per-step figures); ``RunDriver`` is what it does.
-The model turn (``ModelTurn``, llm_turn.py) and the compaction pass
-(``Compaction``, compaction.py) are its methods, kept in their own modules.
-It never holds the loop.
+The model turn (``ModelTurn``, llm_turn.py), the compaction pass
+(``Compaction``, compaction.py) and the end (``RunEnding``, run_end.py:
+the ending point and ``_finalize``) are its methods, kept in their own
+modules. It never holds the loop.
 
 Read top to bottom it is the run's timeline: ``body`` (audit entry ->
 ``on_run_start`` -> ``accept_input`` -> loop over ``next_step``; the
@@ -26,12 +27,9 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Optional
 
-from loopctl.approvals import RUN_ENDED
-from loopctl.approvals.gate import report_unreported
 from loopctl.driver.checkpoint import ResumePoint, restore
 from loopctl.driver.compaction import Compaction
 from loopctl.driver.dispatch import Dispatcher
@@ -40,34 +38,28 @@ from loopctl.driver.handle import Abandoned, RunContext
 from loopctl.driver.llm_turn import ModelTurn, turn_query
 from loopctl.driver.meter import TokenMeter
 from loopctl.driver.parts import LoopParts
+from loopctl.driver.run_end import RunEnding
 from loopctl.driver.run_state import Release
-from loopctl.driver.subagent_runs import hand_over
 from loopctl.errors import (
     Cancelled,
     ContextOverflow,
     LoopError,
-    MaxTurnsExceeded,
-    scrub_error,
 )
 from loopctl.events import OutputValidationFailed, SteeringDelivered, ToolCallReceived, TurnStart
 from loopctl.machine import (
     CallLLM,
     CallTools,
-    CancelledOutcome,
     Compact,
     Completed,
     Done,
     Failed,
     LoopMachine,
-    MaxTurnsReached,
-    Outcome,
 )
 from loopctl.messages import (
     Message,
 )
 from loopctl.output import OutputCheck
 from loopctl.output.answers import answer_system, answer_tools, shape_options, shape_request
-from loopctl.records import Run
 
 if TYPE_CHECKING:
     from loopctl.cancel import CancelSignal
@@ -78,7 +70,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("loopctl")
 
 
-class RunDriver(ModelTurn, Compaction):
+class RunDriver(ModelTurn, Compaction, RunEnding):
     """One run: what it does, in timeline order (its state is ``RunState``)."""
 
     __slots__ = ("dispatcher",)
@@ -191,8 +183,8 @@ class RunDriver(ModelTurn, Compaction):
                 self.compact(step.reason)  # type: ignore[union-attr]
             else:
                 stopped = self.reach_end()  # from here a cancel no longer reaches this run
-                if stopped is not None or cancel.is_cancelled():  # the host's, or one that reached it just before
-                    raise stopped or Cancelled(cancel.reason)
+                if stopped is not None:
+                    raise stopped
                 outcome = m.conclude(policy)
                 if type(outcome) is Completed:
                     run.output = outcome.final_text
@@ -328,123 +320,6 @@ class RunDriver(ModelTurn, Compaction):
         """One compaction pass; the deferred extras' reservation is used once."""
         deferred, self.deferred_tokens = self.deferred_tokens, 0
         self.run_compaction(reason, deferred)
-
-    # -- the end -----------------------------------------------------------------------------
-
-    def reach_end(self, error: Optional[LoopError] = None) -> Optional[Cancelled]:
-        """The run's ending point, at ``Done`` or as ``error`` ends it (mutates): no cancel reaches it after.
-
-        A host's ``at_end`` is asked first (once, fenced, as a checkpoint sink
-        is) unless the run is cancelled already; the ``Cancelled`` it returns,
-        a cancel the host took but had not delivered, is the run's end (the
-        return value). A hook that raises is logged and counts as None.
-        """
-        rc = self.rc
-        hook, self.at_end = self.at_end, None  # asked once, whichever way the run ends
-        stopped: Optional[Cancelled] = None
-        if hook is not None and not isinstance(error, Cancelled) and not rc.cancel.is_cancelled():
-            try:
-                stopped = hook()
-            except Exception:
-                log.exception("run %s: the host's at_end hook failed; the run ends as it would", rc.run.id)
-        with self.busy:
-            rc.ending = True
-        return stopped
-
-    def error_for(self, outcome: Outcome) -> LoopError:
-        """The error a terminal outcome raises."""
-        if type(outcome) is MaxTurnsReached:
-            return MaxTurnsExceeded(self.config.max_turns)
-        if type(outcome) is CancelledOutcome:
-            return Cancelled(self.rc.cancel.reason)
-        if type(outcome) is Failed:
-            return outcome.error
-        return LoopError(f"unmapped terminal outcome: {outcome!r}")
-
-    def set_error_state(self, error: LoopError) -> None:
-        """Tell the brain how the run ended: cancelled, or failed with ``error``."""
-        if isinstance(error, Cancelled):
-            self.machine.cancel()
-        else:
-            self.machine.fail(error)
-
-    def _finalize(self, error: Optional[LoopError]) -> None:
-        """The single exit door; its steps run in this order.
-
-        0. a completed run of a stored session writes its messages (a
-        failed write makes it a failed run); 1. record end time and stop
-        reason; 2. success: commit pending and
-        consolidate memory (its error is logged); failure: discard pending;
-        3. clear a loop-detection stop that never fired; 4. close a phase a
-        cancel cut short (failed ``on_turn_end``), then ``on_run_end``
-        (hooks first, then observers); 5. re-arm the cancel signal, last,
-        and free the loop. The steering slot closes first, so a push from
-        ``on_run_end`` is refused; the approval slot with it (calls still
-        waiting are denied "run ended", reported by ``on_approval_resolved``
-        before the run's last events).
-        """
-        rc = self.rc
-        with self.busy:
-            rc.ending = True
-        if rc.subagents is not None:  # a cancel cut a delegation short: let its runs end first
-            rc.subagents.settle()
-        tally = self.tally
-        if error is not None and tally is not None and not tally.abandoned:
-            # The body itself ends a run whose cancel woke it from a wave before
-            # the takeover could: the tools it gave up on are abandoned all the same.
-            self.resources.abandon(tally)
-        try:
-            self.steering.close()
-            rc.approvals.close(RUN_ENDED)
-            hand_over(rc.run)  # a sub-agent run settles with its caller before anything that may block
-            if error is None and self.link is not None:
-                error = self.link.save(self.machine)  # a failed write fails the run
-            run = rc.run
-            run.end = end = time.time()
-            run.stop_reason = error
-            self._settle(run, error)
-            self._report_end(run, error, end)
-        finally:
-            self.owner._release(rc, error)
-
-    def _settle(self, run: Run, error: Optional[LoopError]) -> None:
-        """Finalize's step 2-3: keep or drop the run's pending messages; clear a stop never fired."""
-        m = self.machine
-        parts = self.parts
-        if error is None:
-            m.commit_pending()
-            if parts.memory is not None:
-                try:
-                    parts.memory.consolidate()
-                except Exception:
-                    log.exception("memory consolidate failed after run %s", run.id)
-        else:
-            m.discard_pending()
-            scrub_error(error)  # the run's error and its causes leave masked, whoever made them
-            error.run = run
-        if parts.loop_detector is not None:
-            parts.loop_detector.consume_pending_stop()
-
-    def _report_end(self, run: Run, error: Optional[LoopError], end: float) -> None:
-        """Finalize's step 4: unreported approvals, a phase cut short, then ``run_end``."""
-        em = self.events
-        report_unreported(self.rc.approvals, em, em.session_id)
-        phase = em.open_phase
-        if phase is not None:  # a phase cut short (cancel, an escape): close it, failed
-            em.close_phase(phase, str(error) if error is not None else "run ended", _class_name(error))
-        em.run_end(
-            run.input,
-            error is None,
-            None if error is None else str(error),
-            run.turn_count,
-            (end - run.start) * 1000.0,
-            _class_name(error),
-        )
-
-
-def _class_name(error: Optional[BaseException]) -> Optional[str]:
-    """The ``error_type`` of an end event: the error's class name, None on success."""
-    return None if error is None else type(error).__name__
 
 
 __all__ = ["RunDriver"]
