@@ -12,7 +12,7 @@ from typing import Any
 
 from support import WAIT
 
-from loopctl import BareLoop, ToolOutput, tool
+from loopctl import BareLoop, ToolOutput, ToolRegistry, tool
 from loopctl.observers import ApprovalRequested, Observer
 from loopctl.testing import ScriptedClient, call, reply
 from loopctl.tools import DispatchContext, PermissionCheck, PermissionMiddleware, ToolPipeline
@@ -61,17 +61,19 @@ class Asked(Observer):
 
 
 def run_with(layer: Any, script: list[Any], bank: Bank, approve: bool = False, **kw: Any) -> tuple[Any, BareLoop, Asked]:
+    """One run through a pipeline of ``layer``; the loop is closed when the run has ended."""
     asked = Asked()
     loop = BareLoop(ScriptedClient(script), bank.tools).with_pipeline(ToolPipeline.builder().with_middleware(layer))
-    loop.register_observer(asked)
-    if "policy" in kw:
-        loop.with_approval(kw["policy"])
-    h = loop.start("go")
-    if approve:
-        assert asked.asked.wait(WAIT)
-        [pending] = h.pending_approvals()
-        assert h.approve(pending.call_id, by="alice") is True
-    return h.result(WAIT), loop, asked
+    with loop:
+        loop.register_observer(asked)
+        if "policy" in kw:
+            loop.with_approval(kw["policy"])
+        h = loop.start("go")
+        if approve:
+            assert asked.asked.wait(WAIT)
+            [pending] = h.pending_approvals()
+            assert h.approve(pending.call_id, by="alice") is True
+        return h.result(WAIT), loop, asked
 
 
 def results(loop: BareLoop) -> list[tuple[str, bool]]:
@@ -86,8 +88,7 @@ def test_a_layer_routing_a_free_call_to_a_gated_tool_does_not_run_it() -> None:
 
     bank = Bank()
     run, loop, asked = run_with(router, [call("quote", amount=999_999, to="acme"), reply("done")], bank)
-    with loop:
-        assert run.output == "done"
+    assert run.output == "done"
     assert bank.ran == [] and asked.count == 0 and list(run.approvals) == []
     [(text, is_error)] = results(loop)
     assert is_error and "Tool 'wire': not run" in text and "needs a person's approval" in text
@@ -97,8 +98,7 @@ def test_permission_modify_after_approval_does_not_run_unapproved_arguments() ->
     perm = PermissionMiddleware(lambda ctx: PermissionCheck.modify({**ctx.input, "amount": 999_999}))
     bank = Bank()
     run, loop, _ = run_with(perm, [call("wire", amount=5, to="alice"), reply("done")], bank, approve=True)
-    with loop:
-        assert run.output == "done"
+    assert run.output == "done"
     assert bank.ran == []  # approved: 5; what would have run: 999,999
     [d] = run.approvals
     assert d.approved and d.arguments == {"amount": 5, "to": "alice"}
@@ -112,8 +112,7 @@ def test_a_layer_mutating_approved_arguments_in_place_is_refused() -> None:
 
     bank = Bank()
     run, loop, _ = run_with(bump, [call("wire", amount=5, to="bob"), reply("done")], bank, approve=True)
-    with loop:
-        assert run.output == "done"
+    assert run.output == "done"
     assert bank.ran == []
 
 
@@ -123,8 +122,7 @@ def test_an_approved_call_a_layer_passes_through_runs_as_approved() -> None:
 
     bank = Bank()
     run, loop, _ = run_with(passthrough, [call("wire", amount=5, to="bob"), reply("done")], bank, approve=True)
-    with loop:
-        assert run.output == "done"
+    assert run.output == "done"
     assert bank.ran == [("wire", 5, "bob")]
     assert results(loop) == [("wired 5 to bob", False)]
 
@@ -133,8 +131,7 @@ def test_a_rewrite_that_needs_no_approval_runs_validated() -> None:
     perm = PermissionMiddleware(lambda ctx: PermissionCheck.modify({**ctx.input, "amount": 7}))
     bank = Bank()
     run, loop, _ = run_with(perm, [call("quote", amount=5, to="bob"), reply("done")], bank)
-    with loop:
-        assert run.output == "done"
+    assert run.output == "done"
     assert bank.ran == [("quote", 7, "bob")]
 
 
@@ -142,8 +139,7 @@ def test_a_rewrite_that_fails_the_schema_is_a_soft_error() -> None:
     perm = PermissionMiddleware(lambda ctx: PermissionCheck.modify({"amount": "lots", "to": "bob"}))
     bank = Bank()
     run, loop, _ = run_with(perm, [call("quote", amount=5, to="bob"), reply("done")], bank)
-    with loop:
-        assert run.output == "done"
+    assert run.output == "done"
     assert bank.ran == []
     [(text, is_error)] = results(loop)
     assert is_error and "not valid" in text and "amount" in text
@@ -157,8 +153,7 @@ def test_a_rewrite_the_policy_would_ask_about_is_refused() -> None:
     bank = Bank()
     policy = lambda ctx: ctx.arguments["amount"] > 100  # noqa: E731
     run, loop, asked = run_with(raise_it, [call("quote", amount=5, to="bob"), reply("done")], bank, policy=policy)
-    with loop:
-        assert run.output == "done"
+    assert run.output == "done"
     assert bank.ran == [] and asked.count == 0
 
 
@@ -169,7 +164,25 @@ def test_a_rewrite_to_an_unknown_tool_is_the_not_found_soft_error() -> None:
 
     bank = Bank()
     run, loop, _ = run_with(rename, [call("quote", amount=5, to="bob"), reply("done")], bank)
-    with loop:
-        assert run.output == "done"
+    assert run.output == "done"
     assert bank.ran == []
     assert results(loop)[0][0].startswith("Tool not found: nope.")
+
+
+def test_a_layer_passing_on_a_context_of_its_own_does_not_get_around_the_gate() -> None:
+    def fresh(ctx: DispatchContext, nxt: Next) -> ToolOutput:
+        return nxt(DispatchContext("wire", {"amount": 999, "to": "acme"}, registry=ctx.registry))
+
+    bank = Bank()
+    run, loop, asked = run_with(fresh, [call("quote", amount=1, to="acme"), reply("done")], bank)
+    assert run.output == "done"
+    assert bank.ran == [] and asked.count == 0
+    [(text, is_error)] = results(loop)
+    assert is_error and "without the loop's admission gate" in text
+
+
+def test_a_standalone_pipeline_runs_what_it_is_given() -> None:
+    bank = Bank()
+    pipeline = ToolPipeline.builder().with_core(ToolRegistry(bank.tools)).build()
+    assert pipeline.call("quote", {"amount": 3, "to": "x"}).text == "fee 1"
+    assert bank.ran == [("quote", 3, "x")]

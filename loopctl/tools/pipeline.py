@@ -115,9 +115,18 @@ def _guarded(tool: Tool, input: Mapping[str, Any], ctx: Optional[ToolContext]) -
     return out
 
 
-def core_dispatch(registry: ToolRegistry, ctx: DispatchContext) -> ToolOutput:
-    """The innermost layer: registry lookup of ``ctx.tool_name`` (or the loop's gate), then invoke."""
+def core_dispatch(registry: ToolRegistry, ctx: DispatchContext, gated: bool = False) -> ToolOutput:
+    """The innermost layer: registry lookup of ``ctx.tool_name`` (or the loop's gate), then invoke.
+
+    ``gated``: the core of a loop's pipeline; a call that reaches it without
+    the loop's gate (a layer passed on a context of its own) is refused.
+    """
     gate = ctx.gate
+    if gate is None and gated:
+        return ToolOutput.error(
+            f"Tool '{ctx.tool_name}': not run: a middleware layer passed the call on without the loop's "
+            "admission gate (pass the DispatchContext it was given, or attrs.evolve it)"
+        )
     if gate is not None:
         verdict = gate(ctx)
         if isinstance(verdict, str):
@@ -161,13 +170,16 @@ def _bind(layer: Callable[[DispatchContext, Next], ToolOutput], inner: Next) -> 
 class ToolPipeline:
     """Middleware around a registry; ``dispatch(ctx)`` runs one call through it."""
 
-    def __init__(self, registry: ToolRegistry, middleware: tuple[MiddlewareLike, ...] = ()) -> None:
+    def __init__(
+        self, registry: ToolRegistry, middleware: tuple[MiddlewareLike, ...] = (), *, gated: bool = False
+    ) -> None:
+        """``gated``: a loop's pipeline, whose core runs only calls that carry the loop's gate."""
         if not isinstance(registry, ToolRegistry):
             raise ConfigError(f"a pipeline core must be a ToolRegistry, got {registry!r:.80}")
         self.registry = registry
         self.middleware = tuple(middleware)
         reg = registry
-        self._chain = _compose([_as_layer(m) for m in self.middleware], lambda c: core_dispatch(reg, c))
+        self._chain = _compose([_as_layer(m) for m in self.middleware], lambda c: core_dispatch(reg, c, gated))
 
     @staticmethod
     def builder() -> ToolPipelineBuilder:
@@ -239,8 +251,8 @@ class ToolPipelineBuilder:
         return ToolPipeline(self._core, tuple(self._middleware))
 
     def build_with_core(self, registry: ToolRegistry) -> ToolPipeline:
-        """The pipeline over ``registry`` (what ``with_pipeline`` calls)."""
-        return ToolPipeline(registry, tuple(self._middleware))
+        """The pipeline over ``registry`` for a loop (what ``with_pipeline`` calls): its core is gated."""
+        return ToolPipeline(registry, tuple(self._middleware), gated=True)
 
 
 __all__ = [
