@@ -294,6 +294,23 @@ def test_a_model_echoing_the_token_of_a_header_credential_is_masked_in_events_an
         assert_clean(f"{type(event).__name__}.to_dict()", json.dumps(event.to_dict()))
 
 
+def test_a_plain_header_value_is_masked_whole_never_word_by_word(server: FakeServer) -> None:
+    from loopctl.providers.secrets import header_secrets
+
+    # Only a known auth scheme splits a value: ordinary words of other headers stay readable.
+    assert header_secrets({"X-Title": "Loopctl Assistant Production"}) == ["Loopctl Assistant Production"]
+    assert header_secrets({"Authorization": "Digest username=someone-long, uri=/v1/chat"}) == [
+        "Digest username=someone-long, uri=/v1/chat"
+    ]
+    basic = header_secrets({"Authorization": "Basic " + base64.b64encode(b"admin-user:pa55-w0rd-x").decode()})
+    assert "pa55-w0rd-x" in basic and "admin-user" not in basic
+    server.push(Stream(openai_stream("The Production assistant answered.", piece=5)))
+    client = OpenAIClient("m", api_key=KEY, base_url=server.openai_url,
+                          extra_headers={"X-Title": "Loopctl Assistant Production"})
+    with BareLoop(client, []) as loop:
+        assert loop.run("hi").output == "The Production assistant answered."
+
+
 class RequestsClient:
     """A user's own ``ModelClient`` over ``requests`` (the protocol, none of loopctl's clients)."""
 

@@ -91,15 +91,20 @@ PLAIN_HEADERS = frozenset(("accept", "accept-encoding", "content-type", "user-ag
                            "anthropic-beta", "openai-beta"))
 
 
+#: Authorization schemes whose credentials follow the scheme word (lower case).
+AUTH_SCHEMES = frozenset(("bearer", "basic", "token", "apikey", "api-key", "key", "oauth", "sso-key"))
+
+
 def header_secrets(headers: Mapping[str, str]) -> list[str]:
     """The values of ``headers`` that may be credentials (all but the plain ones), with their parts.
 
-    A value ``<scheme> <credentials>`` (``Bearer``, ``Basic``, ``Token``,
-    any scheme) is a secret whole and by its credentials: what follows the
-    scheme, each whitespace-separated token of it long enough to be a secret
-    (and a ``name=value`` parameter's value), and for ``Basic`` the decoded
-    ``user:password`` and its password; a server or a model echoing the
-    token alone is masked too.
+    Every such value is a secret whole. One of the form ``<scheme>
+    <credentials>`` with a known scheme (``AUTH_SCHEMES``: ``Bearer``,
+    ``Basic``, ``Token``, ...) is a secret by its credentials too, and for
+    ``Basic`` by the decoded ``user:password`` and its password: a server
+    or a model echoing the token alone is masked. Other values are not
+    split into words (``X-Title: Assistant Production`` masks that value,
+    never the word "Production" everywhere).
     """
     out: list[str] = []
     for k, v in headers.items():
@@ -109,22 +114,18 @@ def header_secrets(headers: Mapping[str, str]) -> list[str]:
 
 
 def _credential_parts(value: str) -> list[str]:
-    words = value.split(None, 1)
-    if len(words) < 2:
+    scheme, _, rest = value.strip().partition(" ")
+    rest = rest.strip()
+    if scheme.lower() not in AUTH_SCHEMES or not rest:
         return [value]
-    scheme, rest = words[0], words[1].strip()
-    parts = [value, rest]
-    for token in rest.split():
-        token = token.strip(",;")
-        parts += (token, token.partition("=")[2].strip('"'))
+    parts = [rest]
     if scheme.lower() == "basic":
         try:
             pair = base64.b64decode(rest, validate=True).decode("utf-8")
         except (ValueError, UnicodeDecodeError):  # binascii.Error is a ValueError
             pair = ""
-        user, _, password = pair.partition(":")
-        parts += (pair, password, user)
-    return [value] + [p for p in parts[1:] if len(p) >= MIN_SECRET_CHARS]
+        parts += (pair, pair.partition(":")[2])  # the password; a user name is no secret
+    return [value] + [p for p in parts if len(p) >= MIN_SECRET_CHARS]
 
 
 def url_credentials(url: str) -> tuple[str, list[str]]:
@@ -141,4 +142,4 @@ def url_credentials(url: str) -> tuple[str, list[str]]:
     return clean, [s for s in (parts.password, user) if s]
 
 
-__all__ = ["PLAIN_HEADERS", "Secret", "header_secrets", "redact_key_shapes", "secret_forms", "url_credentials"]
+__all__ = ["AUTH_SCHEMES", "PLAIN_HEADERS", "Secret", "header_secrets", "redact_key_shapes", "secret_forms", "url_credentials"]
