@@ -258,13 +258,17 @@ def _scrub_fields(exc: LoopError, mask: Callable[[str], str]) -> None:
             setattr(exc, key, tuple(mask(v) for v in value))
 
 
+_PLAIN_ARGS = (str, int, float, bool, type(None))
+
+
 def _scrub_foreign(exc: BaseException, mask: Callable[[str], str], strip: bool) -> None:
     try:
         shown = str(exc)
         text = mask(shown)
     except Exception:
         shown, text = "", type(exc).__name__
-    if strip or text != shown:
+    plain = all(isinstance(a, _PLAIN_ARGS) for a in exc.args)  # an object in args may hold headers
+    if strip or text != shown or not plain:
         try:
             exc.args = (text,)
         except Exception:

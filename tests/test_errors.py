@@ -181,3 +181,24 @@ def test_scrub_error_strips_foreign_causes_inside_a_group_and_keeps_loopctls_own
     assert inner.request is None and inner.attempts == 3  # type: ignore[attr-defined]
     assert "sk-live" not in str(inner) and inner.__notes__ == ["while sending <redacted>"]
     assert (err.status, err.retryable) == (502, True)
+
+
+def test_scrub_error_drops_an_object_a_foreign_exception_holds_in_its_args() -> None:
+    class Headers:
+        def __init__(self) -> None:
+            self.headers = {"Authorization": "Bearer sk-live-0123456789abcdef"}
+
+        def __str__(self) -> str:
+            return "<request>"
+
+    inner = RuntimeError(Headers(), 3)  # its text shows no secret, its args hold one
+    err = ModelError("model call failed")
+    err.__cause__ = inner
+    scrub_error(err)
+    assert all(isinstance(a, (str, int, float, bool, type(None))) for a in inner.args)
+    assert not any(isinstance(a, Headers) for a in inner.args) and "Headers object" in str(inner)
+    plain = ValueError("bad value", 7)
+    err2 = ModelError("x")
+    err2.__cause__ = plain
+    scrub_error(err2)
+    assert plain.args == ("bad value", 7)  # plain data stays as it was
