@@ -35,3 +35,26 @@ def test_a_run_thread_that_cannot_start_leaves_the_session_free(
     other.close()
     loop.close()
     store.close()
+
+
+def test_a_start_with_a_session_whose_thread_cannot_start_leaves_the_loop_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SQLiteSessionStore(tmp_path / "s.db")
+    loop = BareLoop(ScriptedClient([reply("plain")]))
+    real_start = threading.Thread.start
+
+    def refuse_run_threads(self: threading.Thread) -> None:
+        if self.name.startswith("loopctl-run-"):
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", refuse_run_threads)
+    with pytest.raises(RuntimeError, match="can't start"):
+        loop.start("hi", session=store.session("ada"))
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    # The session was never the loop's: a plain run writes nothing into it.
+    assert loop.run("unrelated").output == "plain"
+    assert store.session("ada").messages() == []
+    loop.close()
+    store.close()

@@ -214,19 +214,23 @@ class BareLoop(LoopSetup):
         check = answer_check(config, self._parts.client, self._parts.tools.name_set())
         rid = run_id if run_id is not None else uuid.uuid4().hex
         durable = checkpoint is not None or resume is not None
-        rc = self._admit(Run(id=rid, input=input, config=config), waiter, durable, session)
+        rc, before = self._admit(Run(id=rid, input=input, config=config), waiter, durable, session)
         rc.lock.acquire()  # the body's fence: released only while it blocks
         steering = self._equip(rc, tap, check, checkpoint, resume)
         rc.driver.at_end = at_end
-        self._spawn(rc, steering)
+        self._spawn(rc, steering, before)
         return rc
 
-    def _admit(self, run: Run, waiter: bool, durable: bool, session: Optional[Session] = None) -> RunContext:
+    def _admit(
+        self, run: Run, waiter: bool, durable: bool, session: Optional[Session] = None
+    ) -> tuple[RunContext, tuple[Optional[SessionLink], bool]]:
         """The run becomes the loop's run in flight (or ``LoopBusy``/``LoopError``, nothing changed).
 
         A ``session`` named here becomes the loop's only with the run: a
         start refused at any step (busy, ``SessionBusy``, another owner's
-        session) leaves the loop without it.
+        session) leaves the loop without it. Returns the run and what the
+        loop was before it (its session link, whether it had run), for a
+        start whose thread cannot start to put back.
         """
         with self._busy:
             if self._closed:
@@ -241,6 +245,7 @@ class BareLoop(LoopSetup):
                 # resumed elsewhere after a crash, takes its lapsed lease back.
                 link.open(self._machine, run.id if durable else None)
             rc = RunContext(run, self._cancel.view(), waiter)
+            before = (self._link, self._started)
             if not admit(rc):
                 # A sub-agent run whose caller was cancelled while this start
                 # waited (for the store, say): it never begins, nothing is written.
@@ -251,7 +256,7 @@ class BareLoop(LoopSetup):
             self._active = rc
             self._started = True
             self._last_config = run.config
-        return rc
+        return rc, before
 
     def _equip(
         self,
@@ -285,8 +290,8 @@ class BareLoop(LoopSetup):
         rc.driver.link = self._link
         return steering
 
-    def _spawn(self, rc: RunContext, steering: RunSteering) -> None:
-        """Start the run's thread; if no thread can start, undo the admission."""
+    def _spawn(self, rc: RunContext, steering: RunSteering, before: tuple[Optional[SessionLink], bool]) -> None:
+        """Start the run's thread; if no thread can start, undo the admission (the loop as ``before``)."""
         ctx = contextvars.copy_context()
         ctx.run(CURRENT_RUN.set, weakref.ref(rc))  # the run's tools (a sub-agent's, say) find their run
         rc.context = ctx
@@ -312,6 +317,7 @@ class BareLoop(LoopSetup):
             rc.lock.release()
             with self._busy:
                 self._active = None
+                self._link, self._started = before
             raise
         except BaseException:  # e.g. Ctrl-C inside start()'s wait: the body IS running
             self._cancel_run(rc, "interrupted")
