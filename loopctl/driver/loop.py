@@ -28,13 +28,12 @@ from loopctl.driver.handle import CURRENT_RUN, RunContext, RunHandle
 from loopctl.driver.run import RunDriver
 from loopctl.driver.run_state import run_config
 from loopctl.driver.run_thread import RunThread
-from loopctl.driver.session_link import SessionLink, link_for_start
+from loopctl.driver.session_link import SessionLink, link_for_start, new_link
 from loopctl.driver.signals import RunSteering
 from loopctl.driver.subagent import SubagentTool
 from loopctl.driver.subagent_runs import admit
 from loopctl.errors import (
     Cancelled,
-    ConfigError,
     LoopBusy,
     LoopError,
     MaxTurnsExceeded,
@@ -96,9 +95,7 @@ class BareLoop(LoopSetup):
             ConfigError: called after the first run, or not a session.
         """
         self._configurable("with_session")
-        if not (hasattr(session, "acquire") and hasattr(session, "load")):
-            raise ConfigError(f"with_session() takes a session (store.session(id)), got {session!r:.80}")
-        link = SessionLink(session)
+        link = new_link(session, "with_session()")
         if revision is not None:
             link.adopt(revision, incarnation)
         self._link = link

@@ -128,6 +128,17 @@ class SessionLink:
                 log.warning("releasing a session lease failed", exc_info=True)
 
 
+def new_link(session: Session, what: str) -> SessionLink:
+    """A link to ``session``, the one check of what a loop is given to keep (``what`` names the call).
+
+    Raises:
+        ConfigError: not a session.
+    """
+    if not (hasattr(session, "acquire") and hasattr(session, "load")):
+        raise ConfigError(f"{what} takes a session (store.session(id)), got {session!r:.80}")
+    return SessionLink(session)
+
+
 def link_for_start(current: Optional[SessionLink], session: Session, started: bool) -> SessionLink:
     """The link a start naming ``session`` runs with: the loop's own when it keeps that session, else a new one.
 
@@ -139,14 +150,12 @@ def link_for_start(current: Optional[SessionLink], session: Session, started: bo
     """
     if current is None:
         if started:
-            raise ConfigError("with_session() must be called before the first run starts")
-        if not (hasattr(session, "acquire") and hasattr(session, "load")):
-            raise ConfigError(f"with_session() takes a session (store.session(id)), got {session!r:.80}")
-        return SessionLink(session)
+            raise ConfigError("start(session=...): a loop takes a session only before its first run")
+        return new_link(session, "start(session=...)")
     kept = current.session
     if kept.id != session.id or kept.owner != session.owner or kept.store is not session.store:
         raise ConfigError(f"this loop keeps session {kept.id[:80]!r}, not {session.id[:80]!r}")
     return current
 
 
-__all__ = ["SessionLink", "link_for_start"]
+__all__ = ["SessionLink", "link_for_start", "new_link"]
