@@ -152,6 +152,12 @@ def _spans(text: str, forms: Iterable[str]) -> list[tuple[int, int]]:
     return spans
 
 
+def _mask_window(limit: int) -> int:
+    """How much of a text to mask (or search) to cut it at ``limit``: a key crossing the cut is seen whole."""
+    forms = _secret_forms
+    return limit + max(256, len(forms[0]) if forms else 0)
+
+
 def whole_cut(text: str, limit: int) -> int:
     """Where to cut ``text`` to keep at most ``limit`` characters without splitting a key.
 
@@ -161,7 +167,7 @@ def whole_cut(text: str, limit: int) -> int:
     if len(text) <= limit:
         return len(text)
     forms = _secret_forms
-    for start, end in reversed(_spans(text[: limit + max(256, len(forms[0]) if forms else 0)], forms)):
+    for start, end in reversed(_spans(text[: _mask_window(limit)], forms)):
         if start < limit < end:
             limit = start
     return limit
@@ -200,8 +206,7 @@ def masked_head(text: str, limit: int, mask: Callable[[str], str] = redact) -> s
     """
     if len(text) <= limit:
         return mask(text)
-    forms = _secret_forms
-    head = mask(text[: limit + max(256, len(forms[0]) if forms else 0)])
+    head = mask(text[: _mask_window(limit)])
     marker = head.find(REDACTED, max(0, limit - len(REDACTED) + 1), limit + len(REDACTED) - 1)
     return head[: marker + len(REDACTED) if 0 <= marker < limit else limit]
 

@@ -23,14 +23,14 @@ class UsageExit(Exception):
         self.code = code
 
 
-class _Parser(argparse.ArgumentParser):
+class CommandParser(argparse.ArgumentParser):
     """An argument parser that writes to the command's streams and never exits the process.
 
     ``main()`` runs in-process: help, version and usage errors go to the
     streams it was given, and end it with ``UsageExit`` (its exit code).
     """
 
-    commands: dict[str, _Parser]
+    commands: dict[str, CommandParser]
     out: Optional[IO[str]] = None
     err: Optional[IO[str]] = None
 
@@ -80,9 +80,9 @@ def _seconds(text: str) -> float:
     return value
 
 
-def build_parser() -> _Parser:
+def build_parser() -> CommandParser:
     """The argument parser of the ``loopctl`` command."""
-    common = _Parser(add_help=False)
+    common = CommandParser(add_help=False)
     common.add_argument("--provider", choices=("offline", "openai", "anthropic"), default="offline",
                         help="model provider (default: the embedded offline demo model)")
     common.add_argument("--model", help="model name (provider default when omitted)")
@@ -106,14 +106,14 @@ def build_parser() -> _Parser:
                         help="hand arithmetic to a 'calculator' sub-agent with its own add/multiply tools")
     # Hidden: the offline model's pause between streamed text deltas.
     common.add_argument("--delay", type=_seconds, default=None, help=argparse.SUPPRESS)
-    parser = _Parser(
+    parser = CommandParser(
         prog="loopctl",
         description="Run an LLM agent: streaming, live tool calls, typed guidance, Ctrl-C to stop.",
     )
     version = f"loopctl {__version__}"
     parser.add_argument("--version", action="version", version=version)
     common.add_argument("--version", action="version", version=version, help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{run,chat}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{run,chat}", parser_class=CommandParser)
     run = sub.add_parser("run", parents=[common], help="run the agent once on a task")
     run.add_argument("input", help='the task, e.g. "What is 12 + 30?"')
     run.add_argument("--output-schema", metavar="SCHEMA.json",
@@ -138,4 +138,4 @@ def load_schema(parser: argparse.ArgumentParser, path: str) -> object:
     return schema
 
 
-__all__ = ["UsageExit", "build_parser", "load_schema"]
+__all__ = ["CommandParser", "UsageExit", "build_parser", "load_schema"]

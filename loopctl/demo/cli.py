@@ -37,7 +37,7 @@ import attrs
 
 from loopctl.config import RunConfig, SessionConfig
 from loopctl.demo.approval_prompt import ApprovalPrompt, ask_policy
-from loopctl.demo.arguments import UsageExit, _Parser, build_parser, load_schema
+from loopctl.demo.arguments import CommandParser, UsageExit, build_parser, load_schema
 from loopctl.demo.chat_sessions import open_chat_session
 from loopctl.demo.clients import make_client
 from loopctl.demo.console import printable
@@ -319,7 +319,7 @@ def _isatty(stream: Any) -> bool:
         return False
 
 
-def _arguments(parser: _Parser, argv: Optional[Sequence[str]]) -> Optional[argparse.Namespace]:
+def _arguments(parser: CommandParser, argv: Optional[Sequence[str]]) -> Optional[argparse.Namespace]:
     """The parsed arguments, None without a subcommand.
 
     Raises:

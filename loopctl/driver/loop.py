@@ -31,7 +31,7 @@ from loopctl.driver.run_thread import RunThread
 from loopctl.driver.session_link import SessionLink, link_for_start, new_link
 from loopctl.driver.signals import RunSteering
 from loopctl.driver.subagent import SubagentTool
-from loopctl.driver.subagent_runs import admit
+from loopctl.driver.subagent_runs import may_start
 from loopctl.errors import (
     Cancelled,
     LoopBusy,
@@ -243,7 +243,7 @@ class BareLoop(LoopSetup):
                 link.open(self._machine, run.id if durable else None)
             rc = RunContext(run, self._cancel.view(), waiter)
             before = (self._link, self._started)
-            if not admit(rc):
+            if not may_start(rc):
                 # A sub-agent run whose caller was cancelled while this start
                 # waited (for the store, say): it never begins, nothing is written.
                 if link is not None:

@@ -5,7 +5,7 @@ use); the sub-agent tool notes each run there before it starts, and the
 calling run's cancel reaches it from then on (``SubagentRun.stop``): a run
 the loop has admitted is cancelled; a start not admitted yet (waiting, say,
 for its session's store) is abandoned at once, without waiting for it, and
-the loop's admission refuses it when it gets there (``admit``), so nothing
+the loop's admission refuses it when it gets there (``may_start``), so nothing
 of it runs after the cancel. Any thread
 may list and answer the runs' parked approvals or steer one of them by
 path. A sub-agent run settles with its caller as soon as its steering slot
@@ -256,7 +256,7 @@ def enter(rc: RunContext, name: str, loop: LoopSetup, run_id: str) -> Optional[S
     return active
 
 
-def admit(rc: RunContext) -> bool:
+def may_start(rc: RunContext) -> bool:
     """Whether the run being admitted may start: False for a sub-agent run whose caller was cancelled meanwhile.
 
     Called by the loop's admission (its busy lock held, the session's lease
@@ -294,5 +294,5 @@ def _add_usage(run: Run, usage: Usage) -> None:
 
 
 __all__ = [
-    "END_PATIENCE_S", "SETTLE_S", "SUBAGENT_ENTRY", "SubagentRun", "SubagentRuns", "admit", "enter", "hand_over", "runs_of",
+    "END_PATIENCE_S", "SETTLE_S", "SUBAGENT_ENTRY", "SubagentRun", "SubagentRuns", "enter", "hand_over", "may_start", "runs_of",
 ]

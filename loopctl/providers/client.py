@@ -194,8 +194,7 @@ class HTTPClientBase:
         headers = self._headers()
         headers.update(self._extra_headers)
         if stream:
-            headers["accept"] = "text/event-stream"
-            headers["accept-encoding"] = "identity"  # no compression holding deltas back
+            headers["accept"] = "text/event-stream"  # (every call asks for an unencoded body: http.post)
         return headers
 
     def _post(self, body: dict[str, Any], scope: CallScope, call: CallInfo, stream: bool) -> requests.Response:
