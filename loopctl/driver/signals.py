@@ -69,8 +69,8 @@ class Steering:
     """Guidance from outside the loop, delivered at the next turn boundary.
 
     ``push`` is accepted only while a run is in flight (from the moment
-    ``start()`` returns), and only while the guidance still waiting for a
-    turn boundary stays within the caps. Guidance the run never reached is
+    ``start()`` returns), and only while the guidance held, live and
+    sealed, stays within the caps with it. Guidance the run never reached is
     sealed when it ends: ``take_leftovers`` hands it back; later runs never
     deliver it. Sealed guidance counts against the same caps and is never
     dropped: a push that live plus sealed guidance leave no room for is
