@@ -44,12 +44,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from loopctl.approvals import ApprovalContext
 from loopctl.approvals.gate import ParkedBatch
 from loopctl.cancel import CancelSignal
 from loopctl.driver.admission import Admitted, admit, taken
-from loopctl.driver.approval_gate import dispatch_parked, needs_approval, park_batch, pipeline_gate
-from loopctl.driver.recovery import corrected, plan_retry
+from loopctl.driver.approval_gate import dispatch_parked, park_batch, pipeline_gate
+from loopctl.driver.recovery import apply_correction, plan_retry
 from loopctl.driver.tool_calls import CallState, plan_waves, result_hash
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
 from loopctl.events import LoopDetectedEvent, ToolPost, ToolPre
@@ -347,8 +346,9 @@ class Dispatcher:
                     out = invoke_tool(tool, thaw(call.input), st.ctx)
                 st.resolved = call.name
             else:
+                args = thaw(call.input)
                 gate = pipeline_gate(call, st.tool, parts.tools, parts.approval_policy)  # a layer's rewrite passes it
-                d = DispatchContext(call.name, thaw(call.input), call.name, call.id, turn, st.attempt, st.ctx, parts.tools, gate)
+                d = DispatchContext(call.name, args, call.name, call.id, turn, st.attempt, st.ctx, parts.tools, gate)
                 out = pipeline.dispatch(d)
                 st.resolved = d.tool_name
         except Exception as exc:  # a custom pipeline that raises; never kill the run
@@ -432,18 +432,7 @@ class Dispatcher:
             with rc.unfenced():
                 self.sleep(rc.cancel, delay)
         self._check_cancel(rc)
-        fixed = corrected(st.call, st.correction)
-        if fixed is not st.call:  # a corrected call passes the gate again (same id)
-            again = admit([fixed], self.parts.tools)[0]
-            st.call, st.tool = again.call, again.tool
-            c = again.call
-            ctx = ApprovalContext(c.name, c.input, c.id, rc.run.id, run.session_id, turn)
-            if needs_approval(again, self.parts.approval_policy, ctx, rc.unfenced):
-                st.refusal = (
-                    f"Tool '{c.name}': the corrected call was not run because it needs a person's approval; "
-                    "call the tool again to ask for it"
-                )
-        st.correction = None
+        apply_correction(self.parts, run, turn, st)
         st.attempt += 1
 
 

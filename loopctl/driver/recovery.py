@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Optional
 
 import attrs
 
+from loopctl.approvals import ApprovalContext
+from loopctl.driver.admission import admit
+from loopctl.driver.approval_gate import needs_approval
 from loopctl.messages import ToolCallPart, ToolSchema
 from loopctl.tools.recovery import (
     MAX_RETRIES,
@@ -102,4 +105,26 @@ def corrected(call: ToolCallPart, correction: object) -> ToolCallPart:
     return call
 
 
-__all__ = ["corrected", "decide", "plan_retry"]
+def apply_correction(parts: LoopParts, run: RunState, turn: int, st: CallState) -> None:
+    """Apply a retry's correction: the corrected call passes the gate again (same id).
+
+    An approval covers the call as it was approved: a correction that
+    changes it into a call needing approval is refused (``st.refusal``), not run.
+    """
+    fixed = corrected(st.call, st.correction)
+    st.correction = None
+    if fixed is st.call:
+        return
+    again = admit([fixed], parts.tools)[0]
+    st.call, st.tool = again.call, again.tool
+    c = again.call
+    rc = run.rc
+    ctx = ApprovalContext(c.name, c.input, c.id, rc.run.id, run.session_id, turn)
+    if needs_approval(again, parts.approval_policy, ctx, rc.unfenced):
+        st.refusal = (
+            f"Tool '{c.name}': the corrected call was not run because it needs a person's approval; "
+            "call the tool again to ask for it"
+        )
+
+
+__all__ = ["apply_correction", "corrected", "decide", "plan_retry"]
