@@ -40,6 +40,7 @@ from loopctl.observers import (
     StreamFailure,
     StreamSuccess,
 )
+from loopctl.providers import AnthropicClient, OpenAIClient
 from loopctl.providers.base import StreamAccumulator
 from loopctl.tools import Tool, ToolContext
 
@@ -417,3 +418,20 @@ def reachable_texts(root: object, depth: int = 6) -> Iterator[str]:
         for name in getattr(type(obj), "__slots__", ()):
             todo.append((getattr(obj, name, None), nxt))
 
+
+# -- clients of the fake model server (tests/fakeserver.py) ------------------------------------
+
+#: The API key the wire tests give their clients (key-shaped: masking tests look for it).
+WIRE_KEY = "sk-test-abcdef0123456789"
+#: ``StreamHandler`` arguments for retries without waits.
+FAST_RETRIES: dict[str, float] = dict(base_delay=0.0, jitter=0.0, rate_limit_delay=0.0)
+
+
+def openai_at(server: Any, **kw: Any) -> OpenAIClient:
+    """An ``OpenAIClient`` of the fake server (``server.openai_url``), keyed with ``WIRE_KEY``."""
+    return OpenAIClient("gpt-test", api_key=WIRE_KEY, base_url=server.openai_url, **kw)
+
+
+def anthropic_at(server: Any, **kw: Any) -> AnthropicClient:
+    """An ``AnthropicClient`` of the fake server, keyed with ``WIRE_KEY``."""
+    return AnthropicClient("claude-test", api_key=WIRE_KEY, base_url=server.url, **kw)

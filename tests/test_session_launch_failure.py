@@ -12,22 +12,39 @@ from loopctl.sessions import SQLiteSessionStore
 from loopctl.testing import ScriptedClient, reply
 
 
-def test_a_run_thread_that_cannot_start_leaves_the_session_free(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+class RunThreads:
+    """Makes the start of a run's thread fail (``refuse``) until ``allow``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.monkeypatch = monkeypatch
+        self.real_start = threading.Thread.start
+
+    def refuse(self) -> None:
+        real_start = self.real_start
+
+        def refuse_run_threads(thread: threading.Thread) -> None:
+            if thread.name.startswith("loopctl-run-"):
+                raise RuntimeError("can't start new thread")
+            real_start(thread)
+
+        self.monkeypatch.setattr(threading.Thread, "start", refuse_run_threads)
+
+    def allow(self) -> None:
+        self.monkeypatch.setattr(threading.Thread, "start", self.real_start)
+
+
+@pytest.fixture
+def run_threads(monkeypatch: pytest.MonkeyPatch) -> RunThreads:
+    return RunThreads(monkeypatch)
+
+
+def test_a_run_thread_that_cannot_start_leaves_the_session_free(tmp_path: Path, run_threads: RunThreads) -> None:
     store = SQLiteSessionStore(tmp_path / "s.db")
     loop = BareLoop(ScriptedClient([reply("hello")])).with_session(store.session("ada"))
-    real_start = threading.Thread.start
-
-    def refuse_run_threads(self: threading.Thread) -> None:
-        if self.name.startswith("loopctl-run-"):
-            raise RuntimeError("can't start new thread")
-        real_start(self)
-
-    monkeypatch.setattr(threading.Thread, "start", refuse_run_threads)
+    run_threads.refuse()
     with pytest.raises(RuntimeError, match="can't start"):
         loop.run("hi")
-    monkeypatch.setattr(threading.Thread, "start", real_start)
+    run_threads.allow()
     assert not [t for t in threading.enumerate() if t.name.startswith("loopctl-session-lease")]
     # Another loop on the same session is not refused as busy, and this one runs again.
     other = BareLoop(ScriptedClient([reply("again")])).with_session(store.session("ada"))
@@ -38,21 +55,14 @@ def test_a_run_thread_that_cannot_start_leaves_the_session_free(
 
 
 def test_a_start_with_a_session_whose_thread_cannot_start_leaves_the_loop_as_it_was(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, run_threads: RunThreads
 ) -> None:
     store = SQLiteSessionStore(tmp_path / "s.db")
     loop = BareLoop(ScriptedClient([reply("plain")]))
-    real_start = threading.Thread.start
-
-    def refuse_run_threads(self: threading.Thread) -> None:
-        if self.name.startswith("loopctl-run-"):
-            raise RuntimeError("can't start new thread")
-        real_start(self)
-
-    monkeypatch.setattr(threading.Thread, "start", refuse_run_threads)
+    run_threads.refuse()
     with pytest.raises(RuntimeError, match="can't start"):
         loop.start("hi", session=store.session("ada"))
-    monkeypatch.setattr(threading.Thread, "start", real_start)
+    run_threads.allow()
     # The session was never the loop's: a plain run writes nothing into it.
     assert loop.run("unrelated").output == "plain"
     assert store.session("ada").messages() == []

@@ -31,7 +31,15 @@ from fakeserver import (
     openai_stream,
     sse,
 )
-from support import Recorder, collect_stream, hi_request
+from support import (
+    FAST_RETRIES,
+    WIRE_KEY,
+    Recorder,
+    anthropic_at,
+    collect_stream,
+    hi_request,
+    openai_at,
+)
 
 from loopctl import BareLoop, tool
 from loopctl.errors import ContextOverflow, LoopError, ModelError, RateLimited
@@ -44,16 +52,7 @@ from loopctl.providers.base import MAX_JSON_DEPTH, tool_call_part
 from loopctl.providers.boundary import CallInfo, Secret, map_exception
 from loopctl.providers.http import encode_body
 
-KEY = "sk-test-abcdef0123456789"
-FAST = dict(base_delay=0.0, jitter=0.0, rate_limit_delay=0.0)
-
-
-def oa(server: FakeServer, **kw: Any) -> OpenAIClient:
-    return OpenAIClient("gpt-test", api_key=KEY, base_url=server.openai_url, **kw)
-
-
-def an(server: FakeServer, **kw: Any) -> AnthropicClient:
-    return AnthropicClient("claude-test", api_key=KEY, base_url=server.url, **kw)
+KEY, FAST, oa, an = WIRE_KEY, FAST_RETRIES, openai_at, anthropic_at
 
 
 @tool
