@@ -612,6 +612,25 @@ def test_unknown_ids_busy_conversations_and_duplicate_ids(cluster: Cluster) -> N
         cluster.registry("no-colon")
 
 
+def test_an_id_no_run_can_have_is_refused_at_start_and_unknown_everywhere(cluster: Cluster) -> None:
+    # A run's keys are its id plus ":"-suffixes: "<id>:ev" would name another run's events.
+    held = f"held-{uid()}"
+    reg = cluster.registry(queue=held)
+    rid = reg.start(uid(), plan_text(uid(), turns=1), run_id=f"r-{uid()}", owner="alice")
+    for bad in (f"{rid}:ev", f"{rid}:done", "x:y"):
+        with pytest.raises(ConfigError, match="without ':'"):
+            reg.start(uid(), "x", run_id=bad)
+    for probe in (f"{rid}:ev", f"{rid}:done", None, ("a", "b"), 7):
+        for owner in ("alice", "mallory"):  # the same answer for every owner: nothing to probe
+            for call in (reg.status, reg.leftovers, reg.result, reg.cancel, reg.events):
+                with pytest.raises(KeyError):
+                    call(probe, owner=owner)  # type: ignore[operator]
+            with pytest.raises(KeyError):
+                reg.steer(probe, "x", owner=owner)  # type: ignore[arg-type]
+    release_held(cluster.sig, held)
+    assert reg.result(rid, timeout=WAIT, owner="alice").id == rid
+
+
 def test_a_consumer_behind_the_buffer_gets_a_gap_then_the_rest(cluster: Cluster) -> None:
     reg = cluster.registry(event_buffer=8)
     rid = reg.start(uid(), plan_text(uid(), turns=5))

@@ -37,13 +37,25 @@ def check_owner(owner: object) -> Optional[str]:
     raise ConfigError(f"owner must be a non-empty str or None, got {type(owner).__name__} {owner!r:.60}")
 
 
+def is_run_id(value: object) -> bool:
+    """Whether ``value`` can name a run: a non-empty str without ``:``.
+
+    A run's keys are its id plus ``:``-suffixes (``<id>:ev``, ``<id>:done``):
+    an id holding ``:`` could name another run's keys.
+    """
+    return isinstance(value, str) and bool(value) and ":" not in value
+
+
 def fields_of(backend: RedisBackend, run_id: str, owner: Optional[str] = None) -> Dict[str, str]:
-    """The run's stored fields.
+    """The run's stored fields (every by-id call's first read).
 
     Raises:
-        KeyError: an unknown (or expired) run id, or a run started with
-            another ``owner`` (the same message: ids cannot be probed).
+        KeyError: an unknown (or expired) run id, one no run can have, or a
+            run started with another ``owner`` (the same message: ids cannot
+            be probed).
     """
+    if not is_run_id(run_id):
+        raise KeyError(f"unknown run id {run_id!r:.100}")
     fields = backend.status(run_id)
     if not fields or fields.get("owner") != check_owner(owner):
         raise KeyError(f"unknown run id {run_id!r}")

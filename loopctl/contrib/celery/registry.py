@@ -33,6 +33,7 @@ from .reads import (
     fields_of,
     follow_events,
     history_of,
+    is_run_id,
     leftovers_of,
     list_statuses,
     status_of,
@@ -194,8 +195,8 @@ class CeleryRunRegistry(ApprovalsMixin):
         """
         config = checked_run(conversation, input, config, output_type)
         rid = uuid.uuid4().hex if run_id is None else run_id
-        if not isinstance(rid, str) or not rid:
-            raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
+        if not is_run_id(rid):
+            raise ConfigError(f"run_id must be a non-empty str without ':', got {run_id!r:.100}")
         who = check_owner(owner) or ""
         mode = self._resume if resume is None else resume_mode_of(resume)
         bound = self._max_resumes if max_resumes is None else max_resumes_of(max_resumes)
