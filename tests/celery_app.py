@@ -241,6 +241,15 @@ def make_end_gated_loop(conversation: str, history: List[Message]) -> BareLoop:
     return loop
 
 
+def make_failing_loop(conversation: str, history: List[Message]) -> BareLoop:
+    """A factory that fails once the test lets it: it pushes ``t:<conversation>:factory``, then
+    waits for ``t:<conversation>:factory:go`` (at most 10 s) and raises."""
+    sig = signals()
+    sig.rpush(f"t:{conversation}:factory", "in")
+    sig.blpop([f"t:{conversation}:factory:go"], timeout=10)
+    raise RuntimeError("the loop factory broke")
+
+
 def make_timed_loop(conversation: str, history: List[Message]) -> BareLoop:
     """``make_loop`` that also records when its steering slot accepts a push (benchmark)."""
     loop = make_loop(conversation, history)

@@ -663,6 +663,39 @@ def test_a_run_nobody_picks_up_fails_after_queue_timeout_and_frees_the_conversat
     assert reg.result(nxt, timeout=WAIT).output is not None
 
 
+def test_a_cancel_taken_for_a_run_nobody_picks_up_ends_it_cancelled_at_queue_timeout(
+    cluster: Cluster,
+) -> None:
+    # One cancel = one cancelled run: a cancel that returned True is how the run ends, even
+    # when it ends because no worker came (the same step ends a run whose worker was lost).
+    held = f"held-{uid()}"
+    reg = cluster.registry(queue=held, queue_timeout=0.3)
+    conv, tag = uid(), uid()
+    rid = reg.start(conv, plan_text(tag, turns=1, record=True))
+    assert reg.steer(rid, "never heard")
+    assert reg.cancel(rid, "user pressed stop") is True
+    with pytest.raises(Cancelled, match="user pressed stop"):
+        reg.result(rid, timeout=WAIT)
+    assert reg.status(rid).state == "cancelled"
+    assert texts(reg.leftovers(rid)) == ["never heard"]
+    assert reg.cancel(rid) is False
+    assert cluster.requests(tag) == []
+    cluster.sig.delete(held)
+
+
+def test_a_cancel_taken_while_the_loop_factory_fails_ends_the_run_cancelled(cluster: Cluster) -> None:
+    reg = cluster.registry("tests.celery_app:make_failing_loop")
+    conv = uid()
+    rid = reg.start(conv, "hi")
+    assert cluster.sig.blpop([f"t:{conv}:factory"], timeout=WAIT)  # the worker is inside the factory
+    assert reg.steer(rid, "kept")
+    assert reg.cancel(rid, "stop") is True
+    cluster.sig.rpush(f"t:{conv}:factory:go", "1")
+    with pytest.raises(Cancelled, match="stop"):
+        reg.result(rid, timeout=WAIT)
+    assert reg.status(rid).state == "cancelled" and texts(reg.leftovers(rid)) == ["kept"]
+
+
 def test_an_unreachable_broker_fails_start_at_once_and_frees_the_conversation(cluster: Cluster) -> None:
     app = celery_app.make_app(f"redis://127.0.0.1:{free_port()}/0")
     reg = celery_app.make_registry(app, cluster.url)

@@ -68,16 +68,23 @@ local function close_ended(rid, state, err, err_type, now, keep_ms, buf, approx)
   signal_end(rid, keep_ms)
 end
 
-local function close_failed(rid, err, err_type, now, keep_ms, buf, approx)
-  close_ended(rid, 'failed', err, err_type, now, keep_ms, buf, approx)
-end
-
 -- A cancel stored for a run that is not on any worker (waiting to resume).
 local function close_cancelled(rid, now, keep_ms, buf, approx)
   local reason = redis.call('HGET', rk(rid, ''), 'cancel_reason')
   local err = 'run cancelled'
   if reason then err = err .. ': ' .. reason end
   close_ended(rid, 'cancelled', err, 'Cancelled', now, keep_ms, buf, approx)
+end
+
+-- A run that can no longer run (lost, expired in the queue, not enqueued) ends
+-- failed, unless a cancel was taken for it (CANCEL returned 1): then it ends
+-- cancelled, as that cancel said it would.
+local function close_failed(rid, err, err_type, now, keep_ms, buf, approx)
+  if redis.call('HGET', rk(rid, ''), 'cancel') == '1' then
+    close_cancelled(rid, now, keep_ms, buf, approx)
+  else
+    close_ended(rid, 'failed', err, err_type, now, keep_ms, buf, approx)
+  end
 end
 
 -- Back on the queue from its last checkpoint (a durable run): the conversation

@@ -337,6 +337,8 @@ def _launch(
         if st.error is not exc:
             st.error.__cause__ = exc
         log.error("run %s: %s", run_id, msg)
+        # The run ends here: its ending point, as a started run's (a cancel taken meanwhile ends it cancelled).
+        st.error = at_end() or st.error
     return st
 
 
