@@ -643,17 +643,23 @@ def test_a_consumer_behind_the_buffer_gets_a_gap_then_the_rest(cluster: Cluster)
     assert gap["dropped"] == seq0 and got[-1][1]["type"] == "run_end"
 
 
-def test_a_run_nobody_picks_up_fails_after_queue_timeout_and_frees_the_conversation(
-    cluster: Cluster,
+@pytest.mark.parametrize("cancelled", [False, True], ids=["fails", "cancel-taken"])
+def test_a_run_nobody_picks_up_ends_at_queue_timeout_and_frees_the_conversation(
+    cluster: Cluster, cancelled: bool
 ) -> None:
+    # It fails; but one cancel = one cancelled run: a cancel that returned True is how it
+    # ends, even when it ends because no worker came (the same step ends a lost worker's run).
     held = f"held-{uid()}"
     reg = cluster.registry(queue=held, queue_timeout=0.3)
     conv, tag = uid(), uid()
     rid = reg.start(conv, plan_text(tag, turns=1, record=True))
     assert reg.steer(rid, "never heard")
-    with pytest.raises(LoopError, match="queue_timeout"):
+    if cancelled:
+        assert reg.cancel(rid, "user pressed stop") is True
+    with pytest.raises(Cancelled if cancelled else LoopError, match="user pressed stop" if cancelled else "queue_timeout"):
         reg.result(rid, timeout=WAIT)  # the lock's expiry is seen at the next read slice
-    assert reg.status(rid).state == "failed"
+    assert reg.status(rid).state == ("cancelled" if cancelled else "failed")
+    assert reg.cancel(rid) is False
     assert texts(reg.leftovers(rid)) == ["never heard"]
     assert [e["type"] for _, e in reg.events(rid, timeout=WAIT)] == ["run_end"]
     assert reg.execute(rid, conv) == "skipped"  # a late pickup never runs it
@@ -661,26 +667,6 @@ def test_a_run_nobody_picks_up_fails_after_queue_timeout_and_frees_the_conversat
     cluster.sig.delete(held)
     nxt = cluster.registry().start(conv, plan_text(uid(), turns=1))
     assert reg.result(nxt, timeout=WAIT).output is not None
-
-
-def test_a_cancel_taken_for_a_run_nobody_picks_up_ends_it_cancelled_at_queue_timeout(
-    cluster: Cluster,
-) -> None:
-    # One cancel = one cancelled run: a cancel that returned True is how the run ends, even
-    # when it ends because no worker came (the same step ends a run whose worker was lost).
-    held = f"held-{uid()}"
-    reg = cluster.registry(queue=held, queue_timeout=0.3)
-    conv, tag = uid(), uid()
-    rid = reg.start(conv, plan_text(tag, turns=1, record=True))
-    assert reg.steer(rid, "never heard")
-    assert reg.cancel(rid, "user pressed stop") is True
-    with pytest.raises(Cancelled, match="user pressed stop"):
-        reg.result(rid, timeout=WAIT)
-    assert reg.status(rid).state == "cancelled"
-    assert texts(reg.leftovers(rid)) == ["never heard"]
-    assert reg.cancel(rid) is False
-    assert cluster.requests(tag) == []
-    cluster.sig.delete(held)
 
 
 def test_a_cancel_taken_while_the_loop_factory_fails_ends_the_run_cancelled(cluster: Cluster) -> None:

@@ -16,6 +16,7 @@ import pytest
 from loopctl import BareLoop, ConfigError, LoopBusy, Message, RunRegistry, SessionBusy, tool
 from loopctl.sessions import SQLiteSessionStore
 from loopctl.testing import ScriptedClient, call, reply
+from loopctl.tools import Tool
 
 
 def texts(messages: List[Message]) -> List[str]:
@@ -79,9 +80,8 @@ def test_5_another_owners_session_is_an_unknown_id_and_bad_arguments_are_refused
     store.close()
 
 
-def test_5_a_reload_finds_the_run_in_flight_on_its_session_and_a_second_start_is_busy(tmp_path: Path) -> None:
-    store = SQLiteSessionStore(tmp_path / "s.db")
-    entered, go = threading.Event(), threading.Event()
+def gated_tool(entered: threading.Event, go: threading.Event) -> Tool:
+    """A tool ``gate`` that sets ``entered`` and waits (at most 10 s) for ``go``."""
 
     @tool
     def gate() -> str:
@@ -89,6 +89,14 @@ def test_5_a_reload_finds_the_run_in_flight_on_its_session_and_a_second_start_is
         entered.set()
         go.wait(10)
         return "ok"
+
+    return gate
+
+
+def test_5_a_reload_finds_the_run_in_flight_on_its_session_and_a_second_start_is_busy(tmp_path: Path) -> None:
+    store = SQLiteSessionStore(tmp_path / "s.db")
+    entered, go = threading.Event(), threading.Event()
+    gate = gated_tool(entered, go)
 
     with RunRegistry(session_store=store) as reg:
         rid = reg.start(
@@ -114,13 +122,7 @@ def test_5_a_refused_start_leaves_the_loop_without_the_session(tmp_path: Path, r
     lease.append([Message.user("stored")])
     lease.release()
     entered, go = threading.Event(), threading.Event()
-
-    @tool
-    def gate() -> str:
-        """Waits for the test."""
-        entered.set()
-        go.wait(10)
-        return "ok"
+    gate = gated_tool(entered, go)
 
     holder = BareLoop(ScriptedClient([call("gate"), reply("held")]), [gate])
     client = ScriptedClient([reply("answer in B")])
