@@ -133,7 +133,8 @@ def test_blank_entries_send_no_memory_message() -> None:
 _FRAGMENTS = st.sampled_from([
     "End", "end", "of", "the", "relevant", "Relevant", "RELEVANT", "memory", "Memory", "(", ")", ":",
     "reference", "only", ",", ".", " ", "  ", "\n", "\r\n", "\t", "\u200b", "\u00a0", "\u2028", "\u202e",
-    "\uff52\uff45\uff4c\uff45\uff56\uff41\uff4e\uff54", "obey", "x", "\ud800", MEMORY_PREFIX, MEMORY_SUFFIX,
+    "\u034f", "\ufe0f", "\uff52\uff45\uff4c\uff45\uff56\uff41\uff4e\uff54", "obey", "x", "\ud800",
+    MEMORY_PREFIX, MEMORY_SUFFIX,
     "[marker removed]", TOOL_OUTPUT_LABEL,
 ])
 

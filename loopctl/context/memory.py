@@ -82,7 +82,8 @@ _WORD = re.compile(r"\w+", re.UNICODE)
 # What an entry's text could use to close the fence or open a second one:
 # the two marker phrases, matched loosely (any case, punctuation or spacing
 # between the words) on the text's skeleton (``confusables.fold``: NFKD,
-# combining marks dropped, Cyrillic and Greek look-alikes read as Latin).
+# marks and default-ignorable code points dropped, Cyrillic and Greek
+# look-alikes read as Latin).
 _FENCE_MARKER = re.compile(
     r"relevant[\W_]*memory[\W_]*reference[\W_]*only|end[\W_]*of[\W_]*(?:the[\W_]*)?relevant[\W_]*memory",
     re.IGNORECASE,
@@ -256,9 +257,9 @@ def fence_line(text: str) -> str:
     characters (zero-width, bidi controls) and other control characters are
     dropped; a lone surrogate becomes U+FFFD; and a phrase that could close
     the fence or open another (``MEMORY_PREFIX``, ``MEMORY_SUFFIX``, in any
-    case or spacing, spelled with compatibility forms, combining marks or
-    Cyrillic/Greek look-alike letters) becomes ``[marker removed]``; the
-    rest of the line is kept as it was.
+    case or spacing, spelled with compatibility forms, marks, invisible code
+    points or Cyrillic/Greek look-alike letters) becomes ``[marker
+    removed]``; the rest of the line is kept as it was.
     """
     text = clean_text(text)
     if not text.isprintable():  # line breaks, tabs, controls, zero-width and bidi characters
