@@ -6,12 +6,15 @@ request or store that carries it); ``json_depth_exceeds`` tells, without
 parsing, whether JSON text nests deeper than a limit (``json`` would raise
 ``RecursionError`` long after the damage is done); ``json_safe`` makes a
 value JSON that ``allow_nan=False`` accepts (a non-finite float becomes
-null, as JavaScript's ``JSON.stringify`` does). ``loopctl.text`` re-exports
-them.
+null, as JavaScript's ``JSON.stringify`` does); ``loads_strict`` reads JSON
+as RFC 8259 defines it (``NaN``, ``Infinity`` and a number too large for a
+float are refused, where Python's ``json`` reads them as non-finite floats
+that no outlet can write back). ``loopctl.text`` re-exports them.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -68,4 +71,33 @@ def json_safe(value: object) -> Any:
     return value
 
 
-__all__ = ["MAX_JSON_DEPTH", "clean_text", "json_depth_exceeds", "json_safe"]
+class NotJSONNumber(ValueError):
+    """``NaN``, ``Infinity``, ``-Infinity`` or a literal too large for a float: not a JSON number."""
+
+
+def _refuse_constant(name: str) -> object:
+    raise NotJSONNumber(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NotJSONNumber(f"{text[:40]} is too large for a number")
+    return value
+
+
+def loads_strict(text: str) -> object:
+    """``json.loads`` that refuses what RFC 8259 does not allow and Python's json does.
+
+    Raises:
+        NotJSONNumber: ``NaN``/``Infinity``/``-Infinity``, or a number that
+            overflows to an infinite float (``1e999``).
+        ValueError: any other malformed JSON.
+        RecursionError: the text nests too deeply to parse.
+    """
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
+__all__ = [
+    "MAX_JSON_DEPTH", "NotJSONNumber", "clean_text", "json_depth_exceeds", "json_safe", "loads_strict",
+]

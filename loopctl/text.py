@@ -1,8 +1,9 @@
 """Text that crosses a trust boundary, made safe in one place (a leaf).
 
-``clean_text``, ``json_depth_exceeds`` and ``json_safe`` (lone surrogates,
-JSON nesting, non-finite numbers) live in ``loopctl.jsontext``, the one
-leaf this one imports, and are re-exported here.
+``clean_text``, ``json_depth_exceeds``, ``json_safe`` and ``loads_strict``
+(lone surrogates, JSON nesting, non-finite numbers) live in
+``loopctl.jsontext``, the one leaf this one imports, and are re-exported
+here.
 
 ``redact`` is the one mask every outlet's text goes through (errors, events,
 serialized records, logs, spans, CLI output): it hides every credential a
@@ -27,7 +28,14 @@ from typing import Any, TypeVar
 
 import attrs
 
-from loopctl.jsontext import MAX_JSON_DEPTH, clean_text, json_depth_exceeds, json_safe
+from loopctl.jsontext import (
+    MAX_JSON_DEPTH,
+    NotJSONNumber,
+    clean_text,
+    json_depth_exceeds,
+    json_safe,
+    loads_strict,
+)
 
 #: The most untrusted text an error message or an event's error field quotes.
 EXCERPT_LIMIT = 2048
@@ -413,6 +421,7 @@ __all__ = [
     "MAX_HELD_CHARS",
     "MAX_JSON_DEPTH",
     "MIN_SECRET_CHARS",
+    "NotJSONNumber",
     "REDACTED",
     "RedactingFilter",
     "StreamMask",
@@ -421,6 +430,7 @@ __all__ = [
     "install_log_filter",
     "json_depth_exceeds",
     "json_safe",
+    "loads_strict",
     "masked_head",
     "quote",
     "redact",

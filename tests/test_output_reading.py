@@ -90,6 +90,26 @@ def test_a_model_that_forgot_the_wrapper_is_taken_at_its_word() -> None:
     assert read_reply(OutputSpec.of(str), "plain words, no JSON").value == "plain words, no JSON"
 
 
+@pytest.mark.parametrize(
+    ("output_type", "text", "problem"),
+    [
+        (float, "NaN", "NaN is not a JSON number"),
+        (float, '{"result": Infinity}', "Infinity is not a JSON number"),
+        (float, "-Infinity", "-Infinity is not a JSON number"),
+        (float, "1e999", "1e999 is too large for a number"),
+        (Point, '{"x": 1, "y": NaN}', "NaN is not a JSON number"),
+        ({"type": "object", "properties": {"x": {"type": "number"}}}, '{"x": -1e400}', "-1e400 is too large for a number"),
+    ],
+    ids=["nan", "infinity-wrapped", "minus-infinity", "overflow", "nan-field", "overflow-in-schema-dict"],
+)
+def test_nan_infinity_and_an_overflowing_number_are_not_json_numbers(
+    output_type: object, text: str, problem: str
+) -> None:
+    reading = read_reply(OutputSpec.of(output_type), text)
+    assert not reading.ok
+    assert reading.errors == (f"the reply is not valid JSON: {problem}; it began {text!r}",)
+
+
 def test_a_code_fence_around_the_json_is_accepted() -> None:
     reading = read_reply(OutputSpec.of(City), '```json\n{"name": "Oslo", "population": 7}\n```')
     assert reading.value == City("Oslo", 7)

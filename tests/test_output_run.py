@@ -100,6 +100,30 @@ def test_a_truncated_object_names_max_tokens_and_exhausted_retries_fail_the_run(
     assert attempts == [(1, 2), (2, 2)]
 
 
+@pytest.mark.parametrize("mode", ["native", "prompt"])
+@pytest.mark.parametrize("bad", ['{"result": NaN}', "Infinity", "1e999"])
+def test_a_non_finite_number_is_answered_with_its_problem_in_every_text_mode(mode: str, bad: str) -> None:
+    client = ScriptedClient([reply(bad), reply('{"result": 2.5}')])
+    with BareLoop(client) as loop:
+        run = loop.run("0/0?", RunConfig(output_mode=mode), output_type=float)
+    assert run.output_value == 2.5 and run.turn_count == 2
+    assert run.to_dict()["output_value"] == 2.5
+    again = client.requests[1].messages[-1]
+    assert again.role.value == "user" and ("not a JSON number" in again.text or "too large" in again.text)
+
+
+def test_a_non_finite_number_with_no_retries_left_fails_the_run_in_the_registry_too() -> None:
+    loop = BareLoop(ScriptedClient([reply("NaN")]))
+    with RunRegistry() as reg:
+        rid = reg.start(loop, "0/0?", RunConfig(output_retries=0), output_type=float)
+        with pytest.raises(OutputValidationError) as info:
+            reg.result(rid, timeout=10)
+        status = reg.status(rid)
+    loop.close()
+    assert info.value.errors == ("the reply is not valid JSON: NaN is not a JSON number; it began 'NaN'",)
+    assert status.state == "failed" and status.output_value is None
+
+
 def test_retries_zero_fails_on_the_first_bad_answer() -> None:
     client = ScriptedClient([reply("nope")])
     with BareLoop(client) as loop, pytest.raises(OutputValidationError):

@@ -136,6 +136,16 @@ def test_openai_bad_answers_are_sent_back_with_their_problems(server: FakeServer
     assert len(failed) == 1 and any(problem in e for e in failed[0].errors)
 
 
+def test_openai_native_nan_answer_is_sent_back_as_not_a_json_number(server: FakeServer) -> None:
+    server.push(Stream(openai_stream('{"result": NaN}')), Stream(openai_stream('{"result": 0.5}')))
+    with BareLoop(openai(server)) as loop:
+        run = loop.run("0/0?", RunConfig(output_mode="native"), output_type=float)
+    assert run.output_value == 0.5 and json.loads(json.dumps(run.to_dict()))["output_value"] == 0.5
+    again = server.requests[1].json["messages"]
+    assert again[-2] == {"role": "assistant", "content": '{"result": NaN}'}
+    assert again[-1]["role"] == "user" and "NaN is not a JSON number" in again[-1]["content"]
+
+
 def test_a_truncated_object_at_max_tokens_fails_after_the_retries(server: FakeServer) -> None:
     for _ in range(3):
         server.push(Stream(openai_stream('{"name": "Os', finish="length")))

@@ -15,7 +15,7 @@ from typing import Any, Optional
 import attrs
 
 from loopctl.output.spec import FINAL_TOOL, OutputSpec
-from loopctl.text import MAX_JSON_DEPTH, json_depth_exceeds, masked_head
+from loopctl.text import MAX_JSON_DEPTH, json_depth_exceeds, loads_strict, masked_head
 from loopctl.tools.validation import problems
 
 #: Replies nested deeper than this are refused as answers (json's recursion is no judge).
@@ -57,6 +57,9 @@ def _short(text: str) -> str:
 def read_reply(spec: OutputSpec, text: str, truncated: bool = False) -> OutputReading:
     """Read a final reply's text (native or prompt mode) into ``spec``'s type.
 
+    The JSON is read strictly, as a tool's arguments are: ``NaN``,
+    ``Infinity`` and a number too large for a float are not JSON numbers.
+
     Args:
         spec: the compiled answer type.
         text: the reply's text.
@@ -68,8 +71,8 @@ def read_reply(spec: OutputSpec, text: str, truncated: bool = False) -> OutputRe
     if json_depth_exceeds(body, MAX_DEPTH):
         return _fail(text, f"the reply is nested more than {MAX_DEPTH} levels deep")
     try:
-        value = json.loads(body)
-    except ValueError as exc:
+        value = loads_strict(body)
+    except ValueError as exc:  # NotJSONNumber included: a NaN answer is no answer any outlet can write
         if spec.schema.get("type") == "string" and not body.startswith(("{", "[", '"')):
             return read_value(spec, body, text, unwrapped=True)
         cut = " (the reply was cut off at max_tokens; answer more briefly)" if truncated else ""

@@ -36,12 +36,10 @@ from loopctl.providers.boundary import (
     MAX_JSON_DEPTH,
     NOT_FINITE,
     TOO_DEEP,
-    NotJSONNumber,
     json_depth_exceeds,
-    loads_strict,
     parsed_value_problem,
 )
-from loopctl.text import masked_head
+from loopctl.text import NotJSONNumber, loads_strict, masked_head
 
 # Part kinds of ``PartStart``; delta kinds add "tool_input" and "signature".
 TEXT = "text"

@@ -278,33 +278,6 @@ def parsed_value_problem(value: object, limit: int = MAX_JSON_DEPTH) -> Optional
     return None
 
 
-class NotJSONNumber(ValueError):
-    """``NaN``, ``Infinity``, ``-Infinity`` or a literal too large for a float: not a JSON number."""
-
-
-def _refuse_constant(name: str) -> object:
-    raise NotJSONNumber(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise NotJSONNumber(f"{text[:40]} is too large for a number")
-    return value
-
-
-def loads_strict(text: str) -> object:
-    """``json.loads`` that refuses what RFC 8259 does not allow and Python's json does.
-
-    Raises:
-        NotJSONNumber: ``NaN``/``Infinity``/``-Infinity``, or a number that
-            overflows to an infinite float (``1e999``).
-        ValueError: any other malformed JSON.
-        RecursionError: the text nests too deeply to parse.
-    """
-    return json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
-
-
 # -- HTTP statuses -------------------------------------------------------------------
 
 
@@ -390,7 +363,6 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "NOT_FINITE",
     "PROTOCOL",
-    "NotJSONNumber",
     "RATE_LIMIT",
     "STATUS",
     "TIMEOUT",
@@ -403,7 +375,6 @@ __all__ = [
     "foreign_error",
     "is_context_overflow",
     "json_depth_exceeds",
-    "loads_strict",
     "map_exception",
     "model_error",
     "overflow_error",
