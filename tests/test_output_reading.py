@@ -110,6 +110,39 @@ def test_nan_infinity_and_an_overflowing_number_are_not_json_numbers(
     assert reading.errors == (f"the reply is not valid JSON: {problem}; it began {text!r}",)
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["42", "true", "null", "NaN", "[1] Oslo is the capital", '{"city": "Oslo"}', "{braces} in prose",
+     '{"result": "Oslo", "also": 1}', "[" * 100 + " deep prose"],
+)
+def test_a_text_answer_that_reads_as_other_json_is_the_text_as_written(text: str) -> None:
+    reading = read_reply(OutputSpec.of(str), text)
+    assert reading.ok, reading.errors
+    assert reading.value == text
+    assert read_reply(OutputSpec.of(str), f"```\n{text}\n```").value == text
+
+
+def test_a_text_answer_as_a_json_string_or_in_the_wrapper_is_unwrapped() -> None:
+    assert read_reply(OutputSpec.of(str), '"quoted"').value == "quoted"
+    assert read_reply(OutputSpec.of(str), '{"result": "42"}').value == "42"
+
+
+def test_a_text_answer_in_a_wrapper_that_does_not_fit_or_parse_is_refused() -> None:
+    spec = OutputSpec.of(str)
+    assert read_reply(spec, '{"result": 42}').errors == ("field 'value' must be string, got integer 42",)
+    cut = read_reply(spec, '{"result": "Oslo is the cap', truncated=True)
+    assert not cut.ok and "cut off at max_tokens" in cut.errors[0]
+    nan = read_reply(spec, '{ "result" : NaN}')
+    assert not nan.ok and "NaN is not a JSON number" in nan.errors[0]
+
+
+def test_a_text_answer_taken_as_written_must_still_fit_its_choices() -> None:
+    spec = OutputSpec.of(Literal["yes", "no"])
+    assert read_reply(spec, "no").value == "no"
+    reading = read_reply(spec, "42")
+    assert not reading.ok and "'42'" in reading.errors[0]
+
+
 def test_a_code_fence_around_the_json_is_accepted() -> None:
     reading = read_reply(OutputSpec.of(City), '```json\n{"name": "Oslo", "population": 7}\n```')
     assert reading.value == City("Oslo", 7)

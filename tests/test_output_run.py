@@ -124,6 +124,15 @@ def test_a_non_finite_number_with_no_retries_left_fails_the_run_in_the_registry_
     assert status.state == "failed" and status.output_value is None
 
 
+@pytest.mark.parametrize("mode", ["native", "prompt"])
+@pytest.mark.parametrize("answer", ["42", "null", "[1] Oslo is the capital", "{braces} in prose"])
+def test_a_text_answer_that_looks_like_json_is_taken_as_written(mode: str, answer: str) -> None:
+    client = ScriptedClient([reply(answer)])
+    with BareLoop(client) as loop:
+        run = loop.run("q", RunConfig(output_mode=mode, output_retries=0), output_type=str)
+    assert run.output_value == answer and run.turn_count == 1
+
+
 def test_retries_zero_fails_on_the_first_bad_answer() -> None:
     client = ScriptedClient([reply("nope")])
     with BareLoop(client) as loop, pytest.raises(OutputValidationError):

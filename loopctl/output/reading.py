@@ -9,6 +9,7 @@ model can send: prose, a code fence, a cut-off object, absurd nesting.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
@@ -21,6 +22,8 @@ from loopctl.tools.validation import problems
 #: Replies nested deeper than this are refused as answers (json's recursion is no judge).
 MAX_DEPTH = MAX_JSON_DEPTH
 _SHOWN = 200
+# How the wire's {"result": ...} wrapper begins.
+_WRAPPER_START = re.compile(r'\{\s*"result"\s*:')
 
 
 @attrs.frozen
@@ -35,8 +38,6 @@ class OutputReading:
 
 def _fail(text: str, *errors: str) -> OutputReading:
     return OutputReading(False, None, tuple(errors), text)
-
-
 
 
 def _strip_fence(text: str) -> str:
@@ -57,8 +58,11 @@ def _short(text: str) -> str:
 def read_reply(spec: OutputSpec, text: str, truncated: bool = False) -> OutputReading:
     """Read a final reply's text (native or prompt mode) into ``spec``'s type.
 
-    The JSON is read strictly, as a tool's arguments are: ``NaN``,
-    ``Infinity`` and a number too large for a float are not JSON numbers.
+    The JSON is read strictly (``NaN``, ``Infinity`` and a number too large
+    for a float are not JSON numbers), as a tool's arguments are. A text
+    answer (a string schema) that is neither a JSON string nor the
+    ``{"result": ...}`` wrapper is the reply's text as written: ``42``,
+    ``null`` or ``[1] in prose`` are answers too.
 
     Args:
         spec: the compiled answer type.
@@ -68,16 +72,31 @@ def read_reply(spec: OutputSpec, text: str, truncated: bool = False) -> OutputRe
     body = _strip_fence(text)
     if not body:
         return _fail(text, "the reply is empty: answer with a JSON value")
-    if json_depth_exceeds(body, MAX_DEPTH):
-        return _fail(text, f"the reply is nested more than {MAX_DEPTH} levels deep")
-    try:
-        value = loads_strict(body)
-    except ValueError as exc:  # NotJSONNumber included: a NaN answer is no answer any outlet can write
-        if spec.schema.get("type") == "string" and not body.startswith(("{", "[", '"')):
-            return read_value(spec, body, text, unwrapped=True)
+    value, problem = _decode(body)
+    if spec.schema.get("type") == "string" and not _is_json_text_answer(value, problem, body):
+        return read_value(spec, body, text, unwrapped=True)
+    if problem is not None:
         cut = " (the reply was cut off at max_tokens; answer more briefly)" if truncated else ""
-        return _fail(text, f"the reply is not valid JSON: {exc}{cut}; it began {_short(body)!r}")
+        return _fail(text, f"{problem}{cut}; it began {_short(body)!r}")
     return read_value(spec, value, text)
+
+
+def _decode(body: str) -> tuple[object, Optional[str]]:
+    """``body`` decoded as strict JSON, or None and the problem."""
+    if json_depth_exceeds(body, MAX_DEPTH):
+        return None, f"the reply is nested more than {MAX_DEPTH} levels deep"
+    try:
+        return loads_strict(body), None
+    except ValueError as exc:  # NotJSONNumber included: NaN is no answer any outlet can write
+        return None, f"the reply is not valid JSON: {exc}"
+
+
+def _is_json_text_answer(value: object, problem: Optional[str], body: str) -> bool:
+    """Whether a reply to a text answer is JSON to read (a string, the wrapper), not the text itself."""
+    if problem is not None:
+        # The wrapper begun and broken (cut off, a NaN inside) is refused, not taken as prose.
+        return _WRAPPER_START.match(body) is not None
+    return isinstance(value, str) or (isinstance(value, Mapping) and set(value) == {"result"})
 
 
 def read_value(spec: OutputSpec, value: object, text: str, unwrapped: bool = False) -> OutputReading:
