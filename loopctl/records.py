@@ -112,9 +112,10 @@ class Run:
     ``output_type`` (an instance of it); ``output`` is still the text.
     ``approvals`` holds every approval decision of the run (who, when,
     approved or denied and why), in the order they were taken. ``output``
-    is kept masked, as the turns' texts (``loopctl.text.redact``);
-    ``output_value`` is the answer as validated. ``input`` is what the
-    model is given, so it is kept whole here and masked in ``to_dict``.
+    and the decisions' texts and arguments are kept masked, as the turns'
+    texts (``loopctl.text.redact``); ``output_value`` is the answer as
+    validated. ``input`` is what the model is given, so it is kept whole
+    here and masked in ``to_dict`` (as at every outlet).
     ``subagent_usage`` sums the tokens of the sub-agent runs this run
     delegated to (see ``BareLoop.as_tool``); ``usage`` adds the run's own.
     """

@@ -146,6 +146,8 @@ def test_three_failures_trip_the_breaker_then_requests_carry_the_backup_override
     assert rec.switches() == [("primary", "backup")]  # exactly once
     assert rec.failed() == ["primary"] * 3
     assert rec.served() == ["backup"] * 3
+    # Each call names the model it asked for as it starts (a span's name, before any reply).
+    assert [e.model for e in rec.of(TurnStart)] == ["primary"] * 3 + ["backup"] * 3
 
 
 def test_a_success_between_failures_keeps_the_breaker_closed(mode: str) -> None:

@@ -30,12 +30,13 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 from opentelemetry.trace import StatusCode  # noqa: E402
-from support import WAIT, Gate, GatedReply  # noqa: E402
+from support import WAIT, Gate, GatedReply, Recorder  # noqa: E402
 
 from loopctl import BareLoop, Cancelled, Tool, ToolContext, Usage  # noqa: E402
 from loopctl.contrib.otel import OTelObserver  # noqa: E402
 from loopctl.errors import ModelError, RateLimited, RateLimitEscalation  # noqa: E402
 from loopctl.hosting.registry import RunRegistry  # noqa: E402
+from loopctl.messages import RequestOptions  # noqa: E402
 from loopctl.observers import (  # noqa: E402
     Compaction,
     ConvergenceDetected,
@@ -312,9 +313,10 @@ def test_a_run_cancelled_during_the_model_call_ends_its_chat_span(traced: Traced
             handle.result(WAIT)
         gated.release.set()
     root = traced.one("invoke_agent")
-    chat = traced.one("chat")  # cancelled before any model answered: no model name known
+    chat = traced.one("chat m-1")  # named by the model asked for, though none answered
     assert chat.parent is not None and chat.parent.span_id == root.context.span_id
     assert chat.attributes["loopctl.cancelled"] is True
+    assert chat.attributes["gen_ai.request.model"] == "m-1"
     assert "gen_ai.response.model" not in chat.attributes
     assert root.attributes["loopctl.run.outcome"] == "cancelled"
     assert "loopctl.cancel.reason" not in event(root, "loopctl.cancel").attributes
@@ -345,6 +347,33 @@ def test_a_503_then_success_is_one_chat_span_with_the_retry_as_an_event(traced: 
     assert chat.start_time <= retry.timestamp <= reset.timestamp <= chat.end_time
     assert root.attributes["gen_ai.provider.name"] == "openai"
     assert len(server.requests) == 2
+
+
+def test_a_call_is_named_by_the_model_it_asked_for_and_the_server_names_the_one_that_served(
+    traced: Traced, server: FakeServer
+) -> None:
+    # The request goes to the options' model (as a fallback route's does); the
+    # server answers with a dated snapshot of it, after a 503 and a retry.
+    server.push(Reply(503, {"error": {"message": "busy"}}), Stream(openai_stream("hello", model="gpt-4o-2024-08-06")))
+    recorder = Recorder()
+    with BareLoop(openai(server)) as loop:
+        loop.with_request_options(RequestOptions(model="gpt-4o")).with_observer(recorder)
+        loop.set_stream_handler(StreamHandler(**FAST))
+        traced.observer.instrument(loop)
+        loop.run("hi")
+    assert [r.json["model"] for r in server.requests] == ["gpt-4o", "gpt-4o"]
+    assert [e.model for e in recorder.of(TurnStart)] == ["gpt-4o"]
+    assert [e.model for e in recorder.of(RetryScheduled)] == ["gpt-4o"]
+    assert [e.model for e in recorder.of(StreamSuccess)] == ["gpt-4o-2024-08-06"]
+    chat = traced.one("chat gpt-4o")
+    assert chat.attributes["gen_ai.request.model"] == "gpt-4o"
+    assert chat.attributes["gen_ai.response.model"] == "gpt-4o-2024-08-06"
+    points = traced.points("gen_ai.client.operation.duration") + traced.points("gen_ai.client.token.usage")
+    assert len(points) == 3
+    for p in points:
+        assert (p.attributes["gen_ai.request.model"], p.attributes["gen_ai.response.model"]) == (
+            "gpt-4o", "gpt-4o-2024-08-06"
+        )
 
 
 def test_a_model_call_failing_after_its_retries_sets_error_status_without_secrets(

@@ -135,7 +135,7 @@ def test_register_observer_names_the_provider_on_spans_and_metrics(server: FakeS
         with BareLoop(client) as loop:
             loop.register_observer(traced.observer)  # not instrument(): nobody told it the client
             loop.run("hi")
-        chat = traced.one("chat gpt-test")
+        chat = traced.one("chat m")  # the model asked for; the server's answer names gpt-test
         assert chat.attributes["gen_ai.provider.name"] == "openai"
         assert traced.one("invoke_agent").attributes["gen_ai.provider.name"] == "openai"
         points = traced.metric_points("gen_ai.client.operation.duration")

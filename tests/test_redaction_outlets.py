@@ -298,6 +298,7 @@ def test_a_key_as_a_mapping_key_or_in_an_approval_is_masked_at_every_outlet() ->
         run = reg.result(rid, WAIT)
         outlets["Run.to_dict"] = run.to_dict()
         outlets["the turns' records"] = repr(run.turns)
+        outlets["the approvals' records"] = repr(run.approvals)
         outlets["ApprovalDecision.to_dict"] = [d.to_dict() for d in run.approvals]
         outlets["RunStatus.to_dict"] = reg.status(rid).to_dict()
         outlets["registry events"] = list(reg.events(rid, timeout=0))
@@ -308,3 +309,52 @@ def test_a_key_as_a_mapping_key_or_in_an_approval_is_masked_at_every_outlet() ->
     for where, value in outlets.items():
         text = value if isinstance(value, str) else json.dumps(value, default=repr)
         assert MARKER not in text, f"a key reaches {where}: {text[:400]}"
+
+
+def test_the_approval_record_is_kept_masked_while_the_call_and_the_model_get_what_was_given() -> None:
+    """``Run.approvals`` is kept masked, as ``Run.output`` and the turns are (their reprs too).
+
+    The decision itself stays whole: the approved call runs with the edited
+    arguments the person gave, and the model reads the whole deny reason;
+    ``Run.input`` too is kept whole (what the model is given).
+    """
+    from support import WAIT
+
+    from loopctl.observers import ApprovalRequested, Observer
+    from loopctl.testing import ScriptedClient, calls, reply
+
+    asked = threading.Event()
+    got: list[str] = []
+
+    class Asked(Observer):
+        def on_approval_requested(self, event: ApprovalRequested) -> None:
+            asked.set()
+
+    @tool(requires_approval=True, concurrency_safe=True)
+    def note(text: str) -> str:
+        """Keep a note (a person approves each call).
+
+        Args:
+            text: the note.
+        """
+        got.append(text)
+        return "noted"
+
+    script = [calls(("note", {"text": "a"}), ("note", {"text": "b"})), reply(f"done {LEAK}")]
+    with BareLoop(ScriptedClient(script), [note]).with_observer(Asked()) as loop:
+        handle = loop.start(f"take notes {LEAK}")
+        assert asked.wait(WAIT)
+        first, second = handle.pending_approvals()
+        assert handle.approve(first.call_id, by=f"ops {LEAK}", arguments={"text": f"edited {LEAK}"})
+        assert handle.deny(second.call_id, f"user pasted {LEAK}")
+        run = handle.result(WAIT)
+        results = [r.output for m in loop.conversation() for r in m.tool_results]
+    assert got == [f"edited {LEAK}"]  # the call ran with the arguments the person gave
+    assert results == ["noted", f"the user denied this call: user pasted {LEAK}"]  # the model reads them whole
+    assert run.output == "done <redacted>"
+    approved, denied = sorted(run.approvals, key=lambda d: not d.approved)
+    assert (approved.by, approved.arguments) == ("ops <redacted>", {"text": "edited <redacted>"})
+    assert denied.reason == "user pasted <redacted>"
+    assert MARKER not in repr(run.approvals)
+    # The input is what the model is given: kept whole, masked at every outlet.
+    assert (run.input, run.to_dict()["input"]) == (f"take notes {LEAK}", "take notes <redacted>")

@@ -23,9 +23,9 @@ thread lists what is pending (``pending``) and answers (``approve`` /
   every pending call "run cancelled"), so an approve that loses the race
   returns False; the run's end closes it too ("run ended").
 
-Every decision is appended to the run's ``Run.approvals`` as it is taken,
-under the slot's lock, so the record always agrees with what each caller
-was told. Decisions not yet reported as events are handed out once by
+Every decision is appended to the run's ``Run.approvals`` as it is taken
+(masked, as the record's other texts are), under the slot's lock, so the
+record always agrees with what each caller was told. Decisions not yet reported as events are handed out once by
 ``wait_any`` (the run's thread) or ``take_unreported`` (finalize).
 """
 
@@ -317,7 +317,9 @@ class ApprovalSlot:
             self._wall(),
         )
         entry.decision = decision
-        self._run.approvals.append(decision)
+        # The record is kept masked, as a run's turns are; the decision itself
+        # stays whole: the call runs with its arguments, the model reads its reason.
+        self._run.approvals.append(decision.recorded())
 
 
 def _check_by(by: Optional[str]) -> None:

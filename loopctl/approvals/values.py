@@ -127,6 +127,18 @@ class ApprovalDecision:
     requested_at: float
     decided_at: float
 
+    def recorded(self) -> ApprovalDecision:
+        """This decision as a run's record keeps it: ``by``, ``reason`` and the arguments masked.
+
+        Returns itself when nothing needed masking.
+        """
+        by = None if self.by is None else redact(self.by)
+        reason = redact(self.reason)
+        arguments = redact_value(self.arguments)
+        if by == self.by and reason == self.reason and arguments is self.arguments:
+            return self
+        return attrs.evolve(self, by=by, reason=reason, arguments=arguments)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict, its texts masked (``loopctl.text.redact``) as at every outlet."""
         return {

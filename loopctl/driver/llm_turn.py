@@ -40,6 +40,7 @@ from loopctl.events import (
     RetryScheduled,
     StreamFailure,
     StreamSuccess,
+    TurnStart,
 )
 from loopctl.messages import Message, ModelRequest, ModelResponse, RequestOptions, ToolResultPart
 from loopctl.providers.base import (
@@ -133,15 +134,14 @@ class ModelTurn(RunState):
                 tripped = parts.fallback.record_failure(isinstance(exc, RateLimitEscalation))
                 if tripped is not None:
                     em.emit(Fallback(em.session_id, em.run_id, *tripped))
-            model = parts.route.model or parts.model_name()
-            em.emit(StreamFailure(em.session_id, em.run_id, turn, model, str(exc), parts.provider_name()))
+            em.emit(StreamFailure(em.session_id, em.run_id, turn, self.turn_model, str(exc), parts.provider_name()))
             raise
 
     def _retry_event(self, turn: int, ev: RetryWait) -> RetryScheduled:
         """The ``RetryScheduled`` event for a wait before the model call's next try."""
         em, parts = self.events, self.parts
         return RetryScheduled(
-            em.session_id, em.run_id, turn, parts.model_name(), ev.cause, ev.wait_s, ev.attempt, ev.max_attempts,
+            em.session_id, em.run_id, turn, self.turn_model, ev.cause, ev.wait_s, ev.attempt, ev.max_attempts,
             parts.provider_name(),
         )
 
@@ -167,7 +167,7 @@ class ModelTurn(RunState):
         if parts.fallback is not None:
             parts.fallback.record_success()
         if em.wants(StreamSuccess):
-            model = response.model or parts.model_name()
+            model = response.model or self.turn_model  # a reply that names no model: the one asked for
             em.emit(StreamSuccess(em.session_id, em.run_id, turn, model, usage, parts.provider_name()))
         # The gate first: the conversation and the record hold the admitted calls
         # (ids unique in the run, arguments frozen), as the dispatcher and approvals do.
@@ -191,6 +191,19 @@ class ModelTurn(RunState):
         self.llm_phase = (in_tok, out_tok, response.stop_reason)
         phase.input_tokens, phase.output_tokens = in_tok, out_tok
         phase.stop_reason, phase.context_tokens = response.stop_reason, figure_after
+
+    def announce_turn(self, turn: int, query: str) -> Optional[RequestOptions]:
+        """Fix the model this turn's call asks for, ``on_turn_start``; the request's options.
+
+        The model is the one the request goes to: its options' override (a
+        fallback route, a host's), else the client's own.
+        """
+        parts, em = self.parts, self.events
+        options = self.options()
+        self.turn_model = (options.model if options is not None else None) or parts.model_name()
+        if em.wants(TurnStart):
+            em.emit(TurnStart(em.session_id, em.run_id, turn, query, parts.provider_name(), self.turn_model or None))
+        return options
 
     def options(self) -> Optional[RequestOptions]:
         """The request options: the routed model beats a host override; the client is never mutated."""

@@ -45,7 +45,7 @@ from loopctl.errors import (
     ContextOverflow,
     LoopError,
 )
-from loopctl.events import OutputValidationFailed, SteeringDelivered, ToolCallReceived, TurnStart
+from loopctl.events import OutputValidationFailed, SteeringDelivered, ToolCallReceived
 from loopctl.machine import (
     CallLLM,
     CallTools,
@@ -256,9 +256,7 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
         meter.calibration.note_prediction(raw)
         if parts.fallback is not None:
             self.route_model()
-        if em.wants(TurnStart):
-            em.emit(TurnStart(em.session_id, em.run_id, turn, query, parts.provider_name()))
-        request = self.build_request(transients, self.options())
+        request = self.build_request(transients, self.announce_turn(turn, query))
         if self.answer_check is not None:
             request = shape_request(self.answer_check, request)
         try:

@@ -91,7 +91,7 @@ class RunState:
         "busy", "loop_cancel", "owner", "resources", "answer_check",
         "run_input", "config", "session_id", "parallel", "policy",
         "durable", "resume_point", "link", "at_end", "tool_names", "base_options",
-        "llm_phase", "deferred_tokens", "gathers", "model_call",
+        "llm_phase", "deferred_tokens", "gathers", "model_call", "turn_model",
         "tally", "admitted", "call_ids",
         "__weakref__",
     )
@@ -143,6 +143,9 @@ class RunState:
         self.gathers = False  # contributors or memory: transient extras to gather each turn
         # The model call in flight: the run's cancel listener closes it (any thread).
         self.model_call: object = None
+        # The model this turn's call asks for (fixed as it is announced): every
+        # model event of the turn names it, whatever model the server says served it.
+        self.turn_model = ""
         # The run's tool calls as the loop's tally lock counts them, so a cancel
         # that abandons the run knows how many it leaves behind (made by the
         # first call, on the run's thread while it holds the fence).

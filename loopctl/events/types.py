@@ -55,13 +55,18 @@ class TurnStart(Event):
     """A model call is about to be made (never for a deferred turn).
 
     ``provider`` names the client's provider (``"openai"``, ``"anthropic"``;
-    None for a client that names none), as on every model event.
+    None for a client that names none), as on every model event. ``model``
+    is the model the call asks for (the client's, or the one a fallback
+    chain routed to; None for a client that names none): the model that
+    served it, which a server may name otherwise (``gpt-4o`` answered by
+    ``gpt-4o-2024-08-06``), is ``StreamSuccess.model``.
     """
 
     TYPE: ClassVar[str] = "turn_start"
     turn: int
     query: str
     provider: Optional[str] = None
+    model: Optional[str] = None
 
 
 @attrs.frozen

@@ -1,9 +1,9 @@
 """Observer methods for model calls: each call becomes a ``chat {model}`` span when it ends.
 
-A call's span opens on ``on_turn_start`` (its start time and provider) and
-gathers what the stream events say (the model that served it, retries and
-attempt resets as span events, the reply's text with ``record_content``);
-``on_turn_end`` writes it. A failed call is held until the run goes on or
+A call's span opens on ``on_turn_start`` (its start time, provider and the
+model it asks for, which names the span) and gathers what the stream events
+say (the model that served it, retries and attempt resets as span events,
+the reply's text with ``record_content``); ``on_turn_end`` writes it. A failed call is held until the run goes on or
 ends, so that a failure which ends the run carries the run's error class.
 State lives on the subclass (``OTelObserver``): the per-run objects and the
 span writer.
@@ -44,7 +44,7 @@ class ChatSpanEvents(RunSpanEvents):
             if provider and not st.provider:
                 st.provider = provider  # the run span names it too, however the observer was attached
                 st.span.set_attribute(cv.PROVIDER_NAME, provider)
-            st.chat = ChatCall(event.turn, time.time_ns(), provider)
+            st.chat = ChatCall(event.turn, time.time_ns(), provider, event.model)
 
     def on_attempt_reset(self, event: AttemptReset) -> None:
         """A stream attempt failed and another starts: an event on the call's span."""
@@ -57,7 +57,7 @@ class ChatSpanEvents(RunSpanEvents):
         chat = self._chat(run_key(event), event.turn)
         if chat is None:
             return
-        chat.model = event.model or chat.model
+        chat.request_model = chat.request_model or event.model or None  # names the model asked for
         chat.provider = chat.provider or event.provider
         chat.events.append(
             (
@@ -76,15 +76,15 @@ class ChatSpanEvents(RunSpanEvents):
         """The call succeeded: note the model that served it."""
         chat = self._chat(run_key(event), event.turn)
         if chat is not None:
-            chat.model = event.model or chat.model
+            chat.response_model = event.model or None
             chat.provider = chat.provider or event.provider
             chat.usage_known = event.usage is not None
 
     def on_stream_failure(self, event: StreamFailure) -> None:
-        """The call failed: note the model (the error arrives with the turn's end)."""
+        """The call failed: note the model it asked for (the error arrives with the turn's end)."""
         chat = self._chat(run_key(event), event.turn)
         if chat is not None:
-            chat.model = event.model or chat.model
+            chat.request_model = chat.request_model or event.model or None
             chat.provider = chat.provider or event.provider
 
     def on_response(self, event: Response) -> None:

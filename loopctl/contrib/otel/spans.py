@@ -28,13 +28,16 @@ from .instruments import Instruments
 class ChatCall:
     """One model call in flight: what its span will say when it ends."""
 
-    __slots__ = ("turn", "start_ns", "model", "provider", "usage_known", "events", "text")
+    __slots__ = ("turn", "start_ns", "request_model", "response_model", "provider", "usage_known", "events", "text")
 
-    def __init__(self, turn: int, start_ns: int, provider: Optional[str] = None) -> None:
+    def __init__(
+        self, turn: int, start_ns: int, provider: Optional[str] = None, request_model: Optional[str] = None
+    ) -> None:
         self.turn = turn
         self.start_ns = start_ns
         self.provider = provider  # from the model events: whoever attached the observer
-        self.model: Optional[str] = None
+        self.request_model = request_model  # the model asked for (the span's name)
+        self.response_model: Optional[str] = None  # the model the server says served it
         self.usage_known = False
         self.events: list[tuple[str, dict[str, Any], int]] = []  # (name, attributes, ns)
         self.text: Optional[str] = None
@@ -79,7 +82,7 @@ class RunState:
         self.parent = trace.set_span_in_context(span)  # every child's explicit parent
         self.session_id = session_id
         self.provider = provider
-        self.model: Optional[str] = None  # the last model seen in this run
+        self.model: Optional[str] = None  # the last model a call of this run asked for
         self.chat: Optional[ChatCall] = None
         self.tools: dict[tuple[str, int], OpenTool] = {}  # (call id, attempt) -> its start
         self.arguments: dict[str, str] = {}  # call id -> JSON arguments (content only)
@@ -143,9 +146,11 @@ class SpanWriter:
         """
         if st.chat is chat:
             st.chat = None
-        model = chat.model or st.model
-        if chat.model:
-            st.model = chat.model
+        # An older producer's TurnStart names no model: the last one asked for
+        # in the run, else the one that served the call, is the best known.
+        model = chat.request_model or st.model or chat.response_model
+        if chat.request_model:
+            st.model = chat.request_model
         attrs: dict[str, Any] = {cv.OPERATION_NAME: cv.OP_CHAT, cv.TURN: chat.turn}
         provider = chat.provider or st.provider
         if provider:
@@ -180,8 +185,8 @@ class SpanWriter:
 
     def _reply_attrs(self, st: RunState, chat: ChatCall, end: TurnEnd, attrs: dict[str, Any]) -> None:
         """A successful call's span attributes: the serving model, tokens (added to the run's), finish."""
-        if chat.model:
-            attrs[cv.RESPONSE_MODEL] = chat.model
+        if chat.response_model:
+            attrs[cv.RESPONSE_MODEL] = chat.response_model
         if chat.usage_known:
             attrs[cv.INPUT_TOKENS] = end.input_tokens
             attrs[cv.OUTPUT_TOKENS] = end.output_tokens
@@ -208,8 +213,8 @@ class SpanWriter:
             m_attrs[cv.PROVIDER_NAME] = provider
         if model:
             m_attrs[cv.REQUEST_MODEL] = model
-        if success and chat.model:
-            m_attrs[cv.RESPONSE_MODEL] = chat.model
+        if success and chat.response_model:
+            m_attrs[cv.RESPONSE_MODEL] = chat.response_model
         if kind is not None:
             m_attrs[cv.ERROR_TYPE] = kind
         seconds = end.duration_ms / 1000.0 if end is not None else max(0, now - chat.start_ns) / 1e9
