@@ -13,6 +13,8 @@ from typing import IO, Any, NoReturn, Optional
 from urllib.parse import urlsplit
 
 from loopctl import __version__
+from loopctl.errors import ConfigError
+from loopctl.output.spec import OutputSpec
 
 
 class UsageExit(Exception):
@@ -127,7 +129,11 @@ def build_parser() -> CommandParser:
 
 
 def load_schema(parser: argparse.ArgumentParser, path: str) -> object:
-    """The JSON Schema in ``path`` (a usage error through ``parser`` if it is not one)."""
+    """The JSON Schema in ``path`` (a usage error through ``parser`` if it is not one).
+
+    It is compiled as the run will compile it, so a schema the run would
+    refuse is a usage error before any model call.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             schema = json.load(f)
@@ -135,6 +141,10 @@ def load_schema(parser: argparse.ArgumentParser, path: str) -> object:
         parser.error(f"--output-schema {path}: {exc}")
     if not isinstance(schema, dict):
         parser.error(f"--output-schema {path}: a JSON Schema must be an object")
+    try:
+        OutputSpec.of(schema)
+    except ConfigError as exc:
+        parser.error(f"--output-schema {path}: {exc}")
     return schema
 
 
