@@ -92,7 +92,7 @@ RULES: tuple[Rule, ...] = (
         allowed=(
             "loopctl.errors", "loopctl.messages", "loopctl.output", "loopctl.machine.steps", "loopctl.text",
             "loopctl.config",
-            "loopctl.tools.schema", "loopctl.tools.validation", "loopctl.tools.docstrings",
+            "loopctl.tools.schema", "loopctl.tools.schemacheck", "loopctl.tools.validation", "loopctl.tools.docstrings",
         ),
         forbidden=("threading", "time", "requests", "logging", "socket", "os", "asyncio"),
     ),

@@ -46,6 +46,15 @@ def test_the_servers_tools_are_offered_next_to_the_demo_tools() -> None:
     assert "5" in out  # the demo tools still work with MCP tools beside them
 
 
+def test_ask_knows_the_servers_tools_once_they_started() -> None:
+    code, out, err = _main("run", "--mcp", TIME, "--ask", "get_current_time", "--ask", "get_time", "What is 2 + 3?")
+    assert code == 2 and out == "", err  # refused before any model call
+    assert ("--ask: no tool named 'get_time' (the tools are add, convert_time, get_current_time, "
+            "lookup, multiply; 'all' asks before every tool)") in err
+    code, out, err = _main("run", "--mcp", TIME, "--ask", "get_current_time", "What is 2 + 3?")
+    assert code == 0 and "5" in out, err
+
+
 def test_a_server_that_fails_to_start_ends_the_command_with_its_stderr() -> None:
     bad = f"{shlex.quote(sys.executable)} {shlex.quote(SUITE)} --fail-start"
     code, out, err = _main("run", "--mcp", TIME, "--mcp", bad, "hi")

@@ -140,7 +140,10 @@ def test_retries_zero_fails_on_the_first_bad_answer() -> None:
     assert len(client.requests) == 1
 
 
-@pytest.mark.parametrize("bad_type", [object, set, complex, {"type": 3}])
+@pytest.mark.parametrize("bad_type", [
+    object, set, complex, {"type": 3}, {"type": "nonsense"},
+    {"type": "object", "properties": {"n": {"type": "integr"}}},  # only an answer with n would reach it
+])
 def test_an_unsupported_type_is_a_config_error_before_anything_is_sent(bad_type: Any) -> None:
     client = ScriptedClient([reply("{}")])
     with BareLoop(client) as loop:
@@ -151,6 +154,17 @@ def test_an_unsupported_type_is_a_config_error_before_anything_is_sent(bad_type:
         assert not loop.is_running
         assert loop.run("plain").output == "{}"  # the loop is still usable
     assert len(client.requests) == 1 and client.requests[0].options is None
+
+
+def test_a_schema_dict_is_checked_whole_and_its_fault_named_by_place_and_value() -> None:
+    client = ScriptedClient([reply('{"result": 1}')])
+    schema = {"type": "object", "properties": {"n": {"type": "array", "items": {"type": "integr"}}}}
+    with BareLoop(client) as loop, pytest.raises(ConfigError) as info:
+        loop.run("x", output_type=schema)
+    assert str(info.value) == (
+        "output_type schema is not a valid JSON Schema: at #/properties/n/items/type, "
+        "type 'integr' names no JSON type (array, boolean, integer, null, number, object, string)")
+    assert client.requests == []
 
 
 def test_tool_mode_with_scripted_final_answer_calls_and_tools_before_it() -> None:
@@ -301,6 +315,14 @@ def test_cli_output_schema_that_is_missing_or_not_an_object_is_a_usage_error(tmp
     for path in (str(tmp_path / "missing.json"), str(bad)):
         code, out, err = _cli(["run", "--output-schema", path, "x"])
         assert code == 2 and out == "" and f"--output-schema {path}" in err
+
+
+def test_cli_output_schema_the_run_would_refuse_is_a_usage_error_before_any_model_call(tmp_path: Any) -> None:
+    bad = tmp_path / "bad_type.json"
+    bad.write_text('{"type": "nonsense"}')
+    code, out, err = _cli(["run", "--output-schema", str(bad), "What is 2 + 3?"])
+    assert code == 2 and out == "", err  # no tool call, no answer, no summary: the model was never asked
+    assert f"--output-schema {bad}: output_type schema is not a valid JSON Schema: at #/type, type 'nonsense'" in err
 
 
 def test_the_cli_view_says_when_an_answer_does_not_fit() -> None:

@@ -23,11 +23,13 @@ from __future__ import annotations
 import json
 import threading
 from collections import deque
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable, Optional
 
 from loopctl.demo.console import printable
+from loopctl.driver.subagent import SubagentTool
 from loopctl.events import ApprovalRequested, ApprovalResolved, Observer
+from loopctl.tools.registry import ToolRegistry
 
 #: Who the record says answered, for each way of answering.
 BY_TERMINAL = "terminal"
@@ -40,6 +42,29 @@ def call_label(tool: str, arguments: Mapping[str, Any]) -> str:
     """``add(a=1, b=2)``: a call as the live view shows it."""
     args = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
     return printable(f"{tool}({args})")
+
+
+def unknown_asks(asked: Sequence[str], tools: ToolRegistry) -> Optional[str]:
+    """What is wrong with ``--ask``: the names no tool of the agent or its sub-agents has; None if none.
+
+    A misspelt name would otherwise be accepted and never ask.
+    """
+    known = _tool_names(tools)
+    unknown = [name for name in dict.fromkeys(asked) if name != "all" and name not in known]
+    if not unknown:
+        return None
+    names = ", ".join(repr(printable(name)) for name in unknown)
+    return (f"--ask: no tool named {names} (the tools are {', '.join(sorted(known)) or 'none'}; "
+            "'all' asks before every tool)")
+
+
+def _tool_names(tools: ToolRegistry) -> set[str]:
+    names = set(tools.names())
+    for name in tools.names():
+        tool = tools.get(name)
+        if isinstance(tool, SubagentTool):  # --ask reaches its calls too
+            names |= _tool_names(tool.loop.tools)
+    return names
 
 
 def ask_policy(tools: list[str]) -> Callable[[Any], bool]:

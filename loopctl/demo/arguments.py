@@ -13,6 +13,9 @@ from typing import IO, Any, NoReturn, Optional
 from urllib.parse import urlsplit
 
 from loopctl import __version__
+from loopctl.errors import ConfigError
+from loopctl.output.spec import OutputSpec
+from loopctl.sessions.base import check_session_id
 
 
 class UsageExit(Exception):
@@ -21,6 +24,10 @@ class UsageExit(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
+
+
+class UsageError(Exception):
+    """A bad argument found only once the command's parts exist (an ``--ask`` no tool answers to)."""
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -74,10 +81,17 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+        value = -1.0
+    if not 0 <= value < float("inf"):  # NaN, an infinity and 1e400 (read as one) included
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
     return value
+
+
+def _session_name(text: str) -> str:
+    try:
+        return check_session_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError("must be a non-empty name" if not text else str(exc)) from None
 
 
 def build_parser() -> CommandParser:
@@ -119,7 +133,7 @@ def build_parser() -> CommandParser:
     run.add_argument("--output-schema", metavar="SCHEMA.json",
                      help="ask for an answer that fits this JSON Schema; print the validated object as JSON")
     chat = sub.add_parser("chat", parents=[common], help="several runs in one session (history kept)")
-    chat.add_argument("--session", metavar="NAME",
+    chat.add_argument("--session", metavar="NAME", type=_session_name,
                       help="continue the named conversation across invocations (kept in the user's data folder)")
     chat.add_argument("--session-db", metavar="PATH", help="the SQLite file --session keeps conversations in")
     parser.commands = {"run": run, "chat": chat}
@@ -127,7 +141,11 @@ def build_parser() -> CommandParser:
 
 
 def load_schema(parser: argparse.ArgumentParser, path: str) -> object:
-    """The JSON Schema in ``path`` (a usage error through ``parser`` if it is not one)."""
+    """The JSON Schema in ``path`` (a usage error through ``parser`` if it is not one).
+
+    It is compiled as the run will compile it, so a schema the run would
+    refuse is a usage error before any model call.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             schema = json.load(f)
@@ -135,7 +153,11 @@ def load_schema(parser: argparse.ArgumentParser, path: str) -> object:
         parser.error(f"--output-schema {path}: {exc}")
     if not isinstance(schema, dict):
         parser.error(f"--output-schema {path}: a JSON Schema must be an object")
+    try:
+        OutputSpec.of(schema)
+    except ConfigError as exc:
+        parser.error(f"--output-schema {path}: {exc}")
     return schema
 
 
-__all__ = ["CommandParser", "UsageExit", "build_parser", "load_schema"]
+__all__ = ["CommandParser", "UsageError", "UsageExit", "build_parser", "load_schema"]

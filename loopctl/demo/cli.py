@@ -36,8 +36,8 @@ from typing import IO, Any, Optional
 import attrs
 
 from loopctl.config import RunConfig, SessionConfig
-from loopctl.demo.approval_prompt import ApprovalPrompt, ask_policy
-from loopctl.demo.arguments import CommandParser, UsageExit, build_parser, load_schema
+from loopctl.demo.approval_prompt import ApprovalPrompt, ask_policy, unknown_asks
+from loopctl.demo.arguments import CommandParser, UsageError, UsageExit, build_parser, load_schema
 from loopctl.demo.chat_sessions import open_chat_session
 from loopctl.demo.clients import make_client
 from loopctl.demo.console import printable
@@ -98,6 +98,11 @@ class Command:
         self.approvals = ApprovalPrompt(lambda text: self.note(text, "yellow"), args.yes, piped=False)
         self.store: Optional[SQLiteSessionStore] = None
         self.loop = self._make_loop(env, tty)
+        # Checked once every tool is known (an MCP server's only once it started), before any model call.
+        problem = unknown_asks(args.ask, self.loop.tools)
+        if problem is not None:
+            self.close()
+            raise UsageError(problem)
         self.session_note: Optional[str] = None
         name = getattr(args, "session", None)
         if name is not None:
@@ -367,6 +372,11 @@ def main(argv: Optional[Sequence[str]] = None, *, stdin: Optional[IO[str]] = Non
     try:
         session = Command(args, stdin if stdin is not None else sys.stdin, out, err,
                           os.environ if env is None else env)
+    except UsageError as exc:
+        try:
+            parser.commands[args.command].error(str(exc))
+        except UsageExit as usage:
+            return usage.code
     except LoopError as exc:
         message = f"error: {exc}"
         err.write((textwrap.fill(message, 79, break_long_words=False) if _isatty(err) else message) + "\n")

@@ -18,6 +18,7 @@ import attrs
 from loopctl.errors import ConfigError
 from loopctl.messages import ToolSchema
 from loopctl.tools.schema import Compiled, compile_annotation, summary, type_name
+from loopctl.tools.schemacheck import check_schema
 from loopctl.tools.validation import problems
 
 #: How the answer's shape reaches the model: the server's structured output,
@@ -60,14 +61,17 @@ class OutputSpec:
         """Compile ``output_type``.
 
         Raises:
-            ConfigError: the type is not supported, naming it.
+            ConfigError: the type is not supported, naming it; a schema dict
+                the validator could not apply somewhere, naming the place
+                and the bad value.
         """
         if isinstance(output_type, OutputSpec):
             return output_type
         if isinstance(output_type, Mapping):
             schema = copy.deepcopy(dict(output_type))
-            if not isinstance(schema.get("type", "object"), (str, list)):
-                raise ConfigError(f"output_type schema has an invalid 'type': {schema.get('type')!r}")
+            # Checked whole now: the validator would only find a broken spot
+            # while checking an answer, after the model was asked (and asked again).
+            check_schema(schema, "output_type schema")
             compiled = Compiled(schema)
             name = _wire_name(str(schema.get("title") or "answer"))
             description = str(schema.get("description") or "")
