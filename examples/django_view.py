@@ -19,7 +19,8 @@ conversation's id, nothing else) lives in one small class,
     POST /runs/<id>/approvals/<call_id>
                                {"approve": bool, "reason": "..."?, "arguments": {...}?}
                                -> {"answered": bool}; 400 for arguments the tool refuses
-    GET  /runs/<id>            -> status and undelivered guidance
+    GET  /runs/<id>            -> status and undelivered guidance: "queued" (to be delivered,
+                                  after event "queued_after") and "leftovers" (never)
     GET  /runs/<id>/events     -> server-sent events (resumes after Last-Event-ID)
     GET  /                     -> the live page (examples/static/live.html)
 
@@ -371,6 +372,8 @@ def status(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
     """The run's status and its undelivered guidance."""
     info = registry().status(run_id, owner=owner).to_dict()
     info["leftovers"] = [m.text for m in registry().leftovers(run_id, owner=owner)]
+    info["queued_after"], queued = registry().queued(run_id, owner=owner)
+    info["queued"] = [m.text for m in queued]
     return JsonResponse(info)
 
 

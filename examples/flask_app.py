@@ -16,7 +16,8 @@ streams it, so every route talks to one ``RunRegistry`` by run id:
     POST /runs/<id>/approvals/<call_id>
                                {"approve": bool, "reason": "..."?, "arguments": {...}?}
                                -> {"answered": bool}; 400 for arguments the tool refuses
-    GET  /runs/<id>            -> the run's status and its undelivered guidance
+    GET  /runs/<id>            -> the run's status and its undelivered guidance: "queued" (to be
+                                  delivered, after event "queued_after") and "leftovers" (never)
     GET  /runs/<id>/events     -> server-sent events, one per observer event;
                                   resumes after the Last-Event-ID header
     GET  /                     -> a page with a block per run (and its summary), a guidance
@@ -383,6 +384,8 @@ def create_app(
     def status(run_id: str, owner: str) -> Any:
         info = registry.status(run_id, owner=owner).to_dict()
         info["leftovers"] = [m.text for m in registry.leftovers(run_id, owner=owner)]
+        info["queued_after"], queued = registry.queued(run_id, owner=owner)
+        info["queued"] = [m.text for m in queued]
         return jsonify(info)
 
     @app.get("/runs/<run_id>/events")
