@@ -38,7 +38,10 @@ unchanged (never reach for ``@csrf_exempt``):
   conversations stay, unreachable).
 - ``CsrfViewMiddleware``: the page reads the token from the DOM (the hidden
   input ``{% csrf_token %}`` would render) and sends it in ``X-CSRFToken``
-  with every POST, as Django documents. A POST without it gets 403.
+  with every POST, as Django documents. A POST without it gets 403. Two
+  tabs opened at once on a first visit each get a CSRF cookie, and the
+  browser keeps one: the page answers a refused POST by taking the token of
+  a fresh copy of itself and sending it once more.
 - Runs are owned: a run belongs to the session that started it (the
   registry's ``owner=``). Another session asking for it by id, for status,
   events, guidance or cancel, gets the same 404 as an unknown id: a run id

@@ -43,7 +43,9 @@ Safe to copy, with the protections a real app needs:
 - CSRF: every POST must carry the session's token in ``X-CSRFToken``; the
   page gets it in a hidden input. Without it: 403, and nothing happens.
   The token is an HMAC of the owner id under the secret key, so the cookie
-  need not carry it.
+  need not carry it. Two tabs opened at once on a first visit each make a
+  session, and the browser keeps one cookie: the page answers a refused
+  POST by taking the token of a fresh copy of itself and sending it once more.
 - Runs are owned: a run belongs to the session that started it (the
   registry's ``owner=``). Another session asking for it by id, for status,
   events, guidance or cancel, gets the same 404 as an unknown id: a run id
