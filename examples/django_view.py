@@ -19,7 +19,8 @@ conversation's id, nothing else) lives in one small class,
     POST /runs/<id>/approvals/<call_id>
                                {"approve": bool, "reason": "..."?, "arguments": {...}?}
                                -> {"answered": bool}; 400 for arguments the tool refuses
-    GET  /runs/<id>            -> status and undelivered guidance
+    GET  /runs/<id>            -> status and undelivered guidance: "queued" (to be delivered,
+                                  after event "queued_after") and "leftovers" (never)
     GET  /runs/<id>/events     -> server-sent events (resumes after Last-Event-ID)
     GET  /                     -> the live page (examples/static/live.html)
 
@@ -37,7 +38,10 @@ unchanged (never reach for ``@csrf_exempt``):
   conversations stay, unreachable).
 - ``CsrfViewMiddleware``: the page reads the token from the DOM (the hidden
   input ``{% csrf_token %}`` would render) and sends it in ``X-CSRFToken``
-  with every POST, as Django documents. A POST without it gets 403.
+  with every POST, as Django documents. A POST without it gets 403. Two
+  tabs opened at once on a first visit each get a CSRF cookie, and the
+  browser keeps one: the page answers a refused POST by taking the token of
+  a fresh copy of itself and sending it once more.
 - Runs are owned: a run belongs to the session that started it (the
   registry's ``owner=``). Another session asking for it by id, for status,
   events, guidance or cancel, gets the same 404 as an unknown id: a run id
@@ -371,6 +375,8 @@ def status(request: HttpRequest, run_id: str, owner: str) -> HttpResponse:
     """The run's status and its undelivered guidance."""
     info = registry().status(run_id, owner=owner).to_dict()
     info["leftovers"] = [m.text for m in registry().leftovers(run_id, owner=owner)]
+    info["queued_after"], queued = registry().queued(run_id, owner=owner)
+    info["queued"] = [m.text for m in queued]
     return JsonResponse(info)
 
 

@@ -16,7 +16,8 @@ streams it, so every route talks to one ``RunRegistry`` by run id:
     POST /runs/<id>/approvals/<call_id>
                                {"approve": bool, "reason": "..."?, "arguments": {...}?}
                                -> {"answered": bool}; 400 for arguments the tool refuses
-    GET  /runs/<id>            -> the run's status and its undelivered guidance
+    GET  /runs/<id>            -> the run's status and its undelivered guidance: "queued" (to be
+                                  delivered, after event "queued_after") and "leftovers" (never)
     GET  /runs/<id>/events     -> server-sent events, one per observer event;
                                   resumes after the Last-Event-ID header
     GET  /                     -> a page with a block per run (and its summary), a guidance
@@ -42,7 +43,9 @@ Safe to copy, with the protections a real app needs:
 - CSRF: every POST must carry the session's token in ``X-CSRFToken``; the
   page gets it in a hidden input. Without it: 403, and nothing happens.
   The token is an HMAC of the owner id under the secret key, so the cookie
-  need not carry it.
+  need not carry it. Two tabs opened at once on a first visit each make a
+  session, and the browser keeps one cookie: the page answers a refused
+  POST by taking the token of a fresh copy of itself and sending it once more.
 - Runs are owned: a run belongs to the session that started it (the
   registry's ``owner=``). Another session asking for it by id, for status,
   events, guidance or cancel, gets the same 404 as an unknown id: a run id
@@ -383,6 +386,8 @@ def create_app(
     def status(run_id: str, owner: str) -> Any:
         info = registry.status(run_id, owner=owner).to_dict()
         info["leftovers"] = [m.text for m in registry.leftovers(run_id, owner=owner)]
+        info["queued_after"], queued = registry.queued(run_id, owner=owner)
+        info["queued"] = [m.text for m in queued]
         return jsonify(info)
 
     @app.get("/runs/<run_id>/events")

@@ -133,9 +133,16 @@ class Served:
 
 @contextlib.contextmanager
 def _serve(
-    kind: str, factory: Callable[[], BareLoop], gate: threading.Event, db: Optional[Path] = None
+    kind: str,
+    factory: Callable[[], BareLoop],
+    gate: threading.Event,
+    db: Optional[Path] = None,
+    wrap: Callable[[Any], Any] = lambda app: app,
 ) -> Iterator[Served]:
-    """The app on a real server; its conversations in the SQLite file ``db`` (default: a temporary one)."""
+    """The app on a real server; its conversations in the SQLite file ``db`` (default: a temporary one).
+
+    ``wrap`` puts WSGI middleware of the test's around the app (to hold or record requests).
+    """
     registry = StoredRegistry(db)
     saved = None
     if kind == "django":
@@ -143,7 +150,7 @@ def _serve(
         saved = view.REGISTRY, view.LOOP_FACTORY
     try:
         app = (_flask_app if kind == "flask" else _django_app)(registry, factory)
-        server = make_server("127.0.0.1", 0, app, threaded=True)
+        server = make_server("127.0.0.1", 0, wrap(app), threaded=True)
         thread = threading.Thread(target=server.serve_forever, name="browser-test-http", daemon=True)
         thread.start()
         try:

@@ -262,3 +262,57 @@ def test_new_conversation_starts_over(browser: Any, kind: str) -> None:  # noqa:
         assert len(made) == 2  # a loop of its own: no history from the first conversation
         assert [len(b) > 0 for b in _block_lines(page)] == [True]
         assert browser.execute_async_script(SESSION_RUNS)["conversation"] == fresh["conversation"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reload_shows_queued_guidance_once_then_delivered(browser: Any, kind: str) -> None:  # noqa: F811
+    gate = threading.Event()
+    with _serve(kind, _factory(gate), gate) as served:
+        page = _open(browser, served)
+        _ask(page, "What is (2 + 3) * (4 + 5)?")
+        page.activity_shows("running add(a=2, b=3)")  # held by the gate: the guidance waits
+        page.type_into("guidance", "keep it short")
+        page.wait.until(ec.element_to_be_clickable((By.ID, "send")))
+        page.el("send").click()
+        page.log_shows("[guidance queued: keep it short]")
+
+        browser.refresh()
+        page.log_shows("[guidance queued: keep it short]")  # the page keeps its place
+        page.activity_shows("running add(a=2, b=3)")
+        gate.set()
+        page.log_shows("[guidance delivered: keep it short]")
+        page.activity_shows("running multiply(a=5, b=9)")  # waits on the cancel signal
+        lines = page.log_lines()
+        assert lines.count("[guidance queued: keep it short]") == 1, lines
+        assert lines.count("[guidance delivered: keep it short]") == 1, lines
+        assert lines.index("[guidance queued: keep it short]") < lines.index("[guidance delivered: keep it short]")
+
+        browser.refresh()  # delivered now: shown as delivered only
+        page.log_shows("[guidance delivered: keep it short]")
+        page.activity_shows("running multiply(a=5, b=9)")
+        assert "[guidance queued: keep it short]" not in page.log_lines()
+        page.wait.until(ec.element_to_be_clickable((By.ID, "stop")))
+        page.el("stop").click()
+        _ended(page, 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reload_shows_queued_guidance_then_not_delivered_when_stopped(browser: Any, kind: str) -> None:  # noqa: F811
+    with _approving(kind) as served:
+        page = _open(browser, served)
+        _ask(page, "multiply 6 by 7")  # waits for a person: the guidance waits too
+        page.wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, ".approval .approve")))
+        page.type_into("guidance", "keep it short")
+        page.wait.until(ec.element_to_be_clickable((By.ID, "send")))
+        page.el("send").click()
+        page.log_shows("[guidance queued: keep it short]")
+
+        browser.refresh()
+        page.wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, ".approval .approve")))
+        page.log_shows("[guidance queued: keep it short]")
+        page.el("stop").click()
+        page.log_shows("[not delivered: keep it short]")
+        _ended(page, 1)
+        lines = page.log_lines()
+        assert lines.count("[guidance queued: keep it short]") == 1, lines
+        assert not any(line.startswith("[guidance delivered") for line in lines), lines

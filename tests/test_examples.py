@@ -241,8 +241,11 @@ def test_web_app_steers_and_cancels_a_real_run(web: Web, gate: threading.Event) 
     events.until("tool_pre", tool="add")  # turn 0's add is held by the gate
 
     assert web.post(f"/runs/{rid}/steer", {"text": "be brief"}) == (200, {"accepted": True})
+    code, queued = web.get(f"/runs/{rid}")  # what a reloaded page shows again, after event queued_after
+    assert code == 200 and queued["queued"] == ["be brief"] and queued["leftovers"] == []
     gate.set()
     steer_seq, delivered = events.until("steering")
+    assert queued["queued_after"] < steer_seq
     assert delivered["turn"] == 1
     assert delivered["messages"][0]["parts"][0]["text"] == "be brief"
     text = ""
@@ -260,7 +263,7 @@ def test_web_app_steers_and_cancels_a_real_run(web: Web, gate: threading.Event) 
 
     code, status = web.get(f"/runs/{rid}")
     assert code == 200 and status["state"] == "cancelled"
-    assert status["leftovers"] == ["too late"]
+    assert status["leftovers"] == ["too late"] and status["queued"] == []
     assert web.post(f"/runs/{rid}/cancel") == (200, {"cancelled": False})
     assert web.post(f"/runs/{rid}/steer", {"text": "hello?"}) == (200, {"accepted": False})
 

@@ -293,6 +293,43 @@ def test_steer_during_the_last_call_comes_back_as_that_runs_leftover(
     assert not [e for _, e in reg.events(rid2) if e["type"] == "steering"]
 
 
+def test_queued_is_the_guidance_not_delivered_yet_and_its_seq_comes_before_the_delivery(
+    reg: RunRegistry, gates: list[GatedReply]
+) -> None:
+    g0 = gate(gates, call("echo"))
+    g1 = gate(gates, reply("done"))
+    rid = reg.start(make_loop(g0, g1), "hi", owner="ada")
+    g0.wait_entered()
+    assert reg.queued(rid, owner="ada") == (len(list(reg.events(rid, timeout=0, owner="ada"))), [])
+    assert reg.steer(rid, "prefer brevity", owner="ada") is True
+    seq, queued = reg.queued(rid, owner="ada")
+    assert texts(queued) == ["prefer brevity"]
+    with pytest.raises(KeyError):
+        reg.queued(rid, owner="mallory")  # another owner's run is an unknown id
+    g0.release.set()
+    g1.wait_entered()
+    assert reg.queued(rid, owner="ada")[1] == []  # delivered: queued no more
+    g1.release.set()
+    reg.result(rid, timeout=WAIT, owner="ada")
+    [(delivered_at, steering)] = [(n, e) for n, e in reg.events(rid, owner="ada") if e["type"] == "steering"]
+    assert texts(steering["messages"]) == ["prefer brevity"] and delivered_at > seq
+    assert reg.queued(rid, owner="ada")[1] == []
+
+
+def test_queued_guidance_a_run_never_reaches_becomes_its_leftover(
+    reg: RunRegistry, gates: list[GatedReply]
+) -> None:
+    g = gate(gates, reply("final"))
+    rid = reg.start(make_loop(g), "hi")
+    g.wait_entered()
+    assert reg.steer(rid, "never drained") is True
+    assert texts(reg.queued(rid)[1]) == ["never drained"]
+    g.release.set()
+    reg.result(rid, timeout=WAIT)
+    assert reg.queued(rid) == (len(list(reg.events(rid))), [])
+    assert texts(reg.leftovers(rid)) == ["never drained"]
+
+
 # -- events ----------------------------------------------------------------------------
 
 

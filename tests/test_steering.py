@@ -289,6 +289,31 @@ def test_take_leftovers_never_steals_live_guidance(make_loop: Callable[..., Bare
     assert s.take_all() == []
 
 
+def test_queued_shows_live_guidance_in_place_until_delivered(make_loop: Callable[..., BareLoop]) -> None:
+    g_final, g_tool = Gate(), Gate()
+    client = ScriptedClient([gated(g_final, reply("one")), call("work"), reply("two")])
+    loop = make_loop(client, [GatedTool(g_tool)])
+    s = loop.steering()
+    assert s.queued() == []
+    h = loop.start("first")
+    g_final.wait_entered()
+    assert s.push("sealed")
+    g_final.open()
+    h.result(WAIT)
+    assert s.queued() == []  # sealed is not queued: no run will deliver it
+
+    h = loop.start("second")
+    g_tool.wait_entered()
+    assert s.push("live-1") and s.push("live-2")
+    assert s.queued() == [user("live-1"), user("live-2")]
+    assert s.queued() == [user("live-1"), user("live-2")]  # reading takes nothing
+    g_tool.open()
+    h.result(WAIT)
+    assert texts(client.requests[2].messages)[-2:] == ["live-1", "live-2"]  # still delivered, once
+    assert s.queued() == []
+    assert s.take_leftovers() == [user("sealed")]
+
+
 def test_take_all_collects_sealed_then_live_and_live_is_no_longer_delivered(
     make_loop: Callable[..., BareLoop],
 ) -> None:

@@ -157,6 +157,15 @@ class Steering:
             self._sealed_bytes = 0
             return out
 
+    def queued(self) -> list[Message]:
+        """Guidance accepted for the run in flight and not delivered yet, left in place (push order).
+
+        Each of these reaches the run at its next turn boundary, or is sealed
+        (a leftover) if the run ends first.
+        """
+        with self._lock:
+            return list(self._live)
+
     def sealed(self) -> list[Message]:
         """Sealed guidance (from ended runs, or handed back by sub-agents' runs), left in place."""
         with self._lock:

@@ -172,6 +172,17 @@ class _Entry:
                 for waiter in waiters:
                     waiter.release()
 
+    def queued(self) -> Tuple[int, List[Message]]:
+        """``(seq, guidance)``: the run's undelivered guidance and its last event before it.
+
+        Call with the registry's lock held, so the loop's open slot is this
+        run's. The seq is read first: guidance still queued after that read
+        is delivered in a ``steering`` event emitted later, so with a greater seq.
+        """
+        with self.lock:
+            seq, loop = self.seq, (None if self.ended else self.loop)
+        return seq, ([] if loop is None else loop.steering().queued())
+
     def park(self) -> Any:
         """A locked lock the tap will release (call with ``self.lock`` held)."""
         waiter = threading.Lock()

@@ -295,6 +295,21 @@ class RunRegistry(RegistryApprovals):
         """
         return list(self._get(run_id, owner).leftovers)
 
+    def queued(self, run_id: str, *, owner: Optional[Hashable] = None) -> Tuple[int, List[Message]]:
+        """``(seq, messages)``: the run's guidance accepted and not delivered yet (a copy, in push order).
+
+        ``seq`` is the run's last event when it was read: each message is
+        delivered in a ``steering`` event after it, or is a leftover if the
+        run ends first. A reattaching page shows them once it has replayed
+        ``events`` up to ``seq``. Empty once the run ended (see ``leftovers``).
+
+        Raises:
+            KeyError: unknown ``run_id``, or another ``owner``'s run.
+        """
+        with self._lock:  # no new run can start on the loop and take its slot
+            self._prune_locked()
+            return self._lookup(run_id, owner).queued()
+
     def run_on_session(self, session_id: str, *, owner: Optional[Hashable] = None) -> Optional[str]:
         """The id of ``owner``'s run in flight on the stored session, or None.
 
