@@ -153,3 +153,24 @@ def test_override_covers_only_the_names_colliding_at_attach_and_a_dropped_name_g
     outputs = [r.output for m in loop.conversation() for r in m.tool_results]
     assert outputs == ["renamed", "local transfer 7", "renamed", "local search 2"]
 
+
+def test_a_gate_set_on_a_server_tool_survives_the_server_updating_that_tool() -> None:
+    script = [call("rename", names="transfer", note=" Now faster."), call("transfer", amount=5), reply("done")]
+    with names_server("transfer") as server:
+        loop = BareLoop(ScriptedClient(script), ToolRegistry())
+        server.attach(loop.tools)
+        gated = loop.tools.get("transfer")
+        assert gated is not None
+        gated.requires_approval, gated.approval_timeout = True, 60.0
+        asked = Asked()
+        loop.register_observer(asked)
+        with loop:
+            h = loop.start("move money")
+            assert asked.asked.wait(WAIT)
+            assert h.deny(h.pending_approvals()[0].call_id, "no") is True
+            h.result(WAIT)
+        updated = loop.tools.get("transfer")
+        assert updated is not gated and "Now faster." in updated.description  # type: ignore[union-attr]
+        assert updated.requires_approval and updated.approval_timeout == 60.0  # type: ignore[union-attr]
+    outputs = [r.output for m in loop.conversation() for r in m.tool_results]
+    assert outputs == ["renamed", "the user denied this call: no"]
