@@ -43,7 +43,7 @@ import attrs
 from loopctl.approvals import ApprovalContext, denial_text
 from loopctl.approvals.gate import ApprovalPolicy, EventSink, ParkedBatch, Unfence, ask_policy
 from loopctl.approvals.slot import ApprovalSlot
-from loopctl.driver.admission import Admitted, admit
+from loopctl.driver.admission import Admitted, admit, same_call
 from loopctl.events import ApprovalRequested
 from loopctl.frozen import thaw
 from loopctl.messages import ToolCallPart, ToolResultPart
@@ -79,7 +79,7 @@ def pipeline_gate(
 
     def gate(ctx: DispatchContext) -> Union[Tuple[Tool, Mapping[str, Any]], str]:
         name, args = ctx.tool_name, ctx.input
-        if name == call.name and args == call.input:
+        if same_call(call, name, args):
             return not_found_text(name, tools) if tool is None else (tool, thaw(call.input))
         if not isinstance(name, str) or not isinstance(args, Mapping):
             return f"Tool '{call.name}': a middleware layer rewrote the call into something that is not a tool call"
