@@ -374,6 +374,73 @@ def test_a_recovery_correction_that_changes_an_approved_call_is_not_run_without_
     assert [(d.call_id, d.arguments) for d in run.approvals] == [("c1", {"to": "alice", "amount": 5})]
 
 
+def flaky_pay(ran: list[tuple[str, int]]) -> Any:
+    """An approval-gated pay whose first attempt fails."""
+
+    @tool(requires_approval=True)
+    def pay(to: str, amount: int) -> str:
+        """Pay someone.
+
+        Args:
+            to: who.
+            amount: how much.
+        """
+        ran.append((to, amount))
+        if len(ran) == 1:
+            raise ToolError("bank unavailable")
+        return f"paid {amount} to {to}"
+
+    return pay
+
+
+def deeply_nested(depth: int) -> dict[str, Any]:
+    deep: dict[str, Any] = {}
+    cur = deep
+    for _ in range(depth):
+        cur["n"] = {}
+        cur = cur["n"]
+    return deep
+
+
+def approved_retry(fix: dict[str, Any], ran: list[tuple[str, int]]) -> tuple[Any, BareLoop]:
+    """Pay alice 5 (approved), failing once; the reflector's correction is ``fix``."""
+    loop, _, parked = loop_for([calls_reply(("c1", "pay", {"to": "alice", "amount": 5})), reply("done")], flaky_pay(ran))
+    loop.with_reflector(FixTo(fix)).with_recovery_strategy(AlwaysRetry())
+    with loop:
+        h = loop.start("pay alice")
+        parked.wait_for(1)
+        assert h.approve("c1") is True
+        run = h.result(WAIT)
+    assert len(parked.requested) == 1
+    return run, loop
+
+
+def test_a_recovery_correction_equal_to_the_approved_call_runs_it_again_as_approved() -> None:
+    ran: list[tuple[str, int]] = []
+    run, loop = approved_retry({"to": "alice", "amount": 5}, ran)
+    assert ran == [("alice", 5), ("alice", 5)]
+    assert [r.output for m in loop.conversation() for r in m.tool_results] == ["paid 5 to alice"]
+    assert [d.arguments for d in run.approvals] == [{"to": "alice", "amount": 5}]
+
+
+@pytest.mark.parametrize(
+    ("fix", "reason"),
+    [
+        ({"to": "alice" + "x" * 1_000_100, "amount": 5}, "the arguments of 'pay' are too large"),
+        ({"to": "alice", "amount": 5, "extra": deeply_nested(5000)}, "the arguments of 'pay' are nested too deeply"),
+    ],
+    ids=["large", "deep"],
+)
+def test_a_recovery_correction_the_gate_refuses_is_answered_with_the_gates_reason(
+    fix: dict[str, Any], reason: str
+) -> None:
+    ran: list[tuple[str, int]] = []
+    _, loop = approved_retry(fix, ran)
+    assert ran == [("alice", 5)]  # the refused correction never ran
+    [result] = [r for m in loop.conversation() for r in m.tool_results]
+    assert result.is_error and result.output.startswith(reason) and len(result.output) < 300
+
+
 def test_a_resumed_wave_with_a_repeated_id_passes_the_gate_and_each_call_is_approved_alone() -> None:
     bank = Bank()
     asked = calls_reply(("c1", "pay", {"to": "alice", "amount": 5}), ("c1", "delete_account", {"who": "alice"}))

@@ -449,3 +449,28 @@ def test_approval_timeouts_are_validated_and_round_trip() -> None:
     loop = BareLoop(ScriptedClient([]))
     with pytest.raises(ConfigError, match="callable"):
         loop.with_approval("always")  # type: ignore[arg-type]
+
+
+def test_a_gate_set_on_a_registered_tool_after_a_run_holds_from_the_next_call() -> None:
+    paid: list[str] = []
+
+    @tool
+    def pay(to: str) -> str:
+        """Pay someone.
+
+        Args:
+            to: who.
+        """
+        paid.append(to)
+        return f"paid {to}"
+
+    script = [call("pay", to="bob"), reply("one"), call("pay", to="eve"), reply("two")]
+    loop, asked, _ = loop_with(script, pay)
+    with loop:
+        assert loop.run("pay bob").output == "one"
+        loop.tools.get("pay").requires_approval = True  # type: ignore[union-attr]
+        h = loop.start("pay eve")
+        assert asked.asked.wait(WAIT)
+        assert h.deny(h.pending_approvals()[0].call_id, "no") is True
+        assert h.result(WAIT).output == "two"
+    assert paid == ["bob"]

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
-import inspect
+import queue
 import threading
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import pytest
+from support import WAIT
 
-from loopctl import BareLoop, LoopDetected, UserInputRequired
+from loopctl import BareLoop, LoopDetected, RunConfig, UserInputRequired, tool
 from loopctl.context.memory import words
 from loopctl.detection import ConvergenceDetector, LoopDetector, jaccard
 from loopctl.errors import ConfigError
-from loopctl.observers import ConvergenceDetected, Event, LoopDetectedEvent
+from loopctl.observers import (
+    ApprovalRequested,
+    ConvergenceDetected,
+    Event,
+    LoopDetectedEvent,
+    Observer,
+    RunEnd,
+)
 from loopctl.testing import ScriptedClient, call, reply
 from loopctl.tools import Tool, ToolContext
 
@@ -257,10 +265,6 @@ class Echo(Tool):
         return "unchanged content"
 
 
-_dispatch_wired = "pre_check" in inspect.getsource(__import__("loopctl.driver.dispatch", fromlist=["x"]))
-
-
-@pytest.mark.skipif(not _dispatch_wired, reason="dispatch does not call the loop detector yet (tools issue)")
 def test_loop_detected_through_the_loop_warns_then_stops() -> None:
     obs, events = _observer()
     script = [call("read", path="a") for _ in range(11)] + [reply("never")]
@@ -270,3 +274,49 @@ def test_loop_detected_through_the_loop_warns_then_stops() -> None:
     warn = [e for e in events if isinstance(e, LoopDetectedEvent)]
     assert warn and warn[0].repetitions == 3
     assert not loop._parts.loop_detector.has_pending_stop
+
+
+class Denier(Observer):
+    """Denies each call as it is parked, from another thread (a person saying no every time)."""
+
+    def __init__(self) -> None:
+        self.parked: queue.Queue[Optional[str]] = queue.Queue()
+        self.asked = 0
+
+    def on_approval_requested(self, event: ApprovalRequested) -> None:
+        self.asked += 1
+        self.parked.put(event.call_id)
+
+    def on_run_end(self, event: RunEnd) -> None:
+        self.parked.put(None)
+
+    def deny_all(self, handle: Any) -> None:
+        while (call_id := self.parked.get(timeout=WAIT)) is not None:
+            handle.deny(call_id, "no")
+
+
+@pytest.mark.parametrize("answer", ["denied", "timed out"])
+def test_a_call_denied_every_time_is_a_loop_and_nobody_is_asked_once_the_stop_is_armed(answer: str) -> None:
+    @tool(requires_approval=True, approval_timeout=0.01 if answer == "timed out" else None)
+    def pay(to: str) -> str:
+        """Pay someone.
+
+        Args:
+            to: who.
+        """
+        return "paid"
+
+    obs, events = _observer()
+    denier = Denier()
+    script = [call("pay", to="x") for _ in range(15)] + [reply("gave up")]
+    loop = BareLoop(ScriptedClient(script), [pay]).with_observer(obs).with_observer(denier)
+    with loop:
+        h = loop.start("go", RunConfig(max_turns=50))
+        if answer == "denied":
+            denier.deny_all(h)
+        with pytest.raises(LoopDetected, match="repeated 10 times") as info:
+            h.result(WAIT)
+    assert info.value.run is not None and info.value.run.turn_count == 11
+    assert denier.asked == 10  # the eleventh call is stopped before anyone is asked
+    warn = [e for e in events if isinstance(e, LoopDetectedEvent)]
+    assert [w.repetitions for w in warn] == [3]

@@ -119,3 +119,58 @@ def test_a_server_renaming_its_tools_between_turns_never_replaces_a_local_tool()
     outputs = [r.output for m in loop.conversation() for r in m.tool_results]
     assert outputs == ["renamed", "local transfer 7"]
     assert [d.tool for d in run.approvals] == ["transfer"]
+
+
+def local_search() -> Any:
+    @tool
+    def search(amount: int = 0) -> str:
+        """Search here.
+
+        Args:
+            amount: how many.
+        """
+        return f"local search {amount}"
+
+    return search
+
+
+def test_override_covers_only_the_names_colliding_at_attach_and_a_dropped_name_gives_the_tool_back() -> None:
+    search, transfer = local_search(), local_transfer(False)
+    script = [
+        call("rename", names="search,transfer"), call("transfer", amount=7),
+        call("rename", names="other"), call("search", amount=2), reply("done"),
+    ]
+    with names_server("search") as server:
+        loop = BareLoop(ScriptedClient(script), [search, transfer])
+        assert server.attach(loop.tools, override=True) == ["rename", "search"]
+        assert loop.tools.get("search").source is server  # type: ignore[union-attr]
+        with loop:
+            loop.run("go")
+        # transfer was never offered to the server: the rename neither took nor removed it;
+        # search was, until the server dropped it: the local search is back.
+        assert loop.tools.get("transfer") is transfer and loop.tools.get("search") is search
+        assert loop.tools.names() == ["other", "rename", "search", "transfer"]
+    outputs = [r.output for m in loop.conversation() for r in m.tool_results]
+    assert outputs == ["renamed", "local transfer 7", "renamed", "local search 2"]
+
+
+def test_a_gate_set_on_a_server_tool_survives_the_server_updating_that_tool() -> None:
+    script = [call("rename", names="transfer", note=" Now faster."), call("transfer", amount=5), reply("done")]
+    with names_server("transfer") as server:
+        loop = BareLoop(ScriptedClient(script), ToolRegistry())
+        server.attach(loop.tools)
+        gated = loop.tools.get("transfer")
+        assert gated is not None
+        gated.requires_approval, gated.approval_timeout = True, 60.0
+        asked = Asked()
+        loop.register_observer(asked)
+        with loop:
+            h = loop.start("move money")
+            assert asked.asked.wait(WAIT)
+            assert h.deny(h.pending_approvals()[0].call_id, "no") is True
+            h.result(WAIT)
+        updated = loop.tools.get("transfer")
+        assert updated is not gated and "Now faster." in updated.description  # type: ignore[union-attr]
+        assert updated.requires_approval and updated.approval_timeout == 60.0  # type: ignore[union-attr]
+    outputs = [r.output for m in loop.conversation() for r in m.tool_results]
+    assert outputs == ["renamed", "the user denied this call: no"]

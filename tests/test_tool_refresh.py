@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
 from loopctl import BareLoop
 from loopctl.testing import ScriptedClient, call, reply
-from loopctl.tools import ToolRegistry, tool
+from loopctl.tools import Tool, ToolRegistry, tool
+from loopctl.tools.base import ToolContext, ToolOutput
 
 
 @tool
@@ -77,3 +80,22 @@ def test_the_name_set_is_shared_until_the_tools_change_and_follows_every_change(
     assert registry.name_set() == {"second"}
     assert not registry.unregister("first")  # nothing removed: the cached set stays right
     assert registry.name_set() == {"second"}
+
+
+def test_a_source_replacing_its_gated_tool_keeps_the_gate_and_the_application_may_lift_its_own() -> None:
+    class Sourced(Tool):
+        def __init__(self, source: object, description: str) -> None:
+            self.name, self.description, self.source = "pay", description, source
+
+        def call(self, input: Mapping[str, Any], ctx: ToolContext) -> ToolOutput:
+            return ToolOutput("paid")
+
+    server = object()
+    registry = ToolRegistry([Sourced(server, "v1")])
+    registry.get("pay").requires_approval = True  # type: ignore[union-attr]
+    v2 = registry.register(Sourced(server, "v2"))
+    assert v2.requires_approval and registry.has_approval_tools
+    registry.unregister("pay")
+    registry.register(Sourced(None, "local"))
+    registry.get("pay").requires_approval = True  # type: ignore[union-attr]
+    assert not registry.register(Sourced(None, "local, ungated")).requires_approval

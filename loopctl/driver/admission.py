@@ -136,6 +136,18 @@ def _admit_one(call: ToolCallPart, tools: ToolRegistry) -> Admitted:
     return Admitted(call, tool, problem)
 
 
+def same_call(call: ToolCallPart, name: object, args: object) -> bool:
+    """Whether ``name``/``args`` are the admitted ``call`` unchanged (by value).
+
+    Equal by value (``1 == True`` included): whoever asks then runs the
+    admitted value itself, so what runs is exactly what passed the gate.
+    """
+    try:
+        return name == call.name and args == call.input
+    except RecursionError:  # nested deeper than anything admitted: not the call
+        return False
+
+
 def admit_message(
     message: Message, tools: ToolRegistry, used: Optional[set[str]] = None
 ) -> tuple[Message, list[Admitted]]:
@@ -204,4 +216,6 @@ def json_size(value: object, limit: int) -> int:
     return total
 
 
-__all__ = ["MAX_ARGUMENT_CHARS", "Admitted", "admit", "admit_message", "json_size", "taken", "unique_ids"]
+__all__ = [
+    "MAX_ARGUMENT_CHARS", "Admitted", "admit", "admit_message", "json_size", "same_call", "taken", "unique_ids",
+]

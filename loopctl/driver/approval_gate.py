@@ -43,7 +43,7 @@ import attrs
 from loopctl.approvals import ApprovalContext, denial_text
 from loopctl.approvals.gate import ApprovalPolicy, EventSink, ParkedBatch, Unfence, ask_policy
 from loopctl.approvals.slot import ApprovalSlot
-from loopctl.driver.admission import Admitted, admit
+from loopctl.driver.admission import Admitted, admit, same_call
 from loopctl.events import ApprovalRequested
 from loopctl.frozen import thaw
 from loopctl.messages import ToolCallPart, ToolResultPart
@@ -79,7 +79,7 @@ def pipeline_gate(
 
     def gate(ctx: DispatchContext) -> Union[Tuple[Tool, Mapping[str, Any]], str]:
         name, args = ctx.tool_name, ctx.input
-        if name == call.name and args == call.input:
+        if same_call(call, name, args):
             return not_found_text(name, tools) if tool is None else (tool, thaw(call.input))
         if not isinstance(name, str) or not isinstance(args, Mapping):
             return f"Tool '{call.name}': a middleware layer rewrote the call into something that is not a tool call"
@@ -113,8 +113,12 @@ def park_batch(
     turn: int,
     default_timeout: Optional[float],
     unfenced: Unfence,
+    before_asking: Callable[[], None] = lambda: None,
 ) -> Optional[ParkedBatch]:
     """Park the calls that need approval; None when none does (the fast path).
+
+    ``before_asking()`` runs once, before the first call is parked: it may
+    end the run (a stop the loop detector armed) before a person is asked.
 
     Raises:
         Cancelled: the run was cancelled (the slot is closed).
@@ -126,6 +130,8 @@ def park_batch(
         ctx = ApprovalContext(call.name, call.input, call.id, slot.run_id, session_id, turn)
         if not needs_approval(admitted, policy, ctx, unfenced):
             continue
+        if not ids:
+            before_asking()
         if call.id in ids.values():  # the gate makes ids unique: a repeat here is a bug, never a bypass
             raise RuntimeError(f"call id {call.id!r} parked twice in one batch")
         timeout = getattr(tool, "approval_timeout", None)
@@ -147,11 +153,14 @@ def dispatch_parked(
     run_group: Callable[[Sequence[Admitted]], list[ToolResultPart]],
     check_cancel: Callable[[], None],
     unfenced: Unfence,
+    denied: Callable[[ToolCallPart, str], ToolResultPart],
 ) -> list[ToolResultPart]:
     """Run ``calls`` wave by wave around their approvals; results in request order.
 
     ``run_group(calls)`` runs calls that may overlap (one call alone, or a
-    parallel wave) and returns their results in order.
+    parallel wave) and returns their results in order; ``denied(call,
+    text)`` answers a call that was not approved (the dispatcher counts the
+    answer for the loop detector, like any result).
     """
     results: list[Optional[ToolResultPart]] = [None] * len(calls)
 
@@ -180,7 +189,7 @@ def dispatch_parked(
                 # An edit was validated and frozen by the slot: it runs as recorded.
                 group.append(attrs.evolve(admitted, call=attrs.evolve(call, input=d.arguments)) if d.edited else admitted)
             else:
-                results[i] = ToolResultPart(call.id, call.name, denial_text(d.reason), True)
+                results[i] = denied(call, denial_text(d.reason))
         run(go, group)
     return results  # type: ignore[return-value]
 

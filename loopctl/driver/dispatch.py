@@ -48,10 +48,11 @@ from loopctl.approvals.gate import ParkedBatch
 from loopctl.cancel import CancelSignal
 from loopctl.driver.admission import Admitted, admit, taken
 from loopctl.driver.approval_gate import dispatch_parked, park_batch, pipeline_gate
+from loopctl.driver.loop_watch import count_answer, stop_if_armed
 from loopctl.driver.recovery import apply_correction, plan_retry
 from loopctl.driver.tool_calls import CallState, plan_waves, result_hash
 from loopctl.errors import Cancelled, ToolRecoveryExhausted
-from loopctl.events import LoopDetectedEvent, ToolPost, ToolPre
+from loopctl.events import ToolPost, ToolPre
 from loopctl.events.hooks import ToolHookContext
 from loopctl.frozen import thaw
 from loopctl.messages import ToolCallPart, ToolResultPart
@@ -125,6 +126,7 @@ class Dispatcher:
 
             return dispatch_parked(
                 parked, calls, waves, run_group, lambda: self._check_cancel(run.rc), run.rc.unfenced,
+                lambda call, text: self._denied(run, call, text),
             )
         if sequential:
             if settled is None:
@@ -153,6 +155,7 @@ class Dispatcher:
             rc.approvals, self.parts.approval_policy, calls, events=run.events,
             session_id=run.session_id, turn=turn,
             default_timeout=rc.run.config.approval_timeout, unfenced=rc.unfenced,
+            before_asking=lambda: stop_if_armed(self.parts.loop_detector),
         )
 
     def _run_group(self, run: RunState, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
@@ -293,11 +296,7 @@ class Dispatcher:
         hooks = parts.hooks
         if hooks is not None and hooks.hooks and self._gate(run, turn, st):
             return _BLOCKED
-        detector = parts.loop_detector
-        if detector is not None:
-            stop = detector.pre_check()
-            if stop is not None:
-                raise stop
+        stop_if_armed(parts.loop_detector)
         if st.refusal is not None:
             st.out, st.ms, st.resolved = ToolOutput.error(st.refusal), 0.0, call.name
             return _GATED
@@ -370,11 +369,8 @@ class Dispatcher:
         rc = run.rc
         call, out = st.call, st.out
         em = run.events
-        detector = parts.loop_detector
-        if detector is not None and not gated:
-            found = detector.record(call.name, call.input, out.text, out.is_error)
-            if found is not None:
-                em.emit(LoopDetectedEvent(em.session_id, em.run_id, found[0], found[1]))
+        if not gated:
+            count_answer(parts.loop_detector, em, call, out)
         if em.wants(ToolPost):  # hashing costs more than the check
             em.emit(
                 ToolPost(
@@ -400,6 +396,12 @@ class Dispatcher:
         if parts.reflector is None and parts.recovery is None:
             return None
         return plan_retry(parts, run, turn, st)
+
+    def _denied(self, run: RunState, call: ToolCallPart, text: str) -> ToolResultPart:
+        """The answer to a call a person denied (or whose approval timed out): it never ran."""
+        out = ToolOutput.error(text)
+        count_answer(self.parts.loop_detector, run.events, call, out)
+        return ToolResultPart(call.id, call.name, out.text, True)
 
     def _remember(self, st: CallState) -> None:
         global _trajectory_entry

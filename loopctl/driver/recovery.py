@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import attrs
 
 from loopctl.approvals import ApprovalContext
-from loopctl.driver.admission import admit
+from loopctl.driver.admission import admit, same_call
 from loopctl.driver.approval_gate import needs_approval
 from loopctl.messages import ToolCallPart, ToolSchema
 from loopctl.tools.recovery import (
@@ -106,18 +106,24 @@ def corrected(call: ToolCallPart, correction: object) -> ToolCallPart:
 
 
 def apply_correction(parts: LoopParts, run: RunState, turn: int, st: CallState) -> None:
-    """Apply a retry's correction: the corrected call passes the gate again (same id).
+    """Apply a retry's correction: a changed call passes the gate again (same id).
 
-    An approval covers the call as it was approved: a correction that
-    changes it into a call needing approval is refused (``st.refusal``), not run.
+    An approval covers the call as it was approved: a correction equal to
+    it changes nothing (the call runs again as it stands); one that changes
+    it into a call needing approval is refused (``st.refusal``), not run,
+    and so is one the gate refuses (too large, nested too deeply: the
+    gate's own reason, as the model would get it for its own call).
     """
     fixed = corrected(st.call, st.correction)
     st.correction = None
-    if fixed is st.call:
+    if fixed is st.call or same_call(st.call, fixed.name, fixed.input):
         return
     again = admit([fixed], parts.tools)[0]
     st.call, st.tool = again.call, again.tool
     c = again.call
+    if c.invalid is not None:
+        st.refusal = c.invalid
+        return
     rc = run.rc
     ctx = ApprovalContext(c.name, c.input, c.id, rc.run.id, run.session_id, turn)
     if needs_approval(again, parts.approval_policy, ctx, rc.unfenced):

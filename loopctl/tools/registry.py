@@ -11,7 +11,10 @@ decides whether a same-named tool may replace another:
   unless the caller passes ``override=True`` (then it replaces it, with a
   warning) - the way out is a prefix on the other source's names;
 - a tool that ``requires_approval`` is never replaced by another source's
-  tool, not even with ``override``: nothing can shadow an approval gate.
+  tool, not even with ``override``: nothing can shadow an approval gate;
+- a source updating its own gated tool never lowers the gate: the new tool
+  keeps ``requires_approval`` (and ``approval_timeout``), so a gate the
+  application set on a server's tool survives the server's updates.
 
 Refreshers let a tool source (an MCP server whose tool list changes, say)
 update the registry between turns: the driver calls ``refresh()`` on the
@@ -67,6 +70,29 @@ def replacement_problem(old: Tool, new: Tool, override: bool) -> Optional[str]:
     return None
 
 
+def keep_gate(old: Tool, new: Tool) -> None:
+    """Give ``new``, replacing ``old`` of the same source, the approval gate set on ``old``.
+
+    Only the application decides which tools wait for a person: a source
+    (an MCP server re-listing its tool) cannot lift a gate by sending a new
+    version. The application's own tools (no source) are its to change. A
+    tool that cannot take the gate (read-only attributes) raises here, so
+    the replacement never happens.
+    """
+    source = getattr(new, "source", None)
+    if (
+        old is new
+        or source is None
+        or source is not getattr(old, "source", None)
+        or not getattr(old, "requires_approval", False)
+        or getattr(new, "requires_approval", False)
+    ):
+        return
+    new.requires_approval = True
+    if getattr(new, "approval_timeout", None) is None:
+        new.approval_timeout = getattr(old, "approval_timeout", None)
+
+
 class ToolRegistry:
     """Tools by name. ``register`` replaces a same-named tool in place."""
 
@@ -74,7 +100,6 @@ class ToolRegistry:
         self._tools: dict[str, Tool] = {}
         self._schemas: Optional[tuple[ToolSchema, ...]] = None
         self._names: Optional[frozenset[str]] = None
-        self._asks: Optional[bool] = None  # any tool with requires_approval (cached)
         self._refreshers: tuple[Callable[[ToolRegistry], None], ...] = ()  # few, and most loops have none
         #: True once a refresher was added (read before every model turn: a plain attribute).
         self.has_refreshers = False
@@ -107,6 +132,8 @@ class ToolRegistry:
         seconds(getattr(tool, "approval_timeout", None), f"tool {tool.name!r}: approval_timeout")
         self.check(tool, override=override)
         old = self._tools.get(tool.name)
+        if old is not None:
+            keep_gate(old, tool)
         if old is not None and old is not tool and getattr(old, "source", None) is None:
             log.warning("tool %r replaced in registry", tool.name)
         elif old is not None and getattr(old, "source", None) is not getattr(tool, "source", None):
@@ -132,7 +159,6 @@ class ToolRegistry:
         # The tools changed: what is computed from them is made again on next use.
         self._schemas = None
         self._names = None
-        self._asks = None
 
     def add_refresher(self, refresher: Callable[[ToolRegistry], None]) -> None:
         """Call ``refresher(registry)`` before each model turn of every run.
@@ -175,10 +201,12 @@ class ToolRegistry:
 
     @property
     def has_approval_tools(self) -> bool:
-        """True when some tool's every call needs a person's approval (cached)."""
-        if self._asks is None:
-            self._asks = any(getattr(t, "requires_approval", False) for t in self._tools.values())
-        return self._asks
+        """True when some tool's every call needs a person's approval.
+
+        Read anew at each dispatch, never cached: a gate set on a registered
+        tool (``registry.get("x").requires_approval = True``) holds from the next call.
+        """
+        return any(getattr(t, "requires_approval", False) for t in tuple(self._tools.values()))
 
     def __contains__(self, name: object) -> bool:
         return name in self._tools
@@ -190,4 +218,4 @@ class ToolRegistry:
         return len(self._tools)
 
 
-__all__ = ["ToolConflict", "ToolRegistry", "describe_tool", "replacement_problem"]
+__all__ = ["ToolConflict", "ToolRegistry", "describe_tool", "keep_gate", "replacement_problem"]

@@ -3,9 +3,10 @@
 Run as ``python names_server.py [--names a,b,...]``. It offers one tool per
 name in ``--names`` (default ``transfer``), each answering
 ``remote <name>``, and the tool ``rename(names)``: replace every tool but
-``rename`` by tools with the given comma-separated names, then announce
-the new list (``tools/list_changed``) - a server renaming its tools
-between turns.
+``rename`` by tools with the given comma-separated names (their
+descriptions followed by ``note``, when given: a server updating a tool),
+then announce the new list (``tools/list_changed``) - a server renaming
+its tools between turns.
 """
 
 from __future__ import annotations
@@ -18,21 +19,21 @@ server = MCPServer("loopctl-names", version="1.0")
 offered: list[str] = []
 
 
-def offer(name: str) -> None:
+def offer(name: str, note: str = "") -> None:
     def remote(amount: int = 0) -> str:
         return f"remote {name} {amount}"
 
-    server.add_tool(remote, name=name, description=f"The server's {name}.")
+    server.add_tool(remote, name=name, description=f"The server's {name}.{note}")
     offered.append(name)
 
 
 @server.tool(description="Replace the server's tools by tools with these comma-separated names.")
-async def rename(names: str, ctx: Context) -> str:
+async def rename(names: str, ctx: Context, note: str = "") -> str:
     for old in offered:
         server.remove_tool(old)
     offered.clear()
     for name in names.split(","):
-        offer(name)
+        offer(name, note)
     await ctx.session.send_tool_list_changed()
     return "renamed"
 

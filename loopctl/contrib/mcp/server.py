@@ -45,7 +45,7 @@ from loopctl.contrib.mcp.errors import (
     thread_label,
 )
 from loopctl.contrib.mcp.loop_thread import LoopThread
-from loopctl.contrib.mcp.naming import claimable, register_tools
+from loopctl.contrib.mcp.naming import Attachment, claimable, register_tools
 from loopctl.contrib.mcp.tool import MCPTool
 from loopctl.contrib.mcp.transports import Spec, StdioSpec, http_spec, stdio_spec
 from loopctl.providers.secrets import secret_forms
@@ -259,6 +259,8 @@ class MCPServer:
         dropped are unregistered; a new name that collides with another
         source's tool is skipped with a warning (the other tool stays: a
         server renaming its tools can never take over a local one).
+        ``override=True`` covers the names that collide now, no later ones;
+        a tool it replaced is registered again when the server drops that name.
 
         Returns:
             The names registered now, in the server's order.
@@ -267,22 +269,9 @@ class MCPServer:
             MCPServerError: the server did not start or could not list its tools.
             ToolConflict: a name collision (see ``sync``).
         """
-        chosen = claimable(self.tools(prefix, timeout=timeout), registry, override, None)
-        added = register_tools(registry, chosen, override)
-        provided = {t.name for t in chosen}
-
-        def refresh(reg: ToolRegistry) -> None:
-            if not self.tools_changed or self.is_closed:
-                return
-            now = claimable(self.tools(prefix, timeout=timeout), reg, override, self.logger)
-            register_tools(reg, now, override)
-            names = {t.name for t in now}
-            for gone in provided - names:
-                reg.unregister(gone, source=self)
-            provided.clear()
-            provided.update(names)
-
-        registry.add_refresher(refresh)
+        attachment = Attachment(self, prefix, timeout)
+        added = attachment.attach(registry, override)
+        registry.add_refresher(attachment)
         return added
 
     def _run(self, coro: Coroutine[object, object, T], what: str) -> T:
