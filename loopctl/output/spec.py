@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import attrs
 
+from loopctl.checks import shown
 from loopctl.errors import ConfigError
 from loopctl.messages import ToolSchema
 from loopctl.tools.schema import Compiled, compile_annotation, summary, type_name
@@ -67,7 +68,7 @@ class OutputSpec:
         if isinstance(output_type, Mapping):
             schema = copy.deepcopy(dict(output_type))
             if not isinstance(schema.get("type", "object"), (str, list)):
-                raise ConfigError(f"output_type schema has an invalid 'type': {schema.get('type')!r}")
+                raise ConfigError(f"output_type schema has an invalid 'type': {shown(schema.get('type'))}")
             compiled = Compiled(schema)
             name = _wire_name(str(schema.get("title") or "answer"))
             description = str(schema.get("description") or "")
