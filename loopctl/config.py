@@ -14,6 +14,7 @@ from typing import Any, Optional
 
 import attrs
 
+from loopctl.checks import flag, integer, shown
 from loopctl.errors import ConfigError
 from loopctl.timeouts import clamp, seconds
 
@@ -21,45 +22,41 @@ _DISPATCH_MODES = ("parallel", "sequential")
 _OUTPUT_MODES = (None, "native", "tool", "prompt")
 
 
+def _name(inst: object, attribute: attrs.Attribute[Any]) -> str:
+    return f"{type(inst).__name__}.{attribute.name}"
+
+
 def _int_range(lo: int, hi: Optional[int] = None) -> Any:
     def check(inst: object, attribute: attrs.Attribute[object], value: object) -> None:
-        name = f"{type(inst).__name__}.{attribute.name}"
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{name} must be an int, got {value!r}")
-        if value < lo or (hi is not None and value > hi):
-            bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
-            raise ConfigError(f"{name} must be {bound}, got {value!r}")
+        integer(value, _name(inst, attribute), lo, hi)
 
     return check
 
 
 def _bool(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{type(inst).__name__}.{attribute.name} must be a bool, got {value!r}")
+    flag(value, _name(inst, attribute))
 
 
 def _optional_str(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is not None and not isinstance(value, str):
-        raise ConfigError(
-            f"{type(inst).__name__}.{attribute.name} must be a str or None, got {value!r:.80}"
-        )
+        raise ConfigError(f"{_name(inst, attribute)} must be a str or None, got {shown(value)}")
 
 
 def _optional_seconds(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    seconds(value, f"{type(inst).__name__}.{attribute.name}")
+    seconds(value, _name(inst, attribute))
 
 
 def _mode(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value not in _DISPATCH_MODES:
         raise ConfigError(
-            f"ParallelDispatch.mode must be 'parallel' or 'sequential', got {value!r}"
+            f"ParallelDispatch.mode must be 'parallel' or 'sequential', got {shown(value)}"
         )
 
 
 def _output_mode(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
     if value not in _OUTPUT_MODES:
         raise ConfigError(
-            f"RunConfig.output_mode must be None, 'native', 'tool' or 'prompt', got {value!r}"
+            f"RunConfig.output_mode must be None, 'native', 'tool' or 'prompt', got {shown(value)}"
         )
 
 
@@ -98,10 +95,10 @@ class ParallelDispatch:
 def _known_fields(cls: type, data: Mapping[str, Any]) -> dict[str, Any]:
     """``data`` minus ``version``; an unknown key is a ``ConfigError`` naming it."""
     names = {f.name for f in attrs.fields(cls)}
-    unknown = sorted(str(k) for k in data if k not in names and k != "version")
+    unknown = sorted(shown(k) for k in data if k not in names and k != "version")
     if unknown:
         raise ConfigError(
-            f"{cls.__name__} has no field {', '.join(map(repr, unknown))}; "
+            f"{cls.__name__} has no field {', '.join(unknown)}; "
             f"expected some of {', '.join(sorted(names))}"
         )
     return {k: v for k, v in data.items() if k != "version"}
@@ -114,7 +111,7 @@ def _to_dispatch(value: object) -> ParallelDispatch:
         return ParallelDispatch(mode=value)
     if isinstance(value, Mapping):
         return ParallelDispatch.from_dict(value)
-    raise ConfigError(f"RunConfig.parallel must be a ParallelDispatch, got {value!r:.80}")
+    raise ConfigError(f"RunConfig.parallel must be a ParallelDispatch, got {shown(value)}")
 
 
 @attrs.frozen

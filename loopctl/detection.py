@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any, Optional, Union
 
+from loopctl.checks import integer, number, shown
 from loopctl.context.memory import words
 from loopctl.errors import ConfigError, LoopDetected
 from loopctl.text import masked_head
@@ -37,12 +38,6 @@ _ACTIONS = ("warn", "stop", "ask_user")
 #: Shared by every ``ConvergenceDetector``: it sees one terminal answer per
 #: run, so a lock each would only add an object per loop for the cyclic GC.
 _answers_lock = threading.Lock()
-
-
-def _int_at_least(name: str, value: object, low: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
 
 
 # One encoder for every call: ``json.dumps`` with options builds a new one each time.
@@ -109,14 +104,17 @@ class LoopDetector:
     """
 
     def __init__(self, warn_at: int = 3, stop_at: int = 10, window: int = 50) -> None:
-        self.warn_at = _int_at_least("LoopDetector warn_at", warn_at, 2)
-        self.stop_at = _int_at_least("LoopDetector stop_at", stop_at, 0)
+        self.warn_at = integer(warn_at, "LoopDetector.warn_at", 2)
+        self.stop_at = integer(stop_at, "LoopDetector.stop_at", 0)
         if stop_at and stop_at < warn_at:
-            raise ConfigError(f"LoopDetector stop_at must be 0 or >= warn_at ({warn_at}), got {stop_at!r}")
-        self.window = _int_at_least("LoopDetector window", window, 1)
+            raise ConfigError(
+                f"LoopDetector.stop_at must be 0 or >= warn_at ({shown(warn_at)}), got {shown(stop_at)}"
+            )
+        self.window = integer(window, "LoopDetector.window", 1)
         if window < max(warn_at, stop_at):
             raise ConfigError(
-                f"LoopDetector window must be >= warn_at and stop_at ({max(warn_at, stop_at)}), got {window!r}"
+                f"LoopDetector.window must be >= warn_at and stop_at ({shown(max(warn_at, stop_at))}), "
+                f"got {shown(window)}"
             )
         self._lock = threading.Lock()
         # The window and the warned set are made on the first tool result: an
@@ -239,16 +237,10 @@ class ConvergenceDetector:
     """
 
     def __init__(self, threshold: float = 0.95, count: int = 3, action: str = "warn") -> None:
-        if (
-            not isinstance(threshold, (int, float))
-            or isinstance(threshold, bool)
-            or not (0.0 <= threshold <= 1.0)
-        ):
-            raise ConfigError(f"ConvergenceDetector threshold must be a number in [0, 1], got {threshold!r}")
-        self.threshold = float(threshold)
-        self.count = _int_at_least("ConvergenceDetector count", count, 2)
+        self.threshold = number(threshold, "ConvergenceDetector.threshold", 0, 1)
+        self.count = integer(count, "ConvergenceDetector.count", 2)
         if action not in _ACTIONS:
-            raise ConfigError(f"ConvergenceDetector action must be one of {_ACTIONS}, got {action!r}")
+            raise ConfigError(f"ConvergenceDetector.action must be one of {_ACTIONS}, got {shown(action)}")
         self.action = action
         self._lock = _answers_lock
         self._previous: Optional[frozenset[str]] = None

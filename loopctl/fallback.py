@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Callable, Optional
 
 import attrs
 
+from loopctl.checks import integer, shown
 from loopctl.errors import ConfigError, FallbackExhausted
+from loopctl.timeouts import required_seconds
 
 PRIMARY = "primary"
 FALLBACK = "fallback"
@@ -41,7 +43,7 @@ class _Entry:
 
 def _check_name(what: str, name: object) -> str:
     if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"{what} must be a non-empty model name, got {name!r}")
+        raise ConfigError(f"{what} must be a non-empty model name, got {shown(name)}")
     return name
 
 
@@ -69,26 +71,17 @@ class FallbackManager:
         max_fail_count: int = 2,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._primary = _check_name("primary", primary)
-        if isinstance(fallbacks, str):
-            raise ConfigError(f"fallbacks must be a sequence of model names, got the str {fallbacks!r}")
-        names = [_check_name("fallback model", f) for f in fallbacks]
-        for field, value, lo in (
-            ("trip_threshold", trip_threshold, 0),
-            ("recovery_successes", recovery_successes, 1),
-            ("max_fail_count", max_fail_count, 1),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-                raise ConfigError(f"FallbackManager.{field} must be an int >= {lo}, got {value!r}")
-        if isinstance(recovery_timeout, bool) or not isinstance(recovery_timeout, (int, float)) or recovery_timeout < 0:
-            raise ConfigError(f"FallbackManager.recovery_timeout must be seconds >= 0, got {recovery_timeout!r}")
+        self._primary = _check_name("FallbackManager.primary", primary)
+        if isinstance(fallbacks, str) or not isinstance(fallbacks, Iterable):
+            raise ConfigError(f"FallbackManager.fallbacks must be a sequence of model names, got {shown(fallbacks)}")
+        names = [_check_name("a FallbackManager.fallbacks entry", f) for f in fallbacks]
+        self._trip_threshold = integer(trip_threshold, "FallbackManager.trip_threshold", 0)
+        self._recovery_timeout = required_seconds(recovery_timeout, "FallbackManager.recovery_timeout", zero=True)
+        self._recovery_successes = integer(recovery_successes, "FallbackManager.recovery_successes", 1)
+        self._max_fail = integer(max_fail_count, "FallbackManager.max_fail_count", 1)
         if not callable(clock):
-            raise ConfigError(f"FallbackManager.clock must be callable, got {clock!r}")
+            raise ConfigError(f"FallbackManager.clock must be callable, got {shown(clock)}")
         self._chain = [_Entry(n) for n in names]
-        self._trip_threshold = trip_threshold
-        self._recovery_timeout = float(recovery_timeout)
-        self._recovery_successes = recovery_successes
-        self._max_fail = max_fail_count
         self._clock = clock
         self._lock = threading.Lock()
         self._state = PRIMARY
@@ -238,7 +231,7 @@ class FallbackManager:
                     if available:
                         e.failures = 0
                     return
-        raise ConfigError(f"{name!r} is not in the fallback chain {self.fallbacks!r}")
+        raise ConfigError(f"{shown(name)} is not in the fallback chain {self.fallbacks!r}")
 
     def __repr__(self) -> str:
         return f"FallbackManager(primary={self._primary!r}, fallbacks={self.fallbacks!r}, state={self._state!r})"

@@ -273,7 +273,7 @@ class RequestOptions:
     Args:
         model: override the client's model for this request.
         max_tokens: cap on the reply's tokens.
-        temperature: sampling temperature.
+        temperature: sampling temperature (a finite number).
         tool_choice: ``"auto"``, ``"none"``, ``"required"`` or a tool name.
         response_format: a JSON Schema the reply must follow.
         extra_body: server-specific fields merged into the request body.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pytest
@@ -199,6 +200,25 @@ def test_request_options_map_to_native_fields(server: FakeServer) -> None:
 def test_unknown_tool_choice_raises_config_error_without_a_request(server: FakeServer) -> None:
     with pytest.raises(ConfigError, match="'nope'"):
         client(server).stream(hi_request(tools=TOOL_SCHEMAS, options=RequestOptions(tool_choice="nope")))
+    assert server.requests == []
+
+
+@pytest.mark.parametrize("call", ["stream", "complete"])
+@pytest.mark.parametrize(
+    "opts, needle",
+    [
+        (RequestOptions(temperature=math.nan), "RequestOptions.temperature must be a finite number, got nan"),
+        (RequestOptions(temperature=math.inf), "RequestOptions.temperature must be a finite number, got inf"),
+        (RequestOptions(temperature=-math.inf), "RequestOptions.temperature must be a finite number, got -inf"),
+        (RequestOptions(max_tokens=10**5000), "RequestOptions.max_tokens must be an int between 1 and"),
+    ],
+)
+def test_an_option_the_wire_cannot_carry_raises_config_error_without_a_request(
+    server: FakeServer, call: str, opts: RequestOptions, needle: str
+) -> None:
+    # NaN and infinities are not JSON: the body would carry them as null, the option dropped.
+    with pytest.raises(ConfigError, match=needle):
+        getattr(client(server), call)(hi_request(options=opts))
     assert server.requests == []
 
 

@@ -69,9 +69,14 @@ RULES: tuple[Rule, ...] = (
         allowed=("loopctl.text",),
     ),
     Rule(
-        "the duration check imports only the errors leaf",
+        "the value checks import only the errors leaf",
+        files=("loopctl/checks.py",),
+        allowed=("loopctl.errors",),
+    ),
+    Rule(
+        "the duration check imports only the errors leaf and the value checks",
         files=("loopctl/timeouts.py",),
-        allowed=("loopctl.errors", "loopctl.text"),
+        allowed=("loopctl.errors", "loopctl.text", "loopctl.checks"),
     ),
     Rule(
         "approval values import only the frozen-value and text leaves",
@@ -91,7 +96,7 @@ RULES: tuple[Rule, ...] = (
         files=("loopctl/output/*",),
         allowed=(
             "loopctl.errors", "loopctl.messages", "loopctl.output", "loopctl.machine.steps", "loopctl.text",
-            "loopctl.config",
+            "loopctl.config", "loopctl.checks",
             "loopctl.tools.schema", "loopctl.tools.schemacheck", "loopctl.tools.validation", "loopctl.tools.docstrings",
         ),
         forbidden=("threading", "time", "requests", "logging", "socket", "os", "asyncio"),
@@ -99,7 +104,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "configs import only the leaves",
         files=("loopctl/config.py",),
-        allowed=("loopctl.errors", "loopctl.messages", "loopctl.timeouts"),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.checks", "loopctl.timeouts"),
     ),
     Rule(
         "records import only the leaves and configs",
@@ -133,7 +138,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "session stores import only the leaves and themselves (the driver ties them to a loop)",
         files=("loopctl/sessions/*",),
-        allowed=("loopctl.errors", "loopctl.messages", "loopctl.sessions"),
+        allowed=("loopctl.errors", "loopctl.messages", "loopctl.checks", "loopctl.timeouts", "loopctl.sessions"),
     ),
     Rule(
         "the Celery package drives runs through their handles: never the machine, the demo or MCP",

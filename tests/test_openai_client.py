@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 from typing import Any
 
@@ -292,7 +293,13 @@ def test_request_options_reach_the_body(server: FakeServer) -> None:
         (RequestOptions(tool_choice="nonexistent"), "nonexistent"),
         (RequestOptions(tool_choice="required"), "needs at least one tool"),
         (RequestOptions(max_tokens=0), "max_tokens"),
+        (RequestOptions(max_tokens=10**5000), "RequestOptions.max_tokens must be an int between 1 and"),
         (RequestOptions(response_format="json"), "response_format"),  # type: ignore[arg-type]
+        # NaN and infinities are not JSON: the body would carry them as null, the option dropped.
+        (RequestOptions(temperature=math.nan), "RequestOptions.temperature must be a finite number, got nan"),
+        (RequestOptions(temperature=math.inf), "RequestOptions.temperature must be a finite number, got inf"),
+        (RequestOptions(temperature=-math.inf), "RequestOptions.temperature must be a finite number, got -inf"),
+        (RequestOptions(temperature=10**400), "RequestOptions.temperature must be a finite number, got <int of 401"),
     ],
 )
 def test_option_the_client_cannot_honour_raises_config_error_before_any_request(

@@ -312,6 +312,12 @@ def test_exponential_backoff_decisions() -> None:
     assert s.decide(FailureAnalysis(True, "meh", Severity.MEDIUM, fix), 0, 10) == Retry(1.0)
 
 
+def test_a_finite_factor_that_grows_past_the_float_range_is_held_by_the_cap() -> None:
+    s = ExponentialBackoffRecovery(max_attempts=5, base_delay=1.0, factor=1e300, max_delay=7.0)
+    assert [s.delay(a) for a in range(4)] == [1.0, 7.0, 7.0, 7.0]  # 1e300**2 overflowed: OverflowError
+    assert ExponentialBackoffRecovery(base_delay=0.0, factor=1e300).delay(3) == 0.0
+
+
 def test_noop_reflector_is_never_recoverable() -> None:
     analysis = NoopReflector().analyze("boom", "t", {}, None, ReflectionContext(0, 3))
     assert analysis == FailureAnalysis(False, "boom", Severity.MEDIUM)

@@ -15,10 +15,13 @@ import pytest
 from support import WAIT
 
 from loopctl import BareLoop, RunConfig, tool
+from loopctl.context import SqliteMemoryStore
 from loopctl.observers import ApprovalRequested, Observer
 from loopctl.providers import AnthropicClient, OpenAIClient
 from loopctl.providers.stream_handler import StreamHandler
+from loopctl.sessions import SQLiteSessionStore
 from loopctl.testing import ScriptedClient, call, reply
+from loopctl.timeouts import TIMEOUT_MAX, clamp
 from loopctl.tools import Tool, ToolRegistry
 
 SILENT = str(Path(__file__).resolve().parent / "mcp_servers" / "silent_server.py")
@@ -72,11 +75,40 @@ def test_every_configured_timeout_refuses_infinity_and_nan_naming_field_and_valu
             assert field in str(info.value) and repr(bad) in str(info.value), (field, bad)
 
 
+def test_every_configured_timeout_refuses_a_negative_past_the_float_range() -> None:
+    # float() overflows on it: it must not be taken for "wait for ever" like its positive twin.
+    for field, make in CONFIGURED:
+        with pytest.raises(ValueError) as info:
+            make(-(10**5000))
+        assert field in str(info.value) and "-<int of 5001 digits>" in str(info.value), field
+    assert clamp(-(10**5000)) == -(10**5000) and clamp(math.nan) is math.nan and clamp(math.inf) == math.inf
+    assert clamp(10**5000) == TIMEOUT_MAX
+
+
 def test_a_timeout_beyond_what_a_wait_can_take_is_clamped() -> None:
     assert RunConfig(approval_timeout=1e10).approval_timeout == threading.TIMEOUT_MAX
     assert make_tool(requires_approval=True, approval_timeout=10**400).approval_timeout == threading.TIMEOUT_MAX
     assert StreamHandler(max_retry_wait=1e12).max_retry_wait == threading.TIMEOUT_MAX
     assert RunConfig.from_dict(RunConfig(approval_timeout=1e10).to_dict()).approval_timeout == threading.TIMEOUT_MAX
+
+
+def busy_timeout_ms(store: Any) -> int:
+    """The busy wait SQLite applies on the store's own connection."""
+    con = store._con if isinstance(store, SqliteMemoryStore) else store._sqlite._con
+    return int(con.execute("PRAGMA busy_timeout").fetchone()[0])
+
+
+@pytest.mark.parametrize("store", [SqliteMemoryStore, SQLiteSessionStore])
+def test_a_sqlite_busy_timeout_beyond_what_sqlite_counts_is_clamped_not_wrapped_to_no_wait(
+    tmp_path: Path, store: Any
+) -> None:
+    # SQLite counts the busy wait in milliseconds in a 32-bit int: past it, the wait wrapped to none.
+    for i, timeout in enumerate((2.5, 1e7, TIMEOUT_MAX, 10**5000)):
+        opened = store(tmp_path / f"{i}.db", timeout=timeout)
+        try:
+            assert busy_timeout_ms(opened) == (2500 if timeout == 2.5 else 2**31 - 1), timeout
+        finally:
+            opened.close()
 
 
 class Asked(Observer):

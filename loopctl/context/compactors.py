@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 import attrs
 
+from loopctl.checks import integer, shown
 from loopctl.context.tokens import HeuristicTokenCounter, TokenCounter, count_messages
 from loopctl.errors import ConfigError
 from loopctl.messages import (
@@ -163,12 +164,6 @@ def _drop_orphans(messages: list[Message]) -> list[Message]:
     return out
 
 
-def _check(name: str, value: object, low: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
-
-
 # -- truncation ------------------------------------------------------------------
 
 
@@ -185,8 +180,8 @@ class TruncatingCompactor:
     """
 
     def __init__(self, preserve_recent: int = 4, min_messages: int = 6) -> None:
-        self.preserve_recent = _check("TruncatingCompactor preserve_recent", preserve_recent, 1)
-        self.min_messages = _check("TruncatingCompactor min_messages", min_messages, 2)
+        self.preserve_recent = integer(preserve_recent, "TruncatingCompactor.preserve_recent", 1)
+        self.min_messages = integer(min_messages, "TruncatingCompactor.min_messages", 2)
 
     def truncate(self, messages: Sequence[Message], preserve_recent: int, inserted: Sequence[Message] = ()) -> Sequence[Message]:
         """One positional pass; returns ``messages`` itself when nothing can go."""
@@ -254,12 +249,12 @@ class SummarizingCompactor:
         max_transcript_chars: int = 200_000,
         prompt: str = DEFAULT_SUMMARY_PROMPT,
     ) -> None:
-        self.preserve_recent = _check("SummarizingCompactor preserve_recent", preserve_recent, 1)
-        self.min_messages = _check("SummarizingCompactor min_messages", min_messages, 2)
-        self.max_summary_tokens = _check("SummarizingCompactor max_summary_tokens", max_summary_tokens, 16)
-        self.max_transcript_chars = _check("SummarizingCompactor max_transcript_chars", max_transcript_chars, 1000)
+        self.preserve_recent = integer(preserve_recent, "SummarizingCompactor.preserve_recent", 1)
+        self.min_messages = integer(min_messages, "SummarizingCompactor.min_messages", 2)
+        self.max_summary_tokens = integer(max_summary_tokens, "SummarizingCompactor.max_summary_tokens", 16)
+        self.max_transcript_chars = integer(max_transcript_chars, "SummarizingCompactor.max_transcript_chars", 1000)
         if not isinstance(prompt, str) or not prompt.strip():
-            raise ConfigError(f"SummarizingCompactor prompt must be a non-empty str, got {prompt!r:.60}")
+            raise ConfigError(f"SummarizingCompactor prompt must be a non-empty str, got {shown(prompt)}")
         self.prompt = prompt
         self._fallback = TruncatingCompactor(preserve_recent, min_messages)
 

@@ -15,6 +15,7 @@ from typing import Callable, Optional, Protocol, runtime_checkable
 
 import attrs
 
+from loopctl.checks import integer, shown
 from loopctl.errors import ConfigError
 from loopctl.messages import Message, Role, ToolResultPart
 
@@ -66,9 +67,7 @@ class GoalReminder:
     """
 
     def __init__(self, every_n_turns: int = 5) -> None:
-        if not isinstance(every_n_turns, int) or isinstance(every_n_turns, bool) or every_n_turns < 1:
-            raise ConfigError(f"GoalReminder every_n_turns must be an int >= 1, got {every_n_turns!r}")
-        self.every_n_turns = every_n_turns
+        self.every_n_turns = integer(every_n_turns, "GoalReminder.every_n_turns", 1)
 
     def contribute(self, ctx: ContributorContext) -> Optional[Message]:
         """The reminder on turns n, 2n, ...; None otherwise."""
@@ -88,7 +87,7 @@ class FunctionContributor:
 
     def __init__(self, fn: Callable[[ContributorContext], object]) -> None:
         if not callable(fn):
-            raise ConfigError(f"FunctionContributor needs a callable, got {fn!r:.60}")
+            raise ConfigError(f"FunctionContributor needs a callable, got {shown(fn)}")
         self.fn = fn
 
     def contribute(self, ctx: ContributorContext) -> Optional[Message]:

@@ -18,8 +18,9 @@ half of what was measured when that is lower.
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
+from loopctl.checks import integer, shown
 from loopctl.context.compactors import (
     CompactionRequest,
     Compactor,
@@ -32,16 +33,6 @@ from loopctl.errors import ConfigError, ContextExceeded
 from loopctl.messages import Message, ModelRequest, ModelResponse
 
 log = logging.getLogger("loopctl")
-
-
-def _int_in(name: str, value: Any, low: int, high: Optional[int] = None) -> int:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if ok and high is not None:
-        ok = value <= high
-    if not ok:
-        rng = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ConfigError(f"{name} must be an int {rng}, got {value!r}")
-    return int(value)
 
 
 class ContextManager:
@@ -67,11 +58,11 @@ class ContextManager:
         target_pct: int = 70,
     ) -> None:
         if not hasattr(compactor, "compact"):
-            raise ConfigError(f"compactor needs a compact(messages, request) method: {compactor!r:.80}")
+            raise ConfigError(f"compactor needs a compact(messages, request) method: {shown(compactor)}")
         self.compactor = compactor
-        self.context_window = _int_in("ContextManager context_window", context_window, 0)
-        self.compact_threshold = _int_in("ContextManager compact_threshold", compact_threshold, 0, 100)
-        self.target_pct = _int_in("ContextManager target_pct", target_pct, 1, 100)
+        self.context_window = integer(context_window, "ContextManager.context_window", 0)
+        self.compact_threshold = integer(compact_threshold, "ContextManager.compact_threshold", 0, 100)
+        self.target_pct = integer(target_pct, "ContextManager.target_pct", 1, 100)
         self.counter: TokenCounter = counter if counter is not None else HeuristicTokenCounter()
 
     @property

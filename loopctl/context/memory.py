@@ -35,6 +35,7 @@ from typing import Any, Optional, Protocol, runtime_checkable
 
 import attrs
 
+from loopctl.checks import integer, number, shown
 from loopctl.context.confusables import fold
 from loopctl.errors import ConfigError
 from loopctl.text import clean_text
@@ -103,7 +104,7 @@ def _to_tags(value: Iterable[str]) -> tuple[str, ...]:
     tags = tuple(value)
     for t in tags:
         if not isinstance(t, str):
-            raise TypeError(f"each tag must be a str, got {type(t).__name__} {t!r:.60}")
+            raise TypeError(f"each tag must be a str, got {type(t).__name__} {shown(t)}")
     return tags
 
 
@@ -135,12 +136,10 @@ class MemoryEntry:
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.text, str):
-            raise TypeError(f"MemoryEntry.text must be a str, got {type(self.text).__name__} {self.text!r:.60}")
+            raise TypeError(f"MemoryEntry.text must be a str, got {type(self.text).__name__} {shown(self.text)}")
         if not isinstance(self.category, str) or not self.category:
-            raise ConfigError(f"MemoryEntry.category must be a non-empty str, got {self.category!r}")
-        r = self.relevance
-        if not isinstance(r, (int, float)) or isinstance(r, bool) or not (0.0 <= r <= 1.0):
-            raise ConfigError(f"MemoryEntry.relevance must be a number in [0, 1], got {r!r}")
+            raise ConfigError(f"MemoryEntry.category must be a non-empty str, got {shown(self.category)}")
+        number(self.relevance, "MemoryEntry.relevance", 0, 1)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict."""
@@ -320,18 +319,14 @@ def identity(entry: MemoryEntry) -> tuple[str, str, tuple[str, ...], float]:
     return (entry.category, entry.text, entry.tags, float(entry.relevance))
 
 
-def check_capacity(capacity: object) -> int:
-    """Validate a store's ``capacity`` (an int >= 1)."""
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-        raise ConfigError(f"memory capacity must be an int >= 1, got {capacity!r}")
-    return capacity
+def check_capacity(capacity: object, store: str) -> int:
+    """Validate ``store``'s ``capacity`` (an int >= 1)."""
+    return integer(capacity, f"{store}.capacity", 1)
 
 
 def check_limit(limit: object) -> int:
     """Validate a retrieve ``limit`` (an int >= 0)."""
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
-        raise ConfigError(f"retrieve limit must be an int >= 0, got {limit!r}")
-    return limit
+    return integer(limit, "retrieve limit", 0)
 
 
 class InMemoryStore:
@@ -349,7 +344,7 @@ class InMemoryStore:
     """
 
     def __init__(self, entries: Iterable[MemoryEntry] = (), *, capacity: int = DEFAULT_CAPACITY) -> None:
-        self.capacity = check_capacity(capacity)
+        self.capacity = check_capacity(capacity, type(self).__name__)
         self._lock = threading.Lock()
         # Insertion order is store order: the first entry is the least recently stored.
         self._entries: dict[str, MemoryEntry] = {}

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar, Union
 
+from loopctl.checks import flag, shown
 from loopctl.context.memory import (
     DEFAULT_CAPACITY,
     PRUNE_BELOW,
@@ -59,6 +60,7 @@ from loopctl.context.sqlite_schema import (
     split_script,
 )
 from loopctl.errors import ConfigError, LoopError
+from loopctl.timeouts import sqlite_seconds
 
 log = logging.getLogger("loopctl")
 
@@ -89,9 +91,9 @@ class SqliteMemoryStore:
         timeout: float = 30.0,
         capacity: int = DEFAULT_CAPACITY,
     ) -> None:
-        self.capacity = check_capacity(capacity)
+        self.capacity = check_capacity(capacity, type(self).__name__)
         if not isinstance(path, (str, os.PathLike)) or not str(path) or "\x00" in str(path):
-            raise ConfigError(f"SqliteMemoryStore path must be a file path, got {path!r}")
+            raise ConfigError(f"SqliteMemoryStore.path must be a file path, got {shown(path)}")
         if str(path) == ":memory:":
             raise ConfigError("SqliteMemoryStore path ':memory:' is not supported; use InMemoryStore")
         self.path = Path(path)
@@ -102,11 +104,10 @@ class SqliteMemoryStore:
                 f"SqliteMemoryStore path {str(self.path)!r}: directory {str(self.path.parent)!r} does not exist"
             )
         self._lock = threading.RLock()
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
-            raise ConfigError(f"SqliteMemoryStore timeout must be a number >= 0, got {timeout!r}")
-        self._timeout = float(timeout)
+        self._timeout = sqlite_seconds(timeout, "SqliteMemoryStore.timeout")
+        flag(use_fts, "SqliteMemoryStore.use_fts")
         try:
-            con = sqlite3.connect(str(self.path), timeout=timeout, isolation_level=None, check_same_thread=False)
+            con = sqlite3.connect(str(self.path), timeout=self._timeout, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise ConfigError(f"cannot open memory database {str(self.path)!r}: {exc}") from exc
         self._con: Optional[sqlite3.Connection] = con

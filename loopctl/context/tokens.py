@@ -18,7 +18,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Optional, Protocol, runtime_checkable
 
-from loopctl.errors import ConfigError
+from loopctl.checks import integer, number
 from loopctl.messages import Message, TextPart, ThinkingPart, ToolCallPart, ToolResultPart
 
 
@@ -43,17 +43,8 @@ class HeuristicTokenCounter:
     """
 
     def __init__(self, chars_per_token: float = 4.0, per_message: int = 4) -> None:
-        if not (
-            isinstance(chars_per_token, (int, float))
-            and not isinstance(chars_per_token, bool)
-            and math.isfinite(chars_per_token)
-            and chars_per_token > 0
-        ):
-            raise ConfigError(f"chars_per_token must be a finite number > 0, got {chars_per_token!r}")
-        if not isinstance(per_message, int) or isinstance(per_message, bool) or per_message < 0:
-            raise ConfigError(f"per_message must be an int >= 0, got {per_message!r}")
-        self.chars_per_token = float(chars_per_token)
-        self.per_message = per_message
+        self.chars_per_token = number(chars_per_token, "HeuristicTokenCounter.chars_per_token", 0, above=True)
+        self.per_message = integer(per_message, "HeuristicTokenCounter.per_message", 0)
 
     @classmethod
     def openai(cls) -> HeuristicTokenCounter:

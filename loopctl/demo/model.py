@@ -28,6 +28,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from loopctl.checks import integer
 from loopctl.demo.arithmetic import Parser, Plan, fmt, plan_reply, read_conversation
 from loopctl.errors import ConfigError
 from loopctl.messages import (
@@ -50,6 +51,7 @@ from loopctl.providers.base import (
     StreamEvent,
     response_events,
 )
+from loopctl.timeouts import required_seconds
 
 _TOOL_CHOICES = (None, "auto", "none")
 
@@ -96,13 +98,9 @@ class OfflineModel:
     output_modes: tuple[str, ...] = ("native", "tool")
 
     def __init__(self, model: str = "loopctl-offline", *, delay: float = 0.0, chunk: int = 4) -> None:
-        if not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0:
-            raise ConfigError(f"OfflineModel delay must be a number >= 0, got {delay!r}")
-        if not isinstance(chunk, int) or chunk < 1:
-            raise ConfigError(f"OfflineModel chunk must be an int >= 1, got {chunk!r}")
         self._model = model
-        self.delay = float(delay)
-        self.chunk = chunk
+        self.delay = required_seconds(delay, "OfflineModel.delay", zero=True)
+        self.chunk = integer(chunk, "OfflineModel.chunk", 1)
 
     @property
     def model(self) -> str:

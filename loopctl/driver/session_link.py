@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+from loopctl.checks import shown
 from loopctl.errors import ConfigError, LoopError
 from loopctl.machine import LoopMachine
 from loopctl.sessions.base import Session, SessionLease, SessionSnapshot
@@ -135,7 +136,7 @@ def new_link(session: Session, what: str) -> SessionLink:
         ConfigError: not a session.
     """
     if not (hasattr(session, "acquire") and hasattr(session, "load")):
-        raise ConfigError(f"{what} takes a session (store.session(id)), got {session!r:.80}")
+        raise ConfigError(f"{what} takes a session (store.session(id)), got {shown(session)}")
     return SessionLink(session)
 
 

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 from loopctl.cancel import CancelSignal
+from loopctl.checks import shown
 from loopctl.config import RunConfig
 from loopctl.driver.handle import RunContext, RunHandle, current_run
 from loopctl.driver.subagent_events import TapForward, forwarder_for
@@ -77,7 +78,7 @@ class SubagentTool(Tool):
         output_type: object = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip() or "/" in name:
-            raise ConfigError(f"a sub-agent name must be a non-empty str without '/', got {name!r:.60}")
+            raise ConfigError(f"a sub-agent name must be a non-empty str without '/', got {shown(name)}")
         if not isinstance(description, str):
             raise ConfigError(f"a sub-agent description must be a str, got {type(description).__name__}")
         if config is not None and not isinstance(config, RunConfig):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from loopctl.checks import shown
 from loopctl.errors import ConfigError
 
 
@@ -22,7 +23,7 @@ def check_path(to: object) -> str:
     """
     if not isinstance(to, str) or not to or any(not seg for seg in to.split("/")):
         raise ConfigError(
-            f"steer to= must be a sub-agent name or a path like 'research/search', got {to!r:.80}"
+            f"steer to= must be a sub-agent name or a path like 'research/search', got {shown(to)}"
         )
     return to
 

@@ -38,6 +38,7 @@ import weakref
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
+from loopctl.checks import integer, shown
 from loopctl.config import RunConfig
 from loopctl.driver.handle import taken_over
 from loopctl.driver.subagent_path import check_path
@@ -60,12 +61,6 @@ log = logging.getLogger("loopctl")
 #: cancel took over (their body was blocked in a call that may ignore the
 #: cancel): such a call may never return.
 TAKEN_OVER_GRACE_S = 2.0
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"RunRegistry {name} must be an int >= 1, got {value!r}")
-    return value
 
 
 class RunRegistry(RegistryApprovals):
@@ -96,10 +91,10 @@ class RunRegistry(RegistryApprovals):
         session_store: object = None,
     ) -> None:
         if session_store is not None and not hasattr(session_store, "session"):
-            raise ConfigError(f"RunRegistry session_store must be a session store, got {session_store!r:.80}")
+            raise ConfigError(f"RunRegistry.session_store must be a session store, got {shown(session_store)}")
         self.session_store = session_store
-        self._max_active = _positive_int("max_active", max_active)
-        self._event_buffer = _positive_int("event_buffer", event_buffer)
+        self._max_active = integer(max_active, "RunRegistry.max_active", 1)
+        self._event_buffer = integer(event_buffer, "RunRegistry.event_buffer", 1)
         self._retired = FinishedRuns(keep_finished_s, clock)
         self._clock = clock
         self._lock = threading.Lock()
@@ -152,7 +147,7 @@ class RunRegistry(RegistryApprovals):
         """
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not isinstance(rid, str) or not rid:
-            raise ConfigError(f"run_id must be a non-empty str, got {run_id!r}")
+            raise ConfigError(f"run_id must be a non-empty str, got {shown(run_id)}")
         session = None if session_id is None else session_for_start(self.session_store, session_id, owner)
         with self._lock:
             self._prune_locked()

@@ -12,23 +12,23 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Dict, List, Tuple
 
+from loopctl.checks import shown
 from loopctl.errors import ConfigError
 from loopctl.hosting.entry import _Entry
+from loopctl.timeouts import required_seconds
 
 
 class FinishedRuns:
     """Ended runs in end order, pruned ``keep`` seconds after they finished.
 
     Raises:
-        ConfigError: ``keep`` is not a number >= 0, or ``clock`` is not callable.
+        ConfigError: ``keep`` is not a finite number >= 0, or ``clock`` is not callable.
     """
 
     def __init__(self, keep: object, clock: Callable[[], float]) -> None:
-        if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not keep >= 0:
-            raise ConfigError(f"RunRegistry keep_finished_s must be a number >= 0, got {keep!r}")
+        self._keep = required_seconds(keep, "RunRegistry.keep_finished_s", zero=True)
         if not callable(clock):
-            raise ConfigError(f"RunRegistry clock must be callable, got {clock!r}")
-        self._keep = float(keep)
+            raise ConfigError(f"RunRegistry.clock must be callable, got {shown(clock)}")
         self._clock = clock
         self.ending: deque[Tuple[float, _Entry]] = deque()  # appended by the runs' taps
         self._waiting: List[Tuple[float, _Entry]] = []  # ended, thread not done yet

@@ -20,7 +20,8 @@ from typing import Any, Optional
 
 import requests
 
-from loopctl.errors import ConfigError, ModelError
+from loopctl.checks import integer
+from loopctl.errors import ModelError
 from loopctl.messages import (
     Message,
     ModelRequest,
@@ -61,7 +62,7 @@ from loopctl.providers.boundary import (
     parse_json,
 )
 from loopctl.providers.client import HTTPClientBase
-from loopctl.providers.http import DEFAULT_TIMEOUT, Timeout
+from loopctl.providers.http import DEFAULT_TIMEOUT, WIRE_INT_MAX, Timeout
 from loopctl.providers.sse import SSEEvent
 from loopctl.text import masked_head
 
@@ -320,8 +321,7 @@ class AnthropicClient(HTTPClientBase):
             api_key = os.environ.get("ANTHROPIC_API_KEY")
         if base_url is None:
             base_url = os.environ.get("ANTHROPIC_BASE_URL") or DEFAULT_BASE_URL
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ConfigError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        integer(max_tokens, "AnthropicClient.max_tokens", 1, WIRE_INT_MAX)
         super().__init__(model, api_key, base_url, session, timeout, extra_headers)
         self._max_tokens = max_tokens
         self._version = version

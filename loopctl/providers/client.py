@@ -16,6 +16,7 @@ from typing import Any, Optional
 import attrs
 import requests
 
+from loopctl.checks import integer, number, shown
 from loopctl.errors import ConfigError, LoopError
 from loopctl.messages import ModelRequest, ModelResponse, ToolCallPart
 from loopctl.providers.base import StreamEvent, response_events
@@ -27,6 +28,7 @@ from loopctl.providers.boundary import (
     url_credentials,
 )
 from loopctl.providers.http import (
+    WIRE_INT_MAX,
     CallScope,
     Timeout,
     current_scope,
@@ -65,19 +67,20 @@ class HTTPClientBase:
         extra_headers: Optional[Mapping[str, str]],
     ) -> None:
         if not isinstance(model, str) or not model.strip():
-            raise ConfigError(f"model must be a non-empty str, got {model!r}")
+            raise ConfigError(f"model must be a non-empty str, got {shown(model)}")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            shown = url_credentials(base_url)[0] if isinstance(base_url, str) else base_url
-            raise ConfigError(f"base_url must be an http(s) URL, got {shown!r}")
+            url = url_credentials(base_url)[0] if isinstance(base_url, str) else base_url
+            raise ConfigError(f"base_url must be an http(s) URL, got {shown(url)}")
+        field = f"{type(self).__name__}.timeout"
         if isinstance(timeout, tuple) and len(timeout) == 2:
             timeout = (
-                required_seconds(timeout[0], "timeout (connect)"),
-                required_seconds(timeout[1], "timeout (read)"),
+                required_seconds(timeout[0], f"{field} (connect)"),
+                required_seconds(timeout[1], f"{field} (read)"),
             )
         elif isinstance(timeout, tuple):
-            raise ConfigError(f"timeout must be seconds > 0 or a (connect, read) pair, got {timeout!r:.80}")
+            raise ConfigError(f"{field} must be seconds > 0 or a (connect, read) pair, got {shown(timeout)}")
         else:
-            timeout = required_seconds(timeout, "timeout")
+            timeout = required_seconds(timeout, field)
         self._model = model
         self._base_url = base_url.rstrip("/")
         self._shown_url, url_secrets = url_credentials(self._base_url)
@@ -101,7 +104,7 @@ class HTTPClientBase:
     def set_model(self, name: str) -> bool:
         """Switch the model for later requests; True (always accepted)."""
         if not isinstance(name, str) or not name.strip():
-            raise ConfigError(f"model must be a non-empty str, got {name!r}")
+            raise ConfigError(f"model must be a non-empty str, got {shown(name)}")
         self._model = name
         return True
 
@@ -140,17 +143,14 @@ class HTTPClientBase:
             ConfigError: an option value this client cannot honour.
         """
         if opts.max_tokens is not None:
-            if isinstance(opts.max_tokens, bool) or not isinstance(opts.max_tokens, int) or opts.max_tokens < 1:
-                raise ConfigError(f"RequestOptions.max_tokens must be an int >= 1, got {opts.max_tokens!r}")
-            body["max_tokens"] = opts.max_tokens
+            body["max_tokens"] = integer(opts.max_tokens, "RequestOptions.max_tokens", 1, WIRE_INT_MAX)
         if opts.temperature is not None:
-            if isinstance(opts.temperature, bool) or not isinstance(opts.temperature, (int, float)):
-                raise ConfigError(f"RequestOptions.temperature must be a number, got {opts.temperature!r}")
-            body["temperature"] = opts.temperature
+            # Finite: the body's JSON would carry NaN or an infinity as null, an option dropped.
+            body["temperature"] = number(opts.temperature, "RequestOptions.temperature")
         choice = opts.tool_choice
         if choice is not None:
             if not isinstance(choice, str) or not choice:
-                raise ConfigError(f"RequestOptions.tool_choice must be a non-empty str, got {choice!r}")
+                raise ConfigError(f"RequestOptions.tool_choice must be a non-empty str, got {shown(choice)}")
             if choice == "required" and not tool_names:
                 raise ConfigError("RequestOptions.tool_choice 'required' needs at least one tool")
             if choice not in ("auto", "none", "required") and choice not in tool_names:
@@ -162,12 +162,12 @@ class HTTPClientBase:
         fmt = opts.response_format
         if fmt is not None:
             if not isinstance(fmt, Mapping):
-                raise ConfigError(f"RequestOptions.response_format must be a JSON Schema dict, got {fmt!r:.80}")
+                raise ConfigError(f"RequestOptions.response_format must be a JSON Schema dict, got {shown(fmt)}")
             key, value = self._native_response_format(fmt)
             body[key] = value
         if opts.extra_body is not None:
             if not isinstance(opts.extra_body, Mapping):
-                raise ConfigError(f"RequestOptions.extra_body must be a dict, got {opts.extra_body!r:.80}")
+                raise ConfigError(f"RequestOptions.extra_body must be a dict, got {shown(opts.extra_body)}")
             body.update(opts.extra_body)
 
     def _native_tool_choice(self, choice: str) -> object:

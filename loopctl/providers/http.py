@@ -241,6 +241,10 @@ def check_deadline(scope: CallScope, call: CallInfo) -> None:
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
+#: The largest int a provider's JSON parser takes (a signed 64-bit int): a
+#: configured count above it could not be sent, or not be read as sent.
+WIRE_INT_MAX = 2**63 - 1
+
 
 def _finite(value: object) -> object:
     # NaN and infinities are not JSON: they go as null.

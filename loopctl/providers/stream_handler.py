@@ -30,7 +30,8 @@ from typing import Any, Optional
 import attrs
 
 from loopctl.cancel import CancelSignal
-from loopctl.errors import Cancelled, ConfigError
+from loopctl.checks import flag, integer, number
+from loopctl.errors import Cancelled
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.providers.base import ModelClient
 from loopctl.providers.http import CallScope
@@ -46,18 +47,15 @@ def _seconds(optional: bool, zero: bool = True) -> Any:
 
 
 def _flag(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"StreamHandler.{attribute.name} must be True or False, got {value!r:.80}")
+    flag(value, f"StreamHandler.{attribute.name}")
 
 
 def _count(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"StreamHandler.{attribute.name} must be an int >= 0, got {value!r}")
+    integer(value, f"StreamHandler.{attribute.name}", 0)
 
 
 def _fraction(inst: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ConfigError(f"StreamHandler.{attribute.name} must be between 0 and 1, got {value!r}")
+    number(value, f"StreamHandler.{attribute.name}", 0, 1)
 
 
 @attrs.frozen

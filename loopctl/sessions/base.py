@@ -38,6 +38,7 @@ import re
 import threading
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
+from loopctl.checks import shown
 from loopctl.errors import ConfigError, LoopError, SessionBusy
 from loopctl.messages import Message
 from loopctl.sessions.holders import describe, holder_is_gone, new_token, track, untrack
@@ -49,6 +50,7 @@ from loopctl.sessions.stored import (
     stored_owner,
     stored_revision,
 )
+from loopctl.timeouts import required_seconds
 
 log = logging.getLogger("loopctl")
 
@@ -86,13 +88,12 @@ def check_owner(owner: object) -> Optional[str]:
     return owner
 
 
-def check_lease(lease_s: object, clock: object) -> float:
-    """The lease length, validated with the clock (``ConfigError`` naming the bad one)."""
-    if isinstance(lease_s, bool) or not isinstance(lease_s, (int, float)) or not lease_s > 0:
-        raise ConfigError(f"session lease_s must be a number > 0, got {lease_s!r}")
+def check_lease(lease_s: object, clock: object, store: str) -> float:
+    """The lease length, validated with the clock (``ConfigError`` naming ``store``'s bad field)."""
+    lease = required_seconds(lease_s, f"{store}.lease_s")
     if not callable(clock):
-        raise ConfigError(f"session clock must be callable, got {clock!r:.80}")
-    return float(lease_s)
+        raise ConfigError(f"{store}.clock must be callable, got {shown(clock)}")
+    return lease
 
 
 # A Python str may hold lone surrogates (JSON from a browser that cut a string
@@ -193,7 +194,7 @@ class SessionStore:
     """
 
     def __init__(self, backend: SessionBackend, lease_s: float, clock: Callable[[], float]) -> None:
-        self.lease_s = check_lease(lease_s, clock)
+        self.lease_s = check_lease(lease_s, clock, type(self).__name__)
         self._clock = clock
         self._backend = backend
 

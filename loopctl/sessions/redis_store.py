@@ -33,9 +33,17 @@ import time
 import uuid
 from typing import Any, Callable, List, Optional, Tuple
 
+from loopctl.checks import shown
 from loopctl.errors import ConfigError, LoopError, SessionCorrupt
-from loopctl.sessions.base import DEFAULT_LEASE_S, SessionBackend, SessionInfo, SessionStore
+from loopctl.sessions.base import (
+    DEFAULT_LEASE_S,
+    SessionBackend,
+    SessionInfo,
+    SessionStore,
+    check_lease,
+)
 from loopctl.sessions.stored import corrupt, list_entry
+from loopctl.timeouts import required_seconds
 
 log = logging.getLogger("loopctl")
 
@@ -288,12 +296,14 @@ class RedisSessionStore(SessionStore):
         if not isinstance(url, str) or not url:
             raise ConfigError(f"RedisSessionStore url must be a non-empty str, got {type(url).__name__}")
         if not isinstance(prefix, str) or not prefix:
-            raise ConfigError(f"RedisSessionStore prefix must be a non-empty str, got {prefix!r:.80}")
+            raise ConfigError(f"RedisSessionStore prefix must be a non-empty str, got {shown(prefix)}")
+        lease = check_lease(lease_s, clock, type(self).__name__)
+        wait = required_seconds(socket_timeout, "RedisSessionStore.socket_timeout")
         try:
-            client = redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout)
+            client = redis.Redis.from_url(url, socket_timeout=wait, socket_connect_timeout=wait)
         except ValueError as exc:
             raise ConfigError(f"RedisSessionStore url is not a Redis URL ({exc.__class__.__name__})") from None
-        backend = _RedisBackend(client, prefix, float(lease_s) if isinstance(lease_s, (int, float)) else 1.0)
+        backend = _RedisBackend(client, prefix, lease)
         super().__init__(backend, lease_s, clock)
         self._redis = backend
 

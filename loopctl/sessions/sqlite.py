@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple, Union
 
+from loopctl.checks import shown
 from loopctl.errors import ConfigError, LoopError
 from loopctl.sessions.base import (
     DEFAULT_LEASE_S,
@@ -43,6 +44,7 @@ from loopctl.sessions.base import (
     store_error,
 )
 from loopctl.sessions.stored import corrupt, list_entry, stored_owner, stored_revision
+from loopctl.timeouts import sqlite_seconds
 
 SCHEMA_VERSION = 2
 
@@ -322,9 +324,8 @@ class SQLiteSessionStore(SessionStore):
         timeout: float = 30.0,
     ) -> None:
         if not isinstance(path, (str, os.PathLike)) or not str(path) or "\x00" in str(path):
-            raise ConfigError(f"SQLiteSessionStore path must be a file path, got {path!r}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
-            raise ConfigError(f"SQLiteSessionStore timeout must be a number >= 0, got {timeout!r}")
+            raise ConfigError(f"SQLiteSessionStore.path must be a file path, got {shown(path)}")
+        wait = sqlite_seconds(timeout, "SQLiteSessionStore.timeout")
         self.path = Path(path)
         if self.path.is_dir():
             raise ConfigError(f"SQLiteSessionStore path {str(self.path)!r} is a directory, not a database file")
@@ -332,7 +333,7 @@ class SQLiteSessionStore(SessionStore):
             raise ConfigError(
                 f"SQLiteSessionStore path {str(self.path)!r}: directory {str(self.path.parent)!r} does not exist"
             )
-        backend = _SQLiteBackend(self.path, float(timeout))
+        backend = _SQLiteBackend(self.path, wait)
         try:
             super().__init__(backend, lease_s, clock)
         except BaseException:

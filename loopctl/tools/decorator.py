@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, TypeVar, Union, overload
 
 import attrs
 
+from loopctl.checks import shown
 from loopctl.errors import ConfigError
 from loopctl.messages import ToolSchema
 from loopctl.timeouts import seconds
@@ -101,12 +102,12 @@ class FunctionTool(Tool):
         localns: Optional[Mapping[str, Any]] = None,
     ) -> None:
         if not callable(func):
-            raise ConfigError(f"@tool needs a function, got {func!r:.80}")
+            raise ConfigError(f"@tool needs a function, got {shown(func)}")
         fname = getattr(func, "__name__", type(func).__name__)
         self.name = name if name is not None else fname
-        where = f"tool {self.name!r}"
+        where = f"tool {shown(self.name)}"
         if not isinstance(self.name, str) or not self.name.strip():
-            raise ConfigError(f"@tool on {fname}: the tool name must be a non-empty str, got {self.name!r}")
+            raise ConfigError(f"@tool on {fname}: the tool name must be a non-empty str, got {shown(self.name)}")
         if inspect.iscoroutinefunction(func) or inspect.isasyncgenfunction(func):
             raise ConfigError(f"{where}: tool functions must be synchronous (loopctl is thread-based)")
         doc = inspect.getdoc(func)
@@ -117,9 +118,9 @@ class FunctionTool(Tool):
         timeout = seconds(timeout, f"{where}: timeout")
         approval_timeout = seconds(approval_timeout, f"{where}: approval_timeout")
         if not isinstance(requires_approval, bool):
-            raise ConfigError(f"{where}: requires_approval must be a bool, got {requires_approval!r}")
+            raise ConfigError(f"{where}: requires_approval must be a bool, got {shown(requires_approval)}")
         if resource_key is not None and not (isinstance(resource_key, str) or callable(resource_key)):
-            raise ConfigError(f"{where}: resource_key must be a str or a callable(input), got {resource_key!r:.80}")
+            raise ConfigError(f"{where}: resource_key must be a str or a callable(input), got {shown(resource_key)}")
         self.concurrency_safe = bool(concurrency_safe)
         self.read_only = bool(read_only)
         self.idempotent = bool(idempotent)

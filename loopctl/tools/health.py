@@ -19,7 +19,9 @@ from typing import Callable, Optional
 
 import attrs
 
+from loopctl.checks import integer, shown
 from loopctl.errors import ConfigError
+from loopctl.timeouts import required_seconds
 
 CLOSED = "closed"
 OPEN = "open"
@@ -63,12 +65,10 @@ class ToolHealthRegistry:
         cooldown: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if isinstance(failure_threshold, bool) or not isinstance(failure_threshold, int) or failure_threshold < 1:
-            raise ConfigError(f"failure_threshold must be an int >= 1, got {failure_threshold!r}")
-        if isinstance(cooldown, bool) or not isinstance(cooldown, (int, float)) or cooldown < 0:
-            raise ConfigError(f"cooldown must be a number >= 0, got {cooldown!r}")
-        self.failure_threshold = failure_threshold
-        self.cooldown = float(cooldown)
+        self.failure_threshold = integer(failure_threshold, "ToolHealthRegistry.failure_threshold", 1)
+        self.cooldown = required_seconds(cooldown, "ToolHealthRegistry.cooldown", zero=True)
+        if not callable(clock):
+            raise ConfigError(f"ToolHealthRegistry.clock must be callable, got {shown(clock)}")
         self._clock = clock
         self._lock = threading.Lock()
         self._breakers: dict[str, _Breaker] = {}

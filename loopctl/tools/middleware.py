@@ -17,8 +17,9 @@ from typing import Any, Callable, Optional
 
 import attrs
 
-from loopctl.errors import ConfigError
+from loopctl.checks import integer, number
 from loopctl.text import whole_cut
+from loopctl.timeouts import required_seconds
 from loopctl.tools.base import ToolOutput
 from loopctl.tools.pipeline import DispatchContext, Next, ToolMiddleware
 from loopctl.tools.timeout import call_with_timeout
@@ -40,9 +41,7 @@ class TimeoutMiddleware(ToolMiddleware):
     """
 
     def __init__(self, seconds: float = 120.0) -> None:
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-            raise ConfigError(f"TimeoutMiddleware seconds must be a positive number, got {seconds!r}")
-        self.seconds = float(seconds)
+        self.seconds = required_seconds(seconds, "TimeoutMiddleware.seconds")
 
     def dispatch(self, ctx: DispatchContext, next: Next) -> ToolOutput:
         """Run ``next(ctx)`` on a timed thread."""
@@ -222,9 +221,7 @@ class OutputLimitMiddleware(ToolMiddleware):
     """
 
     def __init__(self, max_chars: int) -> None:
-        if isinstance(max_chars, bool) or not isinstance(max_chars, int) or max_chars < 0:
-            raise ConfigError(f"OutputLimitMiddleware max_chars must be an int >= 0, got {max_chars!r}")
-        self.max_chars = max_chars
+        self.max_chars = integer(max_chars, "OutputLimitMiddleware.max_chars", 0)
 
     def dispatch(self, ctx: DispatchContext, next: Next) -> ToolOutput:
         """Run the call, then cut its text."""
@@ -258,9 +255,7 @@ class UnknownToolMiddleware(ToolMiddleware):
     """
 
     def __init__(self, threshold: float = 0.4) -> None:
-        if not 0.0 <= float(threshold) <= 1.0:
-            raise ConfigError(f"UnknownToolMiddleware threshold must be in 0..1, got {threshold!r}")
-        self.threshold = float(threshold)
+        self.threshold = number(threshold, "UnknownToolMiddleware.threshold", 0, 1)
 
     def suggest(self, name: str, names: Iterable[str]) -> Optional[str]:
         """The most similar name at or above the threshold (ties: alphabetical)."""

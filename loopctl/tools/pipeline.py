@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 
 import attrs
 
+from loopctl.checks import shown
 from loopctl.errors import ConfigError
 from loopctl.tools.base import Tool, ToolContext, ToolOutput
 from loopctl.tools.registry import ToolRegistry
@@ -144,7 +145,7 @@ def _as_layer(mw: object) -> Callable[[DispatchContext, Next], ToolOutput]:
         return fn  # type: ignore[no-any-return]
     if callable(mw):
         return mw
-    raise ConfigError(f"middleware must have dispatch(ctx, next) or be callable(ctx, next), got {mw!r:.80}")
+    raise ConfigError(f"middleware must have dispatch(ctx, next) or be callable(ctx, next), got {shown(mw)}")
 
 
 def _compose(layers: list[Callable[[DispatchContext, Next], ToolOutput]], core: Next) -> Next:
@@ -175,7 +176,7 @@ class ToolPipeline:
     ) -> None:
         """``gated``: a loop's pipeline, whose core runs only calls that carry the loop's gate."""
         if not isinstance(registry, ToolRegistry):
-            raise ConfigError(f"a pipeline core must be a ToolRegistry, got {registry!r:.80}")
+            raise ConfigError(f"a pipeline core must be a ToolRegistry, got {shown(registry)}")
         self.registry = registry
         self.middleware = tuple(middleware)
         reg = registry
@@ -226,7 +227,7 @@ class ToolPipelineBuilder:
     def with_core(self, registry: ToolRegistry) -> ToolPipelineBuilder:
         """Set the registry core (standalone use; ``with_pipeline`` refuses a builder with one)."""
         if not isinstance(registry, ToolRegistry):
-            raise ConfigError(f"a pipeline core must be a ToolRegistry, got {registry!r:.80}")
+            raise ConfigError(f"a pipeline core must be a ToolRegistry, got {shown(registry)}")
         self._core = registry
         return self
 

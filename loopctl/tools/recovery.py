@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 from collections.abc import Mapping
 from typing import Any, Optional, Protocol, Union, runtime_checkable
 
 import attrs
 
-from loopctl.errors import ConfigError
+from loopctl.checks import integer, number
 from loopctl.messages import ToolSchema
+from loopctl.timeouts import required_seconds
 
 log = logging.getLogger("loopctl")
 
@@ -193,21 +195,19 @@ class ExponentialBackoffRecovery:
     def __init__(
         self, max_attempts: int = 3, base_delay: float = 0.1, factor: float = 2.0, max_delay: float = 30.0
     ) -> None:
-        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 0:
-            raise ConfigError(f"max_attempts must be an int >= 0, got {max_attempts!r}")
-        if base_delay < 0 or factor < 1 or max_delay < 0:
-            raise ConfigError(
-                f"backoff needs base_delay >= 0, factor >= 1, max_delay >= 0; "
-                f"got {base_delay!r}, {factor!r}, {max_delay!r}"
-            )
-        self.max_attempts = max_attempts
-        self.base_delay = float(base_delay)
-        self.factor = float(factor)
-        self.max_delay = float(max_delay)
+        name = "ExponentialBackoffRecovery"
+        self.max_attempts = integer(max_attempts, f"{name}.max_attempts", 0)
+        self.base_delay = required_seconds(base_delay, f"{name}.base_delay", zero=True)
+        self.factor = number(factor, f"{name}.factor", 1)
+        self.max_delay = required_seconds(max_delay, f"{name}.max_delay", zero=True)
 
     def delay(self, attempt: int) -> float:
         """The wait before retry number ``attempt + 1``."""
-        return float(min(self.max_delay, self.base_delay * self.factor**attempt))
+        try:
+            grown = self.base_delay * self.factor**attempt
+        except OverflowError:  # a finite factor can grow past the float range: past any cap (unless no delay)
+            grown = math.inf if self.base_delay else 0.0
+        return float(min(self.max_delay, grown))
 
     def decide(self, analysis: FailureAnalysis, attempt: int, max_attempts: int) -> RecoveryAction:
         """Retry with backoff while recoverable and under the limit."""

@@ -25,6 +25,7 @@ from typing import Any, Callable, Optional
 
 import attrs
 
+from loopctl.checks import shown
 from loopctl.errors import ConfigError
 from loopctl.tools.docstrings import parse_args_section
 from loopctl.tools.validation import compile_schema
@@ -207,7 +208,7 @@ def _compile_literal(hint: object, args: tuple[object, ...], where: str) -> Comp
         if not (a is None or isinstance(a, (str, int, float, bool))):
             raise ConfigError(
                 f"{where}: Literal values must be str, int, float, bool or None, "
-                f"got {a!r} in {type_name(hint)}"
+                f"got {shown(a)} in {type_name(hint)}"
             )
     values = list(args)
     schema: dict[str, Any] = {}

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import attrs
 
+from loopctl.checks import shown
 from loopctl.errors import ConfigError
 from loopctl.hosting.registry import RunStatus
 from loopctl.hosting.serialization import history_from_dict
@@ -34,7 +35,7 @@ def check_owner(owner: object) -> Optional[str]:
     """``owner`` as stored with a run: a non-empty str, or None for no owner."""
     if owner is None or (isinstance(owner, str) and owner):
         return owner
-    raise ConfigError(f"owner must be a non-empty str or None, got {type(owner).__name__} {owner!r:.60}")
+    raise ConfigError(f"owner must be a non-empty str or None, got {type(owner).__name__} {shown(owner)}")
 
 
 def is_run_id(value: object) -> bool:

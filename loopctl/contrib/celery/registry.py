@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
+from loopctl.checks import integer, shown
 from loopctl.config import RunConfig
 from loopctl.driver.signals import guidance
 from loopctl.errors import ConfigError, LoopBusy, LoopError
@@ -23,9 +24,9 @@ from loopctl.sessions.base import SessionStore
 from .approvals import ApprovalsMixin
 from .options import (
     checked_run,
+    duration,
     factory_spec,
     max_resumes_of,
-    number,
     resume_mode_of,
 )
 from .reads import (
@@ -109,27 +110,26 @@ class CeleryRunRegistry(ApprovalsMixin):
         if not isinstance(redis_url, str) or not redis_url:
             raise ConfigError(f"CeleryRunRegistry redis_url must be a non-empty str, got {type(redis_url).__name__}")
         if not isinstance(prefix, str) or not prefix or ":" in prefix:
-            raise ConfigError(f"CeleryRunRegistry prefix must be a non-empty str without ':', got {prefix!r}")
+            raise ConfigError(f"CeleryRunRegistry prefix must be a non-empty str without ':', got {shown(prefix)}")
         if queue is not None and (not isinstance(queue, str) or not queue):
-            raise ConfigError(f"CeleryRunRegistry queue must be a non-empty str or None, got {queue!r}")
-        if isinstance(event_buffer, bool) or not isinstance(event_buffer, int) or event_buffer < 1:
-            raise ConfigError(f"CeleryRunRegistry event_buffer must be an int >= 1, got {event_buffer!r}")
-        keep = number("keep_finished_s", keep_finished_s, 0.001)
-        interval = number("heartbeat_interval", heartbeat_interval, 0.01)
-        ttl = number("heartbeat_ttl", heartbeat_ttl, 0.02)
+            raise ConfigError(f"CeleryRunRegistry queue must be a non-empty str or None, got {shown(queue)}")
+        integer(event_buffer, "CeleryRunRegistry.event_buffer", 1)
+        keep = duration("keep_finished_s", keep_finished_s, 0.001)
+        interval = duration("heartbeat_interval", heartbeat_interval, 0.01)
+        ttl = duration("heartbeat_ttl", heartbeat_ttl, 0.02)
         if ttl < 2 * interval:
             raise ConfigError(
-                f"CeleryRunRegistry heartbeat_ttl must be at least twice heartbeat_interval "
-                f"({interval}), got {heartbeat_ttl!r}"
+                f"CeleryRunRegistry.heartbeat_ttl must be at least twice heartbeat_interval "
+                f"({shown(heartbeat_interval)}), got {shown(heartbeat_ttl)}"
             )
-        qtimeout = number("queue_timeout", queue_timeout, 0.001)
-        stimeout = number("socket_timeout", socket_timeout, 0.01)
+        qtimeout = duration("queue_timeout", queue_timeout, 0.001)
+        stimeout = duration("socket_timeout", socket_timeout, 0.01)
         self._resume = resume_mode_of(resume)
         self._max_resumes = max_resumes_of(max_resumes)
-        drain = number("drain_timeout", drain_timeout, 0.0)
+        drain = duration("drain_timeout", drain_timeout, 0.0)
         self._factory = factory_spec(loop_factory)
         if session_store is not None and not hasattr(session_store, "session"):
-            raise ConfigError(f"CeleryRunRegistry session_store must be a session store, got {session_store!r:.80}")
+            raise ConfigError(f"CeleryRunRegistry session_store must be a session store, got {shown(session_store)}")
         self.session_store = session_store
         self._app = app
         self._prefix = prefix
@@ -196,7 +196,7 @@ class CeleryRunRegistry(ApprovalsMixin):
         config = checked_run(conversation, input, config, output_type)
         rid = uuid.uuid4().hex if run_id is None else run_id
         if not is_run_id(rid):
-            raise ConfigError(f"run_id must be a non-empty str without ':', got {run_id!r:.100}")
+            raise ConfigError(f"run_id must be a non-empty str without ':', got {shown(run_id)}")
         who = check_owner(owner) or ""
         mode = self._resume if resume is None else resume_mode_of(resume)
         bound = self._max_resumes if max_resumes is None else max_resumes_of(max_resumes)

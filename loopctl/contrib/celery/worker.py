@@ -67,6 +67,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import attrs
 
+from loopctl.checks import shown
 from loopctl.config import RunConfig
 from loopctl.driver.checkpoint import Checkpoint, ResumePoint
 from loopctl.driver.handle import RunHandle
@@ -115,7 +116,7 @@ def resolve_factory(spec: str) -> Callable[..., object]:
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot import loop_factory {spec!r}: {type(exc).__name__}: {exc}") from exc
     if not callable(obj):
-        raise ConfigError(f"loop_factory {spec!r} is not callable: {obj!r:.60}")
+        raise ConfigError(f"loop_factory {spec!r} is not callable: {shown(obj)}")
     return obj
 
 
