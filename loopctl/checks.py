@@ -16,6 +16,7 @@ import reprlib
 from typing import Optional
 
 from loopctl.errors import ConfigError
+from loopctl.text import masked_head
 
 #: The most characters of a value a message shows.
 SHOWN_LIMIT = 80
@@ -45,7 +46,8 @@ class _Shown(reprlib.Repr):
         return f"{'-' if x < 0 else ''}<int of {_digits(x)} digits>"
 
     def repr_str(self, x: str, level: int) -> str:
-        return repr(x[: self.maxstring])
+        # Masked before it is cut: a key the cut would split is hidden whole.
+        return repr(masked_head(x, self.maxstring))
 
 
 _SHOWN = _Shown()

@@ -219,3 +219,16 @@ def test_shown_is_bounded_and_never_builds_a_huge_int_in_full() -> None:
             raise RuntimeError("no repr")
 
     assert "Broken" in shown(Broken())
+
+
+def test_a_shown_text_is_masked_before_it_is_cut() -> None:
+    from loopctl.text import register_secrets
+
+    class Owner:
+        pass
+
+    owner = Owner()
+    secret = "zqvw" * 8 + "-shown-secret"
+    register_secrets(owner, [secret])
+    text = shown("x" * 60 + secret)  # the cut at SHOWN_LIMIT would split the secret
+    assert "zqvwzqvw" not in text
