@@ -47,9 +47,9 @@ def seconds(value: Any, field: str, *, optional: bool = True, zero: bool = False
     if number == math.inf and isinstance(value, int):
         return TIMEOUT_MAX  # an int past the float range: far beyond any wait (a float infinity is refused)
     if number is None or not math.isfinite(number) or not (number > 0 or (zero and number == 0)):
-        kind = "number of seconds >= 0" if zero else "positive number of seconds"
-        hint = "finite; None for no limit" if optional else "finite"
-        raise ConfigError(f"{field} must be a {kind}, got {shown(value)} ({hint})")
+        kind = "finite number of seconds >= 0" if zero else "finite positive number of seconds"
+        hint = " (None for no limit)" if optional else ""
+        raise ConfigError(f"{field} must be a {kind}, got {shown(value)}{hint}")
     return min(number, TIMEOUT_MAX)
 
 

@@ -217,7 +217,7 @@ def test_tools_own_timeout_is_enforced_without_middleware() -> None:
 def test_timeout_lets_fast_calls_through_with_their_result() -> None:
     pipeline = ToolPipeline.builder().with_middleware(TimeoutMiddleware(WAIT)).with_core(registry()).build()
     assert pipeline.call("echo", {"text": "quick"}) == ToolOutput("quick")
-    with pytest.raises(ConfigError, match="TimeoutMiddleware.seconds must be a positive number of seconds, got 0"):
+    with pytest.raises(ConfigError, match="TimeoutMiddleware.seconds must be a finite positive number of seconds, got 0"):
         TimeoutMiddleware(0)
 
 

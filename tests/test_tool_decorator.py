@@ -78,8 +78,8 @@ def test_callable_resource_key_sees_the_input() -> None:
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"timeout": 0}, "timeout must be a positive number of seconds, got 0"),
-        ({"timeout": "5"}, "timeout must be a positive number of seconds, got '5'"),
+        ({"timeout": 0}, "timeout must be a finite positive number of seconds, got 0"),
+        ({"timeout": "5"}, "timeout must be a finite positive number of seconds, got '5'"),
         ({"resource_key": 3}, "resource_key must be a str or a callable(input), got 3"),
         ({"name": ""}, "the tool name must be a non-empty str, got ''"),
     ],

@@ -96,7 +96,7 @@ def test_reset_and_snapshot() -> None:
 
 @pytest.mark.parametrize(
     "kwargs, message",
-    [({"failure_threshold": 0}, "failure_threshold must be an int >= 1"), ({"cooldown": -1}, "cooldown must be a number of seconds >= 0, got -1")],
+    [({"failure_threshold": 0}, "failure_threshold must be an int >= 1"), ({"cooldown": -1}, "cooldown must be a finite number of seconds >= 0, got -1")],
 )
 def test_bad_settings_are_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -117,7 +117,7 @@ def test_the_rescues_reply_reaches_every_outlet_that_shows_deltas(server: FakeSe
 
 @pytest.mark.parametrize("field", ["first_event_timeout", "event_timeout", "total_timeout", "rescue_timeout"])
 def test_a_zero_timeout_is_refused_naming_the_field(field: str) -> None:
-    with pytest.raises(ConfigError, match=f"StreamHandler.{field} must be a positive number of seconds, got 0"):
+    with pytest.raises(ConfigError, match=f"StreamHandler.{field} must be a finite positive number of seconds, got 0"):
         StreamHandler(**{field: 0})
 
 
