@@ -256,13 +256,14 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
         meter.calibration.note_prediction(raw)
         if parts.fallback is not None:
             self.route_model()
-        if em.wants(TurnStart):
-            em.emit(TurnStart(em.session_id, em.run_id, turn, query, parts.provider_name()))
         request = self.build_request(transients, self.options())
         if self.answer_check is not None:
             request = shape_request(self.answer_check, request)
+        opening = (
+            (TurnStart(em.session_id, em.run_id, turn, query, parts.provider_name()),) if em.wants(TurnStart) else ()
+        )
         try:
-            with em.phase(turn, "llm", figure) as phase:
+            with em.phase(turn, "llm", figure, opening) as phase:
                 response = self.ask_model(turn, request)
                 self.record_reply(turn, query, figure, response, phase)
             rejected = m.answer_rejected
@@ -298,13 +299,17 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
         turn = step.turn
         em = self.events
         m = self.machine
-        if em.wants(ToolCallReceived):
-            for p in step.calls:
-                em.emit(ToolCallReceived(em.session_id, em.run_id, turn, p.call.id, p.call.name, p.call.input))
+        received = (
+            tuple(
+                ToolCallReceived(em.session_id, em.run_id, turn, p.call.id, p.call.name, p.call.input)
+                for p in step.calls
+            )
+            if em.wants(ToolCallReceived)
+            else ()
+        )
         results = [p.preresolved for p in step.calls]
         todo = [i for i, p in enumerate(step.calls) if p.preresolved is None]
-        with em.phase(turn, "tools", m.context_tokens) as phase:
-            phase.input_tokens, phase.output_tokens, phase.stop_reason = self.llm_phase
+        with em.phase(turn, "tools", m.context_tokens, received, self.llm_phase) as phase:
             outs = self.dispatcher.dispatch(self, turn, [step.calls[i].call for i in todo])
             for i, r in zip(todo, outs):
                 results[i] = r
