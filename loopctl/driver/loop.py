@@ -320,14 +320,21 @@ class BareLoop(LoopSetup):
             self._cancel_run(rc, "interrupted")
             raise
 
-    def _release(self, rc: RunContext, error: Optional[LoopError]) -> None:
-        """Finalize's last step: give the session's lease back, re-arm the cancel signal, free the loop."""
+    def _release(self, rc: RunContext, error: Optional[LoopError], keep_cancel: bool) -> None:
+        """Finalize's last step: give the session's lease back, re-arm the cancel signal, free the loop.
+
+        ``keep_cancel``: the run is past its ending point and took no cancel,
+        so a cancel fired on the signal since is the next run's.
+        """
         if self._link is not None:
             self._link.close()  # before the loop is free, so a follow-up run can take it
         self._cancel.remove_listener(rc.on_cancel)  # it holds rc: keep no cycle past the run
         rc.error = error
         with self._busy:
-            self._cancel.reset()  # last: one cancel = one cancelled run
+            # Last: one cancel = one cancelled run. The cancel this run took is
+            # cleared; one fired on the signal after its ending point, which it
+            # could not honour, stays fired for the next run.
+            self._cancel.reset(keep_fired=keep_cancel)
             self._active = None
             rc.finished = True
 

@@ -128,7 +128,7 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
                 # Something escaped finalize itself: still close the slot and
                 # free the loop, so a stray handle cannot push into a dead run.
                 self.steering.close()
-                self.owner._release(rc, rc.error)
+                self.owner._release(rc, rc.error, self.keeps_later_cancel())
             if held:
                 rc.lock.release()
             rc.done.set()
