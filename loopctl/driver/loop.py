@@ -81,7 +81,9 @@ class BareLoop(LoopSetup):
         completed run's new messages are written atomically as it ends; a
         cancelled or failed run leaves the store as it was. Each run holds
         the session's lease: a run on the same session elsewhere (another
-        loop, thread or process) raises ``SessionBusy``.
+        loop, thread or process) raises ``SessionBusy``. A run on a session
+        that cannot be read fails at its start with ``SessionCorrupt`` (its
+        ``.run`` the finished record), before any model call.
 
         Args:
             revision: for a host that built the loop from ``session.read()``

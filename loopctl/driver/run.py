@@ -168,6 +168,10 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
             m.accept_input(run.input, self.answer_check)
         else:
             self.resume(point)
+        link = self.link
+        if link is not None and link.unreadable is not None:
+            unreadable, link.unreadable = link.unreadable, None
+            raise unreadable  # the stored conversation cannot be read: the run fails before any turn
         policy = self.policy
         cancel = rc.cancel
         while True:
