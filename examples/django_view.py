@@ -318,8 +318,8 @@ def start_run(request: HttpRequest) -> HttpResponse:
         return JsonResponse({"error": "unknown conversation"}, status=404)
     except LoopBusy as exc:  # SessionBusy too: a run on it is in flight, here or elsewhere
         return JsonResponse({"error": str(exc)}, status=409)
-    except SessionCorrupt as exc:  # names the session and the row, never the row's text
-        return JsonResponse({"error": str(exc)}, status=500)
+    # A corrupt conversation is no refusal: the run fails at once, and its
+    # run_end names the session and the row (never the row's text).
     you.use(conversation)
     return JsonResponse({"run_id": run_id, "conversation": conversation}, status=201)
 

@@ -324,8 +324,8 @@ def create_app(
             return jsonify(error="unknown conversation"), 404
         except LoopBusy as exc:  # SessionBusy too: a run on it is in flight, here or elsewhere
             return jsonify(error=str(exc)), 409
-        except SessionCorrupt as exc:  # names the session and the row, never the row's text
-            return jsonify(error=str(exc)), 500
+        # A corrupt conversation is no refusal: the run fails at once, and its
+        # run_end names the session and the row (never the row's text).
         you.use(conversation)
         return jsonify(run_id=run_id, conversation=conversation), 201
 

@@ -189,18 +189,29 @@ class CancelSignal:
         """
         return self._event.reason
 
-    def reset(self) -> None:
+    def reset(self, keep_fired: bool = False) -> None:
         """Re-arm the signal (the loop's, at the end of ``finalize``).
 
         The flag is replaced even when it never fired: a cancel already on
         its way through the ended run's view (it passed the "still running"
         check just before the run ended) must land on that run's flag, never
         on the one the next run reads.
+
+        Args:
+            keep_fired: a cancel that has fired stays fired (with its
+                reason) on the new flag: the loop passes it when the cancel
+                came after the ended run's ending point, so the next run
+                takes it. Checked and swapped in one step, so a cancel
+                fired meanwhile is never lost.
         """
         if self._parent is not None:
             return
+        fresh = Flag()
         with _guard:
-            self._event = Flag()
+            old = self._event
+            if keep_fired and old.is_set():
+                fresh.fire(old.reason)
+            self._event = fresh
 
     def add_listener(self, fn: Callable[[], None]) -> None:
         """Call ``fn()`` (on the cancelling thread) when the signal fires.

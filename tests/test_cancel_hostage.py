@@ -18,13 +18,22 @@ import time
 from typing import Any, Callable, Optional
 
 import pytest
-from support import WAIT, join_threads
+from support import WAIT, Recorder, join_threads
 
 from loopctl import BareLoop, Cancelled, Observer, RunConfig, Tool, ToolContext
 from loopctl.context.contributors import ContributorContext
 from loopctl.hooks import ConfirmationHook, Hook, HookDecision, HookExecutor, ToolHookContext
 from loopctl.messages import Message, ModelRequest, ModelResponse
-from loopctl.observers import CallbackObserver, Event, RunEnd, RunStart, TurnStart
+from loopctl.observers import (
+    CallbackObserver,
+    Event,
+    RunEnd,
+    RunStart,
+    ToolCallReceived,
+    ToolPre,
+    TurnEnd,
+    TurnStart,
+)
 from loopctl.testing import ScriptedClient, call, reply
 
 BLOCK = 3.0  # how long the user code would block if nobody released it
@@ -201,6 +210,61 @@ def test_a_blocked_observer_delays_delivery_never_order_nor_context() -> None:
     assert two[0][0] is RunStart and two[-1][0] is RunEnd
     assert {who for _, who in one} == {"caller one"}
     assert {who for _, who in two} == {"caller two"}
+
+
+@pytest.mark.parametrize("entry", ["run", "start"])
+@pytest.mark.parametrize(
+    ("held_in", "phase"),
+    [(TurnStart, "llm"), (ToolCallReceived, "tools"), (ToolPre, "tools")],
+    ids=["on_turn_start", "on_tool_call_received", "on_tool_pre"],
+)
+def test_a_cancel_while_an_observer_holds_a_phases_event_still_sends_its_failed_turn_end(
+    held_in: type[Event], phase: str, entry: str
+) -> None:
+    """The phase is open from its first event: the takeover owes, and sends, its ``on_turn_end``.
+
+    The observer blocks in the phase's opening event (or, as a control, in a
+    later one); the run is cancelled meanwhile. Once the observer returns,
+    the queued events arrive in order: the phase's failed ``on_turn_end``,
+    then ``on_run_end``.
+    """
+    blocker = Blocker()
+
+    def watch(event: Event) -> None:
+        if type(event) is held_in:
+            blocker.block()
+
+    rec = Recorder()
+    loop = BareLoop(ScriptedClient([call("echo"), reply("never")]), [Echo()])
+    loop.register_observer(CallbackObserver(watch))
+    loop.register_observer(rec)
+    try:
+        if entry == "run":
+            th, _ = cancel_at(blocker.entered, lambda: loop.cancel("stop"))
+            with pytest.raises(Cancelled):
+                loop.run("go")
+        else:
+            handle = loop.start("go")
+            th, _ = cancel_at(blocker.entered, lambda: handle.cancel("stop"))
+            with pytest.raises(Cancelled):
+                handle.result(WAIT)
+        th.join(WAIT)
+        blocker.release.set()
+        assert rec.run_ended.wait(WAIT)
+    finally:
+        blocker.release.set()
+        loop.close()
+    join_threads("loopctl-", check=False)
+    events = rec.snapshot()
+    assert type(events[-1]) is RunEnd and not events[-1].success
+    ends = [e for e in events if isinstance(e, TurnEnd)]
+    before = [] if phase == "llm" else [("llm", True)]  # a tool phase: its turn's reply came first
+    assert [(e.phase, e.success) for e in ends] == [*before, (phase, False)]
+    cut = ends[-1]
+    assert (cut.turn, cut.phase, cut.error_type) == (0, phase, "Cancelled") and "stop" in (cut.error or "")
+    assert events.index(cut) == len(events) - 2  # the phase's end, then the run's
+    if phase == "tools":  # the tool phase reports the reply that asked, as when it ends on its own
+        assert cut.output_tokens == ends[0].output_tokens and cut.stop_reason == ends[0].stop_reason
 
 
 # -- one cancel = one cancelled run, through loop.cancel() ---------------------------------------

@@ -38,6 +38,8 @@ from loopctl.machine import MachineState
 from loopctl.messages import ModelRequest, ModelResponse
 from loopctl.observers import (
     AttemptReset,
+    CallbackObserver,
+    Response,
     RunEnd,
     RunStart,
     StreamFailure,
@@ -185,6 +187,107 @@ def test_cancel_before_a_run_cancels_exactly_that_run(mode: str) -> None:
         run = loop.run("second")
         assert run.output == "never sent"
         assert [type(r.stop_reason) for r in loop.session.runs] == [Cancelled, type(None)]
+
+
+@pytest.mark.parametrize("mode", ["run", "start"])
+def test_a_signal_cancel_while_the_previous_run_finalizes_cancels_the_next_run(mode: str) -> None:
+    """Fired after run one's ending point (its ``on_run_end`` is held), the cancel is run two's.
+
+    Run one cannot honour it (it has its answer) and completes; re-arming the
+    signal must not drop it: run two ends ``Cancelled`` without calling the
+    model, and run three is clean. ``loop.cancel()`` at that moment reaches
+    no run (False) and changes nothing.
+    """
+    in_end, release = threading.Event(), threading.Event()
+
+    class HoldFirstEnd(Observer):
+        def on_run_end(self, event: RunEnd) -> None:
+            if not in_end.is_set():
+                in_end.set()
+                release.wait(WAIT)
+
+    client = ScriptedClient([reply("one"), reply("three")])
+    with BareLoop(client).with_observer(HoldFirstEnd()) as loop:
+        first = loop.start("one")
+        assert in_end.wait(WAIT)
+        assert loop.cancel("too late for run one") is False
+        loop.cancel_signal().cancel("for the next run")
+        assert loop.is_cancelled()
+        release.set()
+        assert first.result(WAIT).output == "one"
+        assert loop.is_cancelled()  # kept for the next run
+        with pytest.raises(Cancelled, match="for the next run"):
+            if mode == "run":
+                loop.run("two")
+            else:
+                loop.start("two").result(WAIT)
+        assert len(client.requests) == 1 and not loop.is_cancelled()
+        assert loop.run("three").output == "three"
+        assert [type(r.stop_reason) for r in loop.session.runs] == [type(None), Cancelled, type(None)]
+
+
+def ended(fn: Callable[..., Any], arg: Any) -> str:
+    """How the run ``fn(arg)`` returns (or raises): "completed" or "cancelled"."""
+    try:
+        fn(arg)
+    except Cancelled:
+        return "cancelled"
+    return "completed"
+
+
+#: Where run one is when the racing cancel fires: in its model call, or at
+#: one of its events, either held there until the cancel has fired (the
+#: cancel lands at that very point: ``on_run_end`` is past the ending point,
+#: before the re-arm) or going on meanwhile (the cancel races its end).
+RACE_POINTS: list[tuple[Any, bool]] = [("model", True)] + [
+    (cls, held) for held in (True, False) for cls in (TurnStart, Response, TurnEnd, RunEnd)
+]
+
+
+@pytest.mark.parametrize("how", ["signal", "loop"])
+def test_a_cancel_racing_a_runs_end_is_exactly_one_cancelled_run(how: str) -> None:
+    """One cancel, one cancelled run, 360 times, wherever around run one's end it lands.
+
+    A thread fires once run one reaches a point. A cancel on the signal is
+    run one's or, landing after its ending point, run two's: never neither
+    (lost in the re-arm), never both. ``loop.cancel()`` is True exactly when
+    run one ends ``Cancelled``, and never touches run two. Run three is
+    always clean.
+    """
+    seen = set()
+    for trial in range(360):
+        point, held = RACE_POINTS[trial % len(RACE_POINTS)]
+        reached, fired = threading.Event(), threading.Event()
+
+        def answer(request: ModelRequest, point: Any = point, reached: Any = reached, fired: Any = fired) -> Any:
+            if point == "model":
+                reached.set()
+                fired.wait(WAIT)
+            return reply("one")
+
+        def watch(event: Any, point: Any = point, held: bool = held, reached: Any = reached, fired: Any = fired) -> None:
+            if type(event) is point and event.run_id == "one" and not reached.is_set():
+                reached.set()
+                if held:
+                    fired.wait(WAIT)
+
+        client = ScriptedClient([answer, reply("two"), reply("three")])
+        with BareLoop(client).with_turn_mode("non_streaming").with_observer(CallbackObserver(watch)) as loop:
+            first = loop.start("one", run_id="one")
+            assert reached.wait(WAIT)
+            taken = loop.cancel("raced") if how == "loop" else loop.cancel_signal().cancel("raced")
+            fired.set()
+            outcomes = [ended(first.result, WAIT), ended(loop.run, "two"), ended(loop.run, "three")]
+            assert not loop.is_cancelled()
+        where = f"trial {trial}, cancel at {getattr(point, '__name__', point)} (held: {held}): {outcomes}"
+        if how == "signal":  # all completed: the cancel was lost
+            assert outcomes in (["cancelled", "completed", "completed"], ["completed", "cancelled", "completed"]), where
+        else:
+            assert outcomes == ["cancelled" if taken else "completed", "completed", "completed"], where
+        seen.add(tuple(outcomes))
+        join_threads("loopctl-", check=False)
+    if how == "signal":  # the points reach both sides of the ending point
+        assert seen == {("cancelled", "completed", "completed"), ("completed", "cancelled", "completed")}
 
 
 def test_observer_cancelling_in_turn_start_stops_before_the_model_call() -> None:

@@ -254,9 +254,16 @@ def test_web_corrupt_conversation_is_an_error_naming_it_and_a_new_one_works(web:
     corrupt_row("sqlite", str(web.registry.path), first["conversation"], 1)
     code, refused = web.get("/runs")
     assert code == 500 and first["conversation"] in refused["error"] and "{not json" not in refused["error"]
-    code, refused = web.post("/runs", {"input": "What is 1 + 1?"})
-    assert code == 500 and first["conversation"] in refused["error"]
-    assert [r.state for r in web.registry.list(owner=_cookie_data(web.owner)["owner"])] == ["completed"]
+    # A run on it is a failed run (no model call): its run_end names the conversation.
+    code, failed = web.post("/runs", {"input": "What is 1 + 1?"})
+    assert code == 201 and failed["conversation"] == first["conversation"]
+    _, end = web.owner.stream(f"/runs/{failed['run_id']}/events").until("run_end")
+    assert end["success"] is False and end["error_type"] == "SessionCorrupt"
+    assert first["conversation"] in end["error"] and "{not json" not in end["error"]
+    assert sorted(r.state for r in web.registry.list(owner=_cookie_data(web.owner)["owner"])) == [
+        "completed",
+        "failed",
+    ]
     fresh = web.post("/conversations")[1]["conversation"]
     assert web.get("/runs") == (200, {"conversation": fresh, "messages": [], "running": None})
     assert _texts(web.get("/runs")[1]) == []

@@ -38,6 +38,7 @@ from loopctl.errors import ModelError, RateLimited, RateLimitEscalation  # noqa:
 from loopctl.hosting.registry import RunRegistry  # noqa: E402
 from loopctl.messages import RequestOptions  # noqa: E402
 from loopctl.observers import (  # noqa: E402
+    CallbackObserver,
     Compaction,
     ConvergenceDetected,
     Fallback,
@@ -48,6 +49,7 @@ from loopctl.observers import (  # noqa: E402
     RunStart,
     StreamFailure,
     StreamSuccess,
+    ToolCallReceived,
     ToolPost,
     ToolPre,
     TurnEnd,
@@ -320,6 +322,50 @@ def test_a_run_cancelled_during_the_model_call_ends_its_chat_span(traced: Traced
     assert "gen_ai.response.model" not in chat.attributes
     assert root.attributes["loopctl.run.outcome"] == "cancelled"
     assert "loopctl.cancel.reason" not in event(root, "loopctl.cancel").attributes
+
+
+@pytest.mark.parametrize("held_in", [TurnStart, ToolCallReceived], ids=["on_turn_start", "on_tool_call_received"])
+@pytest.mark.parametrize("otel_first", [True, False], ids=["otel_first", "otel_after"])
+def test_a_cancel_while_an_observer_holds_a_phases_first_event_ends_the_spans_cancelled(
+    held_in: type, otel_first: bool
+) -> None:
+    """The cut phase's failed ``on_turn_end`` reaches the tracer: the spans end as they do for any cancel."""
+    traced = Traced(record_content=True)  # with content it also listens to on_tool_call_received
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(event: Any) -> None:
+        if type(event) is held_in and not entered.is_set():
+            entered.set()
+            release.wait(WAIT)
+
+    holder = CallbackObserver(hold)
+    with BareLoop(ScriptedClient([call("held"), reply("never")], model="m-1"), [Held("held", Gate())]) as loop:
+        if otel_first:
+            traced.observer.instrument(loop)
+        loop.register_observer(holder)
+        if not otel_first:
+            traced.observer.instrument(loop)
+        last = Recorder()  # registered last: its on_run_end comes after the tracer's
+        loop.register_observer(last)
+        handle = loop.start("go")
+        assert entered.wait(WAIT)
+        assert handle.cancel("user pressed stop")
+        with pytest.raises(Cancelled):
+            handle.result(WAIT)
+        release.set()
+        assert last.run_ended.wait(WAIT)  # the queued events were delivered
+    root = traced.one("invoke_agent")
+    assert root.attributes["loopctl.run.outcome"] == "cancelled" and root.status.status_code is StatusCode.UNSET
+    chats = [s for s in traced.spans() if s.name.startswith("chat")]
+    assert len(chats) == 1 and chats[0].parent is not None and chats[0].parent.span_id == root.context.span_id
+    if held_in is TurnStart:  # the model was never asked
+        assert chats[0].attributes["loopctl.cancelled"] is True
+    else:  # the model answered; its call's span is a success, and no tool ever ran
+        assert chats[0].status.status_code is StatusCode.UNSET and "loopctl.cancelled" not in chats[0].attributes
+        assert traced.named("execute_tool held") == []
+    assert chats[0].end_time <= root.end_time
+    traced.tracer_provider.shutdown()
+    traced.meter_provider.shutdown()
 
 
 # -- model failures over real HTTP ----------------------------------------------------------------

@@ -28,6 +28,7 @@ from loopctl import (
     LoopError,
     Message,
     ModelError,
+    RunRegistry,
     SessionBusy,
     SessionConfig,
     SessionCorrupt,
@@ -37,6 +38,7 @@ from loopctl import (
     tool,
 )
 from loopctl.messages import ThinkingPart
+from loopctl.observers import CallbackObserver, RunEnd, RunStart
 from loopctl.sessions import SQLiteSessionStore
 from loopctl.sessions.base import SessionStore
 from loopctl.testing import ScriptedClient, call, reply
@@ -431,6 +433,56 @@ def test_4_a_corrupt_row_raises_session_corrupt_naming_the_session_and_others_lo
         loop.run("go")
     assert client.requests == []
     store.session("bad one").acquire().release()  # the failed load gave the lease back
+
+
+def test_4_a_run_on_a_corrupt_session_is_a_failed_run_never_a_refused_start(
+    opener: Callable[..., SessionStore],
+) -> None:
+    """``SessionCorrupt`` is the run's error (with its ``Run``), through ``start()`` and a registry too.
+
+    A busy session refuses a start (nothing exists); an unreadable one
+    fails the run at its start, before any model call: the run has its
+    record and its bracket of events, and the store is left as it was. A
+    cancel fired on the signal before it is still that run's (one cancel,
+    one cancelled run).
+    """
+    store = opener()
+    lease = store.session("bad one").acquire()
+    lease.append([Message.user("question"), Message.assistant("answer")])
+    lease.release()
+    corrupt_row(opener.kind, opener.where, "bad one", 1, opener.prefix)  # type: ignore[attr-defined]
+    client = ScriptedClient([reply("never")])
+    events: List[Any] = []
+    loop = BareLoop(client).with_session(store.session("bad one")).with_observer(CallbackObserver(events.append))
+    handle = loop.start("one")  # no refusal: the run starts
+    with pytest.raises(SessionCorrupt) as info:
+        handle.result(10)
+    run = info.value.run
+    assert run is not None and run is handle.record and run.stop_reason is info.value and run.end is not None
+    assert [type(e) for e in events] == [RunStart, RunEnd] and not events[-1].success
+    loop.cancel_signal().cancel("before the next run")
+    with pytest.raises(Cancelled):  # taken before the run's end: the cancel is how it ends
+        loop.run("two")
+    assert not loop.is_cancelled()
+    with pytest.raises(SessionCorrupt):  # and the next run fails as the first did
+        loop.run("three")
+    assert client.requests == [] and [type(r.stop_reason) for r in loop.session.runs] == [
+        SessionCorrupt,
+        Cancelled,
+        SessionCorrupt,
+    ]
+    with RunRegistry(session_store=store) as registry:
+        rid = registry.start(BareLoop(client), "four", session_id="bad one")
+        with pytest.raises(SessionCorrupt) as again:
+            registry.result(rid, timeout=10)
+        assert again.value.run is not None and again.value.run.id == rid
+        status = registry.status(rid)
+        assert status.state == "failed" and "'bad one'" in (status.error or "")
+        assert [e["type"] for _, e in registry.events(rid, timeout=10)] == ["run_start", "run_end"]
+    assert client.requests == []
+    with pytest.raises(SessionCorrupt):  # the store is as it was: still unreadable, nothing written
+        store.session("bad one").messages()
+    store.session("bad one").acquire().release()  # no run kept its lease
 
 
 @pytest.mark.parametrize(

@@ -20,8 +20,10 @@ from typing import Any, Callable, List
 import pytest
 from celery_support import redis_for_module
 from session_support import make_store
+from support import Recorder
 
 from loopctl import BareLoop, Message, SessionCorrupt
+from loopctl.observers import RunEnd, RunStart
 from loopctl.sessions import SQLiteSessionStore
 from loopctl.sessions.base import SessionStore
 from loopctl.testing import ScriptedClient, reply
@@ -99,9 +101,16 @@ def assert_only_bad_is_corrupt(
         store.session("bad").messages()
     assert info.value.session_id == "bad" and "'bad'" in str(info.value)
     client = ScriptedClient([reply("never")])
-    with pytest.raises(SessionCorrupt):
-        BareLoop(client).with_session(store.session("bad")).run("again")
+    rec = Recorder()
+    loop = BareLoop(client).with_session(store.session("bad")).with_observer(rec)
+    with pytest.raises(SessionCorrupt) as failed:
+        loop.run("again")
     assert client.requests == []  # it failed at the run's start, before the model
+    # A failed run, not a refused one: its record and its bracket of events.
+    run = failed.value.run
+    assert run is not None and loop.session.runs == [run] and run.stop_reason is failed.value
+    assert run.end is not None and run.turns == [] and run.input == "again"
+    assert rec.types() == [RunStart, RunEnd] and rec.of(RunEnd)[0].error_type == "SessionCorrupt"
     if lease:
         store.session("bad").acquire().release()  # the failed run gave the lease back
     else:

@@ -19,9 +19,11 @@ quotes of untrusted text cut to an excerpt), deltas and approvals included.
 Deltas pass a ``StreamMask`` per stream first, so a key split across pieces
 is masked whole; ``flush_deltas`` (at a stream's end, an attempt's reset and
 a phase's close) lets go of what a mask still holds. ``phase()`` opens an
-LLM or tool phase (``phases.py``) whose ``on_turn_end`` is always sent
-exactly once: ok on a clean exit, failed on an error, failed by
-``finalize`` when a cancel cut it short. Run-start goes to observers then
+LLM or tool phase (``phases.py``), then sends its opening events
+(``on_turn_start``, the ``on_tool_call_received``), and its ``on_turn_end``
+is always sent exactly once: ok on a clean exit, failed on an error,
+failed by ``finalize`` when a cancel cut it short (even while an observer
+held an opening event). Run-start goes to observers then
 hooks; run-end to hooks then observers.
 
 Call sites build the event object and ``emit`` it; ``wants(cls)`` is the
@@ -35,14 +37,13 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
-import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from loopctl.driver.handle import Abandoned
-from loopctl.driver.phases import NullScope, Phase, PhaseScope
+from loopctl.driver.phases import NullScope, Phase, end_phase, open_scope
 from loopctl.events import (
     EVENT_METHODS,
     AttemptReset,
@@ -57,6 +58,7 @@ from loopctl.events import (
     TurnEnd,
 )
 from loopctl.events.hooks import HookExecutor, RunHookContext
+from loopctl.messages import StopReason
 from loopctl.text import StreamMask
 
 if TYPE_CHECKING:
@@ -312,41 +314,32 @@ class RunEvents:
 
     # -- phases ------------------------------------------------------------------
 
-    def phase(self, turn: int, name: str, context_tokens: int) -> Any:
-        """Open a phase; the scope sends its ``on_turn_end`` on every exit."""
+    def phase(
+        self,
+        turn: int,
+        name: str,
+        context_tokens: int,
+        opening: Sequence[Event] = (),
+        reply: Optional[tuple[int, int, Optional[StopReason]]] = None,
+    ) -> Any:
+        """Open a phase, then send its ``opening`` events; the scope sends its ``on_turn_end`` on every exit.
+
+        See ``phases.open_scope`` (``reply``: the token counts and stop
+        reason the phase reports from the start).
+        """
         null = self._null_scope
-        if null is not None:
-            return null
-        return PhaseScope(self, Phase(turn, name, context_tokens))
+        if null is None:
+            return open_scope(self, Phase(turn, name, context_tokens), opening, reply)
+        for event in opening:
+            self.emit(event)
+        return null
 
     def close_phase(self, phase: Phase, error: Optional[str], error_type: Optional[str] = None) -> None:
         """Send the phase's ``on_turn_end`` (failed when ``error`` is given), once.
 
         ``error_type`` is the failure's exception class name, when there is one.
         """
-        if phase.closed:
-            return
-        phase.closed = True
-        self.flush_deltas()
-        if self.open_phase is phase:
-            self.open_phase = None
-        self.emit(
-            TurnEnd(
-                self.session_id,
-                self.run_id,
-                phase.turn,
-                phase.name,
-                error is None,
-                error,
-                (time.perf_counter() - phase.t0) * 1000.0,
-                phase.input_tokens,
-                phase.output_tokens,
-                phase.stop_reason,
-                phase.context_tokens,
-                self.window,
-                error_type,
-            )
-        )
+        end_phase(self, phase, error, error_type)
 
     # -- the run's bracket (hooks too) and the delta streams (masked per stream) --
 

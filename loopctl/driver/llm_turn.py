@@ -192,18 +192,20 @@ class ModelTurn(RunState):
         phase.input_tokens, phase.output_tokens = in_tok, out_tok
         phase.stop_reason, phase.context_tokens = response.stop_reason, figure_after
 
-    def announce_turn(self, turn: int, query: str) -> Optional[RequestOptions]:
-        """Fix the model this turn's call asks for, ``on_turn_start``; the request's options.
+    def turn_opening(self, turn: int, query: str) -> tuple[Optional[RequestOptions], tuple[TurnStart, ...]]:
+        """Fix the model this turn's call asks for: the request's options and the phase's ``TurnStart``.
 
         The model is the one the request goes to: its options' override (a
-        fallback route, a host's), else the client's own.
+        fallback route, a host's), else the client's own. The event is sent
+        by the phase that opens with it, so a cancel taking over while an
+        observer holds it still closes the phase.
         """
         parts, em = self.parts, self.events
         options = self.options()
         self.turn_model = (options.model if options is not None else None) or parts.model_name()
-        if em.wants(TurnStart):
-            em.emit(TurnStart(em.session_id, em.run_id, turn, query, parts.provider_name(), self.turn_model or None))
-        return options
+        if not em.wants(TurnStart):
+            return options, ()
+        return options, (TurnStart(em.session_id, em.run_id, turn, query, parts.provider_name(), self.turn_model or None),)
 
     def options(self) -> Optional[RequestOptions]:
         """The request options: the routed model beats a host override; the client is never mutated."""

@@ -81,7 +81,9 @@ class BareLoop(LoopSetup):
         completed run's new messages are written atomically as it ends; a
         cancelled or failed run leaves the store as it was. Each run holds
         the session's lease: a run on the same session elsewhere (another
-        loop, thread or process) raises ``SessionBusy``.
+        loop, thread or process) raises ``SessionBusy``. A run on a session
+        that cannot be read fails at its start with ``SessionCorrupt`` (its
+        ``.run`` the finished record), before any model call.
 
         Args:
             revision: for a host that built the loop from ``session.read()``
@@ -320,14 +322,21 @@ class BareLoop(LoopSetup):
             self._cancel_run(rc, "interrupted")
             raise
 
-    def _release(self, rc: RunContext, error: Optional[LoopError]) -> None:
-        """Finalize's last step: give the session's lease back, re-arm the cancel signal, free the loop."""
+    def _release(self, rc: RunContext, error: Optional[LoopError], keep_cancel: bool) -> None:
+        """Finalize's last step: give the session's lease back, re-arm the cancel signal, free the loop.
+
+        ``keep_cancel``: the run is past its ending point and took no cancel,
+        so a cancel fired on the signal since is the next run's.
+        """
         if self._link is not None:
             self._link.close()  # before the loop is free, so a follow-up run can take it
         self._cancel.remove_listener(rc.on_cancel)  # it holds rc: keep no cycle past the run
         rc.error = error
         with self._busy:
-            self._cancel.reset()  # last: one cancel = one cancelled run
+            # Last: one cancel = one cancelled run. The cancel this run took is
+            # cleared; one fired on the signal after its ending point, which it
+            # could not honour, stays fired for the next run.
+            self._cancel.reset(keep_fired=keep_cancel)
             self._active = None
             rc.finished = True
 

@@ -128,7 +128,7 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
                 # Something escaped finalize itself: still close the slot and
                 # free the loop, so a stray handle cannot push into a dead run.
                 self.steering.close()
-                self.owner._release(rc, rc.error)
+                self.owner._release(rc, rc.error, self.keeps_later_cancel())
             if held:
                 rc.lock.release()
             rc.done.set()
@@ -168,6 +168,10 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
             m.accept_input(run.input, self.answer_check)
         else:
             self.resume(point)
+        link = self.link
+        if link is not None and link.unreadable is not None:
+            unreadable, link.unreadable = link.unreadable, None
+            raise unreadable  # the stored conversation cannot be read: the run fails before any turn
         policy = self.policy
         cancel = rc.cancel
         while True:
@@ -256,11 +260,12 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
         meter.calibration.note_prediction(raw)
         if parts.fallback is not None:
             self.route_model()
-        request = self.build_request(transients, self.announce_turn(turn, query))
+        options, opening = self.turn_opening(turn, query)
+        request = self.build_request(transients, options)
         if self.answer_check is not None:
             request = shape_request(self.answer_check, request)
         try:
-            with em.phase(turn, "llm", figure) as phase:
+            with em.phase(turn, "llm", figure, opening) as phase:
                 response = self.ask_model(turn, request)
                 self.record_reply(turn, query, figure, response, phase)
             rejected = m.answer_rejected
@@ -296,13 +301,17 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
         turn = step.turn
         em = self.events
         m = self.machine
-        if em.wants(ToolCallReceived):
-            for p in step.calls:
-                em.emit(ToolCallReceived(em.session_id, em.run_id, turn, p.call.id, p.call.name, p.call.input))
+        received = (
+            tuple(
+                ToolCallReceived(em.session_id, em.run_id, turn, p.call.id, p.call.name, p.call.input)
+                for p in step.calls
+            )
+            if em.wants(ToolCallReceived)
+            else ()
+        )
         results = [p.preresolved for p in step.calls]
         todo = [i for i, p in enumerate(step.calls) if p.preresolved is None]
-        with em.phase(turn, "tools", m.context_tokens) as phase:
-            phase.input_tokens, phase.output_tokens, phase.stop_reason = self.llm_phase
+        with em.phase(turn, "tools", m.context_tokens, received, self.llm_phase) as phase:
             outs = self.dispatcher.dispatch(self, turn, [step.calls[i].call for i in todo])
             for i, r in zip(todo, outs):
                 results[i] = r

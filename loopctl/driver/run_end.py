@@ -47,11 +47,28 @@ class RunEnding(RunState):
                 stopped = hook()
             except Exception:
                 log.exception("run %s: the host's at_end hook failed; the run ends as it would", rc.run.id)
-        with self.busy:
-            rc.ending = True
-        if stopped is None and not isinstance(error, Cancelled) and cancel.is_cancelled():
-            stopped = Cancelled(cancel.reason)  # taken (True) before ``ending``: the run ends cancelled
+        if self.pass_ending_point() and stopped is None and not isinstance(error, Cancelled):
+            stopped = Cancelled(cancel.reason)  # taken before ``ending``: the run ends cancelled
         return stopped
+
+    def pass_ending_point(self) -> bool:
+        """Mark the run as past its ending point, once (mutates); True if it took a cancel.
+
+        Under the lock ``loop.cancel()`` takes: a cancel it accepted (True)
+        came before, and is the run's. Whether the signal had fired then is
+        kept (``took_cancel``): re-arming the signal clears that cancel
+        only; one fired after this point stays for the next run.
+        """
+        rc = self.rc
+        with self.busy:
+            if not rc.ending:
+                rc.ending = True
+                self.took_cancel = rc.cancel.is_cancelled()
+            return self.took_cancel
+
+    def keeps_later_cancel(self) -> bool:
+        """True when a cancel fired on the signal now is the next run's (past the end, none taken)."""
+        return self.rc.ending and not self.took_cancel
 
     def error_for(self, outcome: Outcome) -> LoopError:
         """The error a terminal outcome raises."""
@@ -86,8 +103,7 @@ class RunEnding(RunState):
         before the run's last events).
         """
         rc = self.rc
-        with self.busy:
-            rc.ending = True
+        self.pass_ending_point()  # a run taken over on cancel passes it here
         if rc.subagents is not None:  # a cancel cut a delegation short: let its runs end first
             rc.subagents.settle()
         tally = self.tally
@@ -107,7 +123,7 @@ class RunEnding(RunState):
             self._settle(run, error)
             self._report_end(run, error, end)
         finally:
-            self.owner._release(rc, error)
+            self.owner._release(rc, error, self.keeps_later_cancel())
 
     def _settle(self, run: Run, error: Optional[LoopError]) -> None:
         """Finalize's step 2-3: keep or drop the run's pending messages; clear a stop never fired."""

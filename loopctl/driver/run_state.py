@@ -50,7 +50,7 @@ class Release(Protocol):
     be one more object per run in flight.
     """
 
-    def _release(self, rc: RunContext, error: Optional[LoopError]) -> None: ...
+    def _release(self, rc: RunContext, error: Optional[LoopError], keep_cancel: bool) -> None: ...
 
 
 #: The config of a run started without one: shared, as it is immutable.
@@ -92,7 +92,7 @@ class RunState:
         "run_input", "config", "session_id", "parallel", "policy",
         "durable", "resume_point", "link", "at_end", "tool_names", "base_options",
         "llm_phase", "deferred_tokens", "gathers", "model_call", "turn_model",
-        "tally", "admitted", "call_ids",
+        "tally", "admitted", "call_ids", "took_cancel",
         "__weakref__",
     )
 
@@ -156,6 +156,9 @@ class RunState:
         # Every call id the run has given out (made by its first reply with
         # calls): a reply's calls never reuse one (admission.unique_ids).
         self.call_ids: Optional[set[str]] = None
+        # Whether the loop's signal had fired when the run passed its ending
+        # point: that cancel is the run's; one fired after it is the next run's.
+        self.took_cancel = False
 
     def tool_tally(self) -> ToolTally:
         """The run's tool tally, made on first use (with the fence held)."""

@@ -17,6 +17,10 @@ and gives the lease back as the loop is freed (``close``). The rules:
 - A cancelled or failed run writes nothing. A write that fails (the store
   is down, or the lease was lost) fails the run, and its messages are
   dropped, so loop and store never disagree.
+- A session that cannot be read (``SessionCorrupt``) is no refusal: the
+  run starts, with its ``Run`` and its start and end events, and fails at
+  once with that error (``unreadable``), before any model call. Only a
+  busy session (``SessionBusy``) or another owner's refuses the start.
 - A session named at a start (``link_for_start``) becomes the loop's only
   when that start is admitted, its lease taken: a refused start leaves the
   loop as it was.
@@ -28,7 +32,7 @@ import logging
 from typing import Optional
 
 from loopctl.checks import shown
-from loopctl.errors import ConfigError, LoopError
+from loopctl.errors import ConfigError, LoopError, SessionCorrupt
 from loopctl.machine import LoopMachine
 from loopctl.sessions.base import Session, SessionLease, SessionSnapshot
 
@@ -46,6 +50,9 @@ class SessionLink:
         self.epoch = -1  # the machine's history epoch and length at that revision
         self.length = 0
         self.lease: Optional[SessionLease] = None
+        # Why the stored conversation could not be read at this run's start:
+        # the run takes it and fails with it (open() then returns normally).
+        self.unreadable: Optional[SessionCorrupt] = None
 
     def adopt(self, revision: int, incarnation: Optional[str] = None) -> None:
         """The loop's starting history continues the store at ``revision`` (read by its host).
@@ -73,11 +80,19 @@ class SessionLink:
         ``holder`` names the lease (a durable run's id, so the run resumed
         elsewhere takes its own lapsed lease back); None: a fresh name.
 
+        A session that cannot be read is not raised: ``unreadable`` holds its
+        ``SessionCorrupt`` (no lease is kept, the history is untouched) for
+        the run to fail with.
+
         Raises:
             SessionBusy: another run holds the session (nothing changed).
-            SessionCorrupt: a stored message cannot be read (the lease is given back).
         """
-        lease = self.session.acquire(holder)
+        self.unreadable = None
+        try:
+            lease = self.session.acquire(holder)
+        except SessionCorrupt as exc:  # the session's record (its owner, say) cannot be read
+            self.unreadable = exc
+            return
         try:
             snapshot = self.session.read()  # under the lease: no write can interleave
             if not self._matches(snapshot):
@@ -89,6 +104,10 @@ class SessionLink:
                     self.epoch, self.length = machine.history_epoch, len(snapshot.messages)
                 self.revision = snapshot.revision
             self.incarnation, self.any_incarnation = snapshot.incarnation, False
+        except SessionCorrupt as exc:  # a stored message cannot be read
+            lease.release()
+            self.unreadable = exc
+            return
         except BaseException:
             lease.release()
             raise
