@@ -136,6 +136,10 @@ class RunState:
         self.resume_point: Optional[ResumePoint] = None
         self.link: Optional[SessionLink] = None  # the stored session (BareLoop.with_session)
         self.at_end: Optional[Callable[[], Optional[Cancelled]]] = None  # BareLoop.start(at_end=)
+        self._start_figures()
+
+    def _start_figures(self) -> None:
+        """The run's figures before its first turn: nothing gathered, asked, counted or taken yet."""
         self.tool_names: frozenset[str] = frozenset()
         self.base_options: Optional[RequestOptions] = None
         self.llm_phase: tuple[int, int, Optional[StopReason]] = (0, 0, None)
