@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-from typing import Literal, Optional, TypedDict
+from typing import Any, Literal, Optional, TypedDict
 
 import attrs
 import pytest
@@ -227,3 +227,31 @@ def test_the_final_tool_and_prompt_instructions_carry_the_wire_schema() -> None:
     spec = OutputSpec.of(Point)
     assert spec.final_tool().input_schema == spec.wire_schema
     assert json.dumps(spec.wire_schema, sort_keys=True) in spec.instructions()
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {  # definitions at the answer's top, as hand-written schemas keep them
+            "type": "array",
+            "items": {"$ref": "#/$defs/Item"},
+            "$defs": {"Item": {"type": "object", "properties": {"n": {"type": "integer"}, "next": {"$ref": "#/$defs/Item"}},
+                               "required": ["n"]}},
+        },
+        {  # a pointer into the answer itself
+            "type": "array",
+            "items": {"type": "object", "properties": {"n": {"type": "integer"}, "kids": {"$ref": "#"}}, "required": ["n"]},
+        },
+    ],
+)
+def test_a_wrapped_answers_pointers_still_point_where_they_did(schema: dict[str, Any]) -> None:
+    from loopctl.tools.schemacheck import check_schema
+    from loopctl.tools.validation import problems
+
+    wire = OutputSpec.of(schema).wire_schema
+    check_schema(wire, "the wire schema")  # no pointer leads nowhere
+    good = {"result": [{"n": 1, "next": {"n": 2}, "kids": [{"n": 3}]}]}
+    bad = {"result": [{"n": 1, "next": {"n": "two"}, "kids": [{"n": "three"}]}]}
+    assert problems(wire, good) == []
+    assert problems(wire, bad)  # the nested answer is still checked, not a pointer to nowhere
+    assert "$defs" not in wire["properties"]["result"]  # moved to the top, not copied

@@ -154,12 +154,51 @@ def rebuild_value(output_type: object, value: object) -> object:
 
 
 def _wrap(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"result": schema}`` as an object schema, its local ``$ref`` pointers still pointing where they did.
+
+    The answer's ``$defs`` (``definitions``) move to the top, where a
+    ``#/$defs/...`` pointer looks and where providers expect them; any other
+    local pointer gains the wrapper's path.
+    """
+    inner = dict(schema)
+    defs = {key: inner.pop(key) for key in _DEFS_KEYS if key in inner}
     return {
         "type": "object",
-        "properties": {_WRAP_KEY: dict(schema)},
+        "properties": {_WRAP_KEY: _moved_refs(inner)},
         "required": [_WRAP_KEY],
         "additionalProperties": False,
+        **{key: _moved_refs(value) for key, value in defs.items()},
     }
+
+
+_DEFS_KEYS = ("$defs", "definitions")
+# Where a schema holds data, not schemas: a "$ref" key in there is a value.
+_DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
+
+
+def _moved_refs(node: Any) -> Any:
+    """``node`` with each local ``$ref`` outside the definitions prefixed by the wrapper's path."""
+    if isinstance(node, list):
+        return [_moved_refs(item) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key == "$ref" and isinstance(value, str):
+            out[key] = _moved_ref(value)
+        elif key in _DATA_KEYS:
+            out[key] = value
+        else:
+            out[key] = _moved_refs(value)
+    return out
+
+
+def _moved_ref(ref: str) -> str:
+    if ref != "#" and not ref.startswith("#/"):
+        return ref  # not a pointer into this schema
+    if any(ref.startswith(f"#/{key}/") for key in _DEFS_KEYS):
+        return ref
+    return f"#/properties/{_WRAP_KEY}{ref[1:]}"
 
 
 def _wire_name(name: str) -> str:
