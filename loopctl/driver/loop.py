@@ -329,7 +329,10 @@ class BareLoop(LoopSetup):
         so a cancel fired on the signal since is the next run's.
         """
         if self._link is not None:
-            self._link.close()  # before the loop is free, so a follow-up run can take it
+            # Before the loop is free, so a follow-up run anywhere can take it;
+            # a cancelled run's end never waits for the store: its lease's own
+            # thread gives it back (and the next acquire here waits for that).
+            self._link.close(wait=not isinstance(error, Cancelled))
         self._cancel.remove_listener(rc.on_cancel)  # it holds rc: keep no cycle past the run
         rc.error = error
         with self._busy:

@@ -3,7 +3,10 @@
 Each run takes the session's lease before it starts (``open``, under the
 loop's busy lock, so a second run anywhere raises ``SessionBusy`` and
 nothing changes), writes in ``finalize`` only when it completed (``save``),
-and gives the lease back as the loop is freed (``close``). The rules:
+and gives the lease back as the loop is freed (``close``): a cancelled run
+leaves that to the lease's own thread, so its end never waits for the
+store, and the loop's next run (or any run through the same store in this
+process) waits for the lease to be given back before taking it. The rules:
 
 - The stored conversation is read under the lease at a run's start
   whenever the store moved since this loop last read or wrote it (another
@@ -138,12 +141,20 @@ class SessionLink:
         self.length = len(history) + len(pending)
         return None
 
-    def close(self) -> None:
-        """Give the lease back (idempotent; a store error is logged, the lease then lapses)."""
+    def close(self, wait: bool = True) -> None:
+        """Give the lease back (idempotent; a store error is logged, the lease then lapses).
+
+        ``wait=False`` (a cancelled run's end, which never waits for the
+        store) leaves it to the lease's own thread; the next acquire of the
+        session through the same store waits for it there.
+        """
         lease, self.lease = self.lease, None
         if lease is not None:
             try:
-                lease.release()
+                if wait:
+                    lease.release()
+                else:
+                    lease.let_go()
             except Exception:
                 log.warning("releasing a session lease failed", exc_info=True)
 

@@ -14,6 +14,11 @@ one (``Session``). The rules every store keeps, whatever holds the data:
   so only a holder that died (killed, frozen) lets it lapse. A write whose
   lease was lost (expired, then taken) raises ``SessionBusy`` and writes
   nothing.
+- Giving back: ``release()`` waits until the session is given up;
+  ``let_go()`` leaves that to the lease's own thread (a cancelled run's
+  end never waits for the store). Until it is done, an ``acquire`` of the
+  same session through the same store waits for it, and so does the
+  store's ``close()``; another process may meet ``SessionBusy`` meanwhile.
 - Atomic writes: ``append`` adds messages and ``replace`` swaps the whole
   conversation (keeping what it removed in an audit trail) in one
   transaction each; every write bumps the session's ``revision``.
@@ -36,11 +41,13 @@ import json
 import logging
 import re
 import threading
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from loopctl.checks import shown
 from loopctl.errors import ConfigError, LoopError, SessionBusy
 from loopctl.messages import Message
+from loopctl.sessions.backend import SessionBackend
 from loopctl.sessions.holders import describe, holder_is_gone, new_token, track, untrack
 from loopctl.sessions.stored import (
     SessionInfo,
@@ -117,71 +124,35 @@ def encode_message(message: Message) -> str:
     return _SURROGATE.sub(_escape_surrogate, json.dumps(message.to_dict(), ensure_ascii=False, separators=(",", ":")))
 
 
-class SessionBackend:
-    """The storage operations a store provides; ``Session`` and ``SessionLease`` build on them.
+class Handbacks:
+    """A store's leases giving their session back on their own thread, in this process (any thread)."""
 
-    Every method is atomic on its own. ``now`` and ``until`` are the store's
-    clock readings (seconds); a lease with ``until <= now`` is expired.
-    """
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: Dict[str, threading.Event] = {}  # session id -> set once given back
 
-    def load(self, session_id: str) -> Optional[Tuple[object, object, object, List[Any]]]:
-        """(revision, owner, incarnation, rows in order) as stored, read in one snapshot; None when absent.
+    def add(self, session_id: str, given_back: threading.Event) -> None:
+        """A lease of ``session_id`` is being given back; ``given_back`` is set once it is."""
+        with self._lock:
+            if not given_back.is_set():  # its thread may have ended already (the lease was lost)
+                self._pending[session_id] = given_back
 
-        The values are checked by the caller (``loopctl.sessions.stored``).
-        """
-        raise NotImplementedError
+    def finish(self, session_id: str, given_back: threading.Event) -> None:
+        """The lease's thread has ended: it is given back (or was lost)."""
+        with self._lock:
+            if self._pending.get(session_id) is given_back:
+                del self._pending[session_id]
+            given_back.set()  # under the lock: ``add`` never notes a lease that is already done
 
-    def acquire(
-        self, session_id: str, owner: Optional[str], token: str, now: float, until: float, stale: Callable[[str], bool]
-    ) -> bool:
-        """Take the lease unless another holder's live one is held; False when it is (nothing changed).
-
-        A live lease whose token ``stale`` says is dead is taken over, by
-        compare-and-set on that token.
-
-        Raises:
-            KeyError: the session exists under another owner.
-        """
-        raise NotImplementedError
-
-    def renew(self, session_id: str, token: str, until: float) -> bool:
-        """Push the lease's expiry to ``until``; False when ``token`` no longer holds it."""
-        raise NotImplementedError
-
-    def release(self, session_id: str, token: str) -> None:
-        """Drop the lease if ``token`` still holds it."""
-        raise NotImplementedError
-
-    def write(
-        self, session_id: str, owner: Optional[str], token: str, now: float, rows: List[str], replace: bool
-    ) -> Optional[Tuple[int, object]]:
-        """Append ``rows`` (or replace every row with them) in one transaction.
-
-        A session's first write gives it a fresh incarnation.
-
-        Returns:
-            The new revision and the session's stored incarnation, or None
-            when ``token`` does not hold the lease (nothing written).
-
-        Raises:
-            SessionCorrupt: the stored revision cannot be read (nothing written).
-        """
-        raise NotImplementedError
-
-    def infos(self, owner: Optional[str], session_id: Optional[str] = None) -> List[SessionInfo]:
-        """Sessions of ``owner`` (all when None), newest first; one when ``session_id`` is given."""
-        raise NotImplementedError
-
-    def delete(self, session_id: str, now: float, stale: Callable[[str], bool]) -> Optional[bool]:
-        """Remove the session; True if it existed, None when a live lease holds it.
-
-        A live lease whose token ``stale`` says is dead does not hold it.
-        """
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Release connections (idempotent)."""
-        raise NotImplementedError
+    def wait(self, session_id: Optional[str], timeout: float) -> bool:
+        """Wait up to ``timeout`` s in all for the leases of ``session_id`` (every one when None); True once done."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            flags = list(self._pending.values()) if session_id is None else [self._pending.get(session_id)]
+        for flag in flags:
+            if flag is not None and not flag.wait(max(deadline - time.monotonic(), 0.0)):
+                return False
+        return True
 
 
 class SessionStore:
@@ -197,6 +168,24 @@ class SessionStore:
         self.lease_s = check_lease(lease_s, clock, type(self).__name__)
         self._clock = clock
         self._backend = backend
+        self.handbacks = Handbacks()
+
+    def wait_given_back(self, session_id: Optional[str] = None, timeout: Optional[float] = None) -> bool:
+        """Wait until this process's leases of ``session_id`` (of every session when None) are given back.
+
+        A lease let go (``SessionLease.let_go``: a cancelled run's) is given
+        back on its own thread just after the run has ended. A host that
+        tells another process the run has ended waits for this first, so
+        that process never meets the run's lease.
+
+        Args:
+            timeout: seconds to wait at most (default: the lease length,
+                after which a lease lapses anyway).
+
+        Returns:
+            True when none is left being given back.
+        """
+        return self.handbacks.wait(session_id, self.lease_s if timeout is None else timeout)
 
     def session(self, session_id: str, *, owner: Optional[str] = None) -> Session:
         """The session named ``session_id`` (created by its first write).
@@ -238,7 +227,8 @@ class SessionStore:
         return gone
 
     def close(self) -> None:
-        """Close the store's connections (idempotent)."""
+        """Close the store's connections (idempotent), once the leases being given back are."""
+        self.wait_given_back()
         self._backend.close()
 
     def __enter__(self) -> SessionStore:
@@ -307,6 +297,9 @@ class Session:
         """
         store = self.store
         token = new_token() if holder is None else check_session_id(holder)
+        # A lease of this session still being given back here (a cancelled run's,
+        # on its own thread) would make this acquire a spurious SessionBusy.
+        store.wait_given_back(self.id)
         now = store.now()
         taken: List[str] = []
 
@@ -338,14 +331,28 @@ class SessionLease:
         self.lost = False
         self.incarnation: Optional[str] = None  # the session's, as this lease's last write found it
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = threading.Thread(
-            target=self._keep, name=f"loopctl-session-lease-{token[:8]}", daemon=True
-        )
+        self._given_back = threading.Event()  # set as the lease's thread ends: given back, or lost
+        self._thread = threading.Thread(target=self._keep, name=f"loopctl-session-lease-{token[:8]}", daemon=True)
         self._thread.start()
         track(self, self.release)  # released at interpreter exit if still held
 
     def _keep(self) -> None:
-        store = self.session.store
+        """The lease's thread: renew until let go, then give the session back (unless the lease was lost)."""
+        session = self.session
+        store = session.store
+        try:
+            self._renew(store)
+            if not self.lost:
+                try:
+                    store.backend.release(session.id, self.token)
+                except Exception:  # the lease then lapses on its own
+                    log.warning("releasing the lease of a session failed; it expires by itself", exc_info=True)
+        finally:
+            untrack(self)
+            store.handbacks.finish(session.id, self._given_back)
+
+    def _renew(self, store: SessionStore) -> None:
+        """Renew every third of the lease until ``let_go``, or until the lease is found lost."""
         every = store.lease_s / 3.0
         while not self._stop.wait(every):
             try:
@@ -382,17 +389,20 @@ class SessionLease:
         return revision
 
     def release(self) -> None:
-        """Stop renewing and give the session up (idempotent; a store error is logged)."""
-        thread, self._thread = self._thread, None
-        if thread is None:
+        """Stop renewing and give the session up, waiting until it is (idempotent; a store error is logged)."""
+        self.let_go()
+        self._thread.join()  # it gives the session back as it ends
+
+    def let_go(self) -> None:
+        """Stop renewing and give the session up on the lease's own thread, without waiting (idempotent).
+
+        Until it is given back, an acquire of the session through the same
+        store waits for it (see ``SessionStore.wait_given_back``).
+        """
+        if self._stop.is_set():
             return
-        untrack(self)
+        self.session.store.handbacks.add(self.session.id, self._given_back)
         self._stop.set()
-        thread.join()
-        try:
-            self.session.store.backend.release(self.session.id, self.token)
-        except Exception:  # the lease then lapses on its own
-            log.warning("releasing the lease of a session failed; it expires by itself", exc_info=True)
 
 
 def store_error(what: str, exc: BaseException) -> LoopError:
@@ -404,6 +414,7 @@ def store_error(what: str, exc: BaseException) -> LoopError:
 
 __all__ = [
     "DEFAULT_LEASE_S",
+    "Handbacks",
     "MAX_ID_CHARS",
     "Session",
     "SessionBackend",

@@ -233,6 +233,10 @@ def execute_run(
         fields, left = st.ending(run_id, claim, writer, bridge.cursor, sessions)
         if writer.lost:
             return "lost"
+        if sessions is not None:
+            # A cancelled run gives its lease back on the lease's own thread: the
+            # next run, on any worker, is let in by _finish only once it has.
+            sessions.wait_given_back(conversation)
         return _finish(backend, run_id, token, fields, left)
     finally:
         if st.handle is not None:
