@@ -1,11 +1,13 @@
 """User code never holds a cancel hostage (issue 14, SPEC §5).
 
 An observer, a text streamer, a pre-tool hook, a ``ConfirmationHook``
-waiting for a person, or a contributor blocks for up to 3 s; a cancel
-from another thread still makes ``run()`` / ``result()`` raise
-``Cancelled`` within 100 ms. Delivery stays one event at a time, with
-``on_run_end`` last for its run and before any event of a later run; the
-caller's contextvars still reach the observer.
+waiting for a person, a contributor, a memory store, a tool's own
+``validate`` / ``is_concurrency_safe`` / ``resource_key`` /
+``input_schema``, a token counter, or an answer type's own validation
+blocks for up to 3 s; a cancel from another thread still makes ``run()`` /
+``result()`` raise ``Cancelled`` within 100 ms. Delivery stays one event
+at a time, with ``on_run_end`` last for its run and before any event of a
+later run; the caller's contextvars still reach the observer.
 
 Also: one cancel = one cancelled run through ``loop.cancel()``.
 """
@@ -13,14 +15,17 @@ Also: one cancel = one cancelled run through ``loop.cancel()``.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 import pytest
 from support import WAIT, Recorder, join_threads
 
 from loopctl import BareLoop, Cancelled, Observer, RunConfig, Tool, ToolContext
+from loopctl.context import HeuristicTokenCounter
 from loopctl.context.contributors import ContributorContext
 from loopctl.hooks import ConfirmationHook, Hook, HookDecision, HookExecutor, ToolHookContext
 from loopctl.messages import Message, ModelRequest, ModelResponse
@@ -34,7 +39,7 @@ from loopctl.observers import (
     TurnEnd,
     TurnStart,
 )
-from loopctl.testing import ScriptedClient, call, reply
+from loopctl.testing import ScriptedClient, call, calls, reply
 
 BLOCK = 3.0  # how long the user code would block if nobody released it
 BOUND = 0.100  # the cancel contract
@@ -76,10 +81,68 @@ def cancel_at(entered: threading.Event, cancel: Callable[[], Any]) -> tuple[thre
     return th, box
 
 
-def build(where: str, blocker: Blocker) -> BareLoop:
+def blocking_tool(where: str, blocker: Blocker) -> Tool:
+    """``echo``, whose own method named by ``where`` (``tool_<method>``) blocks."""
+
+    class Blocking(Echo):
+        def validate(self, input: Mapping[str, Any]) -> Optional[str]:
+            if where == "tool_validate":
+                blocker.block()
+            return super().validate(input)
+
+        def is_concurrency_safe(self, input: Mapping[str, Any]) -> bool:
+            if where == "tool_is_concurrency_safe":
+                blocker.block()
+            return True
+
+        def resource_key(self, input: Mapping[str, Any]) -> Optional[str]:
+            if where == "tool_resource_key":
+                blocker.block()
+            return None
+
+        def input_schema(self) -> Mapping[str, Any]:
+            if where == "tool_input_schema":
+                blocker.block()
+            return super().input_schema()
+
+    return Blocking()
+
+
+@dataclasses.dataclass
+class Answer:
+    """A typed answer whose own validation blocks (``BLOCKER`` is set by the test)."""
+
+    x: int
+
+    def __post_init__(self) -> None:
+        BLOCKER[0].block()
+
+
+BLOCKER: list[Blocker] = []
+
+
+def build(where: str, blocker: Blocker) -> tuple[BareLoop, RunConfig]:
+    """A loop whose user code at ``where`` blocks, and the config to run it with."""
+    config = RunConfig()
+    if where.startswith("tool_"):
+        # Two calls of one reply: the dispatcher plans a wave (is_concurrency_safe, resource_key).
+        client = ScriptedClient([calls(("echo", {}), ("echo", {})), reply("done"), reply("after")])
+        return BareLoop(client, [blocking_tool(where, blocker)]), config
+    if where == "answer_type":
+        BLOCKER[:] = [blocker]
+        client = ScriptedClient([call("echo"), reply('{"x": 1}'), reply("after")])
+        return BareLoop(client, [Echo()]), RunConfig(output_type=Answer)
     client = ScriptedClient([call("echo"), reply("done"), reply("after")])
     loop = BareLoop(client, [Echo()])
-    if where == "observer":
+    if where == "token_counter":
+
+        class SlowCounter(HeuristicTokenCounter):
+            def count_text(self, text: str) -> int:
+                blocker.block()
+                return super().count_text(text)
+
+        loop.with_token_counter(SlowCounter())
+    elif where == "observer":
 
         class Slow(Observer):
             def on_turn_start(self, event: TurnStart) -> None:
@@ -125,24 +188,28 @@ def build(where: str, blocker: Blocker) -> BareLoop:
                 return None
 
         loop.set_memory(SlowMemory())
-    return loop
+    return loop, config
 
 
-WHERE = ["observer", "text_streamer", "pre_tool_hook", "confirmation_hook", "contributor", "memory"]
+WHERE = [
+    "observer", "text_streamer", "pre_tool_hook", "confirmation_hook", "contributor", "memory",
+    "tool_validate", "tool_is_concurrency_safe", "tool_resource_key", "tool_input_schema", "token_counter",
+    "answer_type",
+]
 
 
 @pytest.mark.parametrize("entry", ["run", "start"])
 @pytest.mark.parametrize("where", WHERE)
 def test_blocking_user_code_never_delays_cancel(where: str, entry: str) -> None:
     blocker = Blocker()
-    loop = build(where, blocker)
+    loop, config = build(where, blocker)
     try:
         if entry == "run":
             th, box = cancel_at(blocker.entered, lambda: loop.cancel("stop"))
             with pytest.raises(Cancelled):
-                loop.run("go")
+                loop.run("go", config)
         else:
-            handle = loop.start("go")
+            handle = loop.start("go", config)
             th, box = cancel_at(blocker.entered, lambda: handle.cancel("stop"))
             with pytest.raises(Cancelled):
                 handle.result(WAIT)

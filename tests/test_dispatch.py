@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any, Callable, Optional
 
 import pytest
@@ -24,6 +25,7 @@ from loopctl import (
     ToolResultPart,
 )
 from loopctl.driver.admission import admit
+from loopctl.driver.tool_calls import plan_waves
 from loopctl.hooks import Hook, HookDecision, HookExecutor, ToolHookContext
 from loopctl.observers import Event, LoopDetectedEvent, ToolCallReceived, ToolPost, ToolPre, TurnEnd
 from loopctl.testing import ScriptedClient, call, calls, reply
@@ -31,6 +33,11 @@ from loopctl.tools import tool
 
 WAIT = 10.0
 PARALLEL = RunConfig(parallel=ParallelDispatch("parallel", 8))
+
+
+def waves_of(script: Any, loop: BareLoop, limit: int) -> list[list[int]]:
+    """How the dispatcher cuts the scripted reply's calls into waves (no run: nothing to unfence)."""
+    return plan_waves(admit(script.message.tool_calls, loop.tools, nullcontext), limit, nullcontext)
 
 
 class Tracker:
@@ -151,7 +158,7 @@ def test_calls_sharing_a_resource_key_run_in_different_waves(iteration: int) -> 
                    ("p", {"i": 2, "key": "a"}), ("p", {"i": 3, "key": "b"}))
     with BareLoop(ScriptedClient([script, reply("done")]), [probe]) as loop:
         loop.run("go", PARALLEL)
-        assert loop._dispatcher._plan_waves(admit(script.message.tool_calls, loop.tools), 8) == [[0, 1], [2, 3]]
+        assert waves_of(script, loop, 8) == [[0, 1], [2, 3]]
     assert not tracker.key_overlap
     assert tracker.max_active == 2  # the two waves each overlapped (the barrier proves it)
     assert [r.output for r in results_of(loop)] == ["p:0", "p:1", "p:2", "p:3"]
@@ -167,7 +174,7 @@ def test_unsafe_calls_never_overlap_anything(iteration: int) -> None:
                    ("u", {"i": 5}), ("u", {"i": 6}))
     with BareLoop(ScriptedClient([script, reply("done")]), [safe, unsafe]) as loop:
         loop.run("go", PARALLEL)
-        assert loop._dispatcher._plan_waves(admit(script.message.tool_calls, loop.tools), 8) == [[0, 1], [2], [3, 4], [5], [6]]
+        assert waves_of(script, loop, 8) == [[0, 1], [2], [3, 4], [5], [6]]
     assert not tracker.unsafe_saw_company
     assert tracker.order.index("u:2") > max(tracker.order.index("s:0"), tracker.order.index("s:1"))
     assert tracker.order.index("u:2") < min(tracker.order.index("s:3"), tracker.order.index("s:4"))
@@ -191,7 +198,7 @@ def test_max_concurrency_caps_a_wave() -> None:
     script = calls(*[("p", {"i": i}) for i in range(7)])
     with BareLoop(ScriptedClient([script, reply("done")]), [probe]) as loop:
         loop.run("go", RunConfig(parallel=ParallelDispatch("parallel", 3)))
-        assert loop._dispatcher._plan_waves(admit(script.message.tool_calls, loop.tools), 3) == [[0, 1, 2], [3, 4, 5], [6]]
+        assert waves_of(script, loop, 3) == [[0, 1, 2], [3, 4, 5], [6]]
     assert tracker.max_active == 3
     assert [r.output for r in results_of(loop)] == [f"p:{i}" for i in range(7)]
 

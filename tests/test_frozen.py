@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import pickle
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
@@ -58,10 +59,11 @@ def test_admission_resolves_validates_and_freezes_and_is_idempotent() -> None:
         return a + b
 
     registry = ToolRegistry([add])
-    first = admit([ToolCallPart("c", "add", {"a": 1, "b": 2}), ToolCallPart("c", "add", {"a": "x"})], registry)
+    both = [ToolCallPart("c", "add", {"a": 1, "b": 2}), ToolCallPart("c", "add", {"a": "x"})]
+    first = admit(both, registry, nullcontext)
     assert [(a.call.id, a.tool, a.problem is None) for a in first] == [("c", add, True), ("c-2", add, False)]
     assert all(type(a.call.input) is FrozenDict for a in first)
-    again = admit([a.call for a in first], registry)
+    again = admit([a.call for a in first], registry, nullcontext)
     assert [a.call for a in again] == [a.call for a in first] and again[0].call is first[0].call
     assert first[0].arguments() == {"a": 1, "b": 2} and type(first[0].arguments()) is dict
 
@@ -70,7 +72,7 @@ def test_arguments_nested_too_deeply_become_an_invalid_call_not_a_crash() -> Non
     deep: dict[str, Any] = {}
     for _ in range(5000):
         deep = {"a": deep}
-    [admitted] = admit([ToolCallPart("c", "t", deep)], ToolRegistry())
+    [admitted] = admit([ToolCallPart("c", "t", deep)], ToolRegistry(), nullcontext)
     assert admitted.call.input == {} and "nested too deeply" in (admitted.call.invalid or "")
 
 

@@ -88,6 +88,30 @@ def test_meter_recounts_a_replaced_list_once() -> None:
     assert meter.measure(compacted[:1], [], 2, 1) == 14
 
 
+def test_a_count_that_raises_midway_leaves_the_meter_as_it_was() -> None:
+    """A run abandoned inside a user's counter raises out of it: the meter keeps nothing half-counted."""
+
+    class Failing(CountingCounter):
+        fail_at = -1
+
+        def count_message(self, message: Message) -> int:
+            if self.calls == self.fail_at:
+                raise RuntimeError("abandoned")
+            return super().count_message(message)
+
+    c = Failing()
+    meter = ConversationMeter(c)
+    hist = [Message.user("a" * 40)] * 3
+    assert meter.measure(hist, [], 1, 1) == 3 * 14
+    compacted = [Message.user("b" * 40)] * 4
+    c.fail_at = c.calls + 2  # a new epoch, recounted from zero: the third count raises
+    with pytest.raises(RuntimeError):
+        meter.measure(compacted, [], 2, 1)
+    assert meter.measure(hist, [], 1, 1) == 3 * 14  # still the old tally, counted nothing again
+    c.fail_at = -1
+    assert meter.measure(compacted, [], 2, 1) == 4 * 14
+
+
 def test_meter_compares_epochs_by_value() -> None:
     c = CountingCounter()
     meter = ConversationMeter(c)

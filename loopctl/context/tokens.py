@@ -113,16 +113,17 @@ class _ListTally:
         count = self.count
         if n == count and ref is self.ref:  # the common case: nothing new since the last measure
             return self.tokens
+        tokens = self.tokens
         if not _same(ref, self.ref) or n < count:
-            self.ref, count, self.tokens = ref, 0, 0
+            count, tokens = 0, 0
         if n > count:
             cm = counter.count_message
-            tokens = self.tokens
             for i in range(count, n):  # a plain loop: usually one new message, no generator to build
                 tokens += cm(items[i])
-            self.tokens = tokens
-        self.count = n
-        return self.tokens
+        # Kept in one step once every count is in: a counter that raises (or a
+        # run abandoned inside one) leaves the tally as it was.
+        self.ref, self.count, self.tokens = ref, n, tokens
+        return tokens
 
 
 class ConversationMeter:

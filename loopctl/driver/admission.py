@@ -28,6 +28,9 @@ Rules it keeps:
 - arguments larger than ``MAX_ARGUMENT_CHARS`` (measured as JSON text)
   never reach a tool: the call becomes an invalid call (empty arguments and
   a short reason the model can act on), answered with a soft error.
+- a tool's ``validate`` is user code that may block: the gate takes the
+  caller's ``unfenced`` and checks the batch inside it (on the run's thread,
+  the run's ``rc.unfenced``, so a cancel takes the run over meanwhile).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from typing import Any, Optional
 
 import attrs
 
+from loopctl.approvals.gate import Unfence
 from loopctl.frozen import FrozenDict, freeze_arguments, thaw
 from loopctl.messages import Message, ToolCallPart
 from loopctl.tools.registry import ToolRegistry
@@ -96,16 +100,22 @@ def unique_ids(calls: Sequence[ToolCallPart], used: Optional[set[str]] = None) -
     return out
 
 
-def admit(calls: Sequence[ToolCallPart], tools: ToolRegistry, used: Optional[set[str]] = None) -> list[Admitted]:
+def admit(
+    calls: Sequence[ToolCallPart], tools: ToolRegistry, unfenced: Unfence, used: Optional[set[str]] = None
+) -> list[Admitted]:
     """The gate: unique ids, resolved names, frozen and validated arguments, in request order.
 
     Args:
         calls: one turn's calls (or one call of it, for a retry).
         tools: the loop's ``ToolRegistry`` (anything with ``get(name)``).
+        unfenced: releases the run's fence while the tools' ``validate``
+            runs (``contextlib.nullcontext`` where it is released already).
         used: the ids of the run's earlier calls, for a fresh reply's calls
             (see ``unique_ids``); None for calls admitted again.
     """
-    return [_admit_one(c, tools) for c in unique_ids(calls, used)]
+    named = unique_ids(calls, used)  # the run's own id set: mutated with the fence held
+    with unfenced():
+        return [_admit_one(c, tools) for c in named]
 
 
 def _admit_one(call: ToolCallPart, tools: ToolRegistry) -> Admitted:
@@ -149,16 +159,16 @@ def same_call(call: ToolCallPart, name: object, args: object) -> bool:
 
 
 def admit_message(
-    message: Message, tools: ToolRegistry, used: Optional[set[str]] = None
+    message: Message, tools: ToolRegistry, unfenced: Unfence, used: Optional[set[str]] = None
 ) -> tuple[Message, list[Admitted]]:
     """A reply (or resumed message) with its calls admitted in place, and the admitted calls.
 
-    ``used``: the ids of the run's earlier calls (see ``unique_ids``).
+    ``unfenced`` and ``used`` as for ``admit``.
     """
     calls = message.tool_calls
     if not calls:
         return message, []
-    admitted = admit(calls, tools, used)
+    admitted = admit(calls, tools, unfenced, used)
     if all(a.call is c for a, c in zip(admitted, calls)):
         return message, admitted
     it = iter(a.call for a in admitted)

@@ -83,7 +83,7 @@ def pipeline_gate(
             return not_found_text(name, tools) if tool is None else (tool, thaw(call.input))
         if not isinstance(name, str) or not isinstance(args, Mapping):
             return f"Tool '{call.name}': a middleware layer rewrote the call into something that is not a tool call"
-        again = admit([ToolCallPart(call.id, name, args)], tools)[0]
+        again = admit([ToolCallPart(call.id, name, args)], tools, contextlib.nullcontext)[0]  # already unfenced here
         if again.tool is None:
             return not_found_text(name, tools)
         problem = again.call.invalid or again.problem

@@ -29,6 +29,7 @@ from loopctl.messages import Message, ToolResultPart
 from loopctl.records import Turn
 
 if TYPE_CHECKING:
+    from loopctl.approvals.gate import Unfence
     from loopctl.machine import AnswerCheck, LoopMachine
     from loopctl.records import Run
     from loopctl.tools.registry import ToolRegistry
@@ -165,8 +166,12 @@ def restore(
     run: Run,
     tools: ToolRegistry,
     answer_check: Optional[AnswerCheck],
+    unfenced: Unfence,
 ) -> Dict[str, ToolResultPart]:
-    """Put the machine where the checkpoint left the run; returns the wave's pre-answers."""
+    """Put the machine where the checkpoint left the run; returns the wave's pre-answers.
+
+    ``unfenced`` releases the run's fence while the awaited calls are admitted again.
+    """
     cp = point.checkpoint
     if cp is None:
         machine.accept_input(run.input, answer_check)
@@ -176,7 +181,7 @@ def restore(
     pending = list(cp.pending)
     if pending and pending[-1].role == "assistant":
         # The awaited calls pass the admission gate again, as a fresh reply's do.
-        pending[-1], _ = admit_message(pending[-1], tools)
+        pending[-1], _ = admit_message(pending[-1], tools, unfenced)
     machine.resume(pending, cp.turns_taken, answered, answer_check)
     return answered
 

@@ -106,7 +106,8 @@ class Dispatcher:
         admitted, run.admitted = run.admitted, None
         if not calls:
             return []
-        return self._dispatch_admitted(run, turn, taken(admitted, calls, self.parts.tools) or admit(calls, self.parts.tools))
+        tools = self.parts.tools
+        return self._dispatch_admitted(run, turn, taken(admitted, calls, tools) or admit(calls, tools, run.rc.unfenced))
 
     def _dispatch_admitted(self, run: RunState, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         parallel = run.parallel
@@ -116,7 +117,7 @@ class Dispatcher:
         asks = parts.approval_policy is not None or parts.tools.has_approval_tools
         parked = self._park(run, turn, calls) if asks else None
         if parked is not None:  # some calls wait for a person: see approval_gate
-            waves = [[i] for i in range(len(calls))] if sequential else self._plan_waves(calls, parallel.max_concurrency)
+            waves = [[i] for i in range(len(calls))] if sequential else self._plan_waves(run, calls, parallel.max_concurrency)
 
             def run_group(group: Sequence[Admitted]) -> list[ToolResultPart]:
                 out = self._run_group(run, turn, group)
@@ -137,7 +138,7 @@ class Dispatcher:
                 settled(out[-1:])
             return out
         results: list[Optional[ToolResultPart]] = [None] * len(calls)
-        for wave in self._plan_waves(calls, parallel.max_concurrency):
+        for wave in self._plan_waves(run, calls, parallel.max_concurrency):
             self._check_cancel(run.rc)
             if len(wave) == 1:
                 i = wave[0]
@@ -204,8 +205,8 @@ class Dispatcher:
             if tally.abandoned:  # rare: the run was abandoned meanwhile
                 self.resources.inline_ended(tally)
 
-    def _plan_waves(self, calls: Sequence[Admitted], limit: int) -> list[list[int]]:
-        return plan_waves(calls, limit)
+    def _plan_waves(self, run: RunState, calls: Sequence[Admitted], limit: int) -> list[list[int]]:
+        return plan_waves(calls, limit, run.rc.unfenced)
 
     def _run_wave(self, run: RunState, turn: int, calls: Sequence[Admitted]) -> list[ToolResultPart]:
         rc = run.rc

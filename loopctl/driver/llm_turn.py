@@ -171,7 +171,7 @@ class ModelTurn(RunState):
             em.emit(StreamSuccess(em.session_id, em.run_id, turn, model, usage, parts.provider_name()))
         # The gate first: the conversation and the record hold the admitted calls
         # (ids unique in the run, arguments frozen), as the dispatcher and approvals do.
-        message, self.admitted = admit_message(response.message, parts.tools, self.used_call_ids())
+        message, self.admitted = admit_message(response.message, parts.tools, self.rc.unfenced, self.used_call_ids())
         if message is not response.message:  # not attrs.evolve: every reply with calls comes here
             response = ModelResponse(message, response.stop_reason, response.usage, response.model)
         calls = message.tool_calls  # both are computed properties: read once
@@ -180,7 +180,12 @@ class ModelTurn(RunState):
             self.check_convergence(text)
         if em.wants(Response):
             em.emit(Response(em.session_id, em.run_id, turn, text, usage))
-        m.model_response(response, figure, self.tool_names)
+        verdict = None
+        check = self.answer_check
+        if check is not None and m.reads_answer(message):
+            with self.rc.unfenced():  # the answer type's own validators: user code
+                verdict = check.read(message, response.stop_reason)
+        m.model_response(response, figure, self.tool_names, verdict)
         figure_after = self.meter.figure(m)
         m.set_context_tokens(figure_after)
         in_tok = usage.input_tokens if usage else 0

@@ -5,6 +5,12 @@ A figure is the raw count (cached per conversation epoch by
 ``ConversationMeter``) plus the request overhead (system prompt and tool
 schemas, fixed per run), scaled by what the provider's usage reports taught
 the calibration.
+
+The meter measures on a run's body thread, with the run's fence held. A
+counter other than the built-in heuristic is user code that may block (a
+tokenizer service, say): it is called outside the fence (``UnfencedCounter``),
+so a cancel takes the run over meanwhile, and the meter keeps a figure
+only once the counting is done, so a run abandoned inside it keeps nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +19,14 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
-from loopctl.context.tokens import ConversationMeter, TokenCounter, UsageCalibration, count_messages
+from loopctl.context.tokens import (
+    ConversationMeter,
+    HeuristicTokenCounter,
+    TokenCounter,
+    UsageCalibration,
+    count_messages,
+)
+from loopctl.driver.handle import current_run
 from loopctl.machine import LoopMachine
 from loopctl.messages import Message, ToolSchema
 
@@ -41,14 +54,47 @@ def _schema_json(schema: ToolSchema) -> str:
     return text
 
 
+class UnfencedCounter:
+    """A user's token counter as the meter calls it: outside the fence of the run this thread works for.
+
+    Only the meter calls it, on a run's body thread with the fence held (or
+    outside any run, where there is no fence); a run taken over meanwhile
+    raises ``Abandoned`` as the count returns.
+    """
+
+    __slots__ = ("counter",)
+
+    def __init__(self, counter: TokenCounter) -> None:
+        self.counter = counter
+
+    def count_text(self, text: str) -> int:
+        rc = current_run()
+        if rc is None:
+            return self.counter.count_text(text)
+        with rc.unfenced():
+            return self.counter.count_text(text)
+
+    def count_message(self, message: Message) -> int:
+        rc = current_run()
+        if rc is None:
+            return self.counter.count_message(message)
+        with rc.unfenced():
+            return self.counter.count_message(message)
+
+
+def _measuring(counter: TokenCounter) -> TokenCounter:
+    """``counter`` as the meter calls it: the built-in heuristic as is, any other unfenced."""
+    return counter if type(counter) is HeuristicTokenCounter else UnfencedCounter(counter)
+
+
 class TokenMeter:
     """Measures what a request costs, in calibrated tokens (one per loop)."""
 
     __slots__ = ("counter", "_conversation", "calibration", "overhead", "_key", "_raw", "_overhead_prompt", "_overhead_schemas")
 
     def __init__(self, counter: TokenCounter) -> None:
-        self.counter = counter
-        self._conversation = ConversationMeter(counter)
+        self.counter = _measuring(counter)
+        self._conversation = ConversationMeter(self.counter)
         self.calibration = UsageCalibration()
         self.overhead = 0
         self._key: Optional[tuple[int, int, int, int]] = None  # the machine's size key at the last measure
@@ -60,8 +106,8 @@ class TokenMeter:
 
     def set_counter(self, counter: TokenCounter) -> None:
         """Use ``counter`` from now on (before the first run)."""
-        self.counter = counter
-        self._conversation = ConversationMeter(counter)
+        self.counter = _measuring(counter)
+        self._conversation = ConversationMeter(self.counter)
         self._key = None
         self._overhead_schemas = None
 
@@ -106,4 +152,4 @@ class TokenMeter:
         return self.calibration.scale(count_messages(self.counter, messages) + self.overhead)
 
 
-__all__ = ["TokenMeter"]
+__all__ = ["TokenMeter", "UnfencedCounter"]

@@ -50,10 +50,10 @@ def plan_retry(parts: LoopParts, run: RunState, turn: int, st: CallState) -> Opt
     limit = getattr(strategy, "max_attempts", MAX_RETRIES)
     max_attempts = limit if isinstance(limit, int) else MAX_RETRIES
     tool = st.tool
-    schema = tool.schema() if tool is not None else None
     rctx = ReflectionContext(st.attempt, max_attempts, run.run_input, turn, st.call.id)
     call, text = st.call, st.out.text
-    with run.rc.unfenced():  # a reflector may ask a model: blocking work
+    with run.rc.unfenced():  # a reflector may ask a model: blocking work; a tool's schema() is user code
+        schema = tool.schema() if tool is not None else None
         analysis, action = decide(reflector, strategy, text, call, schema, rctx, st.attempt, max_attempts)
     if type(action) is not Retry:
         return None
@@ -118,13 +118,13 @@ def apply_correction(parts: LoopParts, run: RunState, turn: int, st: CallState) 
     st.correction = None
     if fixed is st.call or same_call(st.call, fixed.name, fixed.input):
         return
-    again = admit([fixed], parts.tools)[0]
+    rc = run.rc
+    again = admit([fixed], parts.tools, rc.unfenced)[0]
     st.call, st.tool = again.call, again.tool
     c = again.call
     if c.invalid is not None:
         st.refusal = c.invalid
         return
-    rc = run.rc
     ctx = ApprovalContext(c.name, c.input, c.id, rc.run.id, run.session_id, turn)
     if needs_approval(again, parts.approval_policy, ctx, rc.unfenced):
         st.refusal = (

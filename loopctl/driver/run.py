@@ -172,6 +172,7 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
         if link is not None and link.unreadable is not None:
             unreadable, link.unreadable = link.unreadable, None
             raise unreadable  # the stored conversation cannot be read: the run fails before any turn
+        self.measure_overhead()  # user code, unfenced: after the run's first event, so a cancel there still has it
         policy = self.policy
         cancel = rc.cancel
         while True:
@@ -197,7 +198,7 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
                 raise self.error_for(outcome)
 
     def begin(self) -> None:
-        """Per-run resets and the request overhead (fixed for the run)."""
+        """Per-run resets and the run's fixed request options."""
         parts = self.parts
         reset_loops = getattr(parts.loop_detector, "reset", None)
         if reset_loops is not None:
@@ -212,16 +213,21 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
         check = self.answer_check
         self.base_options = shape_options(check, None if opts.is_empty() else opts)
         self.tool_names = parts.tools.name_set()
-        self.meter.begin_run(
-            answer_system(check, parts.session_config.system_prompt), answer_tools(check, parts.tools.schemas())
-        )
+
+    def measure_overhead(self) -> None:
+        """The request overhead, fixed for the run: system prompt and tool schemas, measured."""
+        parts = self.parts
+        check = self.answer_check
+        with self.rc.unfenced():  # made again after the tools changed: their input_schema() is user code
+            schemas = parts.tools.schemas()
+        self.meter.begin_run(answer_system(check, parts.session_config.system_prompt), answer_tools(check, schemas))
 
     def resume(self, point: ResumePoint) -> None:
         """``on_run_resumed``, then the machine where the checkpoint left the run."""
         cp = point.checkpoint
         run = self.rc.run
         self.events.run_resumed(run.input, point.attempt, point.cause, cp.turns_taken if cp else 0)
-        answered = restore(point, self.machine, run, self.parts.tools, self.answer_check)
+        answered = restore(point, self.machine, run, self.parts.tools, self.answer_check, self.rc.unfenced)
         if self.durable is not None:
             self.durable.answered = list(answered.values())
             if cp is not None and cp.history is not None:
@@ -239,6 +245,7 @@ class RunDriver(ModelTurn, Compaction, RunEnding):
         if tools.has_refreshers:
             with self.rc.unfenced():  # a tool source's own IO (an MCP list): never holds a cancel
                 tools.refresh()
+                tools.schemas()  # for the request: made again by the tools' own (user) code when they changed
             self.tool_names = tools.name_set()
         conv_last = m.pending if len(m.pending) else m.history
         query = turn_query(self.run_input, turn, conv_last)

@@ -2,7 +2,8 @@
 
 ``CallState`` is one admitted call across its attempts (its current call and
 tool, the attempt's context, output and timing); ``plan_waves`` groups a batch for parallel dispatch
-keeping request order. No IO here: the dispatcher does the running.
+keeping request order, asking the tools (user code, so outside the run's
+fence) which calls may overlap. No IO here: the dispatcher does the running.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any, Optional
 
+from loopctl.approvals.gate import Unfence
 from loopctl.driver.admission import Admitted
 from loopctl.messages import ToolResultPart
 from loopctl.tools.base import ToolContext, ToolOutput
@@ -51,12 +53,18 @@ class CallState:
         return ToolResultPart(o.id, o.name, self.out.text, self.out.is_error)
 
 
-def plan_waves(calls: Sequence[Admitted], limit: int) -> list[list[int]]:
+def plan_waves(calls: Sequence[Admitted], limit: int, unfenced: Unfence) -> list[list[int]]:
     """Group call indices into waves, keeping request order across waves.
 
     Safe calls join the current wave up to ``limit`` unless their resource
-    key is already in it; an unsafe call runs alone.
+    key is already in it; an unsafe call runs alone. The tools'
+    ``is_concurrency_safe`` and ``resource_key`` run inside ``unfenced``.
     """
+    with unfenced():
+        return _plan(calls, limit)
+
+
+def _plan(calls: Sequence[Admitted], limit: int) -> list[list[int]]:
     waves: list[list[int]] = []
     current: list[int] = []
     keys: set[str] = set()

@@ -15,7 +15,14 @@ from typing import Optional
 import attrs
 
 from loopctl.errors import OutputValidationError
-from loopctl.machine.steps import AnswerCheck, AnswerRejected, Completed, Failed, Outcome
+from loopctl.machine.steps import (
+    AnswerCheck,
+    AnswerRejected,
+    AnswerVerdict,
+    Completed,
+    Failed,
+    Outcome,
+)
 from loopctl.messages import Message, StopReason, ToolResultPart
 
 
@@ -43,11 +50,17 @@ class AnswerFeed:
         self.rejections = 0
         self.rejected: Optional[AnswerRejected] = None
 
-    def read(self, message: Message, stop_reason: StopReason, turn: int) -> AnswerReading:
-        """Read the final reply ``message`` of ``turn`` (mutates the rejection count)."""
+    def read(
+        self, message: Message, stop_reason: StopReason, turn: int, verdict: Optional[AnswerVerdict] = None
+    ) -> AnswerReading:
+        """Read the final reply ``message`` of ``turn`` (mutates the rejection count).
+
+        ``verdict``: the check's reading, when the caller made it; None: read here.
+        """
         check = self.check
         assert check is not None
-        verdict = check.read(message, stop_reason)
+        if verdict is None:
+            verdict = check.read(message, stop_reason)
         if verdict.ok:
             reply = Message.assistant(verdict.text) if message.tool_calls else None
             return AnswerReading(Completed(verdict.text, verdict.value), reply)

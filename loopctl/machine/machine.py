@@ -27,6 +27,7 @@ from loopctl.machine.answer_feed import AnswerFeed
 from loopctl.machine.compaction_feeds import CompactionFeeds
 from loopctl.machine.steps import (
     AnswerCheck,
+    AnswerVerdict,
     CallLLM,
     CallTools,
     CancelledOutcome,
@@ -211,14 +212,29 @@ class LoopMachine(CompactionFeeds):
             self._tool_turn = max(0, turns_taken - 1)
             self._state = MachineState.AWAITING_TOOLS
 
+    def reads_answer(self, message: Message) -> bool:
+        """Whether ``model_response`` reads ``message`` as the run's typed answer (reports only)."""
+        check = self._answer.check
+        if check is None:
+            return False
+        calls = message.tool_calls
+        final = check.final_tool
+        return not calls or (final is not None and any(c.name == final for c in calls))
+
     def model_response(
-        self, response: ModelResponse, context_tokens: int, available_tools: Iterable[str]
+        self,
+        response: ModelResponse,
+        context_tokens: int,
+        available_tools: Iterable[str],
+        verdict: Optional[AnswerVerdict] = None,
     ) -> None:
         """Record a model reply (mutates).
 
         A reply without tool calls completes the run. Otherwise each call to a
         tool not in ``available_tools``, and each call marked ``invalid``,
-        gets a soft pre-answer in its slot.
+        gets a soft pre-answer in its slot. ``verdict``: the run's answer
+        check's reading of a reply ``reads_answer`` picks, when the caller
+        made it (the answer type's validators are user code); None: read here.
 
         Raises:
             RuntimeError: when tool results or a compaction are still awaited.
@@ -236,12 +252,9 @@ class LoopMachine(CompactionFeeds):
         self._turns_taken = turn + 1
         self._answer.rejected = None
         calls = message.tool_calls
-        check = self._answer.check
-        if check is not None:
-            final = check.final_tool
-            if not calls or (final is not None and any(c.name == final for c in calls)):
-                self._read_answer(message, response.stop_reason, turn)
-                return
+        if self.reads_answer(message):
+            self._read_answer(message, response.stop_reason, turn, verdict)
+            return
         if not calls:
             self._terminate(Completed(message.text))
             return
@@ -261,8 +274,10 @@ class LoopMachine(CompactionFeeds):
         self._tool_turn = turn
         self._state = MachineState.AWAITING_TOOLS
 
-    def _read_answer(self, message: Message, stop_reason: StopReason, turn: int) -> None:
-        got = self._answer.read(message, stop_reason, turn)
+    def _read_answer(
+        self, message: Message, stop_reason: StopReason, turn: int, verdict: Optional[AnswerVerdict]
+    ) -> None:
+        got = self._answer.read(message, stop_reason, turn, verdict)
         if got.reply is not None:
             self._pending[-1] = got.reply
         if got.outcome is not None:

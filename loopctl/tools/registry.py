@@ -100,6 +100,7 @@ class ToolRegistry:
         self._tools: dict[str, Tool] = {}
         self._schemas: Optional[tuple[ToolSchema, ...]] = None
         self._names: Optional[frozenset[str]] = None
+        self._generation = 0  # bumped whenever the tools change
         self._refreshers: tuple[Callable[[ToolRegistry], None], ...] = ()  # few, and most loops have none
         #: True once a refresher was added (read before every model turn: a plain attribute).
         self.has_refreshers = False
@@ -157,6 +158,7 @@ class ToolRegistry:
 
     def _forget_derived(self) -> None:
         # The tools changed: what is computed from them is made again on next use.
+        self._generation += 1
         self._schemas = None
         self._names = None
 
@@ -194,10 +196,19 @@ class ToolRegistry:
         return self._names
 
     def schemas(self) -> tuple[ToolSchema, ...]:
-        """Every tool's schema, in registration order (cached)."""
-        if self._schemas is None:
-            self._schemas = tuple(t.schema() for t in self._tools.values())
-        return self._schemas
+        """Every tool's schema, in registration order (cached).
+
+        A tool's ``schema()`` is its own code, which the driver calls outside
+        the run's fence: a list made while the tools changed (a run abandoned
+        inside it, another run refreshing them) is returned, never kept.
+        """
+        made = self._schemas
+        if made is None:
+            generation = self._generation
+            made = tuple(t.schema() for t in tuple(self._tools.values()))
+            if generation == self._generation:
+                self._schemas = made
+        return made
 
     @property
     def has_approval_tools(self) -> bool:
