@@ -408,3 +408,51 @@ def test_a_cancel_racing_the_runs_end_that_says_true_ends_it_cancelled(seed: int
     finally:
         reg.close()
     assert sum(outcomes.values()) == 60
+
+
+class WaitForCancel(Tool):
+    """Waits for its run's cancel (the body wakes and ends the run itself)."""
+
+    name = "wait"
+    description = "Waits for the cancel."
+
+    def call(self, input: Mapping[str, Any], ctx: ToolContext) -> Any:
+        ctx.cancel.wait(WAIT)
+        return "stopped"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_close_racing_cancels_on_another_thread_never_raises_and_joins_every_run_thread(seed: int) -> None:
+    """A cancel's takeover thread may be starting on another thread as ``close()`` joins the runs.
+
+    ``close()`` joins exactly the runs' own threads, waiting for a start in
+    progress: it never raises (``cannot join thread before it is started``)
+    and leaves no thread of its runs behind.
+    """
+    rng = random.Random(seed)
+    before = {t for t in threading.enumerate() if t.name.startswith("loopctl-")}
+    for i in range(40):
+        reg = RunRegistry()
+        rids = [
+            reg.start(BareLoop(ScriptedClient([call("wait"), reply("done")]), [WaitForCancel()]), "go")
+            for _ in range(4)
+        ]
+        barrier = threading.Barrier(2, timeout=WAIT)
+        jitter = rng.randrange(3_000)
+
+        def cancel_all(
+            reg: RunRegistry = reg, barrier: threading.Barrier = barrier, rids: list[str] = rids, jitter: int = jitter
+        ) -> None:
+            barrier.wait()
+            spin(jitter)
+            for rid in rids:
+                reg.cancel(rid, "raced")
+
+        t, errors = run_in_thread(cancel_all)
+        barrier.wait()
+        spin(rng.randrange(3_000))
+        reg.close()  # raised RuntimeError when it met a takeover thread still starting
+        t.join(WAIT)
+        assert not errors, errors
+        left = {t for t in threading.enumerate() if t.name.startswith("loopctl-run-")} - before
+        assert not [t.name for t in left if t.is_alive()], (i, [t.name for t in left])

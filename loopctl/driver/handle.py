@@ -7,6 +7,11 @@ for ``start()``) takes the lock, which is free exactly when the body is
 blocked, marks the run abandoned, and finalizes it itself. The body, when
 its blocking call returns, re-takes the lock, sees it was abandoned, and
 leaves without touching state or emitting anything (the generation fence).
+
+A run's threads are its own to name: the body's (``RunContext.thread``) and
+a cancel's takeover (noted in ``_TAKEOVERS`` before it starts). A host that
+joins them (``run_threads``) never looks them up by name, so it never meets
+another run's thread, nor one whose start is still in progress.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import contextvars
 import threading
 import weakref
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Optional, Protocol, Union
 
 from loopctl.approvals import PendingApproval
 from loopctl.approvals.slot import ApprovalSlot
@@ -34,6 +39,14 @@ if TYPE_CHECKING:
 CURRENT_RUN: contextvars.ContextVar[Optional[weakref.ref[RunContext]]] = contextvars.ContextVar(
     "loopctl_current_run", default=None
 )
+
+
+#: Orders a cancel's takeover being noted with a host reading it (cancel paths only): either
+#: the host sees the takeover, or the takeover sees the run finished and never starts.
+_takeovers = threading.Lock()
+#: A started run's cancel takeover: its thread, and a flag set once its start has returned.
+#: Kept beside the run, not on it: only a cancelled run has one (guarded by ``_takeovers``).
+_TAKEOVERS: weakref.WeakKeyDictionary[RunContext, tuple[threading.Thread, Flag]] = weakref.WeakKeyDictionary()
 
 
 def current_run() -> Optional[RunContext]:
@@ -131,15 +144,25 @@ class RunContext:
             close()
         self.wake.set()
         if not self.waiter and not self.finished:
-            # Finalize in a copy of the run's context, so observers of the
-            # cancelled run see the caller's contextvars.
-            ctx = self.context.copy() if self.context is not None else contextvars.copy_context()
-            threading.Thread(
-                target=ctx.run,
-                args=(self.take_over,),
-                name=f"loopctl-run-{self.run.id[:12]}-cancel",
-                daemon=True,
-            ).start()
+            self._spawn_takeover()
+
+    def _spawn_takeover(self) -> None:
+        """Start the short-lived thread that finalizes a cancelled started run (once per run)."""
+        # Finalize in a copy of the run's context, so observers of the
+        # cancelled run see the caller's contextvars.
+        ctx = self.context.copy() if self.context is not None else contextvars.copy_context()
+        thread = threading.Thread(
+            target=ctx.run, args=(self.take_over,), name=f"loopctl-run-{self.run.id[:12]}-cancel", daemon=True
+        )
+        started = Flag()
+        with _takeovers:
+            if self.finished or self in _TAKEOVERS:
+                return
+            _TAKEOVERS[self] = (thread, started)  # before it starts: a host joining the run waits for the start
+        try:
+            thread.start()
+        finally:
+            started.set()
 
     def take_over(self) -> None:
         """On cancel: wait for the body to block (or end), then finish the run here."""
@@ -312,13 +335,39 @@ class RunHandle:
         return f"<RunHandle {self.run_id} {state}>"
 
 
-def taken_over(handle: RunHandle) -> bool:
-    """True when a cancel finished the run for a body that was still blocked.
+class RunThreads(NamedTuple):
+    """A run's threads, for a host to join (``run_threads``).
 
-    That body (in a tool or a callback that ignores its cancel signal) is
-    left behind: it unwinds silently whenever its call returns, maybe never.
+    Attributes:
+        body: the thread its body runs on.
+        takeover: the thread a cancel finished it on (None: none).
+        taken_over: a cancel finished the run while its body was still
+            blocked (in a tool or a callback that ignores its cancel
+            signal): the body unwinds silently whenever that call returns,
+            maybe never.
     """
-    return handle._rc.abandoned
+
+    body: Optional[threading.Thread]
+    takeover: Optional[threading.Thread]
+    taken_over: bool
 
 
-__all__ = ["CURRENT_RUN", "current_run", "Abandoned", "RunContext", "RunHandle", "taken_over"]
+def run_threads(handle: RunHandle, timeout: Optional[float]) -> RunThreads:
+    """The run's threads for a host to join, found through the run, never by name.
+
+    Called once the run is done, it names every thread the run will ever
+    have: a takeover spawned for it is noted before it starts (its start,
+    maybe in progress on the cancelling thread, is waited for up to
+    ``timeout``), and none is spawned for a finished run. A takeover whose
+    start failed, or is still in progress after ``timeout``, is None.
+    """
+    rc = handle._rc
+    with _takeovers:
+        takeover = _TAKEOVERS.get(rc)
+    thread: Optional[threading.Thread] = None
+    if takeover is not None and takeover[1].wait(timeout) and takeover[0].ident is not None:
+        thread = takeover[0]
+    return RunThreads(rc.thread, thread, rc.abandoned)
+
+
+__all__ = ["CURRENT_RUN", "current_run", "Abandoned", "RunContext", "RunHandle", "RunThreads", "run_threads"]

@@ -13,12 +13,13 @@ import logging
 import math
 import threading
 from collections import deque
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 import attrs
 
 from loopctl.approvals import ApprovalDecision, PendingApproval
+from loopctl.driver.handle import run_threads
 from loopctl.errors import Cancelled, LoopError, release_frames
 from loopctl.events import Event, RunEnd
 from loopctl.messages import Message
@@ -261,25 +262,27 @@ def _status(entry: _Entry) -> RunStatus:
 
 
 def join_run_threads(
-    run_ids: Sequence[str],
+    handles: Sequence[RunHandle],
     left: Callable[[], Optional[float]],
-    taken_over: Collection[str] = (),
-    grace: Callable[[], Optional[float]] = lambda: None,
+    grace: Optional[Callable[[], Optional[float]]] = None,
 ) -> None:
-    """Join each run's threads: its body and a cancel's takeover thread.
+    """Join each run's threads: its body and a cancel's takeover thread (``run_threads``).
 
-    The driver names them ``loopctl-run-<id[:12]>`` (``-cancel`` for the
-    takeover); ``left()`` is the time left for each join (None: no bound).
-    The bodies of ``taken_over`` runs (a cancel finished them while their
-    body was blocked, maybe in a call that never returns) wait ``grace()``
-    instead, and are left behind after it.
+    The runs name their own threads: never another run's (or registry's)
+    thread found by its name, never one whose start is still in progress.
+    ``left()`` is the time left for each join (None: no bound). With
+    ``grace``, the body of a run a cancel took over (it was blocked, maybe
+    in a call that never returns) waits ``grace()`` instead, and is left
+    behind after it.
     """
-    bodies = {f"loopctl-run-{rid[:12]}" for rid in run_ids}
-    stuck = {f"loopctl-run-{rid[:12]}" for rid in taken_over}
     me = threading.current_thread()
-    for t in threading.enumerate():
-        if t is not me and t.name.removesuffix("-cancel") in bodies:
-            t.join(grace() if t.name in stuck else left())
+    for handle in handles:
+        threads = run_threads(handle, left())
+        takeover, body = threads.takeover, threads.body
+        if takeover is not None and takeover is not me:
+            takeover.join(left())
+        if body is not None and body is not me:
+            body.join(grace() if grace is not None and threads.taken_over else left())
 
 
 __all__ = ["RunStatus", "join_run_threads", "same_owner"]

@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Un
 
 from loopctl.checks import integer, shown
 from loopctl.config import RunConfig
-from loopctl.driver.handle import taken_over
 from loopctl.driver.subagent_path import check_path
 from loopctl.errors import ConfigError, LoopBusy, LoopError
 from loopctl.hosting.conversations import ConversationLoops
@@ -385,9 +384,8 @@ class RunRegistry(RegistryApprovals):
             h.wait(left())
         for loop in loops:
             loop.close()
-        run_ids = [e.run_id for e in entries]
         if timeout is not None:
-            join_run_threads(run_ids, left)
+            join_run_threads(handles, left)
             return
         # A body a cancel took over may be stuck in a call that never returns:
         # an unbounded close() gives such bodies a bounded grace, together,
@@ -399,7 +397,7 @@ class RunRegistry(RegistryApprovals):
                 grace_end.append(time.monotonic() + TAKEN_OVER_GRACE_S)
             return max(0.0, grace_end[0] - time.monotonic())
 
-        join_run_threads(run_ids, left, {h.run_id for h in handles if taken_over(h)}, grace)
+        join_run_threads(handles, left, grace)
 
     def __enter__(self) -> RunRegistry:
         return self
