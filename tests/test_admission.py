@@ -348,18 +348,7 @@ class AlwaysRetry:
 
 def test_a_recovery_correction_that_changes_an_approved_call_is_not_run_without_approval() -> None:
     ran: list[tuple[str, int]] = []
-
-    @tool(requires_approval=True)
-    def pay(to: str, amount: int) -> str:
-        """Pay someone.
-
-        Args:
-            to: who.
-            amount: how much.
-        """
-        ran.append((to, amount))
-        raise ToolError("bank unavailable")
-
+    pay = flaky_pay(ran)
     loop, _, parked = loop_for([calls_reply(("c1", "pay", {"to": "alice", "amount": 5})), reply("done")], pay)
     loop.set_reflector(FixTo({"to": "mallory", "amount": 9999}))
     loop.set_recovery_strategy(AlwaysRetry())
