@@ -169,3 +169,32 @@ def test_closing_the_store_waits_for_a_lease_being_given_back(
     again.session("s").acquire().release()
     again.close()
     loop.close()
+
+
+def test_a_registry_start_waiting_for_a_lease_being_given_back_holds_no_other_caller(
+    store: SQLiteSessionStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loopctl import RunRegistry
+
+    slow = GatedRelease(store, monkeypatch)
+    loop, tool = waiting_loop(store, then="next")
+    registry = RunRegistry()
+    first = registry.start(loop, "go")
+    assert tool.entered.wait(WAIT)
+    assert registry.cancel(first)
+    with pytest.raises(Cancelled):
+        registry.result(first, timeout=PROMPT_S)
+    slow.gate.wait_entered()
+    started: list[str] = []
+    t, errors = run_in_thread(lambda: started.append(registry.start(loop, "again")))
+    assert slow.waiting.wait(WAIT)  # the start waits for the lease
+    listed = threading.Event()
+    lister, list_errors = run_in_thread(lambda: (registry.list(), listed.set()))
+    assert listed.wait(WAIT), "the registry's other callers waited with the start"
+    slow.gate.open()
+    t.join(WAIT)
+    lister.join(WAIT)
+    assert errors == [] and list_errors == []
+    assert registry.result(started[0], timeout=WAIT).output == "next"
+    registry.close()
+    loop.close()

@@ -32,12 +32,7 @@ from loopctl.driver.session_link import SessionLink, link_for_start, new_link
 from loopctl.driver.signals import RunSteering
 from loopctl.driver.subagent import SubagentTool
 from loopctl.driver.subagent_runs import may_start
-from loopctl.errors import (
-    Cancelled,
-    LoopBusy,
-    LoopError,
-    MaxTurnsExceeded,
-)
+from loopctl.errors import Cancelled, LoopBusy, LoopError, MaxTurnsExceeded
 from loopctl.events import Event
 from loopctl.machine import Completed, Failed, MaxTurnsReached
 from loopctl.messages import Message
@@ -45,7 +40,7 @@ from loopctl.output.answers import answer_check
 from loopctl.output.check import OutputCheck
 from loopctl.providers.base import ModelClient
 from loopctl.records import Run
-from loopctl.sessions.base import Session
+from loopctl.sessions.base import Session, wait_for_handback
 from loopctl.tools.base import Tool
 from loopctl.tools.registry import ToolRegistry
 
@@ -231,6 +226,8 @@ class BareLoop(LoopSetup):
         loop was before it (its session link, whether it had run), for a
         start whose thread cannot start to put back.
         """
+        # Before the lock: a lease still being given back makes this wait for the store.
+        wait_for_handback(session if session is not None else self.stored_session)
         with self._busy:
             if self._closed:
                 raise LoopError("this loop is closed")

@@ -6,7 +6,8 @@ nothing changes), writes in ``finalize`` only when it completed (``save``),
 and gives the lease back as the loop is freed (``close``): a cancelled run
 leaves that to the lease's own thread, so its end never waits for the
 store, and the loop's next run (or any run through the same store in this
-process) waits for the lease to be given back before taking it. The rules:
+process) waits for the lease to be given back before it takes the loop's
+lock (``sessions.base.wait_for_handback``). The rules:
 
 - The stored conversation is read under the lease at a run's start
   whenever the store moved since this loop last read or wrote it (another
@@ -145,8 +146,8 @@ class SessionLink:
         """Give the lease back (idempotent; a store error is logged, the lease then lapses).
 
         ``wait=False`` (a cancelled run's end, which never waits for the
-        store) leaves it to the lease's own thread; the next acquire of the
-        session through the same store waits for it there.
+        store) leaves it to the lease's own thread; the next start on the
+        session through the same store waits for it before its locks.
         """
         lease, self.lease = self.lease, None
         if lease is not None:

@@ -50,6 +50,7 @@ from loopctl.hosting.retirement import FinishedRuns
 from loopctl.hosting.session_attach import run_on_session, session_for_start
 from loopctl.messages import Message
 from loopctl.records import Run
+from loopctl.sessions.base import wait_for_handback
 
 if TYPE_CHECKING:
     from loopctl.driver.loop import BareLoop
@@ -148,6 +149,8 @@ class RunRegistry(RegistryApprovals):
         if not isinstance(rid, str) or not rid:
             raise ConfigError(f"run_id must be a non-empty str, got {shown(run_id)}")
         session = None if session_id is None else session_for_start(self.session_store, session_id, owner)
+        # Before the registry's lock, which every caller shares: the wait is the store's.
+        wait_for_handback(session if session is not None else loop.stored_session)
         with self._lock:
             self._prune_locked()
             self._admit_locked(rid, loop)

@@ -297,9 +297,6 @@ class Session:
         """
         store = self.store
         token = new_token() if holder is None else check_session_id(holder)
-        # A lease of this session still being given back here (a cancelled run's,
-        # on its own thread) would make this acquire a spurious SessionBusy.
-        store.wait_given_back(self.id)
         now = store.now()
         taken: List[str] = []
 
@@ -396,13 +393,26 @@ class SessionLease:
     def let_go(self) -> None:
         """Stop renewing and give the session up on the lease's own thread, without waiting (idempotent).
 
-        Until it is given back, an acquire of the session through the same
-        store waits for it (see ``SessionStore.wait_given_back``).
+        Until it is given back, a start on the session through the same
+        store waits for it before it takes any lock (``wait_for_handback``).
         """
         if self._stop.is_set():
             return
         self.session.store.handbacks.add(self.session.id, self._given_back)
         self._stop.set()
+
+
+def wait_for_handback(session: object) -> None:
+    """Wait until this process has given back ``session``'s lease let go by a cancelled run (None: nothing to wait for).
+
+    A start calls it before it takes any lock: the wait lasts as long as the
+    store takes to answer (at most the lease length), and under a lock it
+    would hold every other caller of that lock. Without it, a start right
+    after a cancelled run would meet that run's lease (``SessionBusy``).
+    """
+    wait = getattr(getattr(session, "store", None), "wait_given_back", None)
+    if wait is not None:
+        wait(getattr(session, "id", None))
 
 
 def store_error(what: str, exc: BaseException) -> LoopError:
@@ -424,4 +434,5 @@ __all__ = [
     "SessionStore",
     "check_session_id",
     "encode_message",
+    "wait_for_handback",
 ]
