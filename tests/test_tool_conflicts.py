@@ -154,8 +154,16 @@ def test_override_covers_only_the_names_colliding_at_attach_and_a_dropped_name_g
     assert outputs == ["renamed", "local transfer 7", "renamed", "local search 2"]
 
 
-def test_a_gate_set_on_a_server_tool_survives_the_server_updating_that_tool() -> None:
-    script = [call("rename", names="transfer", note=" Now faster."), call("transfer", amount=5), reply("done")]
+UPDATED = [call("rename", names="transfer", note=" Now faster."), call("transfer", amount=5), reply("done")]
+# The server drops the tool, then lists it again: a new tool object, no longer an update.
+DROPPED_AND_BACK = [
+    call("rename", names="other"), call("rename", names="transfer", note=" Now faster."), call("transfer", amount=5),
+    reply("done"),
+]
+
+
+@pytest.mark.parametrize("script", [UPDATED, DROPPED_AND_BACK], ids=["updated", "dropped-and-listed-again"])
+def test_a_gate_set_on_a_server_tool_survives_the_server_updating_that_tool(script: list[Any]) -> None:
     with names_server("transfer") as server:
         loop = BareLoop(ScriptedClient(script), ToolRegistry())
         server.attach(loop.tools)
@@ -173,4 +181,4 @@ def test_a_gate_set_on_a_server_tool_survives_the_server_updating_that_tool() ->
         assert updated is not gated and "Now faster." in updated.description  # type: ignore[union-attr]
         assert updated.requires_approval and updated.approval_timeout == 60.0  # type: ignore[union-attr]
     outputs = [r.output for m in loop.conversation() for r in m.tool_results]
-    assert outputs == ["renamed", "the user denied this call: no"]
+    assert outputs == ["renamed"] * (len(script) - 2) + ["the user denied this call: no"]

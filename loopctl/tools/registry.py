@@ -80,17 +80,18 @@ def keep_gate(old: Tool, new: Tool) -> None:
     the replacement never happens.
     """
     source = getattr(new, "source", None)
-    if (
-        old is new
-        or source is None
-        or source is not getattr(old, "source", None)
-        or not getattr(old, "requires_approval", False)
-        or getattr(new, "requires_approval", False)
-    ):
+    if old is new or source is None or source is not getattr(old, "source", None):
         return
-    new.requires_approval = True
-    if getattr(new, "approval_timeout", None) is None:
-        new.approval_timeout = getattr(old, "approval_timeout", None)
+    if getattr(old, "requires_approval", False):
+        _gate(new, getattr(old, "approval_timeout", None))
+
+
+def _gate(tool: Tool, approval_timeout: Optional[float]) -> None:
+    if getattr(tool, "requires_approval", False):
+        return
+    tool.requires_approval = True
+    if getattr(tool, "approval_timeout", None) is None:
+        tool.approval_timeout = approval_timeout
 
 
 class ToolRegistry:
@@ -104,6 +105,9 @@ class ToolRegistry:
         self._refreshers: tuple[Callable[[ToolRegistry], None], ...] = ()  # few, and most loops have none
         #: True once a refresher was added (read before every model turn: a plain attribute).
         self.has_refreshers = False
+        # Gates of source tools the source dropped, by (name, source): one the
+        # source lists again comes back gated (made on first use: most loops never drop one).
+        self._dropped_gates: Optional[dict[tuple[str, int], Optional[float]]] = None
         for t in tools:
             self.register(t)
 
@@ -135,6 +139,11 @@ class ToolRegistry:
         old = self._tools.get(tool.name)
         if old is not None:
             keep_gate(old, tool)
+        elif self._dropped_gates is not None and getattr(tool, "source", None) is not None:
+            key = (tool.name, id(tool.source))
+            if key in self._dropped_gates:
+                _gate(tool, self._dropped_gates[key])
+                del self._dropped_gates[key]
         if old is not None and old is not tool and getattr(old, "source", None) is None:
             log.warning("tool %r replaced in registry", tool.name)
         elif old is not None and getattr(old, "source", None) is not getattr(tool, "source", None):
@@ -152,6 +161,12 @@ class ToolRegistry:
         old = self._tools.get(name)
         if old is None or (source is not None and getattr(old, "source", None) is not source):
             return False
+        old_source = getattr(old, "source", None)
+        if old_source is not None and getattr(old, "requires_approval", False):
+            # Keyed by id(source): a later source given a recycled id inherits the gate (more gated, never less).
+            if self._dropped_gates is None:
+                self._dropped_gates = {}
+            self._dropped_gates[(name, id(old_source))] = getattr(old, "approval_timeout", None)
         del self._tools[name]
         self._forget_derived()
         return True
