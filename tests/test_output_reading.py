@@ -134,6 +134,8 @@ def test_a_text_answer_in_a_wrapper_that_does_not_fit_or_parse_is_refused() -> N
     assert not cut.ok and "cut off at max_tokens" in cut.errors[0]
     nan = read_reply(spec, '{ "result" : NaN}')
     assert not nan.ok and "NaN is not a JSON number" in nan.errors[0]
+    cut_string = read_reply(spec, '"Oslo is the cap', truncated=True)  # a JSON string begun and cut off
+    assert not cut_string.ok and "cut off at max_tokens" in cut_string.errors[0]
 
 
 def test_a_text_answer_taken_as_written_must_still_fit_its_choices() -> None:

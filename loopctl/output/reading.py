@@ -94,8 +94,9 @@ def _decode(body: str) -> tuple[object, Optional[str]]:
 def _is_json_text_answer(value: object, problem: Optional[str], body: str) -> bool:
     """Whether a reply to a text answer is JSON to read (a string, the wrapper), not the text itself."""
     if problem is not None:
-        # The wrapper begun and broken (cut off, a NaN inside) is refused, not taken as prose.
-        return _WRAPPER_START.match(body) is not None
+        # The wrapper or a JSON string begun and broken (cut off, a NaN inside) is
+        # refused, not taken as prose with a stray quote.
+        return body.startswith('"') or _WRAPPER_START.match(body) is not None
     return isinstance(value, str) or (isinstance(value, Mapping) and set(value) == {"result"})
 
 
