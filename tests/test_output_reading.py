@@ -244,6 +244,11 @@ def test_the_final_tool_and_prompt_instructions_carry_the_wire_schema() -> None:
             "type": "array",
             "items": {"type": "object", "properties": {"n": {"type": "integer"}, "kids": {"$ref": "#"}}, "required": ["n"]},
         },
+        {  # properties named like keywords that hold data
+            "type": "array",
+            "items": {"type": "object", "properties": {"n": {"type": "integer"}, "default": {"$ref": "#"},
+                                                       "enum": {"$ref": "#"}}, "required": ["n"]},
+        },
     ],
 )
 def test_a_wrapped_answers_pointers_still_point_where_they_did(schema: dict[str, Any]) -> None:
@@ -252,8 +257,9 @@ def test_a_wrapped_answers_pointers_still_point_where_they_did(schema: dict[str,
 
     wire = OutputSpec.of(schema).wire_schema
     check_schema(wire, "the wire schema")  # no pointer leads nowhere
-    good = {"result": [{"n": 1, "next": {"n": 2}, "kids": [{"n": 3}]}]}
-    bad = {"result": [{"n": 1, "next": {"n": "two"}, "kids": [{"n": "three"}]}]}
+    good = {"result": [{"n": 1, "next": {"n": 2}, "kids": [{"n": 3}], "default": [{"n": 4}], "enum": [{"n": 5}]}]}
+    bad = {"result": [{"n": 1, "next": {"n": "two"}, "kids": [{"n": "three"}], "default": [{"n": "four"}],
+                       "enum": [{"n": "five"}]}]}
     assert problems(wire, good) == []
     assert problems(wire, bad)  # the nested answer is still checked, not a pointer to nowhere
     assert "$defs" not in wire["properties"]["result"]  # moved to the top, not copied

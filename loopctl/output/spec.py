@@ -172,12 +172,14 @@ def _wrap(schema: Mapping[str, Any]) -> dict[str, Any]:
 
 
 _DEFS_KEYS = ("$defs", "definitions")
-# Where a schema holds data, not schemas: a "$ref" key in there is a value.
-_DATA_KEYS = frozenset({"enum", "const", "default", "examples"})
+# Keywords whose value holds data, not schemas: a "$ref" key in there is a value.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+# Keywords whose value maps names to schemas: the names are not keywords.
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 
 
 def _moved_refs(node: Any) -> Any:
-    """``node`` with each local ``$ref`` outside the definitions prefixed by the wrapper's path."""
+    """Schema ``node`` with each local ``$ref`` outside the definitions prefixed by the wrapper's path."""
     if isinstance(node, list):
         return [_moved_refs(item) for item in node]
     if not isinstance(node, Mapping):
@@ -186,8 +188,10 @@ def _moved_refs(node: Any) -> Any:
     for key, value in node.items():
         if key == "$ref" and isinstance(value, str):
             out[key] = _moved_ref(value)
-        elif key in _DATA_KEYS:
+        elif key in _DATA_KEYWORDS:
             out[key] = value
+        elif key in _NAMED_SCHEMAS and isinstance(value, Mapping):
+            out[key] = {name: _moved_refs(sub) for name, sub in value.items()}
         else:
             out[key] = _moved_refs(value)
     return out
