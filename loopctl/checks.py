@@ -49,6 +49,10 @@ class _Shown(reprlib.Repr):
         # Masked before it is cut: a key the cut would split is hidden whole.
         return repr(masked_head(x, self.maxstring))
 
+    def repr_instance(self, x: object, level: int) -> str:
+        # Any other object (bytes, a client holding its key): its repr masked, then cut at the head.
+        return masked_head(repr(x), self.maxother)
+
 
 _SHOWN = _Shown()
 
@@ -59,7 +63,7 @@ def shown(value: object) -> str:
         text = _SHOWN.repr(value)
     except Exception:  # a repr that raises: the value can only be named by its type
         text = f"<{type(value).__name__}>"
-    return text[:SHOWN_LIMIT]
+    return masked_head(text, SHOWN_LIMIT)
 
 
 def as_float(value: object) -> Optional[float]:

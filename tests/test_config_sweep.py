@@ -232,3 +232,10 @@ def test_a_shown_text_is_masked_before_it_is_cut() -> None:
     register_secrets(owner, [secret])
     text = shown("x" * 60 + secret)  # the cut at SHOWN_LIMIT would split the secret
     assert "zqvwzqvw" not in text
+
+    class Holder:
+        def __repr__(self) -> str:
+            return f"Holder(key={secret!r}, padding={'p' * 40!r})"
+
+    for value in (Holder(), ("x" * 60 + secret).encode(), [Holder()]):
+        assert "zqvwzqvw" not in shown(value), value
