@@ -51,12 +51,14 @@ class Flag:
     A cancel signal's flag, and a run's done and wake-up flags.
     """
 
-    __slots__ = ("reason", "_fired", "_waiters")
+    __slots__ = ("reason", "_fired", "_waiters", "by_view")
 
     def __init__(self) -> None:
         self.reason: Optional[str] = None
         self._fired = False
         self._waiters: Optional[list[LockType]] = None
+        # Fired through a run's view (its own tools, say): the cancel is that run's.
+        self.by_view = False
 
     def is_set(self) -> bool:
         """True once the flag is set."""
@@ -164,6 +166,7 @@ class CancelSignal:
             if event.is_set():
                 return ()
             event.fire(reason)
+            event.by_view = expected is not None
             held = self._listeners
             return tuple(held) if isinstance(held, list) else () if held is None else (held,)
 
@@ -202,14 +205,16 @@ class CancelSignal:
                 reason) on the new flag: the loop passes it when the cancel
                 came after the ended run's ending point, so the next run
                 takes it. Checked and swapped in one step, so a cancel
-                fired meanwhile is never lost.
+                fired meanwhile is never lost. One fired through the ended
+                run's view (a tool of that run that outlived it) is that
+                run's and never carries over.
         """
         if self._parent is not None:
             return
         fresh = Flag()
         with _guard:
             old = self._event
-            if keep_fired and old.is_set():
+            if keep_fired and old.is_set() and not old.by_view:
                 fresh.fire(old.reason)
             self._event = fresh
 

@@ -905,6 +905,19 @@ def test_view_keeps_its_runs_cancel_and_reason_after_reset() -> None:
     assert not fresh.is_cancelled()
 
 
+def test_a_cancel_kept_for_the_next_run_is_never_one_its_run_fired_through_its_view() -> None:
+    from loopctl import CancelSignal
+
+    sig = CancelSignal()
+    view = sig.view()  # the ended run's: a tool of it that outlived it cancels through it
+    view.cancel("the run's own tool")
+    sig.reset(keep_fired=True)
+    assert not sig.is_cancelled() and view.is_cancelled()
+    sig.cancel("someone cancels the loop's signal after the run's ending point")
+    sig.reset(keep_fired=True)
+    assert sig.is_cancelled() and sig.reason == "someone cancels the loop's signal after the run's ending point"
+
+
 def test_view_listener_added_after_its_run_ended_runs_at_once_and_never_later() -> None:
     """An abandoned body may add a listener after finalize re-armed the loop's signal."""
     from loopctl import CancelSignal
