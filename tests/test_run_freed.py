@@ -10,6 +10,7 @@ only reference counting can free anything.
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import weakref
 from collections.abc import Iterator
@@ -111,6 +112,35 @@ def test_a_cancelled_run_is_freed_once_its_thread_ends(gc_off: None) -> None:
         loop.close()
         del loop, handle
         assert {k: r() is None for k, r in refs.items()} == {"loop": True, "context": True, "driver": True}
+
+
+def test_a_cancelled_run_whose_takeover_thread_cannot_start_is_still_freed(
+    gc_off: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_start = threading.Thread.start
+
+    def refuse_takeovers(thread: threading.Thread) -> None:
+        if thread.name.endswith("-cancel"):
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    entered, go = threading.Event(), threading.Event()
+    loop = _held_loop(entered, go)
+    handle = loop.start("1 + 2?")
+    entered.wait(10)
+    refs = {"loop": weakref.ref(loop), **_refs(handle)}
+    # The failure is logged with its traceback; a kept log record would keep the run's frames.
+    monkeypatch.setattr(logging.getLogger("loopctl"), "disabled", True)
+    monkeypatch.setattr(threading.Thread, "start", refuse_takeovers)
+    handle.cancel("stop")  # the takeover fails to start (logged); the body ends the run itself
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    go.set()
+    with pytest.raises(Cancelled):
+        handle.result(timeout=10)
+    handle._rc.thread.join(10)
+    loop.close()
+    del loop, handle
+    assert {k: r() is None for k, r in refs.items()} == {"loop": True, "context": True, "driver": True}
 
 
 def test_a_failed_run_is_freed_though_its_error_is_kept(gc_off: None) -> None:

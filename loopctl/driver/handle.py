@@ -161,6 +161,11 @@ class RunContext:
             _TAKEOVERS[self] = (thread, started)  # before it starts: a host joining the run waits for the start
         try:
             thread.start()
+        except BaseException:
+            # Not started: its target holds this run, which would keep its own weak key alive.
+            with _takeovers:
+                _TAKEOVERS.pop(self, None)
+            raise
         finally:
             started.set()
 
