@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional
@@ -46,6 +45,17 @@ def waiting_loop(store: SQLiteSessionStore, then: str = "never") -> tuple[BareLo
     tool = WaitForCancel()
     client = ScriptedClient([call("wait"), reply(then)])
     return BareLoop(client, [tool]).with_session(store.session("s")), tool
+
+
+def cancelled_loop(store: SQLiteSessionStore, then: str = "never") -> BareLoop:
+    """A loop whose started run was cancelled in its tool call and has ended ``Cancelled``."""
+    loop, tool = waiting_loop(store, then)
+    handle = loop.start("go")
+    assert tool.entered.wait(WAIT)
+    assert handle.cancel("stop")
+    with pytest.raises(Cancelled):
+        handle.result(PROMPT_S)  # its lease may still be being given back
+    return loop
 
 
 @pytest.fixture
@@ -98,8 +108,7 @@ def test_a_cancelled_run_ends_at_once_while_another_connection_holds_the_store_l
     assert tool.entered.wait(WAIT)
     other = sqlite3.connect(str(store.path), isolation_level=None, timeout=0)
     other.execute("BEGIN IMMEDIATE")  # another process writing the file
-    try:
-        started = time.monotonic()
+    try:  # result(PROMPT_S) and join(PROMPT_S) are the bound: the store's own wait is 30 s
         if running is None:
             assert handle.cancel("stop")
             with pytest.raises(Cancelled):
@@ -109,7 +118,6 @@ def test_a_cancelled_run_ends_at_once_while_another_connection_holds_the_store_l
             running.join(PROMPT_S)
             assert not running.is_alive(), "run() did not return after its cancel"
             assert [type(e) for e in errors] == [Cancelled]
-        assert time.monotonic() - started < PROMPT_S
     finally:
         other.execute("ROLLBACK")
         other.close()
@@ -125,12 +133,7 @@ def test_the_loops_next_run_waits_for_a_cancelled_runs_lease_instead_of_raising_
     store: SQLiteSessionStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     slow = GatedRelease(store, monkeypatch)
-    loop, tool = waiting_loop(store, then="next")
-    handle = loop.start("go")
-    assert tool.entered.wait(WAIT)
-    assert handle.cancel("stop")
-    with pytest.raises(Cancelled):
-        handle.result(PROMPT_S)  # its lease is still being given back
+    loop = cancelled_loop(store, then="next")
     slow.gate.wait_entered()
     outputs: list[str] = []
 
@@ -153,12 +156,7 @@ def test_closing_the_store_waits_for_a_lease_being_given_back(
 ) -> None:
     store = SQLiteSessionStore(tmp_path / "s.db")
     slow = GatedRelease(store, monkeypatch)
-    loop, tool = waiting_loop(store)
-    handle = loop.start("go")
-    assert tool.entered.wait(WAIT)
-    handle.cancel("stop")
-    with pytest.raises(Cancelled):
-        handle.result(PROMPT_S)
+    loop = cancelled_loop(store)
     t, errors = run_in_thread(store.close)
     assert slow.waiting.wait(WAIT)
     slow.gate.open()

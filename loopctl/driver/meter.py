@@ -15,8 +15,10 @@ only once the counting is done, so a run abandoned inside it keeps nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Optional
 
 from loopctl.context.tokens import (
@@ -68,18 +70,18 @@ class UnfencedCounter:
         self.counter = counter
 
     def count_text(self, text: str) -> int:
-        rc = current_run()
-        if rc is None:
-            return self.counter.count_text(text)
-        with rc.unfenced():
+        with _outside_fence():
             return self.counter.count_text(text)
 
     def count_message(self, message: Message) -> int:
-        rc = current_run()
-        if rc is None:
+        with _outside_fence():
             return self.counter.count_message(message)
-        with rc.unfenced():
-            return self.counter.count_message(message)
+
+
+def _outside_fence() -> AbstractContextManager[None]:
+    """The fence of the run this thread works for, released meanwhile (nothing to release outside a run)."""
+    rc = current_run()
+    return contextlib.nullcontext() if rc is None else rc.unfenced()
 
 
 def _measuring(counter: TokenCounter) -> TokenCounter:
